@@ -1,0 +1,158 @@
+"""Canonical JSON (an I-JSON profile) and content hashing.
+
+One encoding for everything that is hashed, signed or used as associated
+data: keys sorted by code point, UTF-8, no insignificant whitespace. Values
+outside the profile are refused with ``InvalidInput`` before any encoder or
+parser can fail with a bare ``ValueError``, ``UnicodeError`` or
+``RecursionError``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import TypeAlias
+
+from flowvault.domain._errors import InvalidInput
+
+JsonValue: TypeAlias = bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"] | None
+
+MAX_SAFE_INTEGER = 2**53 - 1
+"""Largest integer magnitude every I-JSON reader can represent exactly."""
+
+MAX_DEPTH = 64
+"""Deepest container nesting accepted; a scalar is depth 0, ``[]`` depth 1."""
+
+DIGEST_PREFIX = "sha256:"
+
+
+class _Rejected(Exception):
+    """Internal signal from parser hooks; always converted to InvalidInput."""
+
+
+def _check_string(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{where} contains a lone surrogate") from None
+
+
+def _check_scalar(value: object) -> None:
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        if abs(value) > MAX_SAFE_INTEGER:
+            raise InvalidInput("integer outside +-(2^53-1)")
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidInput("NaN and Infinity are not JSON")
+        return
+    if isinstance(value, str):
+        _check_string(value, "string")
+        return
+    raise InvalidInput(f"{type(value).__name__} is not a JSON type")
+
+
+def validate_json(value: object) -> JsonValue:
+    """Check that ``value`` lies inside the profile and return it unchanged.
+
+    Walks iteratively, so hostile nesting (or a self-referencing list) ends
+    in ``InvalidInput`` at ``MAX_DEPTH`` instead of exhausting the stack.
+    """
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            if depth >= MAX_DEPTH:
+                raise InvalidInput(f"nesting deeper than {MAX_DEPTH}")
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    raise InvalidInput("object keys must be strings")
+                _check_string(key, "object key")
+                stack.append((child, depth + 1))
+        elif isinstance(item, list):
+            if depth >= MAX_DEPTH:
+                raise InvalidInput(f"nesting deeper than {MAX_DEPTH}")
+            stack.extend((child, depth + 1) for child in item)
+        else:
+            _check_scalar(item)
+    return value  # type: ignore[return-value]  # checked structurally above
+
+
+def canonical_json(value: object) -> str:
+    """Return the canonical text of a JSON value, or raise ``InvalidInput``."""
+    validate_json(value)
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+def canonical_bytes(value: object) -> bytes:
+    """Return the canonical UTF-8 bytes of a JSON value."""
+    return canonical_json(value).encode("utf-8")
+
+
+def digest_bytes(data: bytes) -> str:
+    """Return ``sha256:<hex>`` of raw bytes."""
+    return DIGEST_PREFIX + hashlib.sha256(data).hexdigest()
+
+
+def content_hash(value: object) -> str:
+    """Return ``sha256:<hex>`` of the canonical form of a JSON value."""
+    return digest_bytes(canonical_bytes(value))
+
+
+def _pairs(pairs: list[tuple[str, JsonValue]]) -> dict[str, JsonValue]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        raise _Rejected("duplicate object key")
+    return result
+
+
+def _constant(_: str) -> float:
+    raise _Rejected("NaN and Infinity are not JSON")
+
+
+def _float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise _Rejected("number overflows a double")
+    return number
+
+
+def _int(text: str) -> int:
+    if len(text.lstrip("-")) > 16:
+        raise _Rejected("integer outside +-(2^53-1)")
+    return int(text)
+
+
+def parse_json(data: str | bytes) -> JsonValue:
+    """Parse JSON text strictly into a value inside the profile.
+
+    Rejects invalid UTF-8, duplicate keys, NaN/Infinity, out-of-range
+    numbers, lone surrogates and excessive nesting, all as ``InvalidInput``.
+    """
+    if isinstance(data, bytes):
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidInput("JSON text is not valid UTF-8") from None
+    else:
+        text = data
+    try:
+        value = json.loads(
+            text,
+            object_pairs_hook=_pairs,
+            parse_constant=_constant,
+            parse_float=_float,
+            parse_int=_int,
+        )
+    except _Rejected as exc:
+        raise InvalidInput(str(exc)) from None
+    except RecursionError:
+        raise InvalidInput(f"nesting deeper than {MAX_DEPTH}") from None
+    except ValueError:
+        raise InvalidInput("malformed JSON text") from None
+    return validate_json(value)

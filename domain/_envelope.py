@@ -1,0 +1,117 @@
+"""The envelope header that travels with every sealed payload.
+
+Its canonical bytes are the AEAD associated data, so a ciphertext opens only
+under the exact row identity, revision, schema and key it was sealed for.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from flowvault.domain._canonical import canonical_bytes, content_hash
+
+AAD_FORMAT = "flowvault.envelope/1"
+"""Version tag bound into the associated data; bump it when the layout changes."""
+
+MAX_NAMESPACE_LENGTH = 128
+
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_KEY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class Sensitivity(StrEnum):
+    """How much harm disclosure of a payload would do, lowest first."""
+
+    PUBLIC = "public"
+    INTERNAL = "internal"
+    CONFIDENTIAL = "confidential"
+    RESTRICTED = "restricted"
+
+
+def _check_digest(value: str) -> str:
+    if not _DIGEST.match(value):
+        raise ValueError("must be sha256:<64 lowercase hex>")
+    return value
+
+
+def _check_namespace(value: str) -> str:
+    if not value or len(value) > MAX_NAMESPACE_LENGTH:
+        raise ValueError(f"must be 1..{MAX_NAMESPACE_LENGTH} characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode") from None
+    if any(unicodedata.category(char) in {"Cc", "Cf", "Cs", "Zl", "Zp"} for char in value):
+        raise ValueError("must not contain control or format characters")
+    return value
+
+
+def _check_key_id(value: str) -> str:
+    if not _KEY_ID.match(value):
+        raise ValueError("must be 1..64 of [A-Za-z0-9_.-], starting alphanumeric")
+    return value
+
+
+def _check_aware(value: datetime) -> datetime:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError("must be timezone-aware")
+    return value.astimezone(UTC)
+
+
+Digest = Annotated[str, AfterValidator(_check_digest)]
+"""A ``sha256:<hex>`` digest string."""
+Namespace = Annotated[str, AfterValidator(_check_namespace)]
+"""A record namespace: short printable Unicode, no control characters."""
+KeyId = Annotated[str, AfterValidator(_check_key_id)]
+"""The identifier of an encryption key in a key ring."""
+UtcDatetime = Annotated[datetime, AfterValidator(_check_aware)]
+"""A timezone-aware instant, normalised to UTC."""
+
+
+def format_instant(value: datetime) -> str:
+    """Render an aware instant as fixed-width ISO-8601 UTC, sortable as text."""
+    utc = value.astimezone(UTC)
+    return f"{utc.year:04d}-{utc:%m-%dT%H:%M:%S.%f}Z"
+
+
+class EnvelopeHeader(BaseModel):
+    """Identity and provenance of one sealed payload; all of it is authenticated."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    namespace: Namespace
+    key_digest: Digest
+    sensitivity: Sensitivity
+    schema_version: int = Field(ge=1, le=2**31 - 1)
+    key_id: KeyId
+    revision: int = Field(ge=1, le=2**53 - 1)
+    written_at: UtcDatetime
+
+    def aad(self) -> bytes:
+        """Return the canonical, versioned associated data for this header."""
+        return canonical_bytes(
+            {
+                "format": AAD_FORMAT,
+                "namespace": self.namespace,
+                "key_digest": self.key_digest,
+                "sensitivity": self.sensitivity.value,
+                "schema_version": self.schema_version,
+                "key_id": self.key_id,
+                "revision": self.revision,
+                "written_at": format_instant(self.written_at),
+            }
+        )
+
+
+def natural_key_digest(namespace: str, natural_key: str) -> str:
+    """Digest a natural key so that stores and logs never hold it in clear.
+
+    The namespace is bound in, so equal keys in two namespaces differ.
+    """
+    return content_hash(["flowvault.key/1", namespace, natural_key])

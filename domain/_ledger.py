@@ -1,0 +1,359 @@
+"""Audit ledger events and verification of their hash chain.
+
+Every event commits, through ``event_hash``, to all of its fields including
+the hash of the event before it, so editing, dropping, reordering or forking
+any stored event is detectable by replaying the chain from a trusted point.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Self
+
+import pydantic
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    StringConstraints,
+    ValidationError,
+)
+
+from flowvault.domain._canonical import (
+    MAX_SAFE_INTEGER,
+    JsonValue,
+    canonical_bytes,
+    content_hash,
+    parse_json,
+)
+from flowvault.domain._errors import IntegrityFailure, InvalidInput
+
+GENESIS_HASH = "sha256:" + "0" * 64
+"""The ``previous_hash`` of the event at index 0."""
+
+EVENT_FORMAT_VERSION = 1
+"""Bound into every hashed body as ``"v"``; bump it when the body changes."""
+
+MAX_NAME_LENGTH = 200
+"""Longest stream name, state name or event key."""
+
+EVENT_TYPE_PATTERN = r"^[a-z][a-z0-9_.-]{0,99}$"
+"""Event types are short dotted lowercase names such as ``workflow.created``."""
+
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def _check_unicode(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode") from None
+    return value
+
+
+def _check_digest(value: str) -> str:
+    if not _DIGEST.match(value):
+        raise ValueError("must be sha256:<64 lowercase hex>")
+    return value
+
+
+def _check_aware(value: datetime) -> datetime:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError("must be timezone-aware")
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("lies outside the representable UTC range") from None
+
+
+def _copy_json(value: object) -> JsonValue:
+    """Check the payload and keep a private copy, so a frozen event stays frozen."""
+    try:
+        return parse_json(canonical_bytes(value))
+    except InvalidInput as exc:
+        raise ValueError(exc.message) from None
+
+
+def _instant_text(moment: object) -> str:
+    """Render as ``YYYY-MM-DDTHH:MM:SS.ffffffZ``, fixed width on every platform."""
+    if not isinstance(moment, datetime) or moment.utcoffset() is None:
+        raise InvalidInput("occurred_at must be a timezone-aware datetime")
+    try:
+        utc = moment.astimezone(UTC)
+    except OverflowError:
+        raise InvalidInput("occurred_at lies outside the representable UTC range") from None
+    return utc.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+
+
+_Name = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=MAX_NAME_LENGTH),
+    AfterValidator(_check_unicode),
+]
+_Digest = Annotated[str, AfterValidator(_check_digest)]
+_Payload = Annotated[pydantic.JsonValue, PlainValidator(_copy_json)]
+"""Pydantic's own alias, because it cannot build a schema from the recursive ``JsonValue``."""
+
+
+def _invalid_event(error: ValidationError) -> InvalidInput:
+    """Name the failing fields and rules; pydantic's own text would echo the input."""
+    problems = sorted({f"{issue['loc'][0]}: {issue['msg']}" for issue in error.errors()})
+    fields = sorted({str(issue["loc"][0]) for issue in error.errors()})
+    return InvalidInput("invalid ledger event: " + "; ".join(problems), fields=",".join(fields))
+
+
+class LedgerEvent(BaseModel):
+    """One entry of an audit stream, chained by hash to the entry before it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    stream: _Name
+    index: int = Field(ge=0, le=MAX_SAFE_INTEGER, strict=True)
+    type: str = Field(pattern=EVENT_TYPE_PATTERN)
+    from_state: _Name | None = None
+    to_state: _Name | None = None
+    occurred_at: Annotated[datetime, AfterValidator(_check_aware)]
+    payload: _Payload
+    previous_hash: _Digest
+    event_hash: _Digest
+    event_key: _Name | None = None
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        stream: str,
+        index: int,
+        type: str,
+        occurred_at: datetime,
+        payload: JsonValue,
+        previous_hash: str,
+        from_state: str | None = None,
+        to_state: str | None = None,
+        event_key: str | None = None,
+    ) -> Self:
+        """Build a validated event and seal it with its ``event_hash``.
+
+        ``payload`` must already have been through ``sanitise_payload``; the
+        domain cannot tell a secret from data, only the sanitiser's key rules
+        can. Invalid fields raise ``InvalidInput``.
+        """
+        try:
+            draft = cls(
+                stream=stream,
+                index=index,
+                type=type,
+                from_state=from_state,
+                to_state=to_state,
+                occurred_at=occurred_at,
+                payload=payload,
+                previous_hash=previous_hash,
+                event_hash=GENESIS_HASH,
+                event_key=event_key,
+            )
+        except ValidationError as exc:
+            raise _invalid_event(exc) from None
+        return draft.model_copy(update={"event_hash": draft.computed_hash()})
+
+    def body(self) -> dict[str, JsonValue]:
+        """Return exactly what ``event_hash`` commits to: every other field, versioned."""
+        return {
+            "v": EVENT_FORMAT_VERSION,
+            "stream": self.stream,
+            "index": self.index,
+            "type": self.type,
+            "from_state": self.from_state,
+            "to_state": self.to_state,
+            "occurred_at": _instant_text(self.occurred_at),
+            "payload": self.payload,
+            "previous_hash": self.previous_hash,
+            "event_key": self.event_key,
+        }
+
+    def computed_hash(self) -> str:
+        """Recompute ``event_hash`` from the content; ``InvalidInput`` if it is malformed."""
+        return content_hash(self.body())
+
+
+class ChainDefect(StrEnum):
+    """Why a run of ledger events is not an intact chain."""
+
+    EDITED = "edited"
+    """The event's content, or its ``event_hash``, is not what was sealed."""
+    WRONG_PREVIOUS = "wrong_previous"
+    """``previous_hash`` is not the preceding event's hash (or the start hash)."""
+    GAP = "gap"
+    """The index jumps forward: events are missing."""
+    REORDERED = "reordered"
+    """The index goes backwards."""
+    DUPLICATE_INDEX = "duplicate_index"
+    """The same event appears twice in a row."""
+    FORK = "fork"
+    """A different event reuses the previous event's index."""
+    WRONG_STREAM = "wrong_stream"
+    """The event belongs to another stream than the first event."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChainVerdict:
+    """The outcome of verifying a run of ledger events.
+
+    ``checked`` counts the events that verified cleanly, so the first
+    ``checked`` events are trustworthy even when ``ok`` is false. The
+    offending event is named twice: ``first_bad_position`` is its 0-based
+    position in the sequence given, ``first_bad_index`` its own ``index``
+    field (``None`` if that field is itself malformed). ``tip_hash`` and
+    ``next_index`` are what the next page must chain onto: the last clean
+    event's hash and index plus one, or the starting values if none was.
+    """
+
+    ok: bool
+    checked: int
+    tip_hash: str
+    next_index: int
+    first_bad_position: int | None = None
+    first_bad_index: int | None = None
+    defect: ChainDefect | None = None
+    reason: str | None = None
+
+    def raise_for_defect(self) -> None:
+        """Raise ``IntegrityFailure`` carrying the defect, or return if the chain is intact."""
+        if self.ok or self.defect is None:
+            return
+        raise IntegrityFailure(
+            f"ledger chain broken at position {self.first_bad_position}: {self.reason}",
+            position=self.first_bad_position,
+            index=self.first_bad_index,
+            defect=self.defect.value,
+            checked=self.checked,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Cursor:
+    """What verification remembers of the chain so far: O(1) whatever its length."""
+
+    tip_hash: str
+    next_index: int
+    stream: str | None = None
+
+
+def _is_authentic(event: LedgerEvent) -> bool:
+    """Revalidate as well as rehash, since ``model_copy`` can bypass validation."""
+    try:
+        LedgerEvent.model_validate(dict(event))
+        return event.computed_hash() == event.event_hash
+    except (ValidationError, InvalidInput):
+        return False
+
+
+def _index_defect(event: LedgerEvent, cursor: _Cursor) -> tuple[ChainDefect, str] | None:
+    expected = cursor.next_index
+    if cursor.stream is not None and event.index == expected - 1:
+        if event.event_hash == cursor.tip_hash:
+            return ChainDefect.DUPLICATE_INDEX, f"index {event.index} repeats the previous event"
+        return ChainDefect.FORK, f"index {event.index} is reused by a different event"
+    if event.index > expected:
+        return ChainDefect.GAP, f"expected index {expected}, found {event.index}"
+    if event.index < expected:
+        return ChainDefect.REORDERED, f"expected index {expected}, found {event.index}"
+    return None
+
+
+def _defect(event: LedgerEvent, cursor: _Cursor) -> tuple[ChainDefect, str] | None:
+    """Check one event against the chain so far, in the order ``verify_chain`` documents."""
+    if not _is_authentic(event):
+        return ChainDefect.EDITED, "event is malformed or does not match its event_hash"
+    if cursor.stream is not None and event.stream != cursor.stream:
+        return ChainDefect.WRONG_STREAM, "event belongs to another stream than the first event"
+    index_defect = _index_defect(event, cursor)
+    if index_defect is not None:
+        return index_defect
+    if event.previous_hash != cursor.tip_hash:
+        return ChainDefect.WRONG_PREVIOUS, "previous_hash does not match the preceding hash"
+    return None
+
+
+def _check_start(start_index: int, previous_hash: str) -> None:
+    """Refuse a starting point no genuine chain could have."""
+    if not 0 <= start_index <= MAX_SAFE_INTEGER:
+        raise InvalidInput(f"start_index must be within 0..{MAX_SAFE_INTEGER}")
+    if not _DIGEST.match(previous_hash):
+        raise InvalidInput("previous_hash must be sha256:<64 lowercase hex>")
+    if (start_index == 0) != (previous_hash == GENESIS_HASH):
+        raise InvalidInput("previous_hash must be GENESIS_HASH exactly when start_index is 0")
+
+
+def _index_or_none(event: LedgerEvent) -> int | None:
+    index: object = event.index
+    return index if type(index) is int else None
+
+
+def verify_chain(
+    events: Iterable[LedgerEvent],
+    *,
+    start_index: int = 0,
+    previous_hash: str = GENESIS_HASH,
+) -> ChainVerdict:
+    """Verify that ``events`` form an intact chain and report the first defect.
+
+    Streams in O(1) memory, so ``events`` may be a lazy iterator over a whole
+    stream. To verify a page that starts mid-stream, pass the index of its
+    first event and the ``event_hash`` of the event before it (for example a
+    previous verdict's ``next_index`` and ``tip_hash``). An empty sequence is
+    intact. Each event is checked in this order, stopping at the first defect:
+
+    1. EDITED: the event must be well-formed and match its own hash; the
+       later checks trust its fields, so this comes first.
+    2. WRONG_STREAM: its stream must be the first event's.
+    3. DUPLICATE_INDEX (same hash) or FORK (other hash) when its index
+       repeats the previous event's; otherwise GAP when the index is above
+       the expected one, REORDERED when below.
+    4. WRONG_PREVIOUS: ``previous_hash`` must equal the previous event's
+       ``event_hash``, or the given ``previous_hash`` for the first event.
+
+    So two swapped events show as a GAP where the later one arrives early,
+    and an event edited then rehashed shows as WRONG_PREVIOUS on its
+    successor. Rewriting the last event cannot be seen from the chain
+    alone: compare ``tip_hash`` with a separately kept tip.
+    """
+    _check_start(start_index, previous_hash)
+    cursor = _Cursor(tip_hash=previous_hash, next_index=start_index)
+    checked = 0
+    for position, event in enumerate(events):
+        found = _defect(event, cursor)
+        if found is not None:
+            defect, reason = found
+            return ChainVerdict(
+                ok=False,
+                checked=checked,
+                tip_hash=cursor.tip_hash,
+                next_index=cursor.next_index,
+                first_bad_position=position,
+                first_bad_index=_index_or_none(event),
+                defect=defect,
+                reason=reason,
+            )
+        cursor = _Cursor(tip_hash=event.event_hash, next_index=event.index + 1, stream=event.stream)
+        checked += 1
+    return ChainVerdict(
+        ok=True, checked=checked, tip_hash=cursor.tip_hash, next_index=cursor.next_index
+    )
+
+
+__all__ = [
+    "EVENT_FORMAT_VERSION",
+    "EVENT_TYPE_PATTERN",
+    "GENESIS_HASH",
+    "MAX_NAME_LENGTH",
+    "ChainDefect",
+    "ChainVerdict",
+    "LedgerEvent",
+    "verify_chain",
+]
