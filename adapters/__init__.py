@@ -1,0 +1,1 @@
+"""Implementations of the ports; each technology lives in its own subpackage."""

@@ -1,0 +1,5 @@
+"""The in-memory adapter: reference semantics for every port, nothing durable."""
+
+from flowvault.adapters.memory._store import InMemorySecureObjectStore
+
+__all__ = ["InMemorySecureObjectStore"]

@@ -1,0 +1,203 @@
+"""The in-memory reference adapter: the contract's semantics, nothing durable."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from flowvault.application import (
+    Delete,
+    LabelFilter,
+    LedgerPage,
+    LedgerTrim,
+    ListCursor,
+    Order,
+    RecordMetadata,
+    RecordPage,
+    StoredRecord,
+    UnitOfWork,
+    Upsert,
+    check_append,
+    check_delete,
+    check_upsert,
+    effective_limit,
+)
+from flowvault.domain import InvalidInput, LedgerEvent, StoreUnavailable, format_instant
+
+_Key = tuple[str, str]
+_Keys = list[_Key]
+
+
+@dataclass(slots=True)
+class _Stream:
+    first_index: int = 0
+    events: list[LedgerEvent] = field(default_factory=list)
+
+    @property
+    def head(self) -> LedgerEvent | None:
+        return self.events[-1] if self.events else None
+
+
+def _sort_key(order: Order) -> Callable[[RecordMetadata], tuple[str, str]]:
+    if order is Order.KEY:
+        return lambda meta: ("", meta.key_digest)
+    return lambda meta: (format_instant(meta.header.written_at), meta.key_digest)
+
+
+class InMemorySecureObjectStore:
+    """Thread-safe ``SecureObjectStore`` held in dictionaries under one lock.
+
+    It is the reference the durable adapters are held to, and the fast
+    backend for tests; everything is lost when the process ends.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._records: dict[_Key, StoredRecord] = {}
+        self._streams: dict[str, _Stream] = {}
+        self._closed = False
+
+    def __enter__(self) -> InMemorySecureObjectStore:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreUnavailable("the store is closed")
+
+    def load(self, namespace: str, key_digest: str) -> StoredRecord | None:
+        """Return the stored record or ``None``."""
+        with self._lock:
+            self._check_open()
+            return self._records.get((namespace, key_digest))
+
+    def peek_metadata(self, namespace: str, key_digest: str) -> RecordMetadata | None:
+        """Return the record's metadata or ``None``."""
+        record = self.load(namespace, key_digest)
+        return None if record is None else record.metadata
+
+    def list(
+        self,
+        namespace: str,
+        *,
+        filters: Sequence[LabelFilter] = (),
+        order: Order = Order.KEY,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> RecordPage:
+        """Return one page of matching metadata in ``order``."""
+        limit = effective_limit(limit)
+        position = None if cursor is None else ListCursor.decode(cursor, order)
+        with self._lock:
+            self._check_open()
+            candidates = [
+                record.metadata
+                for (space, _), record in self._records.items()
+                if space == namespace and all(f.matches(record.metadata.labels) for f in filters)
+            ]
+        sort_key = _sort_key(order)
+        descending = order is Order.WRITTEN_AT_DESC
+        candidates.sort(key=sort_key, reverse=descending)
+        if position is not None:
+            mark = ("" if order is Order.KEY else position.written_at, position.key_digest)
+            candidates = [
+                meta
+                for meta in candidates
+                if (sort_key(meta) < mark if descending else sort_key(meta) > mark)
+            ]
+        items = tuple(candidates[:limit])
+        next_cursor = None
+        if len(candidates) > limit:
+            last = items[-1]
+            next_cursor = ListCursor(
+                order, last.key_digest, format_instant(last.header.written_at)
+            ).encode()
+        return RecordPage(items=items, next_cursor=next_cursor)
+
+    def commit(self, unit: UnitOfWork) -> None:
+        """Check every guard, then apply every write, under one lock."""
+        with self._lock:
+            self._check_open()
+            removals = self._check(unit)
+            for upsert in unit.upserts:
+                self._apply_upsert(upsert)
+            for key in removals:
+                del self._records[key]
+            for event in unit.appends:
+                self._streams.setdefault(event.stream, _Stream()).events.append(event)
+            for trim in unit.trims:
+                self._apply_trim(trim)
+
+    def _check(self, unit: UnitOfWork) -> _Keys:
+        for upsert in unit.upserts:
+            header = upsert.header
+            current = self._records.get((header.namespace, header.key_digest))
+            stored = None if current is None else current.metadata.revision
+            check_upsert(
+                header.namespace, header.key_digest, upsert.expected, stored, header.revision
+            )
+        removals = [key for delete in unit.deletes if (key := self._check_delete(delete))]
+        heads: dict[str, tuple[int | None, str | None]] = {}
+        for event in unit.appends:
+            if event.stream not in heads:
+                head = self._streams.get(event.stream, _Stream()).head
+                heads[event.stream] = (
+                    (None, None) if head is None else (head.index, head.event_hash)
+                )
+            check_append(event, *heads[event.stream])
+            heads[event.stream] = (event.index, event.event_hash)
+        return removals
+
+    def _check_delete(self, delete: Delete) -> _Key | None:
+        key = (delete.namespace, delete.key_digest)
+        current = self._records.get(key)
+        stored = None if current is None else current.metadata.revision
+        return (
+            key
+            if check_delete(delete.namespace, delete.key_digest, delete.expected, stored)
+            else None
+        )
+
+    def _apply_upsert(self, upsert: Upsert) -> None:
+        key = (upsert.header.namespace, upsert.header.key_digest)
+        self._records[key] = StoredRecord(metadata=upsert.metadata, payload=upsert.payload)
+
+    def _apply_trim(self, trim: LedgerTrim) -> None:
+        stream = self._streams.get(trim.stream)
+        if stream is None or not stream.events:
+            return
+        head_index = stream.events[-1].index
+        cut = min(trim.before_index, head_index) - stream.first_index
+        if cut > 0:
+            del stream.events[:cut]
+            stream.first_index += cut
+
+    def ledger_head(self, stream: str) -> LedgerEvent | None:
+        """Return the last event of ``stream`` or ``None``."""
+        with self._lock:
+            self._check_open()
+            found = self._streams.get(stream)
+            return None if found is None else found.head
+
+    def read_ledger(self, stream: str, *, from_index: int = 0, limit: int = 100) -> LedgerPage:
+        """Return retained events from ``from_index`` on, flagging trimmed ones."""
+        limit = effective_limit(limit)
+        if from_index < 0:
+            raise InvalidInput("from_index must not be negative")
+        with self._lock:
+            self._check_open()
+            found = self._streams.get(stream, _Stream())
+            gap = bool(found.events) and from_index < found.first_index
+            start = max(from_index, found.first_index) - found.first_index
+            events = tuple(found.events[start : start + limit])
+            has_more = start + limit < len(found.events)
+        next_index = events[-1].index + 1 if events and has_more else None
+        return LedgerPage(events=events, next_index=next_index, gap=gap)
+
+    def close(self) -> None:
+        """Mark the store closed; later calls raise ``StoreUnavailable``."""
+        with self._lock:
+            self._closed = True

@@ -1,0 +1,51 @@
+"""The opaque list cursor every adapter hands out and accepts.
+
+Adapters share one encoding so that a cursor is a position in the order,
+not a row offset: it stays valid while other records are written.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+
+from flowvault.application._records import MAX_LIST_LIMIT, Order
+from flowvault.domain import InvalidInput, canonical_bytes, parse_json
+
+
+@dataclass(frozen=True, slots=True)
+class ListCursor:
+    """The sort key of the last item returned, for a given order."""
+
+    order: Order
+    key_digest: str
+    written_at: str
+
+    def encode(self) -> str:
+        """Return the opaque text form handed to callers."""
+        body = {"o": self.order.value, "k": self.key_digest, "w": self.written_at}
+        return base64.urlsafe_b64encode(canonical_bytes(body)).decode("ascii")
+
+    @classmethod
+    def decode(cls, cursor: str, order: Order) -> ListCursor:
+        """Parse a cursor issued for ``order``; anything else is ``InvalidInput``."""
+        try:
+            body = parse_json(base64.urlsafe_b64decode(cursor.encode("ascii")))
+        except (binascii.Error, UnicodeEncodeError, ValueError):
+            raise InvalidInput("malformed list cursor") from None
+        if not isinstance(body, dict) or set(body) != {"o", "k", "w"}:
+            raise InvalidInput("malformed list cursor")
+        key, written = body["k"], body["w"]
+        if body["o"] != order.value:
+            raise InvalidInput("list cursor was issued for another order")
+        if not isinstance(key, str) or not isinstance(written, str):
+            raise InvalidInput("malformed list cursor")
+        return cls(order=order, key_digest=key, written_at=written)
+
+
+def effective_limit(limit: int) -> int:
+    """Clamp a requested page size to ``MAX_LIST_LIMIT``; below 1 is refused."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidInput("limit must be a positive integer")
+    return min(limit, MAX_LIST_LIMIT)

@@ -1,0 +1,287 @@
+"""Values that cross the store port: records, guards, units of work, pages.
+
+Everything here is validated when it is built, above the port, so an
+adapter only stores and fetches: it never decides what is a legal write.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from types import MappingProxyType
+from typing import Any, Final, TypeAlias
+
+from flowvault.domain import (
+    EnvelopeHeader,
+    InvalidInput,
+    LedgerEvent,
+    PayloadTooLarge,
+    digest_bytes,
+)
+
+MAX_PAYLOAD_BYTES: Final = 1024 * 1024
+"""Largest sealed payload one record may hold (1 MiB)."""
+
+MAX_LABELS: Final = 8
+MAX_LABEL_TEXT: Final = 256
+MAX_LIST_LIMIT: Final = 200
+"""``list`` and ledger reads never return more than this many items at once."""
+
+_LABEL_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+_LABEL_INT_BOUND = 2**63 - 1
+
+LabelValue: TypeAlias = str | int
+"""Labels are small, non-sensitive plaintext used only for filtering and ordering."""
+
+
+class Guard(Enum):
+    """Revision expectations that are not a specific revision number."""
+
+    ABSENT = "absent"
+    """The record must not exist (a create)."""
+    ANY = "any"
+    """No expectation; for upserts the new revision must still exceed the stored one."""
+
+
+ExpectedRevision: TypeAlias = int | Guard
+"""Either an exact stored revision or one of the ``Guard`` sentinels."""
+
+
+def _check_expected(expected: ExpectedRevision) -> None:
+    if isinstance(expected, Guard):
+        return
+    if isinstance(expected, bool) or not isinstance(expected, int) or expected < 1:
+        raise InvalidInput("expected revision must be a positive integer or a Guard")
+
+
+def _check_labels(labels: Mapping[str, LabelValue]) -> Mapping[str, LabelValue]:
+    if len(labels) > MAX_LABELS:
+        raise InvalidInput(f"at most {MAX_LABELS} labels per record")
+    for name, value in labels.items():
+        if not isinstance(name, str) or not _LABEL_NAME.match(name):
+            raise InvalidInput("label names are 1..32 of [a-z0-9_], starting with a letter")
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            raise InvalidInput(f"label {name!r} must be a string or an integer")
+        if isinstance(value, int) and abs(value) > _LABEL_INT_BOUND:
+            raise InvalidInput(f"label {name!r} is outside the 64-bit range")
+        if isinstance(value, str) and (len(value) > MAX_LABEL_TEXT or "\x00" in value):
+            raise InvalidInput(f"label {name!r} must be at most {MAX_LABEL_TEXT} characters")
+    return MappingProxyType(dict(labels))
+
+
+@dataclass(frozen=True, slots=True)
+class RecordMetadata:
+    """Everything about a stored record except its payload bytes."""
+
+    header: EnvelopeHeader
+    labels: Mapping[str, LabelValue]
+    byte_length: int
+    payload_digest: str
+
+    @property
+    def namespace(self) -> str:
+        """Namespace of the record."""
+        return self.header.namespace
+
+    @property
+    def key_digest(self) -> str:
+        """Digest of the record's natural key."""
+        return self.header.key_digest
+
+    @property
+    def revision(self) -> int:
+        """Revision the record is stored at."""
+        return self.header.revision
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """A record as loaded: metadata plus the opaque (sealed) payload."""
+
+    metadata: RecordMetadata
+    payload: bytes = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Upsert:
+    """Write ``payload`` under ``header`` if the stored revision matches ``expected``.
+
+    ``header.revision`` is the revision the record will have: ``1`` for
+    ``Guard.ABSENT``, ``expected + 1`` for an exact guard, and anything
+    greater than the stored revision for ``Guard.ANY``. The header is sealed
+    into the payload above the port, so the revision is fixed before commit.
+    """
+
+    header: EnvelopeHeader
+    payload: bytes = field(repr=False)
+    expected: ExpectedRevision
+    labels: Mapping[str, LabelValue] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.payload, bytes):
+            raise InvalidInput("payload must be bytes")
+        if len(self.payload) > MAX_PAYLOAD_BYTES:
+            raise PayloadTooLarge(
+                f"payload of {len(self.payload)} bytes exceeds {MAX_PAYLOAD_BYTES}",
+                size=len(self.payload),
+                limit=MAX_PAYLOAD_BYTES,
+            )
+        _check_expected(self.expected)
+        if self.expected is Guard.ABSENT and self.header.revision != 1:
+            raise InvalidInput("a create must write revision 1")
+        if isinstance(self.expected, int) and self.header.revision != self.expected + 1:
+            raise InvalidInput("an exact guard must write the next revision")
+        object.__setattr__(self, "labels", _check_labels(self.labels))
+
+    @property
+    def metadata(self) -> RecordMetadata:
+        """The metadata the record will carry once committed."""
+        return RecordMetadata(
+            header=self.header,
+            labels=self.labels,
+            byte_length=len(self.payload),
+            payload_digest=digest_bytes(self.payload),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """Remove a record if its stored revision matches ``expected``."""
+
+    namespace: str
+    key_digest: str
+    expected: ExpectedRevision
+
+    def __post_init__(self) -> None:
+        _check_expected(self.expected)
+        if self.expected is Guard.ABSENT:
+            raise InvalidInput("a delete cannot expect the record to be absent")
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerTrim:
+    """Drop events of ``stream`` with an index below ``before_index``.
+
+    The head event is never dropped, so the chain can always be continued;
+    readers asking for trimmed events get a gap flag.
+    """
+
+    stream: str
+    before_index: int
+
+    def __post_init__(self) -> None:
+        if self.before_index < 0:
+            raise InvalidInput("before_index must not be negative")
+
+
+@dataclass(frozen=True, slots=True)
+class UnitOfWork:
+    """Writes that commit together or not at all.
+
+    Ledger appends are guarded by their own ``index`` and ``previous_hash``:
+    index ``0`` needs an empty stream and the genesis hash, index ``n`` needs
+    the stream head at ``n - 1`` with exactly that hash. Several appends to
+    one stream in a unit must be consecutive.
+    """
+
+    upserts: Sequence[Upsert] = ()
+    deletes: Sequence[Delete] = ()
+    appends: Sequence[LedgerEvent] = ()
+    trims: Sequence[LedgerTrim] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("upserts", "deletes", "appends", "trims"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        targets = [(u.header.namespace, u.header.key_digest) for u in self.upserts]
+        targets += [(d.namespace, d.key_digest) for d in self.deletes]
+        if len(set(targets)) != len(targets):
+            raise InvalidInput("a unit of work touches each record at most once")
+        events = [(event.stream, event.index) for event in self.appends]
+        if len(set(events)) != len(events):
+            raise InvalidInput("a unit of work appends each ledger index at most once")
+
+    @property
+    def empty(self) -> bool:
+        """True when committing would change nothing."""
+        return not (self.upserts or self.deletes or self.appends or self.trims)
+
+
+class FilterOp(Enum):
+    """Comparison operators a label filter may use."""
+
+    EQ = "eq"
+    NE = "ne"
+    LT = "lt"
+    LE = "le"
+    GT = "gt"
+    GE = "ge"
+
+
+@dataclass(frozen=True, slots=True)
+class LabelFilter:
+    """Keep records whose label ``name`` compares to ``value`` under ``op``.
+
+    A record without the label never matches. Strings compare to strings
+    and integers to integers; mixing them matches nothing.
+    """
+
+    name: str
+    value: LabelValue
+    op: FilterOp = FilterOp.EQ
+
+    def __post_init__(self) -> None:
+        _check_labels({self.name: self.value})
+
+    def matches(self, labels: Mapping[str, LabelValue]) -> bool:
+        """Evaluate the filter against one record's labels (reference semantics)."""
+        if self.name not in labels:
+            return False
+        stored = labels[self.name]
+        if isinstance(stored, str) != isinstance(self.value, str):
+            return False
+        return _COMPARE[self.op](stored, self.value)
+
+
+_COMPARE: Mapping[FilterOp, Callable[[Any, Any], bool]] = {
+    FilterOp.EQ: operator.eq,
+    FilterOp.NE: operator.ne,
+    FilterOp.LT: operator.lt,
+    FilterOp.LE: operator.le,
+    FilterOp.GT: operator.gt,
+    FilterOp.GE: operator.ge,
+}
+
+
+class Order(Enum):
+    """Orders ``list`` supports; every one is total, ending on the key digest."""
+
+    KEY = "key"
+    """By key digest ascending."""
+    WRITTEN_AT = "written_at"
+    """Oldest write first, ties broken by key digest."""
+    WRITTEN_AT_DESC = "written_at_desc"
+    """Newest write first, ties broken by key digest descending."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordPage:
+    """One page of ``list``: metadata in order and the cursor for the next page."""
+
+    items: tuple[RecordMetadata, ...]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerPage:
+    """One page of a ledger stream.
+
+    ``gap`` is true when events the caller asked for were trimmed, so the
+    page starts later than requested. ``next_index`` is ``None`` at the head.
+    """
+
+    events: tuple[LedgerEvent, ...]
+    next_index: int | None
+    gap: bool

@@ -1,0 +1,119 @@
+"""The ports: what the use cases need from the outside world, and nothing more.
+
+A host writes an adapter by matching these shapes and proves it with the
+contract kit in ``flowvault.application.testing``. Adapters store and fetch;
+every policy (sealing, hashing, state rules, retention) lives above them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from flowvault.application._records import (
+    LabelFilter,
+    LedgerPage,
+    Order,
+    RecordMetadata,
+    RecordPage,
+    StoredRecord,
+    UnitOfWork,
+)
+from flowvault.domain import LedgerEvent
+
+
+@runtime_checkable
+class SecureObjectStore(Protocol):
+    """Sealed records addressed by (namespace, key digest), plus ledger streams.
+
+    Payloads are opaque bytes sealed above the port; the adapter never sees
+    a natural key or plaintext, only digests, headers and small labels.
+    """
+
+    def load(self, namespace: str, key_digest: str) -> StoredRecord | None:
+        """Return the record with its payload, or ``None`` when absent.
+
+        Raises:
+            IntegrityFailure: the stored row is unreadable as a record.
+            StoreBusy / StoreUnavailable: the backend could not be read.
+
+        """
+        ...
+
+    def peek_metadata(self, namespace: str, key_digest: str) -> RecordMetadata | None:
+        """Return the record's metadata without reading its payload, or ``None``."""
+        ...
+
+    def list(
+        self,
+        namespace: str,
+        *,
+        filters: Sequence[LabelFilter] = (),
+        order: Order = Order.KEY,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> RecordPage:
+        """Return one page of metadata in ``order``, all filters applied (AND).
+
+        The order is total (ties end on the key digest), so paging with the
+        returned cursor visits every matching record once, even while others
+        are written. ``limit`` is capped at ``MAX_LIST_LIMIT``.
+
+        Raises:
+            InvalidInput: a malformed cursor, a cursor for another order, or
+                a limit below 1.
+
+        """
+        ...
+
+    def commit(self, unit: UnitOfWork) -> None:
+        """Apply every write of ``unit`` atomically, or none of them.
+
+        Each upsert and delete is checked against its expected revision and
+        each ledger append against the stream head before anything changes.
+
+        Raises:
+            RevisionConflict: a guard failed; ``details`` name the guard
+                (``namespace``/``key_digest`` or ``stream``/``index``) and the
+                expected and actual revision or index. Nothing was written.
+            StoreBusy: the backend stayed locked past its timeout. Nothing
+                was written.
+
+        """
+        ...
+
+    def ledger_head(self, stream: str) -> LedgerEvent | None:
+        """Return the last event of ``stream``, or ``None`` for an empty stream."""
+        ...
+
+    def read_ledger(self, stream: str, *, from_index: int = 0, limit: int = 100) -> LedgerPage:
+        """Return events of ``stream`` with ``index >= from_index``, oldest first.
+
+        When ``from_index`` lies before the first retained event, the page
+        starts at the first retained event and ``gap`` is true. ``limit`` is
+        capped at ``MAX_LIST_LIMIT``.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release connections and files; the store is unusable afterwards."""
+        ...
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """The only source of time for use cases, so tests can control it."""
+
+    def now(self) -> datetime:
+        """Return the current instant, timezone-aware, in UTC."""
+        ...
+
+
+@runtime_checkable
+class IdFactory(Protocol):
+    """The only source of fresh identifiers for use cases."""
+
+    def new_id(self) -> str:
+        """Return a new unique identifier (URL-safe text, no secrets)."""
+        ...

@@ -1,0 +1,25 @@
+"""The contract kit: port conformance suites and fakes for host test suites.
+
+Needs only the ``testing`` extra (pytest, hypothesis). Subclass a
+``*Contract`` class in a ``test_*.py`` module and fill its hooks.
+"""
+
+from flowvault.application.testing._fakes import (
+    EPOCH,
+    FrozenClock,
+    SequentialIds,
+    make_event,
+    make_header,
+    make_upsert,
+)
+from flowvault.application.testing._store_contract import SecureObjectStoreContract
+
+__all__ = [
+    "EPOCH",
+    "FrozenClock",
+    "SecureObjectStoreContract",
+    "SequentialIds",
+    "make_event",
+    "make_header",
+    "make_upsert",
+]

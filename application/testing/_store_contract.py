@@ -1,0 +1,559 @@
+"""The ``SecureObjectStore`` contract, written once and run against every adapter.
+
+Subclass ``SecureObjectStoreContract`` in a ``test_*.py`` file and implement
+``make_store``; pytest collects the inherited tests through the subclass.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from flowvault.application import (
+    MAX_LIST_LIMIT,
+    MAX_PAYLOAD_BYTES,
+    Delete,
+    FilterOp,
+    Guard,
+    LabelFilter,
+    LedgerTrim,
+    Order,
+    SecureObjectStore,
+    UnitOfWork,
+)
+from flowvault.application.testing._fakes import (
+    EPOCH,
+    make_event,
+    make_upsert,
+)
+from flowvault.domain import (
+    InvalidInput,
+    LedgerEvent,
+    PayloadTooLarge,
+    RevisionConflict,
+    StoreUnavailable,
+    natural_key_digest,
+    verify_chain,
+)
+
+NS = "contract"
+
+
+def _digest(key: str, namespace: str = NS) -> str:
+    return natural_key_digest(namespace, key)
+
+
+class SecureObjectStoreContract(ABC):
+    """Behaviour every ``SecureObjectStore`` adapter must show.
+
+    Hooks: ``make_store`` (required) builds a fresh, empty store; it may use
+    ``self.tmp_path``. ``close_store`` (optional) releases it after a test.
+    """
+
+    tmp_path: Path
+
+    @abstractmethod
+    def make_store(self) -> SecureObjectStore:
+        """Return a new, empty store for one test."""
+
+    def close_store(self, store: SecureObjectStore) -> None:
+        """Release ``store`` after a test; the default calls ``close()``."""
+        store.close()
+
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> Iterator[SecureObjectStore]:
+        """Provide a fresh store and release it afterwards."""
+        self.tmp_path = tmp_path
+        made = self.make_store()
+        try:
+            yield made
+        finally:
+            self.close_store(made)
+
+    # -- records and guards -------------------------------------------------
+
+    def test_satisfies_the_port_protocol(self, store: SecureObjectStore) -> None:
+        """The adapter matches the SecureObjectStore protocol by shape."""
+        assert isinstance(store, SecureObjectStore)
+
+    def test_absent_record_loads_as_none(self, store: SecureObjectStore) -> None:
+        """Loading or peeking a record never written returns None."""
+        assert store.load(NS, _digest("nope")) is None
+        assert store.peek_metadata(NS, _digest("nope")) is None
+
+    def test_create_round_trips_header_payload_and_labels(self, store: SecureObjectStore) -> None:
+        """A created record loads back byte for byte with its header and labels."""
+        upsert = make_upsert(NS, "a", b"\x00\x01sealed\xff", labels={"status": "open", "n": 3})
+        store.commit(UnitOfWork(upserts=[upsert]))
+        loaded = store.load(NS, _digest("a"))
+        assert loaded is not None
+        assert loaded.payload == b"\x00\x01sealed\xff"
+        assert loaded.metadata.header == upsert.header
+        assert dict(loaded.metadata.labels) == {"status": "open", "n": 3}
+        assert loaded.metadata == upsert.metadata
+
+    def test_peek_metadata_matches_load(self, store: SecureObjectStore) -> None:
+        """peek_metadata returns the same metadata as load, with length and digest."""
+        store.commit(UnitOfWork(upserts=[make_upsert(NS, "a", b"12345")]))
+        loaded = store.load(NS, _digest("a"))
+        peeked = store.peek_metadata(NS, _digest("a"))
+        assert loaded is not None
+        assert peeked == loaded.metadata
+        assert peeked.byte_length == 5
+        assert peeked.payload_digest.startswith("sha256:")
+
+    def test_create_of_existing_record_conflicts(self, store: SecureObjectStore) -> None:
+        """A must-be-absent guard on an existing record fails and changes nothing."""
+        store.commit(UnitOfWork(upserts=[make_upsert(NS, "a", b"first")]))
+        with pytest.raises(RevisionConflict) as caught:
+            store.commit(UnitOfWork(upserts=[make_upsert(NS, "a", b"second")]))
+        assert caught.value.details["actual"] == 1
+        assert caught.value.details["expected"] == "absent"
+        loaded = store.load(NS, _digest("a"))
+        assert loaded is not None
+        assert loaded.payload == b"first"
+
+    def test_exact_guard_advances_the_revision(self, store: SecureObjectStore) -> None:
+        """An upsert expecting the stored revision writes the next one."""
+        store.commit(UnitOfWork(upserts=[make_upsert(NS, "a", b"v1")]))
+        store.commit(UnitOfWork(upserts=[make_upsert(NS, "a", b"v2", expected=1)]))
+        store.commit(UnitOfWork(upserts=[make_upsert(NS, "a", b"v3", expected=2)]))
+        loaded = store.load(NS, _digest("a"))
+        assert loaded is not None
+        assert (loaded.metadata.revision, loaded.payload) == (3, b"v3")
+
+    def test_stale_guard_conflicts_and_leaves_record_unchanged(
+        self, store: SecureObjectStore
+    ) -> None:
+        """An upsert with a stale revision names expected and actual and writes nothing."""
+        store.commit(UnitOfWork(upserts=[make_upsert(NS, "a", b"v1")]))
+        store.commit(UnitOfWork(upserts=[make_upsert(NS, "a", b"v2", expected=1)]))
+        before = store.load(NS, _digest("a"))
+        with pytest.raises(RevisionConflict) as caught:
+            store.commit(UnitOfWork(upserts=[make_upsert(NS, "a", b"lost", expected=1)]))
+        assert caught.value.details["expected"] == 1
+        assert caught.value.details["actual"] == 2
+        assert caught.value.details["key_digest"] == _digest("a")
+        assert store.load(NS, _digest("a")) == before
+
+    def test_exact_guard_on_absent_record_conflicts(self, store: SecureObjectStore) -> None:
+        """An exact guard on a record that does not exist fails and creates nothing."""
+        with pytest.raises(RevisionConflict) as caught:
+            store.commit(UnitOfWork(upserts=[make_upsert(NS, "a", expected=4)]))
+        assert caught.value.details["actual"] is None
+        assert store.load(NS, _digest("a")) is None
+
+    def test_any_guard_writes_forward_only(self, store: SecureObjectStore) -> None:
+        """Guard.ANY writes absent or older records but never moves a revision back."""
+        store.commit(
+            UnitOfWork(upserts=[make_upsert(NS, "a", b"v5", expected=Guard.ANY, revision=5)])
+        )
+        with pytest.raises(RevisionConflict):
+            store.commit(
+                UnitOfWork(upserts=[make_upsert(NS, "a", b"v5b", expected=Guard.ANY, revision=5)])
+            )
+        store.commit(
+            UnitOfWork(upserts=[make_upsert(NS, "a", b"v9", expected=Guard.ANY, revision=9)])
+        )
+        loaded = store.load(NS, _digest("a"))
+        assert loaded is not None
+        assert (loaded.metadata.revision, loaded.payload) == (9, b"v9")
+
+    def test_delete_with_exact_guard_removes(self, store: SecureObjectStore) -> None:
+        """A delete expecting the stored revision removes the record."""
+        store.commit(UnitOfWork(upserts=[make_upsert(NS, "a")]))
+        store.commit(UnitOfWork(deletes=[Delete(NS, _digest("a"), 1)]))
+        assert store.load(NS, _digest("a")) is None
+        assert store.peek_metadata(NS, _digest("a")) is None
+
+    def test_stale_delete_conflicts_and_keeps_record(self, store: SecureObjectStore) -> None:
+        """A delete with a stale revision fails and the record survives."""
+        store.commit(UnitOfWork(upserts=[make_upsert(NS, "a", b"v1")]))
+        store.commit(UnitOfWork(upserts=[make_upsert(NS, "a", b"v2", expected=1)]))
+        with pytest.raises(RevisionConflict) as caught:
+            store.commit(UnitOfWork(deletes=[Delete(NS, _digest("a"), 1)]))
+        assert caught.value.details["actual"] == 2
+        assert store.load(NS, _digest("a")) is not None
+
+    def test_delete_of_absent_record(self, store: SecureObjectStore) -> None:
+        """An exact delete of an absent record conflicts; Guard.ANY is a no-op."""
+        with pytest.raises(RevisionConflict):
+            store.commit(UnitOfWork(deletes=[Delete(NS, _digest("a"), 1)]))
+        store.commit(UnitOfWork(deletes=[Delete(NS, _digest("a"), Guard.ANY)]))
+        store.commit(UnitOfWork(upserts=[make_upsert(NS, "b")]))
+        store.commit(UnitOfWork(deletes=[Delete(NS, _digest("b"), Guard.ANY)]))
+        assert store.load(NS, _digest("b")) is None
+
+    def test_deleted_record_can_be_created_again(self, store: SecureObjectStore) -> None:
+        """After a delete, a must-be-absent create succeeds."""
+        store.commit(UnitOfWork(upserts=[make_upsert(NS, "a", b"old")]))
+        store.commit(UnitOfWork(deletes=[Delete(NS, _digest("a"), 1)]))
+        store.commit(UnitOfWork(upserts=[make_upsert(NS, "a", b"new")]))
+        loaded = store.load(NS, _digest("a"))
+        assert loaded is not None
+        assert loaded.payload == b"new"
+
+    def test_empty_unit_is_a_no_op(self, store: SecureObjectStore) -> None:
+        """Committing an empty unit succeeds and changes nothing."""
+        store.commit(UnitOfWork())
+        assert store.list(NS).items == ()
+
+    # -- atomicity ----------------------------------------------------------
+
+    def _seed_for_atomicity(self, store: SecureObjectStore) -> LedgerEvent:
+        store.commit(
+            UnitOfWork(
+                upserts=[make_upsert(NS, "keep", b"k1"), make_upsert(NS, "doomed", b"d1")],
+                appends=[make_event("s", 0)],
+            )
+        )
+        head = store.ledger_head("s")
+        assert head is not None
+        return head
+
+    def _snapshot(self, store: SecureObjectStore) -> tuple[object, ...]:
+        keys = ("keep", "doomed", "new1", "new2")
+        return (
+            tuple(store.load(NS, _digest(key)) for key in keys),
+            store.read_ledger("s", limit=MAX_LIST_LIMIT),
+            store.read_ledger("t", limit=MAX_LIST_LIMIT),
+        )
+
+    @pytest.mark.parametrize("failing", ["upsert", "delete", "append", "second_append"])
+    def test_one_failing_guard_applies_nothing(
+        self, store: SecureObjectStore, failing: str
+    ) -> None:
+        """A unit with one failing guard among many leaves records and ledger untouched."""
+        head = self._seed_for_atomicity(store)
+        before = self._snapshot(store)
+        upserts = [
+            make_upsert(NS, "keep", b"k2", expected=1),
+            make_upsert(NS, "new1", b"n1"),
+            make_upsert(NS, "new2", b"n2", expected=7 if failing == "upsert" else Guard.ABSENT),
+        ]
+        deletes = [Delete(NS, _digest("doomed"), 3 if failing == "delete" else 1)]
+        first = make_event("s", 1, head)
+        second = make_event("s", 2, head if failing == "second_append" else first)
+        other = make_event("t", 1 if failing == "append" else 0)
+        unit = UnitOfWork(upserts=upserts, deletes=deletes, appends=[first, second, other])
+        with pytest.raises(RevisionConflict) as caught:
+            store.commit(unit)
+        assert caught.value.details["guard"] in {"upsert", "delete", "append"}
+        assert self._snapshot(store) == before
+
+    def test_whole_unit_applies_together(self, store: SecureObjectStore) -> None:
+        """A unit whose guards all hold applies every upsert, delete and append."""
+        head = self._seed_for_atomicity(store)
+        first = make_event("s", 1, head)
+        store.commit(
+            UnitOfWork(
+                upserts=[make_upsert(NS, "keep", b"k2", expected=1), make_upsert(NS, "new1")],
+                deletes=[Delete(NS, _digest("doomed"), 1)],
+                appends=[first, make_event("s", 2, first), make_event("t", 0)],
+            )
+        )
+        kept = store.load(NS, _digest("keep"))
+        assert kept is not None
+        assert kept.payload == b"k2"
+        assert store.load(NS, _digest("new1")) is not None
+        assert store.load(NS, _digest("doomed")) is None
+        assert [e.index for e in store.read_ledger("s").events] == [0, 1, 2]
+        assert [e.index for e in store.read_ledger("t").events] == [0]
+
+    def test_concurrent_writers_have_one_winner_per_revision(
+        self, store: SecureObjectStore
+    ) -> None:
+        """Eight threads racing on one record produce exactly one winner per revision."""
+        store.commit(UnitOfWork(upserts=[make_upsert(NS, "hot", b"0")]))
+        wins: Counter[int] = Counter()
+        lock = threading.Lock()
+        barrier = threading.Barrier(8)
+        errors: list[BaseException] = []
+
+        def writer(worker: int) -> None:
+            barrier.wait()
+            for attempt in range(25):
+                current = store.peek_metadata(NS, _digest("hot"))
+                assert current is not None
+                payload = f"{worker}:{attempt}".encode()
+                upsert = make_upsert(NS, "hot", payload, expected=current.revision)
+                try:
+                    store.commit(UnitOfWork(upserts=[upsert]))
+                except RevisionConflict:
+                    continue
+                except BaseException as exc:  # surfaced in the main thread
+                    errors.append(exc)
+                    return
+                with lock:
+                    wins[upsert.header.revision] += 1
+
+        threads = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == []
+        final = store.peek_metadata(NS, _digest("hot"))
+        assert final is not None
+        assert set(wins.values()) == {1}
+        assert sorted(wins) == list(range(2, final.revision + 1))
+
+    # -- listing ------------------------------------------------------------
+
+    def _fill(self, store: SecureObjectStore, count: int, namespace: str = NS) -> None:
+        upserts = [
+            make_upsert(
+                namespace,
+                f"r{n:03d}",
+                labels={"parity": "even" if n % 2 == 0 else "odd", "n": n},
+                written_at=EPOCH + timedelta(seconds=count - n if n % 3 else n),
+            )
+            for n in range(count)
+        ]
+        store.commit(UnitOfWork(upserts=upserts))
+
+    def _walk(self, store: SecureObjectStore, order: Order, limit: int, **kw: object) -> list[str]:
+        seen: list[str] = []
+        cursor: str | None = None
+        while True:
+            page = store.list(NS, order=order, cursor=cursor, limit=limit, **kw)  # type: ignore[arg-type]
+            seen.extend(meta.key_digest for meta in page.items)
+            assert len(page.items) <= limit
+            if page.next_cursor is None:
+                return seen
+            cursor = page.next_cursor
+
+    def test_list_orders_by_key_digest(self, store: SecureObjectStore) -> None:
+        """Order.KEY lists key digests ascending."""
+        self._fill(store, 20)
+        digests = [meta.key_digest for meta in store.list(NS, order=Order.KEY).items]
+        assert digests == sorted(_digest(f"r{n:03d}") for n in range(20))
+
+    @pytest.mark.parametrize("order", [Order.WRITTEN_AT, Order.WRITTEN_AT_DESC])
+    def test_list_orders_by_written_at_with_key_tiebreak(
+        self, store: SecureObjectStore, order: Order
+    ) -> None:
+        """Written-at orders are total: ties are broken by the key digest."""
+        self._fill(store, 30)
+        items = store.list(NS, order=order).items
+        keys = [(meta.header.written_at, meta.key_digest) for meta in items]
+        assert keys == sorted(keys, reverse=order is Order.WRITTEN_AT_DESC)
+        assert len(items) == 30
+
+    @pytest.mark.parametrize("order", list(Order))
+    def test_cursor_visits_every_record_once(self, store: SecureObjectStore, order: Order) -> None:
+        """Paging with the cursor returns every record exactly once, in order."""
+        self._fill(store, 45)
+        whole = [meta.key_digest for meta in store.list(NS, order=order, limit=200).items]
+        assert self._walk(store, order, limit=7) == whole
+        assert len(set(whole)) == 45
+
+    def test_cursor_survives_concurrent_inserts(self, store: SecureObjectStore) -> None:
+        """Records written between pages neither repeat nor hide earlier ones."""
+        self._fill(store, 10)
+        first = store.list(NS, order=Order.KEY, limit=4)
+        store.commit(UnitOfWork(upserts=[make_upsert(NS, "late")]))
+        rest = store.list(NS, order=Order.KEY, cursor=first.next_cursor, limit=200)
+        seen = [m.key_digest for m in first.items + rest.items]
+        assert len(seen) == len(set(seen)) == 11
+
+    def test_list_filters_on_labels(self, store: SecureObjectStore) -> None:
+        """Label filters combine with AND and compare by type."""
+        self._fill(store, 20)
+
+        def count(*filters: LabelFilter) -> int:
+            return len(store.list(NS, filters=filters, limit=200).items)
+
+        assert count(LabelFilter("parity", "even")) == 10
+        assert count(LabelFilter("parity", "even", FilterOp.NE)) == 10
+        assert count(LabelFilter("n", 5, FilterOp.LT)) == 5
+        assert count(LabelFilter("n", 5, FilterOp.LE)) == 6
+        assert count(LabelFilter("n", 15, FilterOp.GT)) == 4
+        assert count(LabelFilter("n", 15, FilterOp.GE)) == 5
+        assert count(LabelFilter("n", 10, FilterOp.GE), LabelFilter("parity", "odd")) == 5
+        assert count(LabelFilter("n", "5")) == 0
+        assert count(LabelFilter("missing", "x")) == 0
+        assert count(LabelFilter("missing", "x", FilterOp.NE)) == 0
+
+    def test_limit_is_capped(self, store: SecureObjectStore) -> None:
+        """A limit above the cap returns at most MAX_LIST_LIMIT items and a cursor."""
+        self._fill(store, MAX_LIST_LIMIT + 5)
+        page = store.list(NS, limit=10_000)
+        assert len(page.items) == MAX_LIST_LIMIT
+        assert page.next_cursor is not None
+        rest = store.list(NS, cursor=page.next_cursor, limit=10_000)
+        assert len(rest.items) == 5
+        assert rest.next_cursor is None
+
+    def test_bad_list_arguments_are_invalid_input(self, store: SecureObjectStore) -> None:
+        """Malformed cursors, cursors of another order and limits below 1 are refused."""
+        self._fill(store, 5)
+        cursor = store.list(NS, order=Order.KEY, limit=2).next_cursor
+        assert cursor is not None
+        for bad in ("", "not-a-cursor", "e30=", cursor[:-3]):
+            with pytest.raises(InvalidInput):
+                store.list(NS, cursor=bad)
+        with pytest.raises(InvalidInput):
+            store.list(NS, order=Order.WRITTEN_AT, cursor=cursor)
+        with pytest.raises(InvalidInput):
+            store.list(NS, limit=0)
+
+    def test_namespaces_are_isolated_and_unicode(self, store: SecureObjectStore) -> None:
+        """Unicode namespaces are distinct from each other and from similar ASCII ones."""
+        spaces = ["工作流", "工作流/ß", "Ωmega 😀", "contract"]
+        for space in spaces:
+            store.commit(UnitOfWork(upserts=[make_upsert(space, "same", space.encode())]))
+        for space in spaces:
+            loaded = store.load(space, natural_key_digest(space, "same"))
+            assert loaded is not None
+            assert loaded.payload == space.encode()
+            assert loaded.metadata.namespace == space
+            assert len(store.list(space).items) == 1
+        assert store.load("工作流", natural_key_digest("工作流/ß", "same")) is None
+
+    # -- payload limits -----------------------------------------------------
+
+    def test_empty_and_maximum_payloads_round_trip(self, store: SecureObjectStore) -> None:
+        """Payloads of 0 bytes and of exactly MAX_PAYLOAD_BYTES store and load intact."""
+        biggest = bytes(range(256)) * (MAX_PAYLOAD_BYTES // 256)
+        assert len(biggest) == MAX_PAYLOAD_BYTES
+        store.commit(
+            UnitOfWork(upserts=[make_upsert(NS, "empty", b""), make_upsert(NS, "max", biggest)])
+        )
+        empty = store.load(NS, _digest("empty"))
+        full = store.load(NS, _digest("max"))
+        assert empty is not None
+        assert full is not None
+        assert empty.payload == b""
+        assert full.payload == biggest
+        assert full.metadata.byte_length == MAX_PAYLOAD_BYTES
+
+    def test_payload_one_byte_over_is_refused(self) -> None:
+        """A payload one byte over the limit is a PayloadTooLarge before any store sees it."""
+        with pytest.raises(PayloadTooLarge) as caught:
+            make_upsert(NS, "big", b"x" * (MAX_PAYLOAD_BYTES + 1))
+        assert caught.value.code == "PAYLOAD_TOO_LARGE"
+
+    # -- ledger -------------------------------------------------------------
+
+    def _append_chain(self, store: SecureObjectStore, stream: str, count: int) -> list[LedgerEvent]:
+        events: list[LedgerEvent] = []
+        for index in range(count):
+            event = make_event(stream, index, events[-1] if events else None)
+            store.commit(UnitOfWork(appends=[event]))
+            events.append(event)
+        return events
+
+    def test_ledger_appends_read_back_in_order(self, store: SecureObjectStore) -> None:
+        """Appended events read back in index order, equal to what was written."""
+        events = self._append_chain(store, "s", 6)
+        page = store.read_ledger("s")
+        assert list(page.events) == events
+        assert page.next_index is None
+        assert not page.gap
+        assert store.ledger_head("s") == events[-1]
+        assert verify_chain(page.events).ok
+
+    def test_empty_stream(self, store: SecureObjectStore) -> None:
+        """An unknown stream has no head and reads as an empty page without a gap."""
+        assert store.ledger_head("none") is None
+        page = store.read_ledger("none")
+        assert (page.events, page.next_index, page.gap) == ((), None, False)
+
+    def test_ledger_pages_with_next_index(self, store: SecureObjectStore) -> None:
+        """Reading with a limit returns the next index until the head is reached."""
+        events = self._append_chain(store, "s", 7)
+        first = store.read_ledger("s", limit=3)
+        assert [e.index for e in first.events] == [0, 1, 2]
+        assert first.next_index == 3
+        second = store.read_ledger("s", from_index=3, limit=3)
+        third = store.read_ledger("s", from_index=6, limit=3)
+        assert [e.index for e in second.events] == [3, 4, 5]
+        assert list(third.events) == events[6:]
+        assert third.next_index is None
+        assert store.read_ledger("s", from_index=50).events == ()
+
+    def test_stale_previous_hash_is_rejected(self, store: SecureObjectStore) -> None:
+        """An append whose previous hash is not the head's fails and appends nothing."""
+        events = self._append_chain(store, "s", 3)
+        forged = make_event("s", 3, events[1])
+        with pytest.raises(RevisionConflict) as caught:
+            store.commit(UnitOfWork(appends=[forged]))
+        assert caught.value.details["stream"] == "s"
+        assert store.ledger_head("s") == events[-1]
+
+    def test_append_must_follow_the_head_index(self, store: SecureObjectStore) -> None:
+        """An append that skips or repeats an index fails."""
+        events = self._append_chain(store, "s", 2)
+        with pytest.raises(RevisionConflict):
+            store.commit(UnitOfWork(appends=[make_event("s", 3, events[-1])]))
+        with pytest.raises(RevisionConflict):
+            store.commit(UnitOfWork(appends=[make_event("s", 1, events[0], payload="fork")]))
+        with pytest.raises(RevisionConflict):
+            store.commit(UnitOfWork(appends=[make_event("new", 1)]))
+        assert [e.index for e in store.read_ledger("s").events] == [0, 1]
+
+    def test_two_writers_on_one_head_do_not_fork(self, store: SecureObjectStore) -> None:
+        """Of two appends built on the same head, the second is refused."""
+        head = self._append_chain(store, "s", 1)[0]
+        store.commit(UnitOfWork(appends=[make_event("s", 1, head, payload="a")]))
+        with pytest.raises(RevisionConflict):
+            store.commit(UnitOfWork(appends=[make_event("s", 1, head, payload="b")]))
+        assert verify_chain(store.read_ledger("s").events).ok
+
+    def test_trim_keeps_head_and_flags_gap(self, store: SecureObjectStore) -> None:
+        """Trimmed events are gone, the head stays, and reading from before them flags a gap."""
+        events = self._append_chain(store, "s", 5)
+        store.commit(UnitOfWork(trims=[LedgerTrim("s", 3)]))
+        page = store.read_ledger("s")
+        assert page.gap
+        assert list(page.events) == events[3:]
+        assert not store.read_ledger("s", from_index=3).gap
+        store.commit(UnitOfWork(trims=[LedgerTrim("s", 100)]))
+        assert list(store.read_ledger("s").events) == events[4:]
+        assert store.ledger_head("s") == events[4]
+        store.commit(UnitOfWork(appends=[make_event("s", 5, events[4])]))
+        verdict = verify_chain(
+            store.read_ledger("s", from_index=4).events,
+            start_index=4,
+            previous_hash=events[3].event_hash,
+        )
+        assert verdict.ok
+
+    def test_failed_unit_does_not_trim(self, store: SecureObjectStore) -> None:
+        """A trim in a unit whose guard fails leaves the stream whole."""
+        events = self._append_chain(store, "s", 4)
+        with pytest.raises(RevisionConflict):
+            store.commit(
+                UnitOfWork(trims=[LedgerTrim("s", 3)], upserts=[make_upsert(NS, "x", expected=2)])
+            )
+        assert list(store.read_ledger("s").events) == events
+
+    def test_ledger_read_rejects_negative_index(self, store: SecureObjectStore) -> None:
+        """A negative from_index is invalid input."""
+        with pytest.raises(InvalidInput):
+            store.read_ledger("s", from_index=-1)
+
+    # -- lifecycle and secrecy ----------------------------------------------
+
+    def test_record_repr_hides_payload(self, store: SecureObjectStore) -> None:
+        """Neither a stored record's repr nor an upsert's shows the payload bytes."""
+        upsert = make_upsert(NS, "a", b"very-secret-bytes")
+        store.commit(UnitOfWork(upserts=[upsert]))
+        assert "very-secret-bytes" not in repr(upsert)
+        assert "very-secret-bytes" not in repr(store.load(NS, _digest("a")))
+
+    def test_closed_store_refuses_work(self, store: SecureObjectStore) -> None:
+        """After close(), reads and commits raise StoreUnavailable."""
+        store.commit(UnitOfWork(upserts=[make_upsert(NS, "a")]))
+        store.close()
+        with pytest.raises(StoreUnavailable):
+            store.load(NS, _digest("a"))
+        with pytest.raises(StoreUnavailable):
+            store.commit(UnitOfWork(upserts=[make_upsert(NS, "b")]))

@@ -1,0 +1,42 @@
+"""Opt-in structlog configuration for the CLI; the library itself never configures logging."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Literal, TextIO
+
+import structlog
+
+
+def configure_logging(
+    level: Literal["debug", "info", "warning", "error"] = "info",
+    fmt: Literal["auto", "json", "console"] = "auto",
+    stream: TextIO | None = None,
+) -> None:
+    """Route structlog to ``stream`` (stderr by default) at ``level``.
+
+    ``auto`` renders JSON lines when the stream is not a terminal (so log
+    shippers get structure) and a readable console format when it is.
+    """
+    out = sys.stderr if stream is None else stream
+    use_json = fmt == "json" or (fmt == "auto" and not out.isatty())
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer(sort_keys=True)
+        if use_json
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping()[level.upper()]
+        ),
+        logger_factory=structlog.PrintLoggerFactory(file=out),
+        cache_logger_on_first_use=False,
+    )

@@ -1,0 +1,11 @@
+"""The store contract, run against the in-memory reference adapter."""
+
+from flowvault.adapters.memory import InMemorySecureObjectStore
+from flowvault.application.testing import SecureObjectStoreContract
+
+
+class TestInMemorySecureObjectStore(SecureObjectStoreContract):
+    """The memory adapter passes the whole store contract."""
+
+    def make_store(self) -> InMemorySecureObjectStore:
+        return InMemorySecureObjectStore()

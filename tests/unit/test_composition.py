@@ -1,0 +1,119 @@
+"""The composition root: settings from the environment, selection, overrides, logging."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+import structlog
+from dependency_injector import providers
+
+from flowvault.adapters.memory import InMemorySecureObjectStore
+from flowvault.adapters.system import RandomIdFactory, SystemClock
+from flowvault.application import SecureObjectStore, UnitOfWork
+from flowvault.application.testing import FrozenClock, SequentialIds, make_upsert
+from flowvault.composition import Settings, bootstrap, build_container, configure_logging
+from flowvault.domain import InvalidInput
+
+
+def test_settings_read_the_prefixed_environment() -> None:
+    """FLOWVAULT_* variables become settings; others are ignored."""
+    settings = Settings.from_env(
+        {"FLOWVAULT_BACKEND": "memory", "FLOWVAULT_LOG_LEVEL": "DEBUG", "HOME": "/x"}
+    )
+    assert settings.backend == "memory"
+    assert settings.log_level == "debug"
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"FLOWVAULT_BACKEND": "oracle"},
+        {"FLOWVAULT_BAKCEND": "memory"},
+        {"FLOWVAULT_LOG_LEVEL": "x"},
+    ],
+)
+def test_bad_settings_are_refused_by_name(environ: dict[str, str]) -> None:
+    """Unknown values and misspelt variables fail with the variable named."""
+    with pytest.raises(InvalidInput) as caught:
+        Settings.from_env(environ)
+    assert "FLOWVAULT_" in str(caught.value)
+
+
+def test_container_selects_the_memory_backend() -> None:
+    """The memory backend is a singleton store that satisfies the port."""
+    container = build_container(Settings(backend="memory"))
+    store = container.store()
+    assert isinstance(store, InMemorySecureObjectStore)
+    assert isinstance(store, SecureObjectStore)
+    assert container.store() is store
+    assert isinstance(container.clock(), SystemClock)
+    assert isinstance(container.ids(), RandomIdFactory)
+
+
+def test_container_reads_the_environment_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without explicit settings the container reads FLOWVAULT_* variables."""
+    monkeypatch.setenv("FLOWVAULT_LOG_FORMAT", "json")
+    assert build_container().settings().log_format == "json"
+
+
+def test_host_overrides_a_provider_with_its_own_adapter() -> None:
+    """A host's own adapter replaces the selected one through override()."""
+    container = build_container(Settings())
+    mine = InMemorySecureObjectStore()
+    with container.store.override(providers.Object(mine)):
+        assert container.store() is mine
+    assert container.store() is not mine
+
+
+def test_bootstrap_keeps_ports_the_host_passes() -> None:
+    """The plain factory wires defaults and keeps explicitly passed ports."""
+    clock, ids = FrozenClock(), SequentialIds()
+    with bootstrap(Settings(), clock=clock, ids=ids) as runtime:
+        assert runtime.clock is clock
+        assert runtime.ids is ids
+        runtime.store.commit(UnitOfWork(upserts=[make_upsert("ns", "a")]))
+        assert runtime.store.load("ns", make_upsert("ns", "a").header.key_digest) is not None
+
+
+def test_importing_does_not_configure_logging() -> None:
+    """Importing every flowvault layer in a fresh interpreter leaves structlog unconfigured."""
+    probe = (
+        "import structlog, flowvault.domain, flowvault.application, flowvault.adapters.memory,"
+        " flowvault.composition; print(structlog.is_configured())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-P", "-c", probe], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False"
+
+
+def test_configure_logging_writes_json_when_not_a_tty() -> None:
+    """Auto format renders JSON lines on a non-terminal stream, filtered by level."""
+    stream = io.StringIO()
+    try:
+        configure_logging("info", "auto", stream)
+        log = structlog.get_logger("test")
+        log.debug("hidden")
+        log.info("shown", revision=3)
+    finally:
+        structlog.reset_defaults()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1
+    record = json.loads(lines[0])
+    assert (record["event"], record["revision"], record["level"]) == ("shown", 3, "info")
+
+
+def test_configure_logging_console_format() -> None:
+    """The console format renders readable text, not JSON."""
+    stream = io.StringIO()
+    try:
+        configure_logging("debug", "console", stream)
+        structlog.get_logger("test").debug("plain words")
+    finally:
+        structlog.reset_defaults()
+    assert "plain words" in stream.getvalue()
+    assert not stream.getvalue().lstrip().startswith("{")
