@@ -1,0 +1,36 @@
+# Two set-up commands from the README: `make test` and (once the CLI lands) `make demo`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip --disable-pip-version-check -q
+
+.PHONY: test install-dev lint typecheck layers pytest clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip "setuptools>=77" wheel
+
+# A regular (non-editable) install, so the tests see exactly what a wheel ships.
+install-dev: $(BIN)/python
+	rm -rf build flowvault.egg-info
+	$(PIP) install --no-build-isolation ".[dev,postgres]"
+	$(PIP) install --no-build-isolation --no-deps --force-reinstall .
+	rm -rf build flowvault.egg-info
+
+lint: install-dev
+	$(BIN)/ruff check .
+
+typecheck: install-dev
+	$(BIN)/mypy --strict \
+		-p flowvault.domain -p flowvault.application -p flowvault.adapters -p flowvault.composition
+
+layers: install-dev
+	$(BIN)/pytest -q -p no:cacheprovider tests/test_layers.py
+
+pytest: install-dev
+	$(BIN)/pytest
+
+test: lint typecheck layers pytest
+
+clean:
+	rm -rf build dist flowvault.egg-info .mypy_cache .pytest_cache .ruff_cache
