@@ -2,7 +2,7 @@
 
 from flowvault.composition._bootstrap import Runtime, bootstrap
 from flowvault.composition._container import Container, build_container
-from flowvault.composition._logging import configure_logging
+from flowvault.composition._logging import configure_logging, redact_secret_keys
 from flowvault.composition._settings import ENV_PREFIX, Settings
 
 __all__ = [
@@ -13,4 +13,5 @@ __all__ = [
     "bootstrap",
     "build_container",
     "configure_logging",
+    "redact_secret_keys",
 ]

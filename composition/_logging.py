@@ -7,6 +7,17 @@ import sys
 from typing import Literal, TextIO
 
 import structlog
+from structlog.typing import EventDict, WrappedLogger
+
+from flowvault.domain import REDACTED, is_secret_key
+
+
+def redact_secret_keys(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    """Blank values bound under secret-looking keys, a net under careless call sites."""
+    for key in event_dict:
+        if key != "event" and is_secret_key(key):
+            event_dict[key] = REDACTED
+    return event_dict
 
 
 def configure_logging(
@@ -29,6 +40,7 @@ def configure_logging(
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            redact_secret_keys,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,

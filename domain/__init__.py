@@ -46,7 +46,7 @@ from flowvault.domain._ledger import (
     LedgerEvent,
     verify_chain,
 )
-from flowvault.domain._sanitise import sanitise_payload
+from flowvault.domain._sanitise import REDACTED, is_secret_key, sanitise_payload
 from flowvault.domain._state_machine import DEFAULT_LIFECYCLE, StateMachine, StateMachineJson
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "GENESIS_HASH",
     "MAX_DEPTH",
     "MAX_SAFE_INTEGER",
+    "REDACTED",
     "ChainDefect",
     "ChainVerdict",
     "Digest",
@@ -86,6 +87,7 @@ __all__ = [
     "content_hash",
     "digest_bytes",
     "format_instant",
+    "is_secret_key",
     "natural_key_digest",
     "parse_json",
     "sanitise_payload",

@@ -15,13 +15,14 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from flowvault.domain._canonical import canonical_bytes, content_hash
+from flowvault.domain._errors import InvalidInput
 
 AAD_FORMAT = "flowvault.envelope/1"
 """Version tag bound into the associated data; bump it when the layout changes."""
 
 MAX_NAMESPACE_LENGTH = 128
 
-_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+DIGEST_PATTERN = re.compile(r"^sha256:[0-9a-f]{64}$")
 _KEY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -35,7 +36,7 @@ class Sensitivity(StrEnum):
 
 
 def _check_digest(value: str) -> str:
-    if not _DIGEST.match(value):
+    if not DIGEST_PATTERN.match(value):
         raise ValueError("must be sha256:<64 lowercase hex>")
     return value
 
@@ -61,7 +62,10 @@ def _check_key_id(value: str) -> str:
 def _check_aware(value: datetime) -> datetime:
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError("must be timezone-aware")
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("lies outside the representable UTC range") from None
 
 
 Digest = Annotated[str, AfterValidator(_check_digest)]
@@ -74,10 +78,19 @@ UtcDatetime = Annotated[datetime, AfterValidator(_check_aware)]
 """A timezone-aware instant, normalised to UTC."""
 
 
-def format_instant(value: datetime) -> str:
-    """Render an aware instant as fixed-width ISO-8601 UTC, sortable as text."""
-    utc = value.astimezone(UTC)
-    return f"{utc.year:04d}-{utc:%m-%dT%H:%M:%S.%f}Z"
+def format_instant(value: object) -> str:
+    """Render an aware instant as fixed-width ISO-8601 UTC, sortable as text.
+
+    Raises ``InvalidInput`` for anything else, since a naive time would be
+    read in the local zone and hash differently on another machine.
+    """
+    if not isinstance(value, datetime):
+        raise InvalidInput("expected a timezone-aware datetime")
+    try:
+        utc = _check_aware(value)
+    except ValueError as exc:
+        raise InvalidInput(f"instant {exc}") from None
+    return utc.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 class EnvelopeHeader(BaseModel):

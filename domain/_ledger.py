@@ -7,10 +7,9 @@ any stored event is detectable by replaying the chain from a trusted point.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Self
 
@@ -32,6 +31,7 @@ from flowvault.domain._canonical import (
     content_hash,
     parse_json,
 )
+from flowvault.domain._envelope import DIGEST_PATTERN, Digest, UtcDatetime, format_instant
 from flowvault.domain._errors import IntegrityFailure, InvalidInput
 
 GENESIS_HASH = "sha256:" + "0" * 64
@@ -46,8 +46,6 @@ MAX_NAME_LENGTH = 200
 EVENT_TYPE_PATTERN = r"^[a-z][a-z0-9_.-]{0,99}$"
 """Event types are short dotted lowercase names such as ``workflow.created``."""
 
-_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-
 
 def _check_unicode(value: str) -> str:
     try:
@@ -55,21 +53,6 @@ def _check_unicode(value: str) -> str:
     except UnicodeEncodeError:
         raise ValueError("must be valid Unicode") from None
     return value
-
-
-def _check_digest(value: str) -> str:
-    if not _DIGEST.match(value):
-        raise ValueError("must be sha256:<64 lowercase hex>")
-    return value
-
-
-def _check_aware(value: datetime) -> datetime:
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise ValueError("must be timezone-aware")
-    try:
-        return value.astimezone(UTC)
-    except OverflowError:
-        raise ValueError("lies outside the representable UTC range") from None
 
 
 def _copy_json(value: object) -> JsonValue:
@@ -80,23 +63,11 @@ def _copy_json(value: object) -> JsonValue:
         raise ValueError(exc.message) from None
 
 
-def _instant_text(moment: object) -> str:
-    """Render as ``YYYY-MM-DDTHH:MM:SS.ffffffZ``, fixed width on every platform."""
-    if not isinstance(moment, datetime) or moment.utcoffset() is None:
-        raise InvalidInput("occurred_at must be a timezone-aware datetime")
-    try:
-        utc = moment.astimezone(UTC)
-    except OverflowError:
-        raise InvalidInput("occurred_at lies outside the representable UTC range") from None
-    return utc.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
-
-
 _Name = Annotated[
     str,
     StringConstraints(min_length=1, max_length=MAX_NAME_LENGTH),
     AfterValidator(_check_unicode),
 ]
-_Digest = Annotated[str, AfterValidator(_check_digest)]
 _Payload = Annotated[pydantic.JsonValue, PlainValidator(_copy_json)]
 """Pydantic's own alias, because it cannot build a schema from the recursive ``JsonValue``."""
 
@@ -118,10 +89,10 @@ class LedgerEvent(BaseModel):
     type: str = Field(pattern=EVENT_TYPE_PATTERN)
     from_state: _Name | None = None
     to_state: _Name | None = None
-    occurred_at: Annotated[datetime, AfterValidator(_check_aware)]
+    occurred_at: UtcDatetime
     payload: _Payload
-    previous_hash: _Digest
-    event_hash: _Digest
+    previous_hash: Digest
+    event_hash: Digest
     event_key: _Name | None = None
 
     @classmethod
@@ -170,7 +141,7 @@ class LedgerEvent(BaseModel):
             "type": self.type,
             "from_state": self.from_state,
             "to_state": self.to_state,
-            "occurred_at": _instant_text(self.occurred_at),
+            "occurred_at": format_instant(self.occurred_at),
             "payload": self.payload,
             "previous_hash": self.previous_hash,
             "event_key": self.event_key,
@@ -284,7 +255,7 @@ def _check_start(start_index: int, previous_hash: str) -> None:
     """Refuse a starting point no genuine chain could have."""
     if not 0 <= start_index <= MAX_SAFE_INTEGER:
         raise InvalidInput(f"start_index must be within 0..{MAX_SAFE_INTEGER}")
-    if not _DIGEST.match(previous_hash):
+    if not DIGEST_PATTERN.match(previous_hash):
         raise InvalidInput("previous_hash must be sha256:<64 lowercase hex>")
     if (start_index == 0) != (previous_hash == GENESIS_HASH):
         raise InvalidInput("previous_hash must be GENESIS_HASH exactly when start_index is 0")

@@ -98,13 +98,15 @@ def test_configure_logging_writes_json_when_not_a_tty() -> None:
         configure_logging("info", "auto", stream)
         log = structlog.get_logger("test")
         log.debug("hidden")
-        log.info("shown", revision=3)
+        log.info("shown", revision=3, api_key="hunter2-secret")
     finally:
         structlog.reset_defaults()
     lines = stream.getvalue().splitlines()
     assert len(lines) == 1
     record = json.loads(lines[0])
     assert (record["event"], record["revision"], record["level"]) == ("shown", 3, "info")
+    assert record["api_key"] == "[REDACTED]"
+    assert "hunter2" not in stream.getvalue()
 
 
 def test_configure_logging_console_format() -> None:
