@@ -6,6 +6,14 @@ the ports; the contract kit lives in ``flowvault.application.testing``.
 
 from flowvault.application._cursor import ListCursor, effective_limit
 from flowvault.application._guards import check_append, check_delete, check_upsert
+from flowvault.application._keys import (
+    KEY_ENV,
+    MASTER_KEY_BYTES,
+    KeyStore,
+    encode_master_key,
+    parse_master_key,
+    resolve_master_key,
+)
 from flowvault.application._records import (
     MAX_LABEL_TEXT,
     MAX_LABELS,
@@ -26,19 +34,23 @@ from flowvault.application._records import (
     UnitOfWork,
     Upsert,
 )
-from flowvault.application.ports import Clock, IdFactory, SecureObjectStore
+from flowvault.application.ports import Cipher, Clock, IdFactory, SecureObjectStore, StoreStats
 
 __all__ = [
+    "KEY_ENV",
+    "MASTER_KEY_BYTES",
     "MAX_LABELS",
     "MAX_LABEL_TEXT",
     "MAX_LIST_LIMIT",
     "MAX_PAYLOAD_BYTES",
+    "Cipher",
     "Clock",
     "Delete",
     "ExpectedRevision",
     "FilterOp",
     "Guard",
     "IdFactory",
+    "KeyStore",
     "LabelFilter",
     "LabelValue",
     "LedgerPage",
@@ -48,6 +60,7 @@ __all__ = [
     "RecordMetadata",
     "RecordPage",
     "SecureObjectStore",
+    "StoreStats",
     "StoredRecord",
     "UnitOfWork",
     "Upsert",
@@ -55,4 +68,7 @@ __all__ = [
     "check_delete",
     "check_upsert",
     "effective_limit",
+    "encode_master_key",
+    "parse_master_key",
+    "resolve_master_key",
 ]

@@ -7,7 +7,7 @@ every policy (sealing, hashing, state rules, retention) lives above them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
@@ -116,4 +116,71 @@ class IdFactory(Protocol):
 
     def new_id(self) -> str:
         """Return a new unique identifier (URL-safe text, no secrets)."""
+        ...
+
+
+@runtime_checkable
+class StoreStats(Protocol):
+    """Optional capability: counts an operator (or key policy) needs without payloads."""
+
+    def namespace_counts(self) -> Mapping[str, int]:
+        """Return the number of records per namespace (namespaces with none omitted)."""
+        ...
+
+    def key_id_counts(self) -> Mapping[str, int]:
+        """Return the number of records sealed under each key id."""
+        ...
+
+
+@runtime_checkable
+class Cipher(Protocol):
+    """Authenticated encryption under a key ring; keys are chosen by id, never by trial.
+
+    The sealed wire format names the key id it was sealed with, so ``open``
+    picks exactly one key. GCM is not key-committing: trying keys in turn
+    could "succeed" under a wrong key for a crafted ciphertext.
+    """
+
+    @property
+    def primary_key_id(self) -> str:
+        """Id of the key new seals use."""
+        ...
+
+    def key_ids(self) -> frozenset[str]:
+        """Ids of every key this cipher can open with."""
+        ...
+
+    def seal(self, key_id: str, plaintext: bytes, associated_data: bytes) -> bytes:
+        """Encrypt ``plaintext`` bound to ``associated_data`` under key ``key_id``.
+
+        Raises:
+            InvalidInput: ``key_id`` is not in the ring.
+
+        """
+        ...
+
+    def sealed_key_id(self, sealed: bytes) -> str:
+        """Return the key id named in a sealed value's wire header, without decrypting.
+
+        Raises:
+            IntegrityFailure: the value is not in a known wire format.
+
+        """
+        ...
+
+    def open(self, sealed: bytes, associated_data: bytes) -> bytes:
+        """Decrypt and authenticate a sealed value.
+
+        Raises:
+            IntegrityFailure: unknown format or key id, or any changed byte
+                of header, nonce, ciphertext, tag or associated data.
+
+        """
+        ...
+
+    def keyed_digest(self, data: bytes) -> str:
+        """Return ``sha256:<hex>`` HMAC-SHA-256 of ``data`` under the integrity key.
+
+        Used for natural keys, so the store never holds a guessable plain hash.
+        """
         ...

@@ -88,3 +88,21 @@ class StoreUnavailable(FlowvaultError):
     """Raised when the backing store cannot be opened or reached at all."""
 
     code = "STORE_UNAVAILABLE"
+
+
+class KeyRequired(FlowvaultError):
+    """Raised when sealed data exists but no key was found to open it."""
+
+    code = "KEY_REQUIRED"
+
+
+class InsecurePermissions(FlowvaultError):
+    """Raised when a store or key file is open to other users; the message says how to fix it."""
+
+    code = "INSECURE_PERMISSIONS"
+
+
+class SchemaTooNew(FlowvaultError):
+    """Raised when a store was written by a newer flowvault schema than this code knows."""
+
+    code = "SCHEMA_TOO_NEW"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -196,6 +197,18 @@ class InMemorySecureObjectStore:
             has_more = start + limit < len(found.events)
         next_index = events[-1].index + 1 if events and has_more else None
         return LedgerPage(events=events, next_index=next_index, gap=gap)
+
+    def namespace_counts(self) -> dict[str, int]:
+        """Return the number of records per namespace."""
+        with self._lock:
+            self._check_open()
+            return dict(Counter(space for space, _ in self._records))
+
+    def key_id_counts(self) -> dict[str, int]:
+        """Return the number of records sealed under each key id."""
+        with self._lock:
+            self._check_open()
+            return dict(Counter(r.metadata.header.key_id for r in self._records.values()))
 
     def close(self) -> None:
         """Mark the store closed; later calls raise ``StoreUnavailable``."""

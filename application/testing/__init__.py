@@ -12,13 +12,17 @@ from flowvault.application.testing._fakes import (
     make_header,
     make_upsert,
 )
-from flowvault.application.testing._store_contract import SecureObjectStoreContract
+from flowvault.application.testing._store_contract import (
+    SecureObjectStoreContract,
+    StoreStatsContract,
+)
 
 __all__ = [
     "EPOCH",
     "FrozenClock",
     "SecureObjectStoreContract",
     "SequentialIds",
+    "StoreStatsContract",
     "make_event",
     "make_header",
     "make_upsert",

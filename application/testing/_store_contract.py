@@ -25,6 +25,7 @@ from flowvault.application import (
     LedgerTrim,
     Order,
     SecureObjectStore,
+    StoreStats,
     UnitOfWork,
 )
 from flowvault.application.testing._fakes import (
@@ -557,3 +558,24 @@ class SecureObjectStoreContract(ABC):
             store.load(NS, _digest("a"))
         with pytest.raises(StoreUnavailable):
             store.commit(UnitOfWork(upserts=[make_upsert(NS, "b")]))
+
+
+class StoreStatsContract(SecureObjectStoreContract):
+    """Behaviour of the optional ``StoreStats`` capability, for adapters that offer it."""
+
+    def test_satisfies_the_stats_protocol(self, store: SecureObjectStore) -> None:
+        """The adapter matches the StoreStats protocol by shape."""
+        assert isinstance(store, StoreStats)
+
+    def test_counts_follow_writes_and_deletes(self, store: SecureObjectStore) -> None:
+        """Per-namespace and per-key-id counts reflect committed work only."""
+        assert isinstance(store, StoreStats)
+        assert dict(store.namespace_counts()) == {}
+        assert dict(store.key_id_counts()) == {}
+        upserts = [make_upsert(NS, f"r{n}") for n in range(3)] + [make_upsert("other", "x")]
+        store.commit(UnitOfWork(upserts=upserts))
+        store.commit(UnitOfWork(deletes=[Delete(NS, _digest("r0"), 1)]))
+        with pytest.raises(RevisionConflict):
+            store.commit(UnitOfWork(upserts=[make_upsert(NS, "r9"), make_upsert("other", "x")]))
+        assert dict(store.namespace_counts()) == {NS: 2, "other": 1}
+        assert dict(store.key_id_counts()) == {"k1": 3}

@@ -1,10 +1,10 @@
 """The store contract, run against the in-memory reference adapter."""
 
 from flowvault.adapters.memory import InMemorySecureObjectStore
-from flowvault.application.testing import SecureObjectStoreContract
+from flowvault.application.testing import StoreStatsContract
 
 
-class TestInMemorySecureObjectStore(SecureObjectStoreContract):
+class TestInMemorySecureObjectStore(StoreStatsContract):
     """The memory adapter passes the whole store contract."""
 
     def make_store(self) -> InMemorySecureObjectStore:

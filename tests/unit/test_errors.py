@@ -19,6 +19,9 @@ CODES = {
     "IntegrityFailure": "INTEGRITY_FAILURE",
     "StoreBusy": "STORE_BUSY",
     "StoreUnavailable": "STORE_UNAVAILABLE",
+    "KeyRequired": "KEY_REQUIRED",
+    "InsecurePermissions": "INSECURE_PERMISSIONS",
+    "SchemaTooNew": "SCHEMA_TOO_NEW",
 }
 
 
