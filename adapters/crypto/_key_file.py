@@ -1,0 +1,235 @@
+"""The master key kept in a private file, created atomically and refused when exposed.
+
+A key file is as secret as every record it seals: it must be a regular file
+owned by the current user, unreadable by anyone else, in a directory only
+its owner can change. Creation publishes a fully written, fsynced file with
+``link`` so concurrent first starts agree on one key and a crash leaves
+either no key file or a complete one, never a torn one.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+from pathlib import Path
+
+import structlog
+
+from flowvault.application import MASTER_KEY_BYTES, encode_master_key, parse_master_key
+from flowvault.domain import InsecurePermissions, InvalidInput, StoreUnavailable
+
+_log = structlog.get_logger(__name__)
+
+_FILE_MODE = 0o600
+_DIR_MODE = 0o700
+_MAX_KEY_FILE_BYTES = 4096
+_PUBLISH_ATTEMPTS = 3
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read_capped(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while size <= _MAX_KEY_FILE_BYTES:
+        chunk = os.read(fd, _MAX_KEY_FILE_BYTES + 1 - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+class FileKeyStore:
+    """``KeyStore`` holding the master key as base64 text in a 0600 file in a 0700 directory.
+
+    ``allow_insecure_permissions`` downgrades mode and ownership problems to
+    a logged warning for hosts whose filesystem cannot express them; a
+    symlink or a non-regular file is always refused, since it lets someone
+    else choose which key the store uses.
+    """
+
+    def __init__(
+        self,
+        keys_dir: Path,
+        *,
+        file_name: str = "store.key",
+        allow_insecure_permissions: bool = False,
+    ) -> None:
+        if not file_name or file_name in {".", ".."} or "/" in file_name or "\0" in file_name:
+            raise InvalidInput("a key file name must be a single path component")
+        self._dir = Path(keys_dir)
+        self._path = self._dir / file_name
+        self._allow_insecure = allow_insecure_permissions
+
+    @property
+    def location(self) -> str:
+        """Return the key file's path, for messages that tell an operator where to look."""
+        return str(self._path)
+
+    def read(self) -> bytes | None:
+        """Return the stored key, or ``None`` when the key file does not exist.
+
+        Raises:
+            InsecurePermissions: the file or its directory is exposed to
+                other users, or the file is a symlink or not a regular file.
+            InvalidInput: the file's content is not a key.
+
+        """
+        try:
+            before = os.lstat(self._path)
+        except FileNotFoundError:
+            return None
+        except NotADirectoryError:
+            self._check_dir()
+            raise
+        self._check_dir()
+        self._check_file(before)
+        try:
+            fd = os.open(self._path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise self._symlink_refused() from None
+            raise
+        try:
+            opened = os.fstat(fd)
+            if (opened.st_dev, opened.st_ino) != (before.st_dev, before.st_ino):
+                self._check_file(opened)
+            content = _read_capped(fd)
+        finally:
+            os.close(fd)
+        return parse_master_key(content, source=f"key file {self._path}")
+
+    def create(self, key: bytes) -> bytes:
+        """Store ``key`` atomically unless a key file appeared first; return the key that won.
+
+        Raises:
+            InvalidInput: ``key`` is not a master key.
+            InsecurePermissions: the keys directory, or a key file that won
+                the race, is exposed to other users.
+
+        """
+        if not isinstance(key, bytes) or len(key) != MASTER_KEY_BYTES:
+            raise InvalidInput(f"a master key must be exactly {MASTER_KEY_BYTES} bytes")
+        self._ensure_dir()
+        for _ in range(_PUBLISH_ATTEMPTS):
+            if self._publish(key):
+                return key
+            existing = self.read()
+            if existing is not None:
+                return existing
+        raise StoreUnavailable(f"key file {self._path} keeps vanishing while it is created")
+
+    def _publish(self, key: bytes) -> bool:
+        """Link a complete temporary key file into place; return whether this call won."""
+        temp = self._write_temp(key)
+        try:
+            os.link(temp, self._path)
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(temp)
+            _fsync_dir(self._dir)
+        return True
+
+    def _write_temp(self, key: bytes) -> Path:
+        temp = self._dir / f".{self._path.name}.{secrets.token_hex(8)}.tmp"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(temp, flags, _FILE_MODE)
+        try:
+            os.fchmod(fd, _FILE_MODE)
+            _write_all(fd, (encode_master_key(key) + "\n").encode("ascii"))
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            os.unlink(temp)
+            raise
+        os.close(fd)
+        return temp
+
+    def _ensure_dir(self) -> None:
+        """Create the keys directory private to its owner if missing, then vet it."""
+        try:
+            os.makedirs(self._dir, mode=_DIR_MODE)
+        except FileExistsError:
+            pass
+        else:
+            os.chmod(self._dir, _DIR_MODE)
+            _fsync_dir(self._dir.parent)
+        self._check_dir()
+
+    def _check_dir(self) -> None:
+        try:
+            info = os.stat(self._dir)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISDIR(info.st_mode):
+            raise InvalidInput(f"keys directory {self._dir} is not a directory")
+        if info.st_uid != os.geteuid():
+            self._exposed(
+                f"keys directory {self._dir} is owned by uid {info.st_uid}, not by the "
+                f"current user (uid {os.geteuid()})",
+                f"run `chown {os.geteuid()} {self._dir}` or choose a directory you own",
+            )
+        if info.st_mode & 0o022:
+            self._exposed(
+                f"keys directory {self._dir} is writable by other users "
+                f"(mode {stat.S_IMODE(info.st_mode):04o})",
+                f"run `chmod {_DIR_MODE:o} {self._dir}`",
+            )
+
+    def _check_file(self, info: os.stat_result) -> None:
+        if stat.S_ISLNK(info.st_mode):
+            raise self._symlink_refused()
+        if not stat.S_ISREG(info.st_mode):
+            raise InsecurePermissions(
+                f"key file {self._path} is not a regular file: replace it with a regular "
+                f"key file readable only by you (`chmod {_FILE_MODE:o} {self._path}`)",
+                path=str(self._path),
+            )
+        if info.st_uid != os.geteuid():
+            self._exposed(
+                f"key file {self._path} is owned by uid {info.st_uid}, not by the current "
+                f"user (uid {os.geteuid()})",
+                f"run `chown {os.geteuid()} {self._path}` or run as the file's owner",
+            )
+        if info.st_mode & 0o077:
+            self._exposed(
+                f"key file {self._path} is open to other users "
+                f"(mode {stat.S_IMODE(info.st_mode):04o})",
+                f"run `chmod {_FILE_MODE:o} {self._path}`",
+            )
+
+    def _symlink_refused(self) -> InsecurePermissions:
+        return InsecurePermissions(
+            f"key file {self._path} is a symlink, so whoever controls its target controls "
+            f"the key: replace the symlink with the real file (copy the target's content to "
+            f"a regular file at {self._path}, then run `chmod {_FILE_MODE:o} {self._path}`)",
+            path=str(self._path),
+        )
+
+    def _exposed(self, problem: str, fix: str) -> None:
+        """Refuse an exposed key, or only warn when the host allowed insecure permissions."""
+        if self._allow_insecure:
+            _log.warning("insecure_key_permissions", problem=problem, fix=fix)
+            return
+        raise InsecurePermissions(f"{problem}: {fix}", path=str(self._path))
+
+    def __repr__(self) -> str:
+        return f"FileKeyStore(location={self.location!r})"
