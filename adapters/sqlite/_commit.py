@@ -1,0 +1,106 @@
+"""One unit of work inside one write transaction: every guard first, then every write.
+
+The caller holds the write lock (``BEGIN IMMEDIATE``), so what the guards
+read cannot change before the writes land.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from flowvault.adapters.sqlite import _queries as sql
+from flowvault.adapters.sqlite._rows import (
+    Params,
+    event_params,
+    label_rows,
+    record_params,
+    stream_state,
+)
+from flowvault.application import UnitOfWork, check_append, check_delete, check_upsert
+from flowvault.domain import MAX_SAFE_INTEGER, LedgerEvent
+
+INDEX_CEILING = MAX_SAFE_INTEGER + 1
+"""Above every storable ledger index, so clamping to it keeps comparisons exact within 64 bits."""
+
+_Head = tuple[int | None, str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedUnit:
+    """A unit's statement parameters, encoded before the write lock is taken.
+
+    Encoding can refuse input (``InvalidInput``); doing it first keeps the
+    lock short and a refused unit from ever starting a transaction.
+    """
+
+    records: list[Params]
+    record_keys: list[Params]
+    labels: list[Params]
+    deletes: list[Params]
+    events: list[Params]
+    heads: list[Params]
+    trims: list[tuple[int, str]]
+
+    @classmethod
+    def build(cls, unit: UnitOfWork) -> PreparedUnit:
+        """Encode every write of ``unit``."""
+        return cls(
+            records=[record_params(upsert) for upsert in unit.upserts],
+            record_keys=[(u.header.namespace, u.header.key_digest) for u in unit.upserts],
+            labels=[row for upsert in unit.upserts for row in label_rows(upsert)],
+            deletes=[(delete.namespace, delete.key_digest) for delete in unit.deletes],
+            events=[event_params(event) for event in unit.appends],
+            heads=_head_rows(unit.appends),
+            trims=[(min(trim.before_index, INDEX_CEILING), trim.stream) for trim in unit.trims],
+        )
+
+
+def _head_rows(appends: Sequence[LedgerEvent]) -> list[Params]:
+    """Return one ``ADVANCE_HEAD`` row per stream: its last appended event."""
+    last = {event.stream: event for event in appends}
+    return [(event.stream, 0, event.index, event.event_hash) for event in last.values()]
+
+
+def _stored_revision(connection: sqlite3.Connection, namespace: str, key_digest: str) -> int | None:
+    rows = connection.execute(sql.STORED_REVISION, (namespace, key_digest)).fetchall()
+    return rows[0][0] if rows else None
+
+
+def _stream_head(connection: sqlite3.Connection, stream: str) -> _Head:
+    rows = connection.execute(sql.STREAM_STATE, (stream,)).fetchall()
+    if not rows:
+        return None, None
+    _, head_index, head_hash = stream_state(rows[0])
+    return head_index, head_hash
+
+
+def check_guards(connection: sqlite3.Connection, unit: UnitOfWork) -> None:
+    """Raise ``RevisionConflict`` at the first guard the stored state does not satisfy."""
+    for upsert in unit.upserts:
+        header = upsert.header
+        stored = _stored_revision(connection, header.namespace, header.key_digest)
+        check_upsert(header.namespace, header.key_digest, upsert.expected, stored, header.revision)
+    for delete in unit.deletes:
+        stored = _stored_revision(connection, delete.namespace, delete.key_digest)
+        check_delete(delete.namespace, delete.key_digest, delete.expected, stored)
+    heads: dict[str, _Head] = {}
+    for event in unit.appends:
+        if event.stream not in heads:
+            heads[event.stream] = _stream_head(connection, event.stream)
+        check_append(event, *heads[event.stream])
+        heads[event.stream] = (event.index, event.event_hash)
+
+
+def apply_writes(connection: sqlite3.Connection, prepared: PreparedUnit) -> None:
+    """Write everything, in the reference order: upserts, deletes, appends, trims."""
+    connection.executemany(sql.UPSERT_RECORD, prepared.records)
+    connection.executemany(sql.CLEAR_LABELS, prepared.record_keys)
+    connection.executemany(sql.INSERT_LABEL, prepared.labels)
+    connection.executemany(sql.DELETE_RECORD, prepared.deletes)
+    connection.executemany(sql.INSERT_EVENT, prepared.events)
+    connection.executemany(sql.ADVANCE_HEAD, prepared.heads)
+    for before_index, stream in prepared.trims:
+        connection.execute(sql.TRIM_STREAM, (before_index, stream))
+        connection.execute(sql.TRIM_EVENTS, (stream, stream))

@@ -1,0 +1,142 @@
+"""Every SQL statement the adapter runs, built once at import.
+
+Tests run ``EXPLAIN QUERY PLAN`` on these very strings, so an index that a
+query stops using is caught as a test failure rather than a slow store.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Final
+
+from flowvault.application import FilterOp, Order
+
+LOAD_RECORD: Final = (
+    "SELECT r.namespace, r.key_digest, r.revision, r.sensitivity, r.schema_version, r.key_id, "
+    "r.written_at, r.labels, r.byte_length, r.payload_digest, r.payload "
+    "FROM records r WHERE r.namespace = ? AND r.key_digest = ?"
+)
+PEEK_METADATA: Final = (
+    "SELECT r.namespace, r.key_digest, r.revision, r.sensitivity, r.schema_version, r.key_id, "
+    "r.written_at, r.labels, r.byte_length, r.payload_digest "
+    "FROM records r WHERE r.namespace = ? AND r.key_digest = ?"
+)
+STORED_REVISION: Final = "SELECT revision FROM records WHERE namespace = ? AND key_digest = ?"
+
+UPSERT_RECORD: Final = (
+    "INSERT INTO records (namespace, key_digest, revision, sensitivity, schema_version, "
+    "key_id, written_at, labels, byte_length, payload_digest, payload) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (namespace, key_digest) DO UPDATE SET "
+    "revision = excluded.revision, sensitivity = excluded.sensitivity, "
+    "schema_version = excluded.schema_version, key_id = excluded.key_id, "
+    "written_at = excluded.written_at, labels = excluded.labels, "
+    "byte_length = excluded.byte_length, payload_digest = excluded.payload_digest, "
+    "payload = excluded.payload"
+)
+CLEAR_LABELS: Final = (
+    "DELETE FROM record_labels WHERE record_id = "
+    "(SELECT id FROM records WHERE namespace = ? AND key_digest = ?)"
+)
+INSERT_LABEL: Final = (
+    "INSERT INTO record_labels (record_id, namespace, name, text_value, int_value) "
+    "SELECT id, namespace, ?, ?, ? FROM records WHERE namespace = ? AND key_digest = ?"
+)
+DELETE_RECORD: Final = "DELETE FROM records WHERE namespace = ? AND key_digest = ?"
+"""Label rows follow through ``ON DELETE CASCADE``."""
+
+INSERT_EVENT: Final = (
+    "INSERT INTO ledger_events (stream, idx, type, from_state, to_state, occurred_at, "
+    "payload, previous_hash, event_hash, event_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+STREAM_STATE: Final = (
+    "SELECT first_index, head_index, head_hash FROM ledger_streams WHERE stream = ?"
+)
+ADVANCE_HEAD: Final = (
+    "INSERT INTO ledger_streams (stream, first_index, head_index, head_hash) "
+    "VALUES (?, ?, ?, ?) ON CONFLICT (stream) DO UPDATE SET "
+    "head_index = excluded.head_index, head_hash = excluded.head_hash"
+)
+TRIM_STREAM: Final = (
+    "UPDATE ledger_streams SET first_index = MAX(first_index, MIN(?, head_index)) WHERE stream = ?"
+)
+"""Moves the first retained index forward, never past the head, never back."""
+TRIM_EVENTS: Final = (
+    "DELETE FROM ledger_events WHERE stream = ? AND idx < "
+    "(SELECT first_index FROM ledger_streams WHERE stream = ?)"
+)
+LEDGER_HEAD: Final = (
+    "SELECT stream, idx, type, from_state, to_state, occurred_at, payload, "
+    "previous_hash, event_hash, event_key "
+    "FROM ledger_events WHERE stream = ? ORDER BY idx DESC LIMIT 1"
+)
+LEDGER_PAGE: Final = (
+    "SELECT stream, idx, type, from_state, to_state, occurred_at, payload, "
+    "previous_hash, event_hash, event_key "
+    "FROM ledger_events WHERE stream = ? AND idx >= ? ORDER BY idx LIMIT ?"
+)
+
+HAS_RECORDS: Final = "SELECT EXISTS (SELECT 1 FROM records)"
+NAMESPACE_COUNTS: Final = "SELECT namespace, COUNT(*) FROM records GROUP BY namespace"
+KEY_ID_COUNTS: Final = "SELECT key_id, COUNT(*) FROM records GROUP BY key_id"
+
+LIST_RECORDS: Final = (
+    "SELECT r.namespace, r.key_digest, r.revision, r.sensitivity, r.schema_version, r.key_id, "
+    "r.written_at, r.labels, r.byte_length, r.payload_digest "
+    "FROM records r WHERE r.namespace = ?"
+)
+"""The head of every ``list`` query; filters, the cursor and the order are appended."""
+
+_SYMBOLS: Final = {
+    FilterOp.EQ: "=",
+    FilterOp.NE: "<>",
+    FilterOp.LT: "<",
+    FilterOp.LE: "<=",
+    FilterOp.GT: ">",
+    FilterOp.GE: ">=",
+}
+_LABEL_MATCH: Final = (
+    " AND r.id IN (SELECT l.record_id FROM record_labels l "
+    "WHERE l.namespace = ? AND l.name = ? AND l.{column} {symbol} ?)"
+)
+"""A label filter; a value of the other type sits in the other column as NULL, so never matches.
+
+Not correlated with ``r``, so SQLite builds the set of matching ids once
+from the ``(namespace, name, value)`` index instead of probing per record.
+"""
+TEXT_FILTERS: Final = {
+    op: _LABEL_MATCH.format(column="text_value", symbol=symbol) for op, symbol in _SYMBOLS.items()
+}
+INT_FILTERS: Final = {
+    op: _LABEL_MATCH.format(column="int_value", symbol=symbol) for op, symbol in _SYMBOLS.items()
+}
+
+AFTER_CURSOR: Final = {
+    Order.KEY: " AND r.key_digest > ?",
+    Order.WRITTEN_AT: " AND (r.written_at, r.key_digest) > (?, ?)",
+    Order.WRITTEN_AT_DESC: " AND (r.written_at, r.key_digest) < (?, ?)",
+}
+ORDER_BY: Final = {
+    Order.KEY: " ORDER BY r.key_digest LIMIT ?",
+    Order.WRITTEN_AT: " ORDER BY r.written_at, r.key_digest LIMIT ?",
+    Order.WRITTEN_AT_DESC: " ORDER BY r.written_at DESC, r.key_digest DESC LIMIT ?",
+}
+
+FilterShape = tuple[FilterOp, bool]
+"""A filter's operator and whether it compares text (else integers): all the SQL depends on."""
+
+
+@lru_cache(maxsize=256)
+def list_query(order: Order, after_cursor: bool, filters: tuple[FilterShape, ...] = ()) -> str:
+    """Return the ``list`` statement for one combination of order, cursor and filters.
+
+    Parameters bind in this order: namespace; ``(namespace, name, value)``
+    per filter; the cursor's key (and ``written_at`` first, for time orders);
+    the row limit.
+    """
+    parts = [LIST_RECORDS]
+    parts.extend(TEXT_FILTERS[op] if text else INT_FILTERS[op] for op, text in filters)
+    if after_cursor:
+        parts.append(AFTER_CURSOR[order])
+    parts.append(ORDER_BY[order])
+    return "".join(parts)

@@ -1,0 +1,344 @@
+"""The SQLite adapter: one database file in WAL mode, shared by threads and processes."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from flowvault.adapters.sqlite import _queries as sql
+from flowvault.adapters.sqlite._commit import (
+    INDEX_CEILING,
+    PreparedUnit,
+    apply_writes,
+    check_guards,
+)
+from flowvault.adapters.sqlite._connect import (
+    ConnectOptions,
+    Synchronous,
+    check_sqlite_version,
+    configure,
+    connect,
+    transaction,
+)
+from flowvault.adapters.sqlite._errors import translated
+from flowvault.adapters.sqlite._files import prepare, secure_sidecars
+from flowvault.adapters.sqlite._rows import (
+    event_from_row,
+    metadata_from_row,
+    record_from_row,
+    stream_state,
+)
+from flowvault.adapters.sqlite._schema import (
+    SCHEMA_VERSION,
+    ensure_supported,
+    migrate,
+    user_version,
+)
+from flowvault.application import (
+    LabelFilter,
+    LedgerPage,
+    ListCursor,
+    Order,
+    RecordMetadata,
+    RecordPage,
+    StoredRecord,
+    UnitOfWork,
+    effective_limit,
+)
+from flowvault.domain import InvalidInput, LedgerEvent, StoreUnavailable, format_instant
+
+_FORKED = "store opened before fork; open a new one in the child"
+
+
+class _Handle:
+    """One connection and the lock that keeps it to one thread at a time."""
+
+    def __init__(self, connection: sqlite3.Connection) -> None:
+        self.connection = connection
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def close(self) -> None:
+        """Close the connection once, after any operation on it has finished."""
+        with self.lock:
+            if not self.closed:
+                self.closed = True
+                self.connection.close()
+
+
+class _ReaderSlot:
+    """Holds a thread's reader in thread-local storage; collected when the thread ends."""
+
+    def __init__(self, handle: _Handle) -> None:
+        self.handle = handle
+
+
+def _list_params(
+    namespace: str,
+    filters: Sequence[LabelFilter],
+    order: Order,
+    position: ListCursor | None,
+    limit: int,
+) -> tuple[object, ...]:
+    """Bind values in the order ``list_query`` documents; one extra row reveals a next page."""
+    params: list[object] = [namespace]
+    for label in filters:
+        params += [namespace, label.name, label.value]
+    if position is not None and order is not Order.KEY:
+        params.append(position.written_at)
+    if position is not None:
+        params.append(position.key_digest)
+    params.append(limit + 1)
+    return tuple(params)
+
+
+def _filter_shapes(filters: Sequence[LabelFilter]) -> tuple[sql.FilterShape, ...]:
+    return tuple((label.op, isinstance(label.value, str)) for label in filters)
+
+
+def _open_writer(options: ConnectOptions) -> sqlite3.Connection:
+    """Connect, refuse a newer schema before anything writes, then configure and migrate."""
+    connection = connect(options)
+    try:
+        version = user_version(connection)
+        ensure_supported(version)
+        configure(connection, options)
+        if version < SCHEMA_VERSION:
+            migrate(connection)
+        secure_sidecars(options.path)
+    except BaseException:
+        connection.close()
+        raise
+    return connection
+
+
+class SQLiteSecureObjectStore:
+    """``SecureObjectStore`` and ``StoreStats`` over one SQLite database file in WAL mode.
+
+    Commits go through a single writer connection under a lock, and take
+    SQLite's write lock with ``BEGIN IMMEDIATE`` so other processes queue up
+    to the busy timeout; each thread reads through its own connection, and in
+    WAL mode reads never wait for writes. A store does not survive ``fork``:
+    a child process must open its own.
+    """
+
+    def __init__(self, options: ConnectOptions, writer: sqlite3.Connection) -> None:
+        self._options = options
+        self._pid = os.getpid()
+        self._writer = _Handle(writer)
+        self._readers: set[_Handle] = set()
+        self._registry = threading.Lock()
+        self._local = threading.local()
+        self._closed = False
+
+    @classmethod
+    def open(
+        cls,
+        path: Path,
+        *,
+        synchronous: Synchronous = "full",
+        busy_timeout: float = 30.0,
+        allow_insecure_permissions: bool = False,
+    ) -> SQLiteSecureObjectStore:
+        """Open (creating and migrating as needed) the store at ``path``.
+
+        Raises:
+            InsecurePermissions: the directory or file is open to other users
+                and ``allow_insecure_permissions`` is false.
+            SchemaTooNew: a newer flowvault wrote the file; it is left untouched.
+            StoreUnavailable: the file cannot be opened or configured as required.
+            StoreBusy: another process held the database past ``busy_timeout``.
+
+        """
+        options = ConnectOptions(Path(path), synchronous, busy_timeout)
+        check_sqlite_version()
+        with translated(busy_timeout):
+            prepare(options.path, allow_insecure=allow_insecure_permissions)
+            return cls(options, _open_writer(options))
+
+    @property
+    def path(self) -> Path:
+        """The database file."""
+        return self._options.path
+
+    def __repr__(self) -> str:
+        return f"SQLiteSecureObjectStore(path={str(self.path)!r})"
+
+    def __enter__(self) -> SQLiteSecureObjectStore:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # -- connections ----------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if os.getpid() != self._pid:
+            raise StoreUnavailable(_FORKED)
+        if self._closed:
+            raise StoreUnavailable("the store is closed")
+
+    def _reader(self) -> _Handle:
+        slot: _ReaderSlot | None = getattr(self._local, "slot", None)
+        if slot is None:
+            slot = self._open_reader()
+        return slot.handle
+
+    def _open_reader(self) -> _ReaderSlot:
+        """Open this thread's reader, registered so ``close`` can reach it."""
+        connection = connect(self._options)
+        handle = _Handle(connection)
+        try:
+            configure(connection, self._options)
+        except BaseException:
+            handle.close()
+            raise
+        with self._registry:
+            if self._closed:
+                handle.close()
+                raise StoreUnavailable("the store is closed")
+            self._readers.add(handle)
+        slot = _ReaderSlot(handle)
+        weakref.finalize(slot, self._retire, handle)
+        self._local.slot = slot
+        return slot
+
+    def _retire(self, handle: _Handle) -> None:
+        """Close a finished thread's reader; in a forked child, leave inherited ones alone."""
+        if os.getpid() != self._pid:
+            return
+        with self._registry:
+            self._readers.discard(handle)
+        handle.close()
+
+    @contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        self._check_usable()
+        with translated(self._options.busy_timeout):
+            handle = self._reader()
+            with handle.lock:
+                self._check_usable()
+                yield handle.connection
+
+    @contextmanager
+    def _writing(self) -> Iterator[sqlite3.Connection]:
+        self._check_usable()
+        with translated(self._options.busy_timeout), self._writer.lock:
+            self._check_usable()
+            yield self._writer.connection
+
+    # -- records --------------------------------------------------------------
+
+    def load(self, namespace: str, key_digest: str) -> StoredRecord | None:
+        """Return the stored record or ``None``."""
+        with self._reading() as connection:
+            rows = connection.execute(sql.LOAD_RECORD, (namespace, key_digest)).fetchall()
+        return record_from_row(rows[0]) if rows else None
+
+    def peek_metadata(self, namespace: str, key_digest: str) -> RecordMetadata | None:
+        """Return the record's metadata or ``None``; the payload column is never read."""
+        with self._reading() as connection:
+            rows = connection.execute(sql.PEEK_METADATA, (namespace, key_digest)).fetchall()
+        return metadata_from_row(rows[0]) if rows else None
+
+    def list(
+        self,
+        namespace: str,
+        *,
+        filters: Sequence[LabelFilter] = (),
+        order: Order = Order.KEY,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> RecordPage:
+        """Return one page of matching metadata in ``order``, resuming after ``cursor``."""
+        limit = effective_limit(limit)
+        position = None if cursor is None else ListCursor.decode(cursor, order)
+        query = sql.list_query(order, position is not None, _filter_shapes(filters))
+        params = _list_params(namespace, filters, order, position, limit)
+        with self._reading() as connection:
+            rows = connection.execute(query, params).fetchall()
+        items = tuple(metadata_from_row(row) for row in rows[:limit])
+        if len(rows) <= limit:
+            return RecordPage(items=items, next_cursor=None)
+        last = items[-1]
+        mark = ListCursor(order, last.key_digest, format_instant(last.header.written_at))
+        return RecordPage(items=items, next_cursor=mark.encode())
+
+    def commit(self, unit: UnitOfWork) -> None:
+        """Check every guard, then apply every write, in one ``BEGIN IMMEDIATE`` transaction."""
+        if unit.empty:
+            self._check_usable()
+            return
+        prepared = PreparedUnit.build(unit)
+        with self._writing() as connection, transaction(connection, "BEGIN IMMEDIATE"):
+            check_guards(connection, unit)
+            apply_writes(connection, prepared)
+
+    # -- ledger ---------------------------------------------------------------
+
+    def ledger_head(self, stream: str) -> LedgerEvent | None:
+        """Return the last event of ``stream`` or ``None``."""
+        with self._reading() as connection:
+            rows = connection.execute(sql.LEDGER_HEAD, (stream,)).fetchall()
+        return event_from_row(rows[0]) if rows else None
+
+    def read_ledger(self, stream: str, *, from_index: int = 0, limit: int = 100) -> LedgerPage:
+        """Return retained events from ``from_index`` on, flagging trimmed ones.
+
+        The stream's retention mark and its events are read in one read
+        transaction, so a concurrent trim cannot split them.
+        """
+        limit = effective_limit(limit)
+        if from_index < 0:
+            raise InvalidInput("from_index must not be negative")
+        start = min(from_index, INDEX_CEILING)
+        with self._reading() as connection, transaction(connection, "BEGIN"):
+            state = connection.execute(sql.STREAM_STATE, (stream,)).fetchall()
+            rows = connection.execute(sql.LEDGER_PAGE, (stream, start, limit + 1)).fetchall()
+        events = tuple(event_from_row(row) for row in rows[:limit])
+        gap = bool(state) and from_index < stream_state(state[0])[0]
+        next_index = events[-1].index + 1 if len(rows) > limit else None
+        return LedgerPage(events=events, next_index=next_index, gap=gap)
+
+    # -- stats ----------------------------------------------------------------
+
+    def has_records(self) -> bool:
+        """Return whether any record exists, without counting them."""
+        with self._reading() as connection:
+            rows = connection.execute(sql.HAS_RECORDS).fetchall()
+        return bool(rows[0][0])
+
+    def namespace_counts(self) -> dict[str, int]:
+        """Return the number of records per namespace."""
+        with self._reading() as connection:
+            return dict(connection.execute(sql.NAMESPACE_COUNTS).fetchall())
+
+    def key_id_counts(self) -> dict[str, int]:
+        """Return the number of records sealed under each key id."""
+        with self._reading() as connection:
+            return dict(connection.execute(sql.KEY_ID_COUNTS).fetchall())
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every connection; later calls raise ``StoreUnavailable``.
+
+        In a forked child it only marks the store closed: the inherited
+        connections belong to the parent and are never touched.
+        """
+        if os.getpid() != self._pid:
+            self._closed = True
+            return
+        with self._registry:
+            if self._closed:
+                return
+            self._closed = True
+            handles = [self._writer, *self._readers]
+            self._readers.clear()
+        for handle in handles:
+            handle.close()

@@ -1,0 +1,289 @@
+"""Schema versions: released files keep opening, newer ones are refused untouched."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from flowvault.adapters.sqlite import SCHEMA_VERSION, SQLiteSecureObjectStore, _schema
+from flowvault.application import FilterOp, Guard, LabelFilter, UnitOfWork, Upsert
+from flowvault.application.testing import make_event, make_upsert
+from flowvault.domain import (
+    GENESIS_HASH,
+    EnvelopeHeader,
+    LedgerEvent,
+    SchemaTooNew,
+    Sensitivity,
+    StoreUnavailable,
+    natural_key_digest,
+    verify_chain,
+)
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sqlite"
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+UNICODE_NS = "工作流/ß"
+AUDIT = "audit/\N{GREEK SMALL LETTER ALPHA}"
+
+
+# -- what the v1 fixture holds, rebuilt from first principles ------------------
+
+
+def _upsert(namespace: str, key: str, payload: bytes, **fields) -> Upsert:
+    labels = fields.pop("labels")
+    header = EnvelopeHeader(
+        namespace=namespace,
+        key_digest=natural_key_digest(namespace, key),
+        schema_version=1,
+        **fields,
+    )
+    return Upsert(header=header, payload=payload, expected=Guard.ANY, labels=labels)
+
+
+def fixture_upserts() -> list[Upsert]:
+    """Return the records the v1 fixture was written from."""
+    confidential, restricted = Sensitivity.CONFIDENTIAL, Sensitivity.RESTRICTED
+    return [
+        _upsert(
+            "orders", "order-1", b"\x00sealed-order-1\xff", sensitivity=confidential,
+            key_id="k1", revision=2, written_at=T0 + timedelta(seconds=1),
+            labels={"status": "open", "n": 3},
+        ),
+        _upsert(
+            "orders", "order-2", b"sealed-order-2", sensitivity=restricted,
+            key_id="k2", revision=1, written_at=T0, labels={"status": "closed", "n": 2**53 + 1},
+        ),
+        _upsert(
+            UNICODE_NS, "run-1", b"", sensitivity=Sensitivity.PUBLIC,
+            key_id="k1", revision=7, written_at=T0 + timedelta(seconds=2), labels={},
+        ),
+    ]  # fmt: skip
+
+
+def _chain(stream: str, bodies: list[dict]) -> list[LedgerEvent]:
+    events: list[LedgerEvent] = []
+    for index, body in enumerate(bodies):
+        previous = events[-1].event_hash if events else GENESIS_HASH
+        occurred = T0 + timedelta(minutes=index)
+        events.append(
+            LedgerEvent.create(
+                stream=stream, index=index, occurred_at=occurred, previous_hash=previous, **body
+            )
+        )
+    return events
+
+
+def fixture_events() -> dict[str, list[LedgerEvent]]:
+    """Return every event the v1 fixture's streams were written with (trimmed ones too)."""
+    orders = _chain("orders", [{"type": "order.changed", "payload": {"n": n}} for n in range(4)])
+    audit = _chain(
+        AUDIT,
+        [
+            {
+                "type": "workflow.created",
+                "payload": {"who": "ops", "mixed": [1, 2.5, None, True, "ü"]},
+                "to_state": "draft",
+                "event_key": "create-1",
+            },
+            {
+                "type": "workflow.approved",
+                "payload": {},
+                "from_state": "draft",
+                "to_state": "approved",
+            },
+        ],
+    )
+    return {"orders": orders, AUDIT: audit}
+
+
+FIXTURE_TRIM = ("orders", 2)
+"""The ``orders`` stream was trimmed before index 2, so the fixture holds a gap."""
+
+
+# -- loading SQL text fixtures -------------------------------------------------
+
+
+def _statements(text: str) -> list[str]:
+    """Split SQL text into complete statements without executescript()."""
+    statements, buffer = [], ""
+    for line in text.splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            statements.append(buffer)
+            buffer = ""
+    assert all(part.startswith("--") for part in buffer.split("\n") if part.strip())
+    return statements
+
+
+def load_fixture(name: str, target: Path) -> Path:
+    """Build a private database at ``target`` from a SQL fixture, with plain sqlite3."""
+    target.parent.mkdir(mode=0o700)
+    raw = sqlite3.connect(target, isolation_level=None)
+    try:
+        for statement in _statements((FIXTURES / name).read_text(encoding="utf-8")):
+            raw.execute(statement)
+    finally:
+        raw.close()
+    target.chmod(0o600)
+    return target
+
+
+def _schema_of(path: Path) -> list[tuple[str, str, str | None]]:
+    raw = sqlite3.connect(path)
+    try:
+        return raw.execute(
+            "SELECT type, name, sql FROM sqlite_master ORDER BY type, name"
+        ).fetchall()
+    finally:
+        raw.close()
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _sidecars(path: Path) -> list[Path]:
+    return [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm", "-journal")]
+
+
+# -- released versions ---------------------------------------------------------
+
+
+def test_every_released_version_has_a_fixture() -> None:
+    """Each schema version this code can write has a frozen SQL fixture."""
+    for version in range(1, SCHEMA_VERSION + 1):
+        assert (FIXTURES / f"schema_v{version}.sql").is_file()
+
+
+def test_v1_fixture_records_read_back(tmp_path: Path) -> None:
+    """Every record of a v1 file loads with its header, labels and payload intact."""
+    path = load_fixture("schema_v1.sql", tmp_path / "data" / "store.db")
+    with SQLiteSecureObjectStore.open(path) as store:
+        for upsert in fixture_upserts():
+            header = upsert.header
+            loaded = store.load(header.namespace, header.key_digest)
+            assert loaded is not None
+            assert loaded.metadata == upsert.metadata
+            assert loaded.payload == upsert.payload
+        assert dict(store.namespace_counts()) == {"orders": 2, UNICODE_NS: 1}
+        assert dict(store.key_id_counts()) == {"k1": 2, "k2": 1}
+        big = store.list("orders", filters=[LabelFilter("n", 2**53, FilterOp.GT)]).items
+        assert [meta.labels["status"] for meta in big] == ["closed"]
+
+
+def test_v1_fixture_ledger_reads_back(tmp_path: Path) -> None:
+    """A v1 file's streams read back hash for hash, with the trimmed stream's gap."""
+    path = load_fixture("schema_v1.sql", tmp_path / "data" / "store.db")
+    events = fixture_events()
+    stream, trimmed_before = FIXTURE_TRIM
+    with SQLiteSecureObjectStore.open(path) as store:
+        audit = store.read_ledger(AUDIT)
+        assert list(audit.events) == events[AUDIT]
+        assert verify_chain(audit.events).ok
+        assert not audit.gap
+        orders = store.read_ledger(stream)
+        assert orders.gap
+        assert list(orders.events) == events[stream][trimmed_before:]
+        assert store.ledger_head(stream) == events[stream][-1]
+
+
+def test_v1_fixture_accepts_new_writes(tmp_path: Path) -> None:
+    """A v1 file can be written after opening: guards see its revisions and stream heads."""
+    path = load_fixture("schema_v1.sql", tmp_path / "data" / "store.db")
+    head = fixture_events()["orders"][-1]
+    with SQLiteSecureObjectStore.open(path) as store:
+        store.commit(
+            UnitOfWork(
+                upserts=[make_upsert("orders", "order-1", b"v3", expected=2)],
+                appends=[make_event("orders", 4, head)],
+            )
+        )
+        assert store.read_ledger("orders", from_index=4).events[0].previous_hash == (
+            head.event_hash
+        )
+
+
+def test_upgraded_fixture_matches_a_fresh_store(tmp_path: Path) -> None:
+    """Migrating the oldest fixture yields exactly the schema a new store gets."""
+    old = load_fixture("schema_v1.sql", tmp_path / "old" / "store.db")
+    SQLiteSecureObjectStore.open(old).close()
+    fresh = tmp_path / "fresh" / "store.db"
+    SQLiteSecureObjectStore.open(fresh).close()
+    assert _schema_of(old) == _schema_of(fresh)
+
+
+def test_fresh_store_records_the_schema_version(tmp_path: Path) -> None:
+    """A new file is stamped with SCHEMA_VERSION."""
+    path = tmp_path / "data" / "store.db"
+    SQLiteSecureObjectStore.open(path).close()
+    raw = sqlite3.connect(path)
+    assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+    raw.close()
+
+
+# -- newer and broken schemas --------------------------------------------------
+
+
+def _stamp(path: Path, version: int) -> None:
+    raw = sqlite3.connect(path, isolation_level=None)
+    raw.execute(f"PRAGMA user_version = {version}")
+    raw.close()
+
+
+@pytest.mark.parametrize("made_by", ["flowvault", "plain sqlite3"])
+def test_newer_schema_is_refused_and_left_untouched(tmp_path: Path, made_by: str) -> None:
+    """A file stamped SCHEMA_VERSION + 1 raises SchemaTooNew; not one byte changes."""
+    path = tmp_path / "data" / "store.db"
+    if made_by == "flowvault":
+        SQLiteSecureObjectStore.open(path).close()
+    else:
+        load_fixture("schema_v1.sql", path)
+    _stamp(path, SCHEMA_VERSION + 1)
+    before = _sha256(path)
+    with pytest.raises(SchemaTooNew) as caught:
+        SQLiteSecureObjectStore.open(path)
+    assert caught.value.details == {"found": SCHEMA_VERSION + 1, "supported": SCHEMA_VERSION}
+    assert "upgrade flowvault" in str(caught.value)
+    assert _sha256(path) == before
+    assert [sidecar for sidecar in _sidecars(path) if sidecar.exists()] == []
+
+
+def test_failed_migration_changes_nothing(tmp_path: Path, monkeypatch) -> None:
+    """A step that fails rolls the whole migration back; the next open starts cleanly."""
+    path = tmp_path / "data" / "store.db"
+    broken = (_schema.MIGRATIONS[0] + ("CREATE TABLE broken (",),)
+    monkeypatch.setattr(_schema, "MIGRATIONS", broken)
+    with pytest.raises(StoreUnavailable):
+        SQLiteSecureObjectStore.open(path)
+    assert _schema_of(path) == []
+    monkeypatch.undo()
+    with SQLiteSecureObjectStore.open(path) as store:
+        assert store.has_records() is False
+
+
+def test_concurrent_first_opens_migrate_once(tmp_path: Path) -> None:
+    """Stores opening one new file at the same moment all succeed on a single schema."""
+    path = tmp_path / "data" / "store.db"
+    barrier = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def open_and_close() -> None:
+        barrier.wait()
+        try:
+            SQLiteSecureObjectStore.open(path).close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_and_close) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    fresh = tmp_path / "fresh" / "store.db"
+    SQLiteSecureObjectStore.open(fresh).close()
+    assert _schema_of(path) == _schema_of(fresh)
