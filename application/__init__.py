@@ -10,6 +10,7 @@ from flowvault.application._keys import (
     KEY_ENV,
     MASTER_KEY_BYTES,
     KeyStore,
+    check_key_matches,
     encode_master_key,
     parse_master_key,
     resolve_master_key,
@@ -34,6 +35,7 @@ from flowvault.application._records import (
     UnitOfWork,
     Upsert,
 )
+from flowvault.application._sealed import SEALED_BODY_VERSION, SealedDocument, SealedRepository
 from flowvault.application.ports import Cipher, Clock, IdFactory, SecureObjectStore, StoreStats
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "MAX_LABEL_TEXT",
     "MAX_LIST_LIMIT",
     "MAX_PAYLOAD_BYTES",
+    "SEALED_BODY_VERSION",
     "Cipher",
     "Clock",
     "Delete",
@@ -59,6 +62,8 @@ __all__ = [
     "Order",
     "RecordMetadata",
     "RecordPage",
+    "SealedDocument",
+    "SealedRepository",
     "SecureObjectStore",
     "StoreStats",
     "StoredRecord",
@@ -66,6 +71,7 @@ __all__ = [
     "Upsert",
     "check_append",
     "check_delete",
+    "check_key_matches",
     "check_upsert",
     "effective_limit",
     "encode_master_key",

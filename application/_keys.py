@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Protocol, runtime_checkable
 
-from flowvault.domain import InvalidInput, KeyRequired
+from flowvault.domain import IntegrityFailure, InvalidInput, KeyRequired
 
 MASTER_KEY_BYTES = 32
 KEY_ENV = "FLOWVAULT_KEY"
@@ -76,7 +76,7 @@ def resolve_master_key(
         return explicit
     if explicit is not None:
         return parse_master_key(explicit, "the explicit key")
-    if environ.get(KEY_ENV):
+    if KEY_ENV in environ:
         return parse_master_key(environ[KEY_ENV], KEY_ENV)
     stored = key_store.read()
     if stored is not None:
@@ -87,3 +87,19 @@ def resolve_master_key(
             f"set {KEY_ENV}, or restore the key file at {key_store.location}"
         )
     return key_store.create(new_key())
+
+
+def check_key_matches(key_id_counts: Mapping[str, int], key_ids: frozenset[str]) -> None:
+    """Refuse a key under which none of a non-empty store's records were sealed.
+
+    Failing at open, rather than on the first read, keeps a wrong key from
+    ever being used to write alongside data it cannot read.
+    """
+    in_use = {key_id for key_id, count in key_id_counts.items() if count > 0}
+    if in_use and not in_use & key_ids:
+        raise IntegrityFailure(
+            "the key does not match this store: its records are sealed under key id(s) "
+            + ", ".join(sorted(in_use))
+            + "; the key given has id(s) "
+            + ", ".join(sorted(key_ids)),
+        )

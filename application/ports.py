@@ -123,6 +123,10 @@ class IdFactory(Protocol):
 class StoreStats(Protocol):
     """Optional capability: counts an operator (or key policy) needs without payloads."""
 
+    def has_records(self) -> bool:
+        """Return whether any record exists; key policy refuses a new key if so."""
+        ...
+
     def namespace_counts(self) -> Mapping[str, int]:
         """Return the number of records per namespace (namespaces with none omitted)."""
         ...

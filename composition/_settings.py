@@ -4,16 +4,28 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from flowvault.domain import InvalidInput
 
 ENV_PREFIX = "FLOWVAULT_"
+DATABASE_FILE = "flowvault.db"
+KEY_FILE = "store.key"
 
-Backend = Literal["memory"]
-"""Backends this build can select; durable ones join as their adapters land."""
+Backend = Literal["sqlite", "memory"]
+"""Backends this build can select; PostgreSQL joins when its adapter lands."""
+
+_CASE_INSENSITIVE = frozenset({"backend", "synchronous", "log_level", "log_format"})
+
+
+def default_home(environ: Mapping[str, str] | None = None) -> Path:
+    """Return the per-user data directory, ``$XDG_DATA_HOME/flowvault`` by default."""
+    source = os.environ if environ is None else environ
+    base = source.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "flowvault"
 
 
 class Settings(BaseModel):
@@ -21,23 +33,47 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    backend: Backend = "memory"
+    backend: Backend = "sqlite"
+    home: Path = Field(default_factory=default_home)
+    synchronous: Literal["full", "normal"] = "full"
+    busy_timeout: float = Field(default=30.0, gt=0, le=3600)
+    allow_insecure_permissions: bool = False
+    key: SecretStr | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
+
+    @property
+    def data_dir(self) -> Path:
+        """Directory of the database; back it up apart from the keys."""
+        return self.home / "data"
+
+    @property
+    def database_path(self) -> Path:
+        """The SQLite database file."""
+        return self.data_dir / DATABASE_FILE
+
+    @property
+    def keys_dir(self) -> Path:
+        """Directory of the key file, apart from the data so copying one does not copy the other."""
+        return self.home / "keys"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Build settings from ``FLOWVAULT_<FIELD>`` variables; unknown ones are refused.
 
         Refusing unknown variables catches typos such as ``FLOWVAULT_BAKCEND``
-        that would otherwise silently fall back to a default.
+        that would otherwise silently fall back to a default. Error messages
+        name variables, never their values (``FLOWVAULT_KEY`` is a secret).
         """
         source = os.environ if environ is None else environ
-        values = {
-            name[len(ENV_PREFIX) :].lower(): value.strip().lower()
-            for name, value in source.items()
-            if name.startswith(ENV_PREFIX)
-        }
+        values: dict[str, object] = {}
+        for name, value in source.items():
+            if not name.startswith(ENV_PREFIX):
+                continue
+            field = name[len(ENV_PREFIX) :].lower()
+            values[field] = value.strip().lower() if field in _CASE_INSENSITIVE else value
+        if "home" not in values:
+            values["home"] = default_home(source)
         try:
             return cls.model_validate(values)
         except ValidationError as exc:

@@ -198,6 +198,12 @@ class InMemorySecureObjectStore:
         next_index = events[-1].index + 1 if events and has_more else None
         return LedgerPage(events=events, next_index=next_index, gap=gap)
 
+    def has_records(self) -> bool:
+        """Return whether any record exists."""
+        with self._lock:
+            self._check_open()
+            return bool(self._records)
+
     def namespace_counts(self) -> dict[str, int]:
         """Return the number of records per namespace."""
         with self._lock:

@@ -12,6 +12,7 @@ from flowvault.application.testing._fakes import (
     make_header,
     make_upsert,
 )
+from flowvault.application.testing._sealed_contract import SealedRepositoryContract
 from flowvault.application.testing._store_contract import (
     SecureObjectStoreContract,
     StoreStatsContract,
@@ -20,6 +21,7 @@ from flowvault.application.testing._store_contract import (
 __all__ = [
     "EPOCH",
     "FrozenClock",
+    "SealedRepositoryContract",
     "SecureObjectStoreContract",
     "SequentialIds",
     "StoreStatsContract",

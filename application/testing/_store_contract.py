@@ -50,10 +50,10 @@ def _digest(key: str, namespace: str = NS) -> str:
     return natural_key_digest(namespace, key)
 
 
-class SecureObjectStoreContract(ABC):
-    """Behaviour every ``SecureObjectStore`` adapter must show.
+class StoreHarness(ABC):
+    """Hooks and the ``store`` fixture shared by every contract over a store adapter.
 
-    Hooks: ``make_store`` (required) builds a fresh, empty store; it may use
+    ``make_store`` (required) builds a fresh, empty store; it may use
     ``self.tmp_path``. ``close_store`` (optional) releases it after a test.
     """
 
@@ -76,6 +76,10 @@ class SecureObjectStoreContract(ABC):
             yield made
         finally:
             self.close_store(made)
+
+
+class SecureObjectStoreContract(StoreHarness):
+    """Behaviour every ``SecureObjectStore`` adapter must show."""
 
     # -- records and guards -------------------------------------------------
 
@@ -572,10 +576,12 @@ class StoreStatsContract(SecureObjectStoreContract):
         assert isinstance(store, StoreStats)
         assert dict(store.namespace_counts()) == {}
         assert dict(store.key_id_counts()) == {}
+        assert store.has_records() is False
         upserts = [make_upsert(NS, f"r{n}") for n in range(3)] + [make_upsert("other", "x")]
         store.commit(UnitOfWork(upserts=upserts))
         store.commit(UnitOfWork(deletes=[Delete(NS, _digest("r0"), 1)]))
         with pytest.raises(RevisionConflict):
             store.commit(UnitOfWork(upserts=[make_upsert(NS, "r9"), make_upsert("other", "x")]))
+        assert store.has_records() is True
         assert dict(store.namespace_counts()) == {NS: 2, "other": 1}
         assert dict(store.key_id_counts()) == {"k1": 3}

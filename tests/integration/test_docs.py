@@ -23,7 +23,7 @@ def test_readme_usage_example_runs() -> None:
 
 def test_adapter_guide_example_runs_the_kit(tmp_path: Path) -> None:
     """The adapter guide's snippet collects and passes the whole contract kit."""
-    (block,) = _python_blocks("docs/adapters.md")
+    block, sealing = _python_blocks("docs/adapters.md")
     assert len(block.strip().splitlines()) < 15
     package = tmp_path / "my_app"
     package.mkdir()
@@ -35,6 +35,7 @@ def test_adapter_guide_example_runs_the_kit(tmp_path: Path) -> None:
         "        super().__init__()\n"
     )
     (tmp_path / "test_my_store_contract.py").write_text(block)
+    (tmp_path / "test_my_store_sealing.py").write_text(sealing)
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
         cwd=tmp_path,
@@ -44,4 +45,4 @@ def test_adapter_guide_example_runs_the_kit(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout[-3000:]
     passed = int(re.search(r"(\d+) passed", result.stdout).group(1))  # type: ignore[union-attr]
-    assert passed >= 40
+    assert passed >= 55

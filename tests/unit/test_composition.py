@@ -6,6 +6,7 @@ import io
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import structlog
@@ -20,12 +21,44 @@ from flowvault.domain import InvalidInput
 
 
 def test_settings_read_the_prefixed_environment() -> None:
-    """FLOWVAULT_* variables become settings; others are ignored."""
+    """FLOWVAULT_* variables become settings; others are ignored; paths keep their case."""
     settings = Settings.from_env(
-        {"FLOWVAULT_BACKEND": "memory", "FLOWVAULT_LOG_LEVEL": "DEBUG", "HOME": "/x"}
+        {
+            "FLOWVAULT_BACKEND": "Memory",
+            "FLOWVAULT_LOG_LEVEL": "DEBUG",
+            "FLOWVAULT_HOME": "/Srv/Vault",
+            "FLOWVAULT_SYNCHRONOUS": "NORMAL",
+            "FLOWVAULT_BUSY_TIMEOUT": "2.5",
+            "FLOWVAULT_ALLOW_INSECURE_PERMISSIONS": "true",
+            "HOME": "/x",
+        }
     )
     assert settings.backend == "memory"
     assert settings.log_level == "debug"
+    assert settings.home == Path("/Srv/Vault")
+    assert settings.database_path == Path("/Srv/Vault/data/flowvault.db")
+    assert settings.keys_dir == Path("/Srv/Vault/keys")
+    assert (settings.synchronous, settings.busy_timeout) == ("normal", 2.5)
+    assert settings.allow_insecure_permissions is True
+
+
+def test_settings_default_to_sqlite_in_the_user_data_dir() -> None:
+    """Without variables the backend is SQLite under the XDG data home."""
+    settings = Settings.from_env({"XDG_DATA_HOME": "/data/alice"})
+    assert settings.backend == "sqlite"
+    assert settings.home == Path("/data/alice/flowvault")
+    assert settings.synchronous == "full"
+    assert settings.busy_timeout == 30.0
+
+
+def test_settings_never_show_the_key() -> None:
+    """FLOWVAULT_KEY is kept as a secret: absent from repr, str and errors."""
+    secret = "S3cr3tK3yMaterial-not-base64-but-private"  # noqa: S105 - a marker, not a key
+    settings = Settings.from_env({"FLOWVAULT_KEY": secret})
+    assert secret not in repr(settings) + str(settings)
+    with pytest.raises(InvalidInput) as caught:
+        Settings.from_env({"FLOWVAULT_KEY": secret, "FLOWVAULT_BUSY_TIMEOUT": "-1"})
+    assert secret not in str(caught.value)
 
 
 @pytest.mark.parametrize(
@@ -62,7 +95,7 @@ def test_container_reads_the_environment_by_default(monkeypatch: pytest.MonkeyPa
 
 def test_host_overrides_a_provider_with_its_own_adapter() -> None:
     """A host's own adapter replaces the selected one through override()."""
-    container = build_container(Settings())
+    container = build_container(Settings(backend="memory"))
     mine = InMemorySecureObjectStore()
     with container.store.override(providers.Object(mine)):
         assert container.store() is mine
@@ -72,7 +105,7 @@ def test_host_overrides_a_provider_with_its_own_adapter() -> None:
 def test_bootstrap_keeps_ports_the_host_passes() -> None:
     """The plain factory wires defaults and keeps explicitly passed ports."""
     clock, ids = FrozenClock(), SequentialIds()
-    with bootstrap(Settings(), clock=clock, ids=ids) as runtime:
+    with bootstrap(Settings(backend="memory"), clock=clock, ids=ids) as runtime:
         assert runtime.clock is clock
         assert runtime.ids is ids
         runtime.store.commit(UnitOfWork(upserts=[make_upsert("ns", "a")]))

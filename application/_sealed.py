@@ -1,0 +1,206 @@
+"""Sealed records: JSON documents encrypted above the port, bound to their row.
+
+The envelope header is the AEAD associated data, and on read the header the
+payload was sealed under must be the header of the row it came from, so a
+ciphertext moved to another row, revision, schema version, class or key
+fails closed. Labels are sealed alongside the document and compared on read,
+so plaintext labels cannot be altered unnoticed either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from flowvault.application._records import (
+    ExpectedRevision,
+    Guard,
+    LabelValue,
+    RecordMetadata,
+    StoredRecord,
+    UnitOfWork,
+    Upsert,
+)
+from flowvault.application.ports import Cipher, Clock, SecureObjectStore
+from flowvault.domain import (
+    EnvelopeHeader,
+    FlowvaultError,
+    IntegrityFailure,
+    InvalidInput,
+    JsonValue,
+    SchemaTooNew,
+    Sensitivity,
+    canonical_bytes,
+    digest_bytes,
+    parse_json,
+)
+
+NATURAL_KEY_TAG = "flowvault.key/1"
+SEALED_BODY_VERSION = 1
+"""Version of the plaintext layout inside a seal: ``{"v", "labels", "document"}``."""
+
+
+@dataclass(frozen=True, slots=True)
+class SealedDocument:
+    """A document opened and verified, with the metadata of the row it came from."""
+
+    document: JsonValue
+    metadata: RecordMetadata
+
+    @property
+    def revision(self) -> int:
+        """Revision of the row the document was read from."""
+        return self.metadata.revision
+
+    def __repr__(self) -> str:
+        return f"SealedDocument(revision={self.revision}, key_digest={self.metadata.key_digest!r})"
+
+
+def _tampered(what: str, metadata: RecordMetadata) -> IntegrityFailure:
+    return IntegrityFailure(
+        f"sealed record failed verification: {what}",
+        namespace=metadata.namespace,
+        key_digest=metadata.key_digest,
+        revision=metadata.revision,
+    )
+
+
+class SealedRepository:
+    """Seals documents on write and opens and verifies them on read, over any store."""
+
+    def __init__(self, store: SecureObjectStore, cipher: Cipher, clock: Clock) -> None:
+        self._store = store
+        self._cipher = cipher
+        self._clock = clock
+
+    @property
+    def store(self) -> SecureObjectStore:
+        """The store this repository reads and writes."""
+        return self._store
+
+    def key_digest(self, namespace: str, natural_key: str) -> str:
+        """Return the keyed digest that addresses ``natural_key`` in ``namespace``.
+
+        Keyed (HMAC), so a thief of the store cannot confirm a guessed key.
+        """
+        if not isinstance(natural_key, str) or not natural_key:
+            raise InvalidInput("a natural key must be a non-empty string")
+        return self._cipher.keyed_digest(
+            canonical_bytes(["flowvault.key/1", namespace, natural_key])
+        )
+
+    def prepare(
+        self,
+        namespace: str,
+        natural_key: str,
+        document: JsonValue,
+        *,
+        expected: ExpectedRevision,
+        sensitivity: Sensitivity = Sensitivity.CONFIDENTIAL,
+        schema_version: int = 1,
+        labels: Mapping[str, LabelValue] | None = None,
+    ) -> Upsert:
+        """Seal ``document`` into an upsert for a unit of work; nothing is written yet."""
+        key_digest = self.key_digest(namespace, natural_key)
+        header = EnvelopeHeader(
+            namespace=namespace,
+            key_digest=key_digest,
+            sensitivity=sensitivity,
+            schema_version=schema_version,
+            key_id=self._cipher.primary_key_id,
+            revision=self._next_revision(namespace, key_digest, expected),
+            written_at=self._clock.now(),
+        )
+        body = {"v": SEALED_BODY_VERSION, "labels": dict(labels or {}), "document": document}
+        sealed = self._cipher.seal(header.key_id, canonical_bytes(body), header.aad())
+        return Upsert(header=header, payload=sealed, expected=expected, labels=labels or {})
+
+    def _next_revision(self, namespace: str, key_digest: str, expected: ExpectedRevision) -> int:
+        if expected is Guard.ABSENT:
+            return 1
+        if expected is Guard.ANY:
+            current = self._store.peek_metadata(namespace, key_digest)
+            return 1 if current is None else current.revision + 1
+        return expected + 1
+
+    def write(
+        self,
+        namespace: str,
+        natural_key: str,
+        document: JsonValue,
+        *,
+        expected: ExpectedRevision,
+        sensitivity: Sensitivity = Sensitivity.CONFIDENTIAL,
+        schema_version: int = 1,
+        labels: Mapping[str, LabelValue] | None = None,
+    ) -> RecordMetadata:
+        """Seal and commit one document on its own; return the metadata written."""
+        upsert = self.prepare(
+            namespace,
+            natural_key,
+            document,
+            expected=expected,
+            sensitivity=sensitivity,
+            schema_version=schema_version,
+            labels=labels,
+        )
+        self._store.commit(UnitOfWork(upserts=[upsert]))
+        return upsert.metadata
+
+    def read(
+        self,
+        namespace: str,
+        natural_key: str,
+        *,
+        sensitivity: Sensitivity | None = None,
+        max_schema_version: int | None = None,
+    ) -> SealedDocument | None:
+        """Load, verify and open a document, or return ``None`` when absent.
+
+        Raises:
+            IntegrityFailure: the row or its seal does not verify, or it was
+                written under another sensitivity class than ``sensitivity``.
+            SchemaTooNew: it was written under a schema above ``max_schema_version``.
+
+        """
+        key_digest = self.key_digest(namespace, natural_key)
+        record = self._store.load(namespace, key_digest)
+        if record is None:
+            return None
+        opened = self.open(record, namespace=namespace, key_digest=key_digest)
+        header = record.metadata.header
+        if sensitivity is not None and header.sensitivity is not sensitivity:
+            raise _tampered("written under another sensitivity class", record.metadata)
+        if max_schema_version is not None and header.schema_version > max_schema_version:
+            raise SchemaTooNew(
+                f"record schema {header.schema_version} is newer than {max_schema_version}",
+                schema_version=header.schema_version,
+                supported=max_schema_version,
+            )
+        return opened
+
+    def open(self, record: StoredRecord, *, namespace: str, key_digest: str) -> SealedDocument:
+        """Verify a loaded record against the row it was asked for, then decrypt it."""
+        metadata = record.metadata
+        header = metadata.header
+        if (header.namespace, header.key_digest) != (namespace, key_digest):
+            raise _tampered("the store returned another row", metadata)
+        payload = record.payload
+        if len(payload) != metadata.byte_length or digest_bytes(payload) != metadata.payload_digest:
+            raise _tampered("payload length or digest differs from the row", metadata)
+        if self._cipher.sealed_key_id(payload) != header.key_id:
+            raise _tampered("sealed under another key than the row names", metadata)
+        plaintext = self._cipher.open(payload, header.aad())
+        return SealedDocument(document=self._unwrap(plaintext, metadata), metadata=metadata)
+
+    @staticmethod
+    def _unwrap(plaintext: bytes, metadata: RecordMetadata) -> JsonValue:
+        try:
+            body = parse_json(plaintext)
+        except FlowvaultError:
+            raise _tampered("sealed body is not canonical JSON", metadata) from None
+        if not isinstance(body, dict) or body.get("v") != SEALED_BODY_VERSION:
+            raise _tampered("sealed body has an unknown layout", metadata)
+        if body.get("labels") != dict(metadata.labels):
+            raise _tampered("labels differ from the sealed copy", metadata)
+        return body.get("document")
