@@ -15,7 +15,7 @@ import pytest
 from flowvault.adapters.crypto import generate_master_key
 from flowvault.application import Guard, encode_master_key
 from flowvault.composition import Settings, bootstrap
-from flowvault.domain import IntegrityFailure, InvalidInput, KeyRequired
+from flowvault.domain import InsecurePermissions, IntegrityFailure, InvalidInput, KeyRequired
 
 NS = "orders"
 
@@ -150,3 +150,32 @@ def test_concurrent_first_opens_agree_on_one_key(tmp_path: Path, round_: int) ->
             opened = vault.repository.read("race", f"p{n}")
             assert opened is not None
             assert opened.document == {"by": f"p{n}"}
+
+
+def test_durability_settings_reach_the_database(tmp_path: Path) -> None:
+    """FLOWVAULT_SYNCHRONOUS and FLOWVAULT_BUSY_TIMEOUT are what the open connection uses."""
+    env = {
+        "FLOWVAULT_HOME": str(tmp_path),
+        "FLOWVAULT_SYNCHRONOUS": "normal",
+        "FLOWVAULT_BUSY_TIMEOUT": "2.5",
+    }
+    with bootstrap(Settings.from_env(env)) as vault:
+        writer = vault.store._writer.connection  # type: ignore[attr-defined]
+        assert writer.execute("PRAGMA synchronous").fetchone()[0] == 1
+        assert writer.execute("PRAGMA busy_timeout").fetchone()[0] == 2500
+    with bootstrap(_settings(tmp_path)) as vault:
+        writer = vault.store._writer.connection  # type: ignore[attr-defined]
+        assert writer.execute("PRAGMA synchronous").fetchone()[0] == 2
+
+
+def test_insecure_home_is_refused_unless_allowed(tmp_path: Path) -> None:
+    """A group-writable data directory is refused, and opens with the setting that allows it."""
+    with bootstrap(_settings(tmp_path)):
+        pass
+    (tmp_path / "data").chmod(0o770)
+    with pytest.raises(InsecurePermissions) as caught:
+        bootstrap(_settings(tmp_path))
+    assert "chmod 700" in str(caught.value)
+    env = {"FLOWVAULT_HOME": str(tmp_path), "FLOWVAULT_ALLOW_INSECURE_PERMISSIONS": "true"}
+    with bootstrap(Settings.from_env(env)) as vault:
+        assert vault.store.peek_metadata(NS, vault.repository.key_digest(NS, "x")) is None
