@@ -36,18 +36,46 @@ from flowvault.application._records import (
     Upsert,
 )
 from flowvault.application._sealed import SEALED_BODY_VERSION, SealedDocument, SealedRepository
-from flowvault.application.ports import Cipher, Clock, IdFactory, SecureObjectStore, StoreStats
+from flowvault.application._workflows import (
+    ACTION_RESULTS,
+    DECISION_STATE,
+    DEFAULT_RETENTION,
+    EVENT_KEYS,
+    IDEMPOTENCY,
+    MAX_RETENTION,
+    MIN_RETENTION,
+    WORKFLOWS,
+    WorkflowService,
+    stream_of,
+)
+from flowvault.application.ports import (
+    Cipher,
+    Clock,
+    Compactor,
+    IdFactory,
+    SecureObjectStore,
+    StoreStats,
+)
 
 __all__ = [
+    "ACTION_RESULTS",
+    "DECISION_STATE",
+    "DEFAULT_RETENTION",
+    "EVENT_KEYS",
+    "IDEMPOTENCY",
     "KEY_ENV",
     "MASTER_KEY_BYTES",
     "MAX_LABELS",
     "MAX_LABEL_TEXT",
     "MAX_LIST_LIMIT",
     "MAX_PAYLOAD_BYTES",
+    "MAX_RETENTION",
+    "MIN_RETENTION",
     "SEALED_BODY_VERSION",
+    "WORKFLOWS",
     "Cipher",
     "Clock",
+    "Compactor",
     "Delete",
     "ExpectedRevision",
     "FilterOp",
@@ -69,6 +97,7 @@ __all__ = [
     "StoredRecord",
     "UnitOfWork",
     "Upsert",
+    "WorkflowService",
     "check_append",
     "check_delete",
     "check_key_matches",
@@ -77,4 +106,5 @@ __all__ = [
     "encode_master_key",
     "parse_master_key",
     "resolve_master_key",
+    "stream_of",
 ]

@@ -89,11 +89,21 @@ class SealedRepository:
             canonical_bytes(["flowvault.key/1", namespace, natural_key])
         )
 
+    def keyed_digest(self, tag: str, data: bytes | str) -> str:
+        """Return a keyed digest of ``data`` under a purpose ``tag``.
+
+        For values that must be comparable but not guessable from the store
+        or the ledger (result contents, who decided); the tag keeps digests
+        made for one purpose from matching those made for another.
+        """
+        raw = data.encode("utf-8") if isinstance(data, str) else data
+        return self._cipher.keyed_digest(tag.encode("utf-8") + b"\x00" + raw)
+
     def prepare(
         self,
         namespace: str,
         natural_key: str,
-        document: JsonValue,
+        document: object,
         *,
         expected: ExpectedRevision,
         sensitivity: Sensitivity = Sensitivity.CONFIDENTIAL,
@@ -127,7 +137,7 @@ class SealedRepository:
         self,
         namespace: str,
         natural_key: str,
-        document: JsonValue,
+        document: object,
         *,
         expected: ExpectedRevision,
         sensitivity: Sensitivity = Sensitivity.CONFIDENTIAL,

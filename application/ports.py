@@ -188,3 +188,18 @@ class Cipher(Protocol):
         Used for natural keys, so the store never holds a guessable plain hash.
         """
         ...
+
+
+@runtime_checkable
+class Compactor(Protocol):
+    """Optional capability: make deleted and overwritten bytes unrecoverable from disk."""
+
+    def compact(self) -> bool:
+        """Flush write-ahead state into the main file and drop stale copies.
+
+        Costs in proportion to the pending log, not to the whole store, so
+        use cases may call it after scrubbing or purging. Returns whether it
+        completed; ``False`` means another process kept it from finishing
+        and a later call will.
+        """
+        ...

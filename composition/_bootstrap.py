@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flowvault.application import Cipher, Clock, IdFactory, SealedRepository, SecureObjectStore
+from flowvault.application import (
+    Cipher,
+    Clock,
+    IdFactory,
+    SealedRepository,
+    SecureObjectStore,
+    WorkflowService,
+)
 from flowvault.composition._container import build_container
 from flowvault.composition._settings import Settings
 
@@ -17,6 +24,7 @@ class Runtime:
     store: SecureObjectStore
     cipher: Cipher
     repository: SealedRepository
+    workflows: WorkflowService
     clock: Clock
     ids: IdFactory
 
@@ -59,6 +67,7 @@ def bootstrap(
             store=opened,
             cipher=container.cipher(),
             repository=container.repository(),
+            workflows=container.workflows(),
             clock=container.clock(),
             ids=container.ids(),
         )

@@ -14,6 +14,7 @@ from flowvault.application import (
     SealedRepository,
     SecureObjectStore,
     StoreStats,
+    WorkflowService,
     check_key_matches,
     resolve_master_key,
 )
@@ -87,6 +88,7 @@ class Container(containers.DeclarativeContainer):
     )
     cipher = providers.Singleton(build_cipher, settings, store, key_store, explicit_key)
     repository = providers.Singleton(SealedRepository, store, cipher, clock)
+    workflows = providers.Singleton(WorkflowService, repository, clock, ids)
 
 
 def build_container(settings: Settings | None = None, *, key: bytes | None = None) -> Container:

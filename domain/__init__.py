@@ -16,6 +16,7 @@ from flowvault.domain._canonical import (
 )
 from flowvault.domain._envelope import (
     AAD_FORMAT,
+    DIGEST_PATTERN,
     Digest,
     EnvelopeHeader,
     KeyId,
@@ -51,16 +52,31 @@ from flowvault.domain._ledger import (
 )
 from flowvault.domain._sanitise import REDACTED, is_secret_key, sanitise_payload
 from flowvault.domain._state_machine import DEFAULT_LIFECYCLE, StateMachine, StateMachineJson
+from flowvault.domain._workflow import (
+    DECISION_APPROVED,
+    DECISION_REJECTED,
+    DECISION_TYPES,
+    ActionResult,
+    DecisionReceipt,
+    WorkflowRecord,
+    WorkOrder,
+)
 
 __all__ = [
     "AAD_FORMAT",
+    "DECISION_APPROVED",
+    "DECISION_REJECTED",
+    "DECISION_TYPES",
     "DEFAULT_LIFECYCLE",
+    "DIGEST_PATTERN",
     "GENESIS_HASH",
     "MAX_DEPTH",
     "MAX_SAFE_INTEGER",
     "REDACTED",
+    "ActionResult",
     "ChainDefect",
     "ChainVerdict",
+    "DecisionReceipt",
     "Digest",
     "EnvelopeHeader",
     "Fingerprint",
@@ -88,6 +104,8 @@ __all__ = [
     "StoreBusy",
     "StoreUnavailable",
     "UtcDatetime",
+    "WorkOrder",
+    "WorkflowRecord",
     "canonical_bytes",
     "canonical_json",
     "content_hash",

@@ -140,3 +140,7 @@ def list_query(order: Order, after_cursor: bool, filters: tuple[FilterShape, ...
         parts.append(AFTER_CURSOR[order])
     parts.append(ORDER_BY[order])
     return "".join(parts)
+
+
+CHECKPOINT_TRUNCATE: Final = "PRAGMA wal_checkpoint(TRUNCATE)"
+"""Copies the WAL into the database and truncates it; answers (busy, log frames, copied)."""

@@ -1,0 +1,652 @@
+"""The workflow service: idempotent create, CAS transitions, receipts, action results.
+
+Built only on the sealed repository and the store port, so it behaves the
+same on every adapter. Every mutation is one unit of work: the sealed
+workflow record, its ledger event and any idempotency marker commit together
+or not at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pydantic import ValidationError
+
+from flowvault.application._records import (
+    Delete,
+    FilterOp,
+    Guard,
+    LabelFilter,
+    LabelValue,
+    RecordMetadata,
+    UnitOfWork,
+    Upsert,
+)
+from flowvault.application._sealed import SealedDocument, SealedRepository
+from flowvault.application.ports import Clock, Compactor, IdFactory
+from flowvault.domain import (
+    DECISION_TYPES,
+    DEFAULT_LIFECYCLE,
+    DIGEST_PATTERN,
+    GENESIS_HASH,
+    ActionResult,
+    DecisionReceipt,
+    IdempotencyConflict,
+    IntegrityFailure,
+    InvalidDefinition,
+    InvalidInput,
+    InvalidTransition,
+    JsonValue,
+    LedgerEvent,
+    NotFound,
+    RevisionConflict,
+    StateMachine,
+    WorkflowRecord,
+    WorkOrder,
+    canonical_bytes,
+    sanitise_payload,
+    verify_chain,
+)
+
+WORKFLOWS = "flowvault.workflows"
+IDEMPOTENCY = "flowvault.workflow-idempotency"
+EVENT_KEYS = "flowvault.workflow-event-keys"
+ACTION_RESULTS = "flowvault.action-results"
+
+DECISION_STATE = "decision"
+"""Decision receipts are valid only while a workflow waits in this state."""
+
+DEFAULT_RETENTION = timedelta(hours=24)
+MIN_RETENTION = timedelta(seconds=1)
+MAX_RETENTION = timedelta(days=30)
+PURGE_BATCH = 100
+LEDGER_RETRIES = 8
+"""How often a write is rebuilt when only the ledger head moved under it."""
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def stream_of(workflow_id: str) -> str:
+    """Name of the ledger stream that records one workflow's history."""
+    return f"workflow/{workflow_id}"
+
+
+def _micros(moment: datetime) -> int:
+    return (moment - _EPOCH) // _MICROSECOND
+
+
+def _joined(*parts: str) -> str:
+    return "\x1f".join(parts)
+
+
+def _ledger_only(conflict: RevisionConflict) -> bool:
+    return conflict.details.get("guard") == "append"
+
+
+class WorkflowService:
+    """Create workflows, move them through their state machine, keep their evidence."""
+
+    def __init__(
+        self,
+        repository: SealedRepository,
+        clock: Clock,
+        ids: IdFactory,
+        *,
+        machine: StateMachine = DEFAULT_LIFECYCLE,
+    ) -> None:
+        self._repo = repository
+        self._store = repository.store
+        self._clock = clock
+        self._ids = ids
+        self._machine = machine
+
+    @property
+    def machine(self) -> StateMachine:
+        """The state machine new workflows follow."""
+        return self._machine
+
+    # -- workflows ------------------------------------------------------------
+
+    def create(
+        self, order: WorkOrder, *, original_content_hash: str | None = None
+    ) -> tuple[WorkflowRecord, bool]:
+        """Create a workflow for ``order``, or return the one its idempotency key made.
+
+        Returns ``(record, created)``. Raises ``IdempotencyConflict`` when the
+        key was used for a different order; nothing is written then.
+        """
+        fingerprint = order.fingerprint()
+        existing = self._repo.read(IDEMPOTENCY, order.idempotency_key)
+        if existing is not None:
+            return self._replay(existing, fingerprint), False
+        now = self._clock.now()
+        record = WorkflowRecord(
+            workflow_id=self._ids.new_id(),
+            state=self._machine.initial,
+            state_version=1,
+            machine_version=self._machine.version,
+            work_order=order,
+            created_at=now,
+            updated_at=now,
+            original_content_hash=original_content_hash,
+        )
+        summary = {**order.ledger_summary(), "machine": self._machine.version}
+        event = self._event(
+            record,
+            index=0,
+            previous_hash=GENESIS_HASH,
+            event_type="workflow.created",
+            from_state=None,
+            payload=summary,
+        )
+        marker = {"workflow_id": record.workflow_id, "fingerprint": fingerprint}
+        unit = UnitOfWork(
+            upserts=[
+                self._record_upsert(record, Guard.ABSENT),
+                self._repo.prepare(
+                    IDEMPOTENCY, order.idempotency_key, marker, expected=Guard.ABSENT
+                ),
+            ],
+            appends=[event],
+        )
+        try:
+            self._store.commit(unit)
+        except RevisionConflict:
+            raced = self._repo.read(IDEMPOTENCY, order.idempotency_key)
+            if raced is None:
+                raise
+            return self._replay(raced, fingerprint), False
+        return record, True
+
+    def _replay(self, marker: SealedDocument, fingerprint: str) -> WorkflowRecord:
+        document = _mapping(marker.document, marker.metadata)
+        if document.get("fingerprint") != fingerprint:
+            raise IdempotencyConflict("idempotency key was already used for a different work order")
+        return self.get(str(document["workflow_id"]))
+
+    def get(self, workflow_id: str) -> WorkflowRecord:
+        """Return the workflow's current record; ``NotFound`` if there is none."""
+        record, _ = self._load(workflow_id)
+        return record
+
+    def _load(self, workflow_id: str) -> tuple[WorkflowRecord, RecordMetadata]:
+        opened = self._repo.read(WORKFLOWS, workflow_id)
+        if opened is None:
+            raise NotFound("no such workflow", workflow_id=workflow_id)
+        document = _mapping(opened.document, opened.metadata)
+        try:
+            record = WorkflowRecord.model_validate(document.get("record"))
+        except ValidationError:
+            raise IntegrityFailure("sealed workflow has an unexpected shape") from None
+        if record.state_version != opened.revision or record.workflow_id != workflow_id:
+            raise IntegrityFailure(
+                "workflow record disagrees with its row", workflow_id=workflow_id
+            )
+        return record, opened.metadata
+
+    def _record_upsert(self, record: WorkflowRecord, expected: int | Guard) -> Upsert:
+        document = {"record": record.model_dump(mode="json")}
+        return self._repo.prepare(
+            WORKFLOWS,
+            record.workflow_id,
+            document,
+            expected=expected,
+            labels={"state": record.state},
+        )
+
+    def _check_expected(
+        self, record: WorkflowRecord, expected_state: str, expected_version: int
+    ) -> None:
+        if (record.state, record.state_version) != (expected_state, expected_version):
+            raise RevisionConflict(
+                f"stale workflow: expected {expected_state}@{expected_version}, "
+                f"actual {record.state}@{record.state_version}",
+                workflow_id=record.workflow_id,
+                expected_state=expected_state,
+                expected_version=expected_version,
+                actual_state=record.state,
+                actual_version=record.state_version,
+            )
+        if record.machine_version != self._machine.version:
+            raise InvalidDefinition(
+                "workflow follows another state machine than this service",
+                workflow_id=record.workflow_id,
+                machine=record.machine_version,
+            )
+
+    def _event(
+        self,
+        record: WorkflowRecord,
+        *,
+        index: int,
+        previous_hash: str,
+        event_type: str,
+        from_state: str | None,
+        payload: object,
+        event_key: str | None = None,
+    ) -> LedgerEvent:
+        return LedgerEvent.create(
+            stream=stream_of(record.workflow_id),
+            index=index,
+            type=event_type,
+            occurred_at=record.updated_at,
+            payload=sanitise_payload(payload),
+            previous_hash=previous_hash,
+            from_state=from_state,
+            to_state=record.state,
+            event_key=event_key,
+        )
+
+    def _next_position(self, workflow_id: str) -> tuple[int, str]:
+        head = self._store.ledger_head(stream_of(workflow_id))
+        if head is None:
+            raise IntegrityFailure("workflow ledger is empty", workflow_id=workflow_id)
+        return head.index + 1, head.event_hash
+
+    def transition(
+        self,
+        workflow_id: str,
+        target: str,
+        *,
+        expected_state: str,
+        expected_version: int,
+        event_type: str = "workflow.transitioned",
+        payload: Mapping[str, Any] | None = None,
+        output_content_hash: str | None = None,
+        stop_reason: str | None = None,
+    ) -> WorkflowRecord:
+        """Move a workflow to ``target`` if it is still at the expected state and version.
+
+        The version advances and a ledger event records the move in the same
+        unit. Entering a terminal state scrubs the work order's parameters.
+
+        Raises:
+            RevisionConflict: the workflow moved on (both versions named).
+            InvalidTransition: the state machine forbids the move.
+            InvalidInput: ``event_type`` is a decision receipt type.
+
+        """
+        if event_type in DECISION_TYPES:
+            raise InvalidInput("decision receipts are written with append_event, not transition")
+        for _ in range(LEDGER_RETRIES):
+            current, _meta = self._load(workflow_id)
+            self._check_expected(current, expected_state, expected_version)
+            self._machine.assert_transition(current.state, target)
+            terminal = self._machine.is_terminal(target)
+            updated = _validated(
+                current,
+                state=target,
+                state_version=current.state_version + 1,
+                updated_at=self._clock.now(),
+                work_order=current.work_order.scrubbed() if terminal else current.work_order,
+                output_content_hash=output_content_hash or current.output_content_hash,
+                stop_reason=stop_reason or current.stop_reason,
+            )
+            index, previous = self._next_position(workflow_id)
+            event = self._event(
+                updated,
+                index=index,
+                previous_hash=previous,
+                event_type=event_type,
+                from_state=current.state,
+                payload=payload or {},
+            )
+            unit = UnitOfWork(
+                upserts=[self._record_upsert(updated, current.state_version)], appends=[event]
+            )
+            if self._commit_or_retry(unit, workflow_id, expected_state, expected_version):
+                if terminal:
+                    self.compact()
+                return updated
+        raise RevisionConflict("workflow ledger kept moving; retry", workflow_id=workflow_id)
+
+    def _commit_or_retry(
+        self, unit: UnitOfWork, workflow_id: str, expected_state: str, expected_version: int
+    ) -> bool:
+        """Commit; ``False`` when only the ledger head moved, so the caller rebuilds."""
+        try:
+            self._store.commit(unit)
+        except RevisionConflict as conflict:
+            if _ledger_only(conflict):
+                return False
+            current, _ = self._load(workflow_id)
+            self._check_expected(current, expected_state, expected_version)
+            raise
+        return True
+
+    # -- same-state events and decisions -------------------------------------
+
+    def append_event(
+        self,
+        workflow_id: str,
+        event_type: str,
+        *,
+        expected_state: str,
+        expected_version: int,
+        payload: Mapping[str, Any] | None = None,
+        event_key: str | None = None,
+    ) -> tuple[WorkflowRecord, LedgerEvent, bool]:
+        """Record a same-state event (a receipt) and advance the version.
+
+        With ``event_key`` a retry returns the original event and ``False``;
+        the same key with another type or payload is ``IdempotencyConflict``.
+        Decision receipts need the decision state, an ``action_hash`` and an
+        ``approved`` flag that agrees with their type; a ``decided_by`` value
+        is replaced by its keyed digest before it reaches the ledger.
+        """
+        body = self._receipt_payload(event_type, payload or {})
+        if event_key is not None:
+            replayed = self._replay_event(workflow_id, event_key, event_type, body)
+            if replayed is not None:
+                return replayed
+        for _ in range(LEDGER_RETRIES):
+            current, _meta = self._load(workflow_id)
+            self._check_expected(current, expected_state, expected_version)
+            if event_type in DECISION_TYPES and current.state != DECISION_STATE:
+                raise InvalidTransition(
+                    f"decision receipts need state {DECISION_STATE!r}, not {current.state!r}",
+                    current=current.state,
+                    target=current.state,
+                )
+            updated = current.model_copy(
+                update={"state_version": current.state_version + 1, "updated_at": self._clock.now()}
+            )
+            index, previous = self._next_position(workflow_id)
+            key_digest = (
+                None if event_key is None else self._event_key_digest(workflow_id, event_key)
+            )
+            event = self._event(
+                updated,
+                index=index,
+                previous_hash=previous,
+                event_type=event_type,
+                from_state=current.state,
+                payload=body,
+                event_key=key_digest,
+            )
+            upserts = [self._record_upsert(updated, current.state_version)]
+            if event_key is not None:
+                marker = {"index": index}
+                upserts.append(
+                    self._repo.prepare(
+                        EVENT_KEYS, _joined(workflow_id, event_key), marker, expected=Guard.ABSENT
+                    )
+                )
+            unit = UnitOfWork(upserts=upserts, appends=[event])
+            try:
+                if self._commit_or_retry(unit, workflow_id, expected_state, expected_version):
+                    return updated, event, True
+            except RevisionConflict:
+                if event_key is None:
+                    raise
+                replayed = self._replay_event(workflow_id, event_key, event_type, body)
+                if replayed is None:
+                    raise
+                return replayed
+        raise RevisionConflict("workflow ledger kept moving; retry", workflow_id=workflow_id)
+
+    def _receipt_payload(self, event_type: str, payload: Mapping[str, Any]) -> JsonValue:
+        body = dict(payload)
+        if event_type in DECISION_TYPES:
+            action_hash = body.get("action_hash")
+            if not isinstance(action_hash, str) or not action_hash.startswith("sha256:"):
+                raise InvalidInput("a decision receipt needs an action_hash digest")
+            if body.get("approved") is not (event_type == "decision.approved"):
+                raise InvalidInput("a decision receipt's approved flag must agree with its type")
+        if "decided_by" in body:
+            decider = body.pop("decided_by")
+            if not isinstance(decider, str) or not decider:
+                raise InvalidInput("decided_by must be a non-empty string")
+            body["decider"] = self._repo.keyed_digest("flowvault.decider/1", decider)
+        return sanitise_payload(body)
+
+    def _event_key_digest(self, workflow_id: str, event_key: str) -> str:
+        return self._repo.key_digest(EVENT_KEYS, _joined(workflow_id, event_key))
+
+    def _replay_event(
+        self, workflow_id: str, event_key: str, event_type: str, body: JsonValue
+    ) -> tuple[WorkflowRecord, LedgerEvent, bool] | None:
+        marker = self._repo.read(EVENT_KEYS, _joined(workflow_id, event_key))
+        if marker is None:
+            return None
+        index = _mapping(marker.document, marker.metadata).get("index")
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            raise IntegrityFailure("event key marker has an unexpected shape")
+        page = self._store.read_ledger(stream_of(workflow_id), from_index=index, limit=1)
+        if not page.events or page.events[0].index != index:
+            raise IntegrityFailure("event key names an event the ledger does not hold")
+        event = page.events[0]
+        if event.type != event_type or event.payload != body:
+            raise IdempotencyConflict("event key was already used for a different event")
+        return self.get(workflow_id), event, False
+
+    def decision_receipt(self, workflow_id: str, event: LedgerEvent) -> DecisionReceipt:
+        """Build the auditor's receipt for a recorded decision event."""
+        if event.type not in DECISION_TYPES or event.stream != stream_of(workflow_id):
+            raise InvalidInput("not a decision event of this workflow")
+        payload = event.payload if isinstance(event.payload, dict) else {}
+        return DecisionReceipt(
+            issued_at=event.occurred_at,
+            workflow=self._repo.key_digest(WORKFLOWS, workflow_id),
+            action_hash=str(payload.get("action_hash")),
+            approved=event.type == "decision.approved",
+            event_index=event.index,
+            event_hash=event.event_hash,
+            decider=_optional_text(payload.get("decider")),
+        )
+
+    # -- ledger ---------------------------------------------------------------
+
+    def events(self, workflow_id: str, *, verify: bool = True) -> list[LedgerEvent]:
+        """Return the workflow's whole ledger, verifying the chain unless told not to.
+
+        Raises:
+            NotFound: no such workflow.
+            IntegrityFailure: the chain is broken; ``details`` name the first bad index.
+
+        """
+        self._load(workflow_id)
+        events = list(self._read_stream(stream_of(workflow_id)))
+        if verify:
+            verify_chain(events).raise_for_defect()
+        return events
+
+    def _read_stream(self, stream: str) -> Iterator[LedgerEvent]:
+        next_index: int | None = 0
+        while next_index is not None:
+            page = self._store.read_ledger(stream, from_index=next_index, limit=200)
+            yield from page.events
+            next_index = page.next_index
+
+    # -- action results -------------------------------------------------------
+
+    def put_action_result(
+        self,
+        workflow_id: str,
+        action_hash: str,
+        result: JsonValue,
+        *,
+        retention: timedelta = DEFAULT_RETENTION,
+    ) -> ActionResult:
+        """Seal ``result`` for ``retention``; the same content again returns the first.
+
+        Raises:
+            InvalidInput: retention outside 1 s .. 30 days, or a non-JSON result.
+            IdempotencyConflict: another result is stored under ``action_hash``.
+            NotFound: no such workflow.
+
+        """
+        _check_action_hash(action_hash)
+        if not MIN_RETENTION <= retention <= MAX_RETENTION:
+            raise InvalidInput("retention must be between 1 second and 30 days")
+        self._load(workflow_id)
+        raw = canonical_bytes(result)
+        content = self._repo.keyed_digest("flowvault.result/1", raw)
+        now = self._clock.now()
+        for _ in range(LEDGER_RETRIES):
+            existing = self._repo.read(ACTION_RESULTS, _joined(workflow_id, action_hash))
+            expected: int | Guard = Guard.ABSENT
+            if existing is not None:
+                stored = _action_result(existing)
+                if stored.expires_at > now:
+                    if stored.content_hash != content:
+                        raise IdempotencyConflict(
+                            "action hash was already used for a different result"
+                        )
+                    return stored
+                expected = existing.revision
+            made = ActionResult(
+                workflow_id=workflow_id,
+                action_hash=action_hash,
+                content_hash=content,
+                size_bytes=len(raw),
+                created_at=now,
+                expires_at=now + retention,
+                result=result,
+            )
+            labels: dict[str, LabelValue] = {
+                "workflow": self._repo.key_digest(WORKFLOWS, workflow_id),
+                "expires_at": _micros(made.expires_at),
+            }
+            upsert = self._repo.prepare(
+                ACTION_RESULTS,
+                _joined(workflow_id, action_hash),
+                made.model_dump(mode="json"),
+                expected=expected,
+                labels=labels,
+            )
+            try:
+                self._store.commit(UnitOfWork(upserts=[upsert]))
+            except RevisionConflict:
+                continue
+            return made
+        raise RevisionConflict("action result kept changing; retry", workflow_id=workflow_id)
+
+    def get_action_result(self, workflow_id: str, action_hash: str) -> ActionResult | None:
+        """Return the result with its body, or ``None`` if absent or expired."""
+        opened = self._repo.read(ACTION_RESULTS, _joined(workflow_id, action_hash))
+        if opened is None:
+            return None
+        stored = _action_result(opened)
+        return stored if stored.expires_at > self._clock.now() else None
+
+    def list_action_results(self, workflow_id: str) -> list[ActionResult]:
+        """Return the unexpired results of a workflow, oldest first, without bodies."""
+        self._load(workflow_id)
+        now = self._clock.now()
+        filters = [
+            LabelFilter("workflow", self._repo.key_digest(WORKFLOWS, workflow_id)),
+            LabelFilter("expires_at", _micros(now), FilterOp.GT),
+        ]
+        found = [
+            _action_result(self._open(meta)).model_copy(update={"result": None})
+            for meta in self._list_all(ACTION_RESULTS, filters)
+        ]
+        return sorted(found, key=lambda item: (item.created_at, item.action_hash))
+
+    def _list_all(self, namespace: str, filters: list[LabelFilter]) -> Iterator[RecordMetadata]:
+        cursor: str | None = None
+        while True:
+            page = self._store.list(namespace, filters=filters, cursor=cursor, limit=200)
+            yield from page.items
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def _open(self, metadata: RecordMetadata) -> SealedDocument:
+        record = self._store.load(metadata.namespace, metadata.key_digest)
+        if record is None:
+            raise NotFound("record vanished while it was being read")
+        return self._repo.open(record, namespace=metadata.namespace, key_digest=metadata.key_digest)
+
+    def purge_expired(self, now: datetime | None = None, *, batch_size: int = PURGE_BATCH) -> int:
+        """Delete expired action results in bounded batches, each leaving a tombstone event.
+
+        Every batch is one unit of work: the deletions and, in each affected
+        workflow's ledger, an ``action_result.purged`` event naming the action
+        hash, content digest, size and expiry (never the body). Compacts the
+        store afterwards so the purged bytes do not linger on disk.
+        """
+        cutoff = _micros(now or self._clock.now())
+        purged = 0
+        stalled = 0
+        while stalled < LEDGER_RETRIES:
+            page = self._store.list(
+                ACTION_RESULTS,
+                filters=[LabelFilter("expires_at", cutoff, FilterOp.LE)],
+                limit=batch_size,
+            )
+            if not page.items:
+                break
+            try:
+                self._store.commit(self._purge_unit(page.items))
+            except RevisionConflict:
+                stalled += 1
+                continue
+            purged += len(page.items)
+        if purged:
+            self.compact()
+        return purged
+
+    def _purge_unit(self, expired: tuple[RecordMetadata, ...]) -> UnitOfWork:
+        deletes, appends = [], []
+        heads: dict[str, tuple[int, str]] = {}
+        now = self._clock.now()
+        for metadata in expired:
+            stored = _action_result(self._open(metadata))
+            stream = stream_of(stored.workflow_id)
+            if stream not in heads:
+                heads[stream] = self._next_position(stored.workflow_id)
+            index, previous = heads[stream]
+            event = LedgerEvent.create(
+                stream=stream,
+                index=index,
+                type="action_result.purged",
+                occurred_at=now,
+                payload=stored.model_dump(mode="json", exclude={"result", "workflow_id"}),
+                previous_hash=previous,
+            )
+            heads[stream] = (index + 1, event.event_hash)
+            deletes.append(Delete(metadata.namespace, metadata.key_digest, metadata.revision))
+            appends.append(event)
+        return UnitOfWork(deletes=deletes, appends=appends)
+
+    def compact(self) -> bool:
+        """Ask the store to drop stale copies of scrubbed or purged bytes, if it can."""
+        return self._store.compact() if isinstance(self._store, Compactor) else True
+
+
+def _mapping(document: JsonValue, metadata: RecordMetadata) -> dict[str, JsonValue]:
+    if not isinstance(document, dict):
+        raise IntegrityFailure(
+            "sealed document has an unexpected shape", key_digest=metadata.key_digest
+        )
+    return document
+
+
+def _action_result(opened: SealedDocument) -> ActionResult:
+    try:
+        return ActionResult.model_validate(_mapping(opened.document, opened.metadata))
+    except ValidationError:
+        raise IntegrityFailure("sealed action result has an unexpected shape") from None
+
+
+def _optional_text(value: JsonValue) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _check_action_hash(action_hash: str) -> None:
+    if not isinstance(action_hash, str) or not DIGEST_PATTERN.match(action_hash):
+        raise InvalidInput("action_hash must be a sha256:<64 hex> digest")
+
+
+def _validated(record: WorkflowRecord, **changes: object) -> WorkflowRecord:
+    """Apply host-supplied changes through validation, as a typed error when they are bad."""
+    try:
+        return WorkflowRecord.model_validate({**record.model_dump(), **changes})
+    except ValidationError as exc:
+        fields = sorted({str(error["loc"][0]) for error in exc.errors() if error["loc"]})
+        raise InvalidInput("invalid workflow change: " + ", ".join(fields)) from None
