@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 FENCE = re.compile(r"```python\n(.*?)```", re.DOTALL)
 
@@ -15,10 +17,13 @@ def _python_blocks(name: str) -> list[str]:
     return FENCE.findall((ROOT / name).read_text(encoding="utf-8"))
 
 
-def test_readme_usage_example_runs() -> None:
-    """The README's Python example executes without error."""
-    (block,) = _python_blocks("README.md")
-    exec(compile(block, "README.md", "exec"), {})  # noqa: S102 - running our own docs
+@pytest.mark.parametrize("name", ["README.md", "docs/workflows.md"])
+def test_usage_examples_run(name: str) -> None:
+    """The Python examples of the README and the workflow guide execute without error."""
+    blocks = _python_blocks(name)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, name, "exec"), {})  # noqa: S102 - running our own docs
 
 
 def test_adapter_guide_example_runs_the_kit(tmp_path: Path) -> None:

@@ -53,7 +53,7 @@ def test_settings_default_to_sqlite_in_the_user_data_dir() -> None:
 
 def test_settings_never_show_the_key() -> None:
     """FLOWVAULT_KEY is kept as a secret: absent from repr, str and errors."""
-    secret = "S3cr3tK3yMaterial-not-base64-but-private"  # noqa: S105 - a marker, not a key
+    secret = "S3cr3tK3yMaterial-not-base64-but-private"
     settings = Settings.from_env({"FLOWVAULT_KEY": secret})
     assert secret not in repr(settings) + str(settings)
     with pytest.raises(InvalidInput) as caught:
