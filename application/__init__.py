@@ -35,7 +35,12 @@ from flowvault.application._records import (
     UnitOfWork,
     Upsert,
 )
-from flowvault.application._sealed import SEALED_BODY_VERSION, SealedDocument, SealedRepository
+from flowvault.application._sealed import (
+    SEALED_BODY_VERSION,
+    SealedDocument,
+    SealedRepository,
+    SealOptions,
+)
 from flowvault.application._workflows import (
     ACTION_RESULTS,
     DECISION_STATE,
@@ -90,6 +95,7 @@ __all__ = [
     "Order",
     "RecordMetadata",
     "RecordPage",
+    "SealOptions",
     "SealedDocument",
     "SealedRepository",
     "SecureObjectStore",

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypedDict, Unpack
+
+from pydantic import ValidationError
 
 from flowvault.application._records import (
     ExpectedRevision,
@@ -38,6 +41,14 @@ from flowvault.domain import (
 NATURAL_KEY_TAG = "flowvault.key/1"
 SEALED_BODY_VERSION = 1
 """Version of the plaintext layout inside a seal: ``{"v", "labels", "document"}``."""
+
+
+class SealOptions(TypedDict, total=False):
+    """How a document is sealed, beyond its identity and guard."""
+
+    sensitivity: Sensitivity
+    schema_version: int
+    labels: Mapping[str, LabelValue] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,24 +117,27 @@ class SealedRepository:
         document: object,
         *,
         expected: ExpectedRevision,
-        sensitivity: Sensitivity = Sensitivity.CONFIDENTIAL,
-        schema_version: int = 1,
-        labels: Mapping[str, LabelValue] | None = None,
+        **options: Unpack[SealOptions],
     ) -> Upsert:
         """Seal ``document`` into an upsert for a unit of work; nothing is written yet."""
         key_digest = self.key_digest(namespace, natural_key)
-        header = EnvelopeHeader(
-            namespace=namespace,
-            key_digest=key_digest,
-            sensitivity=sensitivity,
-            schema_version=schema_version,
-            key_id=self._cipher.primary_key_id,
-            revision=self._next_revision(namespace, key_digest, expected),
-            written_at=self._clock.now(),
-        )
-        body = {"v": SEALED_BODY_VERSION, "labels": dict(labels or {}), "document": document}
+        labels = options.get("labels") or {}
+        try:
+            header = EnvelopeHeader(
+                namespace=namespace,
+                key_digest=key_digest,
+                sensitivity=options.get("sensitivity", Sensitivity.CONFIDENTIAL),
+                schema_version=options.get("schema_version", 1),
+                key_id=self._cipher.primary_key_id,
+                revision=self._next_revision(namespace, key_digest, expected),
+                written_at=self._clock.now(),
+            )
+        except ValidationError as exc:
+            fields = sorted({str(error["loc"][0]) for error in exc.errors() if error["loc"]})
+            raise InvalidInput("invalid record header: " + ", ".join(fields)) from None
+        body = {"v": SEALED_BODY_VERSION, "labels": dict(labels), "document": document}
         sealed = self._cipher.seal(header.key_id, canonical_bytes(body), header.aad())
-        return Upsert(header=header, payload=sealed, expected=expected, labels=labels or {})
+        return Upsert(header=header, payload=sealed, expected=expected, labels=labels)
 
     def _next_revision(self, namespace: str, key_digest: str, expected: ExpectedRevision) -> int:
         if expected is Guard.ABSENT:
@@ -140,20 +154,10 @@ class SealedRepository:
         document: object,
         *,
         expected: ExpectedRevision,
-        sensitivity: Sensitivity = Sensitivity.CONFIDENTIAL,
-        schema_version: int = 1,
-        labels: Mapping[str, LabelValue] | None = None,
+        **options: Unpack[SealOptions],
     ) -> RecordMetadata:
         """Seal and commit one document on its own; return the metadata written."""
-        upsert = self.prepare(
-            namespace,
-            natural_key,
-            document,
-            expected=expected,
-            sensitivity=sensitivity,
-            schema_version=schema_version,
-            labels=labels,
-        )
+        upsert = self.prepare(namespace, natural_key, document, expected=expected, **options)
         self._store.commit(UnitOfWork(upserts=[upsert]))
         return upsert.metadata
 

@@ -28,7 +28,13 @@ from flowvault.application import (
 )
 from flowvault.application.testing._fakes import FrozenClock
 from flowvault.application.testing._store_contract import StoreHarness
-from flowvault.domain import EnvelopeHeader, IntegrityFailure, SchemaTooNew, Sensitivity
+from flowvault.domain import (
+    EnvelopeHeader,
+    IntegrityFailure,
+    InvalidInput,
+    SchemaTooNew,
+    Sensitivity,
+)
 
 NS = "sealed"
 MARKER = "marker-3f9c1e-plaintext"
@@ -127,6 +133,14 @@ class SealedRepositoryContract(StoreHarness):
         with pytest.raises(SchemaTooNew):
             repo.read(NS, "a", max_schema_version=2)
         assert repo.read(NS, "a", sensitivity=Sensitivity.CONFIDENTIAL, max_schema_version=3)
+
+    def test_malformed_identity_is_invalid_input(self, store: SecureObjectStore) -> None:
+        """An empty or control-character namespace, or an empty key, is INVALID_INPUT."""
+        repo = self.repository(store)
+        for namespace, key in (("", "a"), ("bad\nspace", "a"), (NS, "")):
+            with pytest.raises(InvalidInput):
+                repo.write(namespace, key, {"x": 1}, expected=Guard.ABSENT)
+        assert store.list(NS).items == ()
 
     # -- forgeries ---------------------------------------------------------
 
