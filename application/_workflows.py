@@ -391,9 +391,7 @@ class WorkflowService:
     def _receipt_payload(self, event_type: str, payload: Mapping[str, Any]) -> JsonValue:
         body = dict(payload)
         if event_type in DECISION_TYPES:
-            action_hash = body.get("action_hash")
-            if not isinstance(action_hash, str) or not action_hash.startswith("sha256:"):
-                raise InvalidInput("a decision receipt needs an action_hash digest")
+            _check_action_hash(body.get("action_hash"))
             if body.get("approved") is not (event_type == "decision.approved"):
                 raise InvalidInput("a decision receipt's approved flag must agree with its type")
         if "decided_by" in body:
@@ -419,7 +417,7 @@ class WorkflowService:
         if not page.events or page.events[0].index != index:
             raise IntegrityFailure("event key names an event the ledger does not hold")
         event = page.events[0]
-        if event.type != event_type or event.payload != body:
+        if event.type != event_type or canonical_bytes(event.payload) != canonical_bytes(body):
             raise IdempotencyConflict("event key was already used for a different event")
         return self.get(workflow_id), event, False
 
@@ -489,6 +487,7 @@ class WorkflowService:
         for _ in range(LEDGER_RETRIES):
             existing = self._repo.read(ACTION_RESULTS, _joined(workflow_id, action_hash))
             expected: int | Guard = Guard.ABSENT
+            tombstones: list[LedgerEvent] = []
             if existing is not None:
                 stored = _action_result(existing)
                 if stored.expires_at > now:
@@ -498,6 +497,7 @@ class WorkflowService:
                         )
                     return stored
                 expected = existing.revision
+                tombstones.append(self._tombstone(stored, *self._next_position(workflow_id)))
             made = ActionResult(
                 workflow_id=workflow_id,
                 action_hash=action_hash,
@@ -519,9 +519,11 @@ class WorkflowService:
                 labels=labels,
             )
             try:
-                self._store.commit(UnitOfWork(upserts=[upsert]))
+                self._store.commit(UnitOfWork(upserts=[upsert], appends=tombstones))
             except RevisionConflict:
                 continue
+            if tombstones:
+                self.compact()
             return made
         raise RevisionConflict("action result kept changing; retry", workflow_id=workflow_id)
 
@@ -591,25 +593,27 @@ class WorkflowService:
             self.compact()
         return purged
 
+    def _tombstone(self, stored: ActionResult, index: int, previous_hash: str) -> LedgerEvent:
+        """Build the record that a result was removed: digests and times, never the body."""
+        return LedgerEvent.create(
+            stream=stream_of(stored.workflow_id),
+            index=index,
+            type="action_result.purged",
+            occurred_at=self._clock.now(),
+            payload=stored.model_dump(mode="json", exclude={"result", "workflow_id"}),
+            previous_hash=previous_hash,
+        )
+
     def _purge_unit(self, expired: tuple[RecordMetadata, ...]) -> UnitOfWork:
         deletes, appends = [], []
         heads: dict[str, tuple[int, str]] = {}
-        now = self._clock.now()
         for metadata in expired:
             stored = _action_result(self._open(metadata))
             stream = stream_of(stored.workflow_id)
             if stream not in heads:
                 heads[stream] = self._next_position(stored.workflow_id)
-            index, previous = heads[stream]
-            event = LedgerEvent.create(
-                stream=stream,
-                index=index,
-                type="action_result.purged",
-                occurred_at=now,
-                payload=stored.model_dump(mode="json", exclude={"result", "workflow_id"}),
-                previous_hash=previous,
-            )
-            heads[stream] = (index + 1, event.event_hash)
+            event = self._tombstone(stored, *heads[stream])
+            heads[stream] = (event.index + 1, event.event_hash)
             deletes.append(Delete(metadata.namespace, metadata.key_digest, metadata.revision))
             appends.append(event)
         return UnitOfWork(deletes=deletes, appends=appends)
@@ -638,7 +642,7 @@ def _optional_text(value: JsonValue) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _check_action_hash(action_hash: str) -> None:
+def _check_action_hash(action_hash: object) -> None:
     if not isinstance(action_hash, str) or not DIGEST_PATTERN.match(action_hash):
         raise InvalidInput("action_hash must be a sha256:<64 hex> digest")
 

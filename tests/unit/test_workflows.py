@@ -482,7 +482,7 @@ def test_expired_results_vanish_and_purge_leaves_tombstones(world: World) -> Non
 
 
 def test_expired_result_can_be_stored_again(world: World) -> None:
-    """After expiry, the same action hash may hold a new result."""
+    """After expiry the action hash takes a new result, and the old one leaves a tombstone."""
     record, _ = world.service.create(world.order())
     world.service.put_action_result(
         record.workflow_id, ACTION, {"v": 1}, retention=timedelta(seconds=1)
@@ -492,6 +492,10 @@ def test_expired_result_can_be_stored_again(world: World) -> None:
     fetched = world.service.get_action_result(record.workflow_id, ACTION)
     assert fetched is not None
     assert fetched.result == {"v": 2} == fresh.result
+    (tombstone,) = [
+        e for e in world.service.events(record.workflow_id) if e.type == "action_result.purged"
+    ]
+    assert tombstone.payload["action_hash"] == ACTION  # type: ignore[index,call-overload]
 
 
 def test_purge_works_in_bounded_batches(world: World) -> None:
