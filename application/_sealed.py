@@ -85,6 +85,11 @@ class SealedRepository:
         self._clock = clock
 
     @property
+    def clock(self) -> Clock:
+        """The clock that stamps every write."""
+        return self._clock
+
+    @property
     def store(self) -> SecureObjectStore:
         """The store this repository reads and writes."""
         return self._store

@@ -25,6 +25,7 @@ from flowvault.application._records import (
     Upsert,
 )
 from flowvault.application._sealed import SealedDocument, SealedRepository
+from flowvault.application._streams import read_stream
 from flowvault.application.ports import Clock, Compactor, IdFactory
 from flowvault.domain import (
     DECISION_TYPES,
@@ -447,17 +448,10 @@ class WorkflowService:
 
         """
         self._load(workflow_id)
-        events = list(self._read_stream(stream_of(workflow_id)))
+        events = list(read_stream(self._store, stream_of(workflow_id)))
         if verify:
             verify_chain(events).raise_for_defect()
         return events
-
-    def _read_stream(self, stream: str) -> Iterator[LedgerEvent]:
-        next_index: int | None = 0
-        while next_index is not None:
-            page = self._store.read_ledger(stream, from_index=next_index, limit=200)
-            yield from page.events
-            next_index = page.next_index
 
     # -- action results -------------------------------------------------------
 

@@ -8,12 +8,15 @@ from flowvault.application import (
     Cipher,
     Clock,
     IdFactory,
+    RunRepository,
     SealedRepository,
     SecureObjectStore,
+    StateRepository,
     WorkflowService,
 )
 from flowvault.composition._container import build_container
 from flowvault.composition._settings import Settings
+from flowvault.domain import WorkflowState
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,8 +28,13 @@ class Runtime:
     cipher: Cipher
     repository: SealedRepository
     workflows: WorkflowService
+    runs: RunRepository
     clock: Clock
     ids: IdFactory
+
+    def state(self, scope: str) -> StateRepository[WorkflowState]:
+        """Return the workflow state repository of ``scope``."""
+        return StateRepository(self.repository, scope)
 
     def close(self) -> None:
         """Release the store's connections and files."""
@@ -68,6 +76,7 @@ def bootstrap(
             cipher=container.cipher(),
             repository=container.repository(),
             workflows=container.workflows(),
+            runs=RunRepository(container.repository()),
             clock=container.clock(),
             ids=container.ids(),
         )
@@ -75,3 +84,18 @@ def bootstrap(
         if store is None:
             opened.close()
         raise
+
+
+def is_cold_root(settings: Settings) -> bool:
+    """Whether nothing exists yet for ``settings``: opening would have to create a store.
+
+    Recovery verbs use this to report on a cold root without creating one.
+    """
+    if settings.backend == "sqlite":
+        return not settings.database_path.exists()
+    return settings.backend == "memory"
+
+
+def open_existing(settings: Settings, *, key: bytes | None = None) -> Runtime | None:
+    """Open the store of ``settings`` if one exists; ``None`` on a cold root."""
+    return None if is_cold_root(settings) else bootstrap(settings, key=key)

@@ -35,6 +35,7 @@ from flowvault.domain._errors import (
     InvalidInput,
     InvalidTransition,
     KeyRequired,
+    NotBound,
     NotFound,
     PayloadTooLarge,
     RevisionConflict,
@@ -51,6 +52,14 @@ from flowvault.domain._ledger import (
     verify_chain,
 )
 from flowvault.domain._sanitise import REDACTED, is_secret_key, sanitise_payload
+from flowvault.domain._state import (
+    REASON_PATTERN,
+    RUN_ID_PATTERN,
+    SCOPE_PATTERN,
+    ResetFingerprint,
+    WorkflowResult,
+    WorkflowState,
+)
 from flowvault.domain._state_machine import DEFAULT_LIFECYCLE, StateMachine, StateMachineJson
 from flowvault.domain._workflow import (
     DECISION_APPROVED,
@@ -72,7 +81,10 @@ __all__ = [
     "GENESIS_HASH",
     "MAX_DEPTH",
     "MAX_SAFE_INTEGER",
+    "REASON_PATTERN",
     "REDACTED",
+    "RUN_ID_PATTERN",
+    "SCOPE_PATTERN",
     "ActionResult",
     "ChainDefect",
     "ChainVerdict",
@@ -92,10 +104,12 @@ __all__ = [
     "KeyRequired",
     "LedgerEvent",
     "Namespace",
+    "NotBound",
     "NotFound",
     "PayloadTooLarge",
     "Readability",
     "Receipt",
+    "ResetFingerprint",
     "RevisionConflict",
     "SchemaTooNew",
     "Sensitivity",
@@ -106,6 +120,8 @@ __all__ = [
     "UtcDatetime",
     "WorkOrder",
     "WorkflowRecord",
+    "WorkflowResult",
+    "WorkflowState",
     "canonical_bytes",
     "canonical_json",
     "content_hash",

@@ -106,3 +106,9 @@ class SchemaTooNew(FlowvaultError):
     """Raised when a store was written by a newer flowvault schema than this code knows."""
 
     code = "SCHEMA_TOO_NEW"
+
+
+class NotBound(FlowvaultError):
+    """Raised when code resolves the host's persistence but none is bound."""
+
+    code = "NOT_BOUND"

@@ -22,6 +22,7 @@ CODES = {
     "KeyRequired": "KEY_REQUIRED",
     "InsecurePermissions": "INSECURE_PERMISSIONS",
     "SchemaTooNew": "SCHEMA_TOO_NEW",
+    "NotBound": "NOT_BOUND",
 }
 
 

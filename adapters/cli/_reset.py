@@ -1,0 +1,68 @@
+"""``flowvault reset-progress``: fingerprint a scope's state and reset it after asking."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flowvault.adapters.cli._io import CommandIO
+from flowvault.application import ResetOutcome, StateRepository, reset_progress
+from flowvault.domain import WorkflowState
+
+SOURCE = "flowvault reset-progress"
+
+
+@dataclass(frozen=True, slots=True)
+class ResetRequest:
+    """The verb's arguments, already parsed."""
+
+    scope: str
+    actor: str
+    reason: str | None
+    dry_run: bool
+    yes: bool
+
+
+def _lines(outcome: ResetOutcome) -> list[str]:
+    fingerprint = outcome.fingerprint
+    if outcome.cold_root:
+        verdict = "cold root: no store exists, nothing to reset"
+    elif outcome.applied:
+        verdict = "reset: state deleted after recording a workflow_state.reset event"
+    else:
+        verdict = "dry run: nothing deleted"
+    shown = fingerprint.model_dump(mode="json", exclude_none=True)
+    return [verdict, *(f"  {name}: {value}" for name, value in shown.items())]
+
+
+def _document(outcome: ResetOutcome) -> dict[str, object]:
+    return {
+        "applied": outcome.applied,
+        "cold_root": outcome.cold_root,
+        "fingerprint": outcome.fingerprint.model_dump(mode="json"),
+    }
+
+
+def reset_progress_command(
+    state: StateRepository[WorkflowState] | None, request: ResetRequest, io: CommandIO
+) -> int:
+    """Run the verb; ``state`` is ``None`` on a cold root. Returns the exit status."""
+    apply = not request.dry_run
+    if apply and state is not None and io.interactive and not request.yes:
+        preview = reset_progress(
+            state, request.scope, actor=request.actor, source=SOURCE,
+            reason_class=request.reason, dry_run=True,
+        )  # fmt: skip
+        io.emit(_document(preview), _lines(preview))
+        if not io.confirm(f"Reset the workflow state of scope {request.scope!r}?"):
+            io.err.write("aborted: nothing was reset\n")
+            return 1
+    outcome = reset_progress(
+        state,
+        request.scope,
+        actor=request.actor,
+        source=SOURCE,
+        reason_class=request.reason,
+        dry_run=request.dry_run,
+    )
+    io.emit(_document(outcome), _lines(outcome))
+    return 0

@@ -1,0 +1,374 @@
+"""The workflow state repository: one sealed state document per scope, under CAS.
+
+Each scope (a host's bucket or profile) has one state row and one history
+stream in the ledger. Updates re-run a pure function from a fresh load when
+another writer got there first; resets write their audit event before they
+delete, so a crash in between leaves the trail and the data, never neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar, overload
+
+from pydantic import BaseModel, ValidationError
+
+from flowvault.application._records import Delete, Guard, RecordMetadata, UnitOfWork, Upsert
+from flowvault.application._sealed import SealedRepository
+from flowvault.application._streams import next_position, read_stream
+from flowvault.domain import (
+    REASON_PATTERN,
+    SCOPE_PATTERN,
+    FlowvaultError,
+    IntegrityFailure,
+    InvalidInput,
+    JsonValue,
+    LedgerEvent,
+    Readability,
+    ResetFingerprint,
+    RevisionConflict,
+    Sensitivity,
+    WorkflowState,
+    sanitise_payload,
+)
+
+STATE_NAMESPACE = "flowvault.workflow-state"
+RESET_EVENT = "workflow_state.reset"
+DEFAULT_RETRIES = 8
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def check_scope(scope: str) -> str:
+    """Return ``scope`` if it is a valid scope name, else raise ``InvalidInput``."""
+    if not isinstance(scope, str) or not SCOPE_PATTERN.match(scope):
+        raise InvalidInput("a scope is 1-64 of [A-Za-z0-9._-], starting alphanumeric")
+    return scope
+
+
+def history_stream(scope: str) -> str:
+    """Name of the ledger stream holding a scope's history."""
+    return f"scope/{check_scope(scope)}"
+
+
+def cold_fingerprint(scope: str, reason_class: str | None = None) -> ResetFingerprint:
+    """Fingerprint of a scope on a cold root, where no store exists to look in."""
+    return ResetFingerprint(
+        scope=check_scope(scope),
+        readability=Readability.ABSENT,
+        reason_class=_reason(reason_class, Readability.ABSENT),
+    )
+
+
+def _reason(reason_class: str | None, derived: Readability) -> str:
+    if reason_class is None:
+        return derived.value
+    if not REASON_PATTERN.match(reason_class):
+        raise InvalidInput("a reason class is a short lowercase token such as 'corrupt'")
+    return reason_class
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEvent:
+    """An event a state update appends to its scope's history stream."""
+
+    type: str
+    payload: JsonValue = None
+
+
+@dataclass(frozen=True, slots=True)
+class StateSnapshot(Generic[M]):
+    """A state as loaded, with the exact revision read (``None`` when absent)."""
+
+    state: M
+    revision: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class StateProbe(Generic[M]):
+    """What reset needs to know: metadata, the state if it opens, and readability."""
+
+    metadata: RecordMetadata | None
+    state: M | None
+    readability: Readability
+
+
+class StateRepository(Generic[M]):
+    """One typed, sealed state document per scope, updated by compare-and-swap."""
+
+    @overload
+    def __init__(
+        self: StateRepository[WorkflowState],
+        repository: SealedRepository,
+        scope: str,
+        *,
+        model: None = None,
+        sensitivity: Sensitivity = Sensitivity.CONFIDENTIAL,
+        schema_version: int = 1,
+        max_retries: int = DEFAULT_RETRIES,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self,
+        repository: SealedRepository,
+        scope: str,
+        *,
+        model: type[M],
+        sensitivity: Sensitivity = Sensitivity.CONFIDENTIAL,
+        schema_version: int = 1,
+        max_retries: int = DEFAULT_RETRIES,
+    ) -> None: ...
+
+    def __init__(
+        self,
+        repository: SealedRepository,
+        scope: str,
+        *,
+        model: type[M] | None = None,
+        sensitivity: Sensitivity = Sensitivity.CONFIDENTIAL,
+        schema_version: int = 1,
+        max_retries: int = DEFAULT_RETRIES,
+    ) -> None:
+        self._repo = repository
+        self._store = repository.store
+        self._scope = check_scope(scope)
+        self._model: type[M] = model or WorkflowState  # type: ignore[assignment]
+        self._sensitivity = sensitivity
+        self._schema_version = schema_version
+        self._retries = max_retries
+
+    @property
+    def scope(self) -> str:
+        """The scope this repository holds state for."""
+        return self._scope
+
+    # -- reading ---------------------------------------------------------------
+
+    def load(self) -> StateSnapshot[M]:
+        """Return the state and the revision read, or an empty default when absent.
+
+        Raises:
+            IntegrityFailure: the row does not verify, or was written under
+                another sensitivity class.
+            SchemaTooNew: it was written under a newer schema than this repository's.
+
+        """
+        opened = self._repo.read(
+            STATE_NAMESPACE,
+            self._scope,
+            sensitivity=self._sensitivity,
+            max_schema_version=self._schema_version,
+        )
+        if opened is None:
+            return StateSnapshot(self._model(), None)
+        try:
+            state = self._model.model_validate(opened.document)
+        except ValidationError:
+            raise IntegrityFailure("stored state does not match its model") from None
+        return StateSnapshot(state, opened.revision)
+
+    def probe(self) -> StateProbe[M]:
+        """Return metadata, the state when it opens, and its readability class."""
+        metadata = self._store.peek_metadata(STATE_NAMESPACE, self._key_digest())
+        if metadata is None:
+            return StateProbe(None, None, Readability.ABSENT)
+        try:
+            snapshot = self.load()
+        except FlowvaultError:
+            return StateProbe(metadata, None, Readability.UNREADABLE)
+        return StateProbe(metadata, snapshot.state, Readability.READABLE)
+
+    def fingerprint(self, reason_class: str | None = None) -> ResetFingerprint:
+        """Summarise the state row without plaintext; derive the class unless given."""
+        probe = self.probe()
+        metadata = probe.metadata
+        if metadata is None:
+            return cold_fingerprint(self._scope, reason_class)
+        header = metadata.header
+        return ResetFingerprint(
+            scope=self._scope,
+            readability=probe.readability,
+            reason_class=_reason(reason_class, probe.readability),
+            namespace=header.namespace,
+            key_digest=header.key_digest,
+            revision=header.revision,
+            schema_version=header.schema_version,
+            sensitivity=header.sensitivity.value,
+            written_at=header.written_at,
+            byte_length=metadata.byte_length,
+            payload_digest=metadata.payload_digest,
+        )
+
+    def _key_digest(self) -> str:
+        return self._repo.key_digest(STATE_NAMESPACE, self._scope)
+
+    # -- writing ---------------------------------------------------------------
+
+    def to_write(self, state: M, expected_revision: int | None) -> Upsert:
+        """Prepare (seal, do not commit) a state write guarded by ``expected_revision``."""
+        if not isinstance(state, self._model):
+            raise InvalidInput(f"state must be a {self._model.__name__}")
+        return self._repo.prepare(
+            STATE_NAMESPACE,
+            self._scope,
+            state.model_dump(mode="json"),
+            expected=Guard.ABSENT if expected_revision is None else expected_revision,
+            sensitivity=self._sensitivity,
+            schema_version=self._schema_version,
+        )
+
+    def save(self, state: M) -> int:
+        """Write ``state`` whatever is stored now; return the revision written."""
+        _, revision = self.update(lambda _: state)
+        return revision
+
+    def update(self, fn: Callable[[M], M]) -> tuple[M, int]:
+        """Load, apply the pure ``fn``, write with CAS; re-run ``fn`` on a conflict.
+
+        Raises ``RevisionConflict`` after ``max_retries`` lost races.
+        """
+        return self._update(lambda state: (fn(state), (), ()))
+
+    def update_with_writes(
+        self, fn: Callable[[M], tuple[M, Sequence[Upsert | Delete]]]
+    ) -> tuple[M, int]:
+        """Update the state and commit ``fn``'s prepared sibling writes in the same unit."""
+
+        def step(state: M) -> tuple[M, Sequence[Upsert | Delete], Sequence[HistoryEvent]]:
+            new, writes = fn(state)
+            return new, writes, ()
+
+        return self._update(step)
+
+    def update_with_events(
+        self, fn: Callable[[M], tuple[M, Sequence[HistoryEvent]]]
+    ) -> tuple[M, int]:
+        """Update the state and append ``fn``'s events to the scope's history, atomically."""
+
+        def step(state: M) -> tuple[M, Sequence[Upsert | Delete], Sequence[HistoryEvent]]:
+            new, events = fn(state)
+            return new, (), events
+
+        return self._update(step)
+
+    def _update(
+        self,
+        step: Callable[[M], tuple[M, Sequence[Upsert | Delete], Sequence[HistoryEvent]]],
+    ) -> tuple[M, int]:
+        for _ in range(self._retries):
+            snapshot = self.load()
+            new, writes, events = step(snapshot.state)
+            upsert = self.to_write(new, snapshot.revision)
+            unit = UnitOfWork(
+                upserts=[upsert, *(w for w in writes if isinstance(w, Upsert))],
+                deletes=[w for w in writes if isinstance(w, Delete)],
+                appends=self._events(events),
+            )
+            try:
+                self._store.commit(unit)
+            except RevisionConflict:
+                continue
+            return new, upsert.header.revision
+        raise RevisionConflict(
+            f"state of scope {self._scope!r} kept changing; gave up after {self._retries} tries",
+            scope=self._scope,
+        )
+
+    def _events(self, drafts: Sequence[HistoryEvent]) -> list[LedgerEvent]:
+        if not drafts:
+            return []
+        stream = history_stream(self._scope)
+        index, previous = next_position(self._store, stream)
+        now = self._repo.clock.now()
+        events = []
+        for draft in drafts:
+            event = LedgerEvent.create(
+                stream=stream,
+                index=index,
+                type=draft.type,
+                occurred_at=now,
+                payload=sanitise_payload(draft.payload),
+                previous_hash=previous,
+            )
+            events.append(event)
+            index, previous = index + 1, event.event_hash
+        return events
+
+    # -- reset -----------------------------------------------------------------
+
+    def reset(
+        self,
+        *,
+        actor: str,
+        source: str,
+        reason_class: str | None = None,
+    ) -> ResetFingerprint:
+        """Record a reset event, then delete only the state row; return the fingerprint.
+
+        The event is committed before the delete: if the process dies in
+        between, the trail exists and the state is still there, and running
+        the reset again completes it. Resetting an absent state succeeds and
+        records that it was absent.
+        """
+        fingerprint = self.fingerprint(reason_class)
+        payload: dict[str, JsonValue] = {
+            "fingerprint": fingerprint.model_dump(mode="json"),
+            "actor": actor,
+            "source": source,
+            "reason": fingerprint.reason_class,
+        }
+        self._append_reset(payload)
+        if fingerprint.revision is not None and fingerprint.key_digest is not None:
+            self._store.commit(
+                UnitOfWork(
+                    deletes=[Delete(STATE_NAMESPACE, fingerprint.key_digest, fingerprint.revision)]
+                )
+            )
+        return fingerprint
+
+    def _append_reset(self, payload: JsonValue) -> None:
+        for _ in range(self._retries):
+            try:
+                appends = self._events([HistoryEvent(RESET_EVENT, payload)])
+                self._store.commit(UnitOfWork(appends=appends))
+            except RevisionConflict:
+                continue
+            return
+        raise RevisionConflict("scope history kept moving; retry the reset", scope=self._scope)
+
+    def history(self) -> list[LedgerEvent]:
+        """Return the scope's history stream, oldest first (retained events only)."""
+        return list(read_stream(self._store, history_stream(self._scope)))
+
+
+@dataclass(frozen=True, slots=True)
+class ResetOutcome:
+    """The recovery verb's result: its fingerprint, and whether it deleted or found no store."""
+
+    fingerprint: ResetFingerprint
+    applied: bool
+    cold_root: bool
+
+
+def reset_progress(
+    state: StateRepository[M] | None,
+    scope: str,
+    *,
+    actor: str,
+    source: str,
+    reason_class: str | None = None,
+    dry_run: bool = False,
+) -> ResetOutcome:
+    """Reset a scope's workflow state, or only fingerprint it with ``dry_run``.
+
+    ``state`` is ``None`` on a cold root (no store exists): nothing is
+    created, and the fingerprint says the state is absent.
+    """
+    if state is None:
+        return ResetOutcome(cold_fingerprint(scope, reason_class), applied=False, cold_root=True)
+    if dry_run:
+        return ResetOutcome(state.fingerprint(reason_class), applied=False, cold_root=False)
+    fingerprint = state.reset(actor=actor, source=source, reason_class=reason_class)
+    return ResetOutcome(fingerprint, applied=True, cold_root=False)
