@@ -1,0 +1,468 @@
+"""State repository, reset fingerprints and run repository, on memory and SQLite."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+from flowvault.adapters.crypto import AesGcmCipher
+from flowvault.adapters.memory import InMemorySecureObjectStore
+from flowvault.adapters.sqlite import SQLiteSecureObjectStore
+from flowvault.application import (
+    RESET_EVENT,
+    RUNS,
+    STATE_NAMESPACE,
+    Guard,
+    HistoryEvent,
+    RunRepository,
+    SealedRepository,
+    SecureObjectStore,
+    StateRepository,
+    UnitOfWork,
+    Upsert,
+    cold_fingerprint,
+    reset_progress,
+)
+from flowvault.application.testing import FrozenClock
+from flowvault.domain import (
+    IntegrityFailure,
+    InvalidInput,
+    NotFound,
+    Readability,
+    RevisionConflict,
+    SchemaTooNew,
+    Sensitivity,
+    WorkflowResult,
+    WorkflowState,
+    canonical_json,
+)
+
+MARKER = "state-marker-7d1e-do-not-leak"
+KEY = bytes(range(32))
+
+
+class Counter(BaseModel):
+    """A host's typed state document."""
+
+    model_config = ConfigDict(frozen=True)
+    count: int = 0
+    note: str = ""
+
+
+class World:
+    """Repositories over one store, with a clock the test controls."""
+
+    def __init__(self, store: SecureObjectStore, path: Path | None = None) -> None:
+        self.store = store
+        self.path = path
+        self.clock = FrozenClock()
+        self.repository = SealedRepository(store, AesGcmCipher(KEY), self.clock)
+        self.runs = RunRepository(self.repository)
+
+    def state(self, scope: str = "main") -> StateRepository[Counter]:
+        return StateRepository(self.repository, scope, model=Counter)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def world(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[World]:
+    """Provide a fresh world on each backend."""
+    if request.param == "memory":
+        yield World(InMemorySecureObjectStore())
+        return
+    path = tmp_path / "data" / "store.db"
+    with SQLiteSecureObjectStore.open(path) as store:
+        yield World(store, path)
+
+
+class CrashOnDelete:
+    """A store that dies (raises) on the first unit of work holding a delete: an injected fault."""
+
+    def __init__(self, inner: SecureObjectStore) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    def commit(self, unit: UnitOfWork) -> None:
+        if unit.deletes:
+            raise RuntimeError("injected crash between the reset event and the delete")
+        self._inner.commit(unit)
+
+
+# -- load, save, update -----------------------------------------------------------
+
+
+def test_absent_state_loads_as_default(world: World) -> None:
+    """Loading a scope never written returns the model's default and no revision."""
+    snapshot = world.state().load()
+    assert snapshot.state == Counter()
+    assert snapshot.revision is None
+
+
+def test_save_then_load_returns_state_and_revision(world: World) -> None:
+    """A saved state loads back with the exact revision written."""
+    assert world.state().save(Counter(count=4)) == 1
+    assert world.state().save(Counter(count=5)) == 2
+    snapshot = world.state().load()
+    assert (snapshot.state, snapshot.revision) == (Counter(count=5), 2)
+
+
+def test_default_model_keeps_any_json_fields(world: World) -> None:
+    """Without a model the state is a WorkflowState holding whatever fields were saved."""
+    state = StateRepository(world.repository, "plain")
+    state.save(WorkflowState(step=3, items=["a", "b"]))
+    loaded = state.load().state
+    assert loaded.model_dump() == {"step": 3, "items": ["a", "b"]}
+
+
+def test_scopes_are_isolated(world: World) -> None:
+    """Two scopes hold independent states."""
+    world.state("a").save(Counter(count=1))
+    world.state("b").save(Counter(count=2))
+    assert world.state("a").load().state.count == 1
+    assert world.state("b").load().state.count == 2
+
+
+@pytest.mark.parametrize("scope", ["", "has space", "x" * 65, "../up", "-lead"])
+def test_malformed_scope_is_invalid_input(world: World, scope: str) -> None:
+    """Scopes outside the documented grammar are refused."""
+    with pytest.raises(InvalidInput):
+        StateRepository(world.repository, scope)
+
+
+def test_concurrent_updates_lose_nothing(world: World) -> None:
+    """Four threads doing 50 increments each end at exactly 200."""
+    state = world.state()
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def worker() -> None:
+        barrier.wait()
+        for _ in range(50):
+            try:
+                StateRepository(world.repository, "main", model=Counter, max_retries=1000).update(
+                    lambda s: s.model_copy(update={"count": s.count + 1})
+                )
+            except BaseException as exc:  # surfaced in the main thread
+                errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    snapshot = state.load()
+    assert snapshot.state.count == 200
+    assert snapshot.revision == 200
+
+
+def test_update_gives_up_after_bounded_retries(world: World) -> None:
+    """A function that always loses its race is re-run max_retries times, then REVISION_CONFLICT."""
+    state = StateRepository(world.repository, "main", model=Counter, max_retries=3)
+    rival = world.state()
+    calls = []
+
+    def fn(current: Counter) -> Counter:
+        calls.append(current.count)
+        rival.save(Counter(count=current.count + 100))
+        return current.model_copy(update={"count": current.count + 1})
+
+    with pytest.raises(RevisionConflict):
+        state.update(fn)
+    assert len(calls) == 3
+    assert calls == sorted(calls)
+
+
+def test_update_with_writes_commits_siblings_atomically(world: World) -> None:
+    """The state write and sibling writes land together."""
+    state = world.state()
+
+    def fn(current: Counter) -> tuple[Counter, list[Upsert]]:
+        sibling = world.repository.prepare("catalogue", "index", {"n": 1}, expected=Guard.ABSENT)
+        return current.model_copy(update={"count": 1}), [sibling]
+
+    new, revision = state.update_with_writes(fn)
+    assert (new.count, revision) == (1, 1)
+    assert world.repository.read("catalogue", "index") is not None
+
+
+def test_failing_sibling_guard_rolls_back_the_state_write(world: World) -> None:
+    """A sibling whose guard fails leaves the state exactly as it was."""
+    state = StateRepository(world.repository, "main", model=Counter, max_retries=2)
+    state.save(Counter(count=7))
+    before = state.load()
+
+    def fn(current: Counter) -> tuple[Counter, list[Upsert]]:
+        stale = world.repository.prepare("catalogue", "index", {"n": 1}, expected=5)
+        return current.model_copy(update={"count": 8}), [stale]
+
+    with pytest.raises(RevisionConflict):
+        state.update_with_writes(fn)
+    assert state.load() == before
+    assert world.repository.read("catalogue", "index") is None
+
+
+def test_update_with_events_appends_to_history(world: World) -> None:
+    """Events from the function land in the scope's history with sanitised payloads."""
+    state = world.state()
+
+    def fn(current: Counter) -> tuple[Counter, list[HistoryEvent]]:
+        events = [
+            HistoryEvent("step.done", {"step": current.count, "password": "hunter2"}),
+            HistoryEvent("note.added"),
+        ]
+        return current.model_copy(update={"count": current.count + 1}), events
+
+    state.update_with_events(fn)
+    state.update_with_events(fn)
+    history = state.history()
+    assert [e.type for e in history] == ["step.done", "note.added"] * 2
+    assert [e.index for e in history] == [0, 1, 2, 3]
+    assert history[0].payload == {"step": 0, "password": "[REDACTED]"}
+    assert history[2].payload == {"step": 1, "password": "[REDACTED]"}
+
+
+def test_to_write_lets_hosts_compose_units(world: World) -> None:
+    """A prepared state write commits in a host's own unit of work, with its own guard."""
+    state = world.state()
+    upsert = state.to_write(Counter(count=3), expected_revision=None)
+    other = world.repository.prepare("host", "thing", {"ok": True}, expected=Guard.ABSENT)
+    world.store.commit(UnitOfWork(upserts=[upsert, other]))
+    assert state.load().revision == 1
+    with pytest.raises(RevisionConflict):
+        world.store.commit(UnitOfWork(upserts=[state.to_write(Counter(), expected_revision=None)]))
+    with pytest.raises(InvalidInput):
+        state.to_write(WorkflowState(), expected_revision=1)  # type: ignore[arg-type]
+
+
+def test_other_class_or_newer_schema_is_never_read_silently(world: World) -> None:
+    """A state written under another class or a newer schema is a typed error on load."""
+    StateRepository(
+        world.repository, "main", model=Counter, sensitivity=Sensitivity.RESTRICTED
+    ).save(Counter(count=1))
+    with pytest.raises(IntegrityFailure):
+        world.state().load()
+    StateRepository(world.repository, "v2", model=Counter, schema_version=2).save(Counter())
+    with pytest.raises(SchemaTooNew):
+        world.state("v2").load()
+    assert StateRepository(world.repository, "v2", model=Counter, schema_version=3).load()
+
+
+# -- probe and fingerprint ----------------------------------------------------------
+
+
+def test_fresh_state_is_readable(world: World) -> None:
+    """A healthy, just-written state probes and fingerprints as readable."""
+    world.state().save(Counter(count=1, note=MARKER))
+    probe = world.state().probe()
+    assert probe.readability is Readability.READABLE
+    assert probe.state == Counter(count=1, note=MARKER)
+    fingerprint = world.state().fingerprint()
+    assert (fingerprint.readability, fingerprint.reason_class) == (Readability.READABLE, "readable")
+    assert fingerprint.revision == 1
+    assert fingerprint.payload_digest is not None
+    assert MARKER not in canonical_json(fingerprint.model_dump(mode="json"))
+
+
+def test_absent_state_fingerprints_as_absent(world: World) -> None:
+    """A scope never written is absent, with empty metadata."""
+    fingerprint = world.state().fingerprint()
+    assert fingerprint == cold_fingerprint("main")
+    assert fingerprint.key_digest is None
+
+
+def _plant_unreadable(world: World) -> None:
+    world.state().save(Counter(count=1))
+    record = world.store.load(STATE_NAMESPACE, world.repository.key_digest(STATE_NAMESPACE, "main"))
+    assert record is not None
+    header = record.metadata.header.model_copy(update={"revision": 2})
+    world.store.commit(
+        UnitOfWork(upserts=[Upsert(header=header, payload=record.payload[:-4], expected=1)])
+    )
+
+
+def test_damaged_state_is_unreadable_and_reason_can_be_overridden(world: World) -> None:
+    """A row that does not open probes as unreadable; a caller may name the reason."""
+    _plant_unreadable(world)
+    probe = world.state().probe()
+    assert probe.readability is Readability.UNREADABLE
+    assert probe.state is None
+    assert probe.metadata is not None
+    assert world.state().fingerprint().reason_class == "unreadable"
+    assert world.state().fingerprint("decrypt_failed").reason_class == "decrypt_failed"
+    with pytest.raises(InvalidInput):
+        world.state().fingerprint("Not A Token")
+
+
+# -- reset --------------------------------------------------------------------------
+
+
+def test_reset_records_then_deletes_only_the_state(world: World) -> None:
+    """Reset appends a fingerprinted event, deletes the state row, and leaves other rows alone."""
+    world.state().save(Counter(count=1, note=MARKER))
+    world.state("other").save(Counter(count=9))
+    fingerprint = world.state().reset(actor="ops", source="test", reason_class="corrupt")
+    assert fingerprint.readability is Readability.READABLE
+    assert fingerprint.reason_class == "corrupt"
+    assert world.state().load().revision is None
+    assert world.state("other").load().state.count == 9
+    (event,) = world.state().history()
+    assert event.type == RESET_EVENT
+    assert isinstance(event.payload, dict)
+    assert event.payload["actor"] == "ops"
+    assert event.payload["source"] == "test"
+    assert event.payload["fingerprint"] == fingerprint.model_dump(mode="json")
+    assert MARKER not in canonical_json(event.payload)
+
+
+def test_reset_of_absent_state_succeeds_and_says_so(world: World) -> None:
+    """Resetting a scope with no state records an event that says it was absent."""
+    fingerprint = world.state().reset(actor="ops", source="test")
+    assert fingerprint.readability is Readability.ABSENT
+    (event,) = world.state().history()
+    assert event.payload["fingerprint"]["readability"] == "absent"  # type: ignore[index,call-overload]
+
+
+def test_reset_removes_an_unreadable_state(world: World) -> None:
+    """The recovery path works exactly when the state cannot be read."""
+    _plant_unreadable(world)
+    fingerprint = world.state().reset(actor="ops", source="test")
+    assert fingerprint.readability is Readability.UNREADABLE
+    assert world.state().probe().readability is Readability.ABSENT
+
+
+def test_crash_between_event_and_delete_is_recoverable(world: World) -> None:
+    """A fault after the event keeps event and state; a second reset completes."""
+    world.state().save(Counter(count=1))
+    crashing = SealedRepository(CrashOnDelete(world.store), AesGcmCipher(KEY), world.clock)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="injected crash"):
+        StateRepository(crashing, "main", model=Counter).reset(actor="ops", source="test")
+    assert [e.type for e in world.state().history()] == [RESET_EVENT]
+    assert world.state().load().state.count == 1
+    world.state().reset(actor="ops", source="retry")
+    assert [e.type for e in world.state().history()] == [RESET_EVENT, RESET_EVENT]
+    assert world.state().load().revision is None
+
+
+def test_reset_progress_dry_run_and_cold_root(world: World) -> None:
+    """The verb's use case: dry runs delete nothing; a cold root reports absent."""
+    world.state().save(Counter(count=2))
+    dry = reset_progress(world.state(), "main", actor="ops", source="t", dry_run=True)
+    assert (dry.applied, dry.cold_root) == (False, False)
+    assert world.state().load().revision == 1
+    assert world.state().history() == []
+    cold = reset_progress(None, "main", actor="ops", source="t")
+    assert cold.cold_root
+    assert cold.fingerprint.readability is Readability.ABSENT
+    done = reset_progress(world.state(), "main", actor="ops", source="t")
+    assert done.applied
+    assert world.state().load().revision is None
+
+
+# -- runs ---------------------------------------------------------------------------
+
+T0 = datetime(2026, 3, 1, tzinfo=UTC)
+
+
+def _run(run_id: str, finished: datetime = T0, **extra: object) -> WorkflowResult:
+    return WorkflowResult.model_validate(
+        {
+            "run_id": run_id,
+            "status": "completed",
+            "started_at": finished - timedelta(minutes=5),
+            "finished_at": finished,
+            "output": {"note": MARKER},
+            **extra,
+        }
+    )
+
+
+def test_run_round_trip(world: World) -> None:
+    """A saved run loads back equal; saving it again replaces it."""
+    run = _run("run-001")
+    world.runs.save(run)
+    assert world.runs.load("run-001") == run
+    failed = _run("run-001", status="failed", error_code="TIMEOUT")
+    world.runs.save(failed)
+    assert world.runs.load("run-001") == failed
+
+
+@pytest.mark.parametrize(
+    "run_id", ["", "ab", "-run", "run/1", "run..1", "r" * 129, "run 1", "ü-run"]
+)
+def test_run_id_grammar_is_enforced(world: World, run_id: str) -> None:
+    """Run ids outside the documented grammar are INVALID_INPUT for load."""
+    with pytest.raises(InvalidInput):
+        world.runs.load(run_id)
+
+
+def test_missing_run_is_not_found(world: World) -> None:
+    """Loading a run never saved is NOT_FOUND."""
+    with pytest.raises(NotFound):
+        world.runs.load("run-404")
+
+
+def test_run_resealed_under_another_id_is_rejected(world: World) -> None:
+    """A valid run B sealed under A's key is refused as INTEGRITY_FAILURE."""
+    forged = world.repository.prepare(
+        RUNS, "run-aaa", _run("run-bbb").model_dump(mode="json"), expected=Guard.ABSENT
+    )
+    world.store.commit(UnitOfWork(upserts=[forged]))
+    with pytest.raises(IntegrityFailure):
+        world.runs.load("run-aaa")
+    with pytest.raises(IntegrityFailure):
+        world.runs.list()
+
+
+def test_runs_list_newest_first_with_since_and_pages(world: World) -> None:
+    """Runs come newest first, filtered by finish date, in pages."""
+    for n in range(5):
+        world.clock.advance(timedelta(minutes=1))
+        world.runs.save(_run(f"run-{n:03d}", finished=T0 + timedelta(days=n)))
+    page = world.runs.list(limit=2)
+    assert [r.run_id for r in page.runs] == ["run-004", "run-003"]
+    rest = world.runs.list(cursor=page.next_cursor, limit=10)
+    assert [r.run_id for r in rest.runs] == ["run-002", "run-001", "run-000"]
+    since = world.runs.list(since=date(2026, 3, 3))
+    assert [r.run_id for r in since.runs] == ["run-004", "run-003", "run-002"]
+    with pytest.raises(InvalidInput):
+        world.runs.list(since=datetime(2026, 3, 3))
+
+
+def test_run_copied_to_another_id_on_disk_is_rejected(tmp_path: Path) -> None:
+    """A run row copied with raw SQL under run B's key digest does not load as B."""
+    path = tmp_path / "data" / "store.db"
+    with SQLiteSecureObjectStore.open(path) as store:
+        world = World(store, path)
+        world.runs.save(_run("run-aaa"))
+        source, target = (world.repository.key_digest(RUNS, r) for r in ("run-aaa", "run-bbb"))
+        with sqlite3.connect(path) as raw:
+            columns = [row[1] for row in raw.execute("PRAGMA table_info(records)")]
+            copied = [c for c in columns if c != "id"]
+            select = ", ".join("?" if c == "key_digest" else c for c in copied)
+            raw.execute(
+                f"INSERT INTO records ({', '.join(copied)}) SELECT {select} FROM records "  # noqa: S608
+                "WHERE key_digest = ?",
+                (target, source),
+            )
+        with pytest.raises(IntegrityFailure):
+            world.runs.load("run-bbb")
+        assert world.runs.load("run-aaa").run_id == "run-aaa"
+
+
+def test_runs_write_no_plaintext_files(tmp_path: Path) -> None:
+    """Saving runs on SQLite leaves only the database files behind, none holding plaintext."""
+    path = tmp_path / "data" / "store.db"
+    with SQLiteSecureObjectStore.open(path) as store:
+        World(store, path).runs.save(_run("run-001"))
+    files = sorted(p.name for p in tmp_path.rglob("*") if p.is_file())
+    assert files == ["store.db"]
+    assert MARKER.encode() not in path.read_bytes()
