@@ -5,6 +5,14 @@ the ports; the contract kit lives in ``flowvault.application.testing``.
 """
 
 from flowvault.application._cursor import ListCursor, effective_limit
+from flowvault.application._graph import (
+    IDEMPOTENCY_STREAM,
+    RETENTION_TOMBSTONE,
+    KeyedDigester,
+    RetentionPolicy,
+    require_integrity,
+    run_stream,
+)
 from flowvault.application._guards import check_append, check_delete, check_upsert
 from flowvault.application._keys import (
     KEY_ENV,
@@ -83,6 +91,7 @@ __all__ = [
     "DEFAULT_RETENTION",
     "EVENT_KEYS",
     "IDEMPOTENCY",
+    "IDEMPOTENCY_STREAM",
     "KEY_ENV",
     "MASTER_KEY_BYTES",
     "MAX_LABELS",
@@ -92,6 +101,7 @@ __all__ = [
     "MAX_RETENTION",
     "MIN_RETENTION",
     "RESET_EVENT",
+    "RETENTION_TOMBSTONE",
     "RUNS",
     "SEALED_BODY_VERSION",
     "STATE_NAMESPACE",
@@ -106,6 +116,7 @@ __all__ = [
     "HistoryEvent",
     "IdFactory",
     "KeyStore",
+    "KeyedDigester",
     "LabelFilter",
     "LabelValue",
     "LedgerPage",
@@ -115,6 +126,7 @@ __all__ = [
     "RecordMetadata",
     "RecordPage",
     "ResetOutcome",
+    "RetentionPolicy",
     "RunPage",
     "RunRepository",
     "SealOptions",
@@ -142,7 +154,9 @@ __all__ = [
     "next_position",
     "parse_master_key",
     "read_stream",
+    "require_integrity",
     "reset_progress",
     "resolve_master_key",
+    "run_stream",
     "stream_of",
 ]

@@ -112,3 +112,51 @@ class NotBound(FlowvaultError):
     """Raised when code resolves the host's persistence but none is bound."""
 
     code = "NOT_BOUND"
+
+
+class DefinitionReferenced(FlowvaultError):
+    """Raised when deleting or silently replacing a definition that runs still reference."""
+
+    code = "DEFINITION_REFERENCED"
+
+
+class CheckpointIntegrityFailure(IntegrityFailure):
+    """Raised when a checkpoint's digests or keyed integrity digest do not verify."""
+
+    code = "CHECKPOINT_INTEGRITY_FAILURE"
+
+
+class CheckpointConsumed(FlowvaultError):
+    """Raised when a single-use checkpoint has already been consumed."""
+
+    code = "CHECKPOINT_CONSUMED"
+
+
+class IntegrityKeyRequired(FlowvaultError):
+    """Raised when a durable checkpoint operation is attempted without an integrity key."""
+
+    code = "INTEGRITY_KEY_REQUIRED"
+
+
+class ApprovalRequestConflict(FlowvaultError):
+    """Raised when a different approval is already pending for the same checkpoint and audience."""
+
+    code = "APPROVAL_REQUEST_CONFLICT"
+
+
+class ApprovalExpired(FlowvaultError):
+    """Raised when a decision arrives after the approval's deadline; the expiry is recorded."""
+
+    code = "APPROVAL_EXPIRED"
+
+
+class ApprovalDecisionNotAllowed(FlowvaultError):
+    """Raised when a decision is not one of the approval's allowed decisions."""
+
+    code = "APPROVAL_DECISION_NOT_ALLOWED"
+
+
+class ApprovalAlreadyDecided(FlowvaultError):
+    """Raised when an approval that was already decided or expired receives a decision."""
+
+    code = "APPROVAL_ALREADY_DECIDED"

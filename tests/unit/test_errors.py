@@ -23,6 +23,14 @@ CODES = {
     "InsecurePermissions": "INSECURE_PERMISSIONS",
     "SchemaTooNew": "SCHEMA_TOO_NEW",
     "NotBound": "NOT_BOUND",
+    "DefinitionReferenced": "DEFINITION_REFERENCED",
+    "CheckpointIntegrityFailure": "CHECKPOINT_INTEGRITY_FAILURE",
+    "CheckpointConsumed": "CHECKPOINT_CONSUMED",
+    "IntegrityKeyRequired": "INTEGRITY_KEY_REQUIRED",
+    "ApprovalRequestConflict": "APPROVAL_REQUEST_CONFLICT",
+    "ApprovalExpired": "APPROVAL_EXPIRED",
+    "ApprovalDecisionNotAllowed": "APPROVAL_DECISION_NOT_ALLOWED",
+    "ApprovalAlreadyDecided": "APPROVAL_ALREADY_DECIDED",
 }
 
 
