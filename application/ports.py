@@ -124,7 +124,11 @@ class StoreStats(Protocol):
     """Optional capability: counts an operator (or key policy) needs without payloads."""
 
     def has_records(self) -> bool:
-        """Return whether any record exists; key policy refuses a new key if so."""
+        """Return whether any record or ledger event exists; key policy refuses a new key if so.
+
+        Ledger events count: their keyed digests (event keys, deciders) were
+        made under the store's key and would mean nothing under a new one.
+        """
         ...
 
     def namespace_counts(self) -> Mapping[str, int]:

@@ -26,7 +26,7 @@ def bind(runtime: Runtime) -> Iterator[Runtime]:
         yield runtime
     finally:
         with _lock:
-            _bound.remove(runtime)
+            del _bound[len(_bound) - 1 - _bound[::-1].index(runtime)]
 
 
 def bound() -> Runtime:

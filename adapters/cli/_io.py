@@ -25,9 +25,13 @@ class CommandIO:
         return self.stdin.isatty() and self.out.isatty()
 
     def confirm(self, question: str) -> bool:
-        """Ask a yes/no question; anything but an explicit yes is no."""
-        self.out.write(f"{question} [y/N] ")
-        self.out.flush()
+        """Ask a yes/no question on stderr; anything but an explicit yes is no.
+
+        The question goes to stderr so that stdout carries only the result
+        (one JSON document with ``--json``).
+        """
+        self.err.write(f"{question} [y/N] ")
+        self.err.flush()
         return self.stdin.readline().strip().lower() in {"y", "yes"}
 
     def emit(self, document: dict[str, object], lines: list[str]) -> None:

@@ -52,7 +52,7 @@ def reset_progress_command(
             state, request.scope, actor=request.actor, source=SOURCE,
             reason_class=request.reason, dry_run=True,
         )  # fmt: skip
-        io.emit(_document(preview), _lines(preview))
+        io.err.write("\n".join(_lines(preview)) + "\n")
         if not io.confirm(f"Reset the workflow state of scope {request.scope!r}?"):
             io.err.write("aborted: nothing was reset\n")
             return 1

@@ -202,7 +202,7 @@ class InMemorySecureObjectStore:
         """Return whether any record exists."""
         with self._lock:
             self._check_open()
-            return bool(self._records)
+            return bool(self._records) or any(s.events for s in self._streams.values())
 
     def namespace_counts(self) -> dict[str, int]:
         """Return the number of records per namespace."""

@@ -76,7 +76,7 @@ LEDGER_PAGE: Final = (
     "FROM ledger_events WHERE stream = ? AND idx >= ? ORDER BY idx LIMIT ?"
 )
 
-HAS_RECORDS: Final = "SELECT EXISTS (SELECT 1 FROM records)"
+HAS_RECORDS: Final = "SELECT EXISTS (SELECT 1 FROM records) OR EXISTS (SELECT 1 FROM ledger_events)"
 NAMESPACE_COUNTS: Final = "SELECT namespace, COUNT(*) FROM records GROUP BY namespace"
 KEY_ID_COUNTS: Final = "SELECT key_id, COUNT(*) FROM records GROUP BY key_id"
 

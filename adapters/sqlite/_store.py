@@ -308,7 +308,7 @@ class SQLiteSecureObjectStore:
     # -- stats ----------------------------------------------------------------
 
     def has_records(self) -> bool:
-        """Return whether any record exists, without counting them."""
+        """Return whether any record or ledger event exists, without counting them."""
         with self._reading() as connection:
             rows = connection.execute(sql.HAS_RECORDS).fetchall()
         return bool(rows[0][0])

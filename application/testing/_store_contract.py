@@ -585,3 +585,10 @@ class StoreStatsContract(SecureObjectStoreContract):
         assert store.has_records() is True
         assert dict(store.namespace_counts()) == {NS: 2, "other": 1}
         assert dict(store.key_id_counts()) == {"k1": 3}
+
+    def test_ledger_events_alone_count_as_data(self, store: SecureObjectStore) -> None:
+        """A store holding only ledger events still has data, so no key is invented over it."""
+        assert isinstance(store, StoreStats)
+        store.commit(UnitOfWork(appends=[make_event("s", 0)]))
+        assert store.has_records() is True
+        assert dict(store.namespace_counts()) == {}

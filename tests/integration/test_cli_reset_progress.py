@@ -234,14 +234,15 @@ def _drain(fd: int, deadline: float) -> bytes:
     return seen
 
 
-def _answer_on_tty(tmp_path: Path, home: Path, answer: bytes) -> tuple[int, str, str]:
+def _answer_on_tty(tmp_path: Path, home: Path, answer: bytes) -> tuple[int, str]:
+    """Run the verb on a pseudo-terminal (stdin, stdout and stderr) and answer its prompt."""
     controller, terminal = os.openpty()
     try:
         process = subprocess.Popen(
             [str(FLOWVAULT), "--home", str(home), "reset-progress", "--scope", "main"],
             stdin=terminal,
             stdout=terminal,
-            stderr=subprocess.PIPE,
+            stderr=terminal,
             env=_env(tmp_path),
         )
         os.close(terminal)
@@ -250,7 +251,7 @@ def _answer_on_tty(tmp_path: Path, home: Path, answer: bytes) -> tuple[int, str,
             deadline = time.monotonic() + TIMEOUT
             shown = _read_until(controller, b"[y/N]", deadline)
             os.write(controller, answer)
-            _, stderr = process.communicate(timeout=TIMEOUT)
+            process.wait(timeout=TIMEOUT)
             shown += _drain(controller, time.monotonic() + 2.0)
         finally:
             if process.poll() is None:
@@ -260,18 +261,18 @@ def _answer_on_tty(tmp_path: Path, home: Path, answer: bytes) -> tuple[int, str,
         if terminal >= 0:
             os.close(terminal)
         os.close(controller)
-    return process.returncode, shown.decode(errors="replace"), stderr.decode(errors="replace")
+    return process.returncode, shown.decode(errors="replace")
 
 
 def test_tty_declined_confirmation_keeps_the_state(tmp_path: Path) -> None:
     """On a terminal, answering no aborts with status 1 and leaves the state in place."""
     home = tmp_path / "home"
     _prepare(home)
-    status, shown, stderr = _answer_on_tty(tmp_path, home, b"n\n")
+    status, shown = _answer_on_tty(tmp_path, home, b"n\n")
     assert status == 1
     assert "dry run" in shown
-    assert "aborted" in stderr
-    assert MARKER not in shown + stderr
+    assert "aborted" in shown
+    assert MARKER not in shown
     assert _revision(home) == 1
     with bootstrap(_settings(home)) as runtime:
         assert runtime.state("main").history() == []
@@ -281,10 +282,10 @@ def test_tty_accepted_confirmation_resets(tmp_path: Path) -> None:
     """On a terminal, answering yes resets the state and exits 0."""
     home = tmp_path / "home"
     _prepare(home)
-    status, shown, stderr = _answer_on_tty(tmp_path, home, b"y\n")
-    assert status == 0, stderr
+    status, shown = _answer_on_tty(tmp_path, home, b"y\n")
+    assert status == 0, shown
     assert "reset:" in shown
-    assert "aborted" not in stderr
+    assert "aborted" not in shown
     assert _revision(home) is None
     assert _revision(home, "other") == 1
 

@@ -137,10 +137,6 @@ def test_an_exception_in_a_nested_block_restores_the_outer(
         assert bound() is runtime
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: _binding.bind removes the first equal entry, not its own (list.remove)",
-)
 def test_rebinding_an_outer_runtime_restores_the_middle_one(
     runtime: Runtime, second: Runtime
 ) -> None:
