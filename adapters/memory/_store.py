@@ -199,7 +199,7 @@ class InMemorySecureObjectStore:
         return LedgerPage(events=events, next_index=next_index, gap=gap)
 
     def has_records(self) -> bool:
-        """Return whether any record exists."""
+        """Return whether any record or ledger event exists."""
         with self._lock:
             self._check_open()
             return bool(self._records) or any(s.events for s in self._streams.values())
