@@ -4,6 +4,18 @@ Hosts import ports and unit-of-work values from here; adapters implement
 the ports; the contract kit lives in ``flowvault.application.testing``.
 """
 
+from flowvault.application._approvals import (
+    APPROVAL_SLOTS,
+    APPROVALS,
+    CHECKPOINTS,
+    MAX_WITNESS_BYTES,
+    REQUEST_IDEMPOTENCY,
+    WITNESSES,
+    ApprovalService,
+    CheckpointService,
+    EvidenceService,
+    IdempotencyService,
+)
 from flowvault.application._cursor import ListCursor, effective_limit
 from flowvault.application._graph import (
     IDEMPOTENCY_STREAM,
@@ -42,6 +54,16 @@ from flowvault.application._records import (
     StoredRecord,
     UnitOfWork,
     Upsert,
+)
+from flowvault.application._run_service import (
+    GRAPH_DEFINITION_VERSIONS,
+    GRAPH_DEFINITIONS,
+    GRAPH_RUN_IDEMPOTENCY,
+    GRAPH_RUN_RECEIPTS,
+    GRAPH_RUNS,
+    GraphRunPage,
+    RunEventPage,
+    RunService,
 )
 from flowvault.application._runs import RUNS, RunPage, RunRepository, check_run_id
 from flowvault.application._sealed import (
@@ -87,9 +109,17 @@ from flowvault.application.ports import (
 
 __all__ = [
     "ACTION_RESULTS",
+    "APPROVALS",
+    "APPROVAL_SLOTS",
+    "CHECKPOINTS",
     "DECISION_STATE",
     "DEFAULT_RETENTION",
     "EVENT_KEYS",
+    "GRAPH_DEFINITIONS",
+    "GRAPH_DEFINITION_VERSIONS",
+    "GRAPH_RUNS",
+    "GRAPH_RUN_IDEMPOTENCY",
+    "GRAPH_RUN_RECEIPTS",
     "IDEMPOTENCY",
     "IDEMPOTENCY_STREAM",
     "KEY_ENV",
@@ -99,22 +129,30 @@ __all__ = [
     "MAX_LIST_LIMIT",
     "MAX_PAYLOAD_BYTES",
     "MAX_RETENTION",
+    "MAX_WITNESS_BYTES",
     "MIN_RETENTION",
+    "REQUEST_IDEMPOTENCY",
     "RESET_EVENT",
     "RETENTION_TOMBSTONE",
     "RUNS",
     "SEALED_BODY_VERSION",
     "STATE_NAMESPACE",
+    "WITNESSES",
     "WORKFLOWS",
+    "ApprovalService",
+    "CheckpointService",
     "Cipher",
     "Clock",
     "Compactor",
     "Delete",
+    "EvidenceService",
     "ExpectedRevision",
     "FilterOp",
+    "GraphRunPage",
     "Guard",
     "HistoryEvent",
     "IdFactory",
+    "IdempotencyService",
     "KeyStore",
     "KeyedDigester",
     "LabelFilter",
@@ -127,8 +165,10 @@ __all__ = [
     "RecordPage",
     "ResetOutcome",
     "RetentionPolicy",
+    "RunEventPage",
     "RunPage",
     "RunRepository",
+    "RunService",
     "SealOptions",
     "SealedDocument",
     "SealedRepository",

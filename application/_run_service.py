@@ -1,0 +1,937 @@
+"""The graph run service: versioned definitions, CAS run lifecycle, run events, receipts.
+
+Built only on the sealed repository and the store port, so it behaves the
+same on every adapter. Every mutation is one unit of work: a run's record,
+its events in ``run_stream(run_id)``, its idempotency marker and its terminal
+receipt commit together or not at all.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from pydantic import ValidationError
+
+from flowvault.application._graph import (
+    RETENTION_TOMBSTONE,
+    KeyedDigester,
+    require_integrity,
+    run_stream,
+)
+from flowvault.application._records import (
+    MAX_LIST_LIMIT,
+    Delete,
+    FilterOp,
+    Guard,
+    LabelFilter,
+    LabelValue,
+    Order,
+    RecordMetadata,
+    UnitOfWork,
+    Upsert,
+)
+from flowvault.application._sealed import SealedDocument, SealedRepository
+from flowvault.application._streams import next_position
+from flowvault.application.ports import Clock, Compactor, IdFactory
+from flowvault.domain import (
+    DEFINITION_ID_PATTERN,
+    DIGEST_PATTERN,
+    RUN_LIFECYCLE,
+    DefinitionReferenced,
+    DefinitionVersion,
+    GraphRun,
+    IdempotencyConflict,
+    IntegrityFailure,
+    InvalidInput,
+    InvalidTransition,
+    JsonValue,
+    LedgerEvent,
+    NotFound,
+    RevisionConflict,
+    TerminalReceipt,
+    canonical_bytes,
+    content_hash,
+    format_instant,
+    sanitise_payload,
+)
+
+GRAPH_DEFINITIONS = "flowvault.graph-definitions"
+"""Definition heads: which version is current."""
+GRAPH_DEFINITION_VERSIONS = "flowvault.graph-definition-versions"
+"""Every distinct definition content ever registered, keyed by id and content hash."""
+GRAPH_RUNS = "flowvault.graph-runs"
+GRAPH_RUN_IDEMPOTENCY = "flowvault.graph-run-idempotency"
+GRAPH_RUN_RECEIPTS = "flowvault.graph-run-receipts"
+
+RUN_EVENT_PAGE = MAX_LIST_LIMIT
+"""Most events one ``read_run_events`` page returns."""
+MAX_EVENT_BATCH = 200
+"""Most caller events one append or finish may carry, so every unit stays bounded."""
+PURGE_BATCH = 200
+RECOVERY_BATCH = 100
+RUN_RETRIES = 16
+"""How often a write is rebuilt after losing a race whose outcome it re-checks."""
+MAX_IDEMPOTENCY_KEY = 256
+
+INTERRUPTED = "interrupted_non_resumable"
+RESERVED_EVENT_PREFIXES = ("run.", "retention.")
+"""Event types only the service writes, so a caller cannot forge a status change."""
+
+_REQUEST_TAG = "flowvault.run-request/1"
+_FINAL_STATE_TAG = "flowvault.run-final-state/1"
+_RECEIPT_TAG = "flowvault.run-receipt/1"
+_UNSIGNED = "sha256:" + "0" * 64
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+@dataclass(frozen=True, slots=True)
+class RunEventPage:
+    """One page of a run's events; ``gap`` means events before the cursor were trimmed."""
+
+    events: tuple[LedgerEvent, ...]
+    next_cursor: int | None
+    gap: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GraphRunPage:
+    """One page of runs, most recently written first, and the cursor for the next page."""
+
+    runs: tuple[GraphRun, ...]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Draft:
+    """An event before its position in the stream is known."""
+
+    type: str
+    payload: JsonValue
+    from_state: str | None
+    to_state: str | None
+
+
+def _micros(moment: datetime) -> int:
+    return (moment - _EPOCH) // _MICROSECOND
+
+
+def _joined(*parts: str) -> str:
+    return "\x1f".join(parts)
+
+
+def _ledger_only(conflict: RevisionConflict) -> bool:
+    return conflict.details.get("guard") == "append"
+
+
+class RunService:
+    """Keep graph definitions and runs, move runs through their lifecycle, sign how they end.
+
+    ``integrity`` signs terminal receipts and digests final states; pass the
+    sealed repository itself in normal use. Without it, everything but
+    ``finish_run`` and ``terminal_receipt`` still works.
+    """
+
+    def __init__(
+        self,
+        repository: SealedRepository,
+        clock: Clock,
+        ids: IdFactory,
+        *,
+        integrity: KeyedDigester | None,
+    ) -> None:
+        self._repo = repository
+        self._store = repository.store
+        self._clock = clock
+        self._ids = ids
+        self._integrity = integrity
+
+    # -- definitions ------------------------------------------------------------
+
+    def register_definition(
+        self, definition_id: str, spec: JsonValue, *, overwrite: bool = False
+    ) -> DefinitionVersion:
+        """Store ``spec`` as a version named by its content hash and make it current.
+
+        The same content again is a no-op returning the existing version.
+        Replacing a current version that runs reference needs ``overwrite``,
+        so a host cannot silently change what a run's definition id means.
+
+        Raises:
+            DefinitionReferenced: the current version is referenced and
+                ``overwrite`` is false.
+            InvalidInput: a malformed id or a spec outside the JSON profile.
+
+        """
+        _check_definition_id(definition_id)
+        version = content_hash(spec)
+        for _ in range(RUN_RETRIES):
+            try:
+                return self._register(definition_id, spec, version, overwrite=overwrite)
+            except RevisionConflict:
+                continue
+        raise RevisionConflict("definition kept changing; retry", definition_id=definition_id)
+
+    def _register(
+        self, definition_id: str, spec: JsonValue, version: str, *, overwrite: bool
+    ) -> DefinitionVersion:
+        head = self._repo.read(GRAPH_DEFINITIONS, definition_id)
+        if head is None:
+            made = self._new_version(definition_id, version)
+            upserts = [
+                self._head_upsert(definition_id, version, Guard.ABSENT),
+                self._version_upsert(made, spec),
+            ]
+            self._store.commit(UnitOfWork(upserts=upserts))
+            return made
+        current = _head_version(head, definition_id)
+        if current == version:
+            return self._version(definition_id, version)[0]
+        if not overwrite and self._referenced(
+            "version", self._version_digest(definition_id, current)
+        ):
+            raise DefinitionReferenced(
+                "runs reference the current definition version; pass overwrite=True to replace it",
+                definition_id=definition_id,
+            )
+        existing = self._repo.read(GRAPH_DEFINITION_VERSIONS, _joined(definition_id, version))
+        upserts = [self._head_upsert(definition_id, version, head.revision)]
+        if existing is None:
+            made = self._new_version(definition_id, version)
+            upserts.append(self._version_upsert(made, spec))
+        else:
+            made = _definition_version(existing, definition_id, version)[0]
+        self._store.commit(UnitOfWork(upserts=upserts))
+        return made
+
+    def _new_version(self, definition_id: str, version: str) -> DefinitionVersion:
+        return DefinitionVersion(
+            definition_id=definition_id, version=version, created_at=self._clock.now()
+        )
+
+    def get_definition(
+        self, definition_id: str, version: str | None = None
+    ) -> tuple[DefinitionVersion, JsonValue]:
+        """Return a version of a definition and its spec; the current one by default."""
+        _check_definition_id(definition_id)
+        if version is None:
+            version = self._head(definition_id)[0]
+        return self._version(definition_id, _check_version(version))
+
+    def definition_versions(self, definition_id: str) -> list[DefinitionVersion]:
+        """Return every stored version of a definition, oldest first."""
+        _check_definition_id(definition_id)
+        self._head(definition_id)
+        found = [
+            _definition_version(opened, definition_id)[0]
+            for opened in self._open_all(
+                GRAPH_DEFINITION_VERSIONS, self._versions_of(definition_id)
+            )
+        ]
+        return sorted(found, key=lambda item: (item.created_at, item.version))
+
+    def delete_definition(self, definition_id: str) -> int:
+        """Delete a definition's head and every version in one unit; return the versions removed.
+
+        Raises:
+            DefinitionReferenced: any stored run references any version.
+            NotFound: no such definition.
+
+        """
+        _check_definition_id(definition_id)
+        digest = self._definition_digest(definition_id)
+        for _ in range(RUN_RETRIES):
+            revision = self._head(definition_id)[1]
+            if self._referenced("definition", digest):
+                raise DefinitionReferenced(
+                    "runs still reference this definition", definition_id=definition_id
+                )
+            versions = list(
+                self._list_all(GRAPH_DEFINITION_VERSIONS, self._versions_of(definition_id))
+            )
+            deletes = [Delete(GRAPH_DEFINITIONS, digest, revision)]
+            deletes += [Delete(meta.namespace, meta.key_digest, meta.revision) for meta in versions]
+            try:
+                self._store.commit(UnitOfWork(deletes=deletes))
+            except RevisionConflict:
+                continue
+            self.compact()
+            return len(versions)
+        raise RevisionConflict("definition kept changing; retry", definition_id=definition_id)
+
+    def _head(self, definition_id: str) -> tuple[str, int]:
+        opened = self._repo.read(GRAPH_DEFINITIONS, definition_id)
+        if opened is None:
+            raise NotFound("no such definition", definition_id=definition_id)
+        return _head_version(opened, definition_id), opened.revision
+
+    def _version(self, definition_id: str, version: str) -> tuple[DefinitionVersion, JsonValue]:
+        opened = self._repo.read(GRAPH_DEFINITION_VERSIONS, _joined(definition_id, version))
+        if opened is None:
+            raise NotFound("no such definition version", definition_id=definition_id)
+        return _definition_version(opened, definition_id, version)
+
+    def _head_upsert(self, definition_id: str, current: str, expected: int | Guard) -> Upsert:
+        document = {"definition_id": definition_id, "current": current}
+        return self._repo.prepare(GRAPH_DEFINITIONS, definition_id, document, expected=expected)
+
+    def _version_upsert(self, made: DefinitionVersion, spec: JsonValue) -> Upsert:
+        labels: dict[str, LabelValue] = {
+            "definition": self._definition_digest(made.definition_id),
+            "created_at": _micros(made.created_at),
+        }
+        return self._repo.prepare(
+            GRAPH_DEFINITION_VERSIONS,
+            _joined(made.definition_id, made.version),
+            {"definition": made.model_dump(mode="json"), "spec": spec},
+            expected=Guard.ABSENT,
+            labels=labels,
+        )
+
+    def _definition_digest(self, definition_id: str) -> str:
+        return self._repo.key_digest(GRAPH_DEFINITIONS, definition_id)
+
+    def _version_digest(self, definition_id: str, version: str) -> str:
+        return self._repo.key_digest(GRAPH_DEFINITION_VERSIONS, _joined(definition_id, version))
+
+    def _versions_of(self, definition_id: str) -> list[LabelFilter]:
+        return [LabelFilter("definition", self._definition_digest(definition_id))]
+
+    def _referenced(self, label: str, digest: str) -> bool:
+        page = self._store.list(GRAPH_RUNS, filters=[LabelFilter(label, digest)], limit=1)
+        return bool(page.items)
+
+    # -- runs -------------------------------------------------------------------
+
+    def start_run(
+        self,
+        definition_id: str,
+        input: JsonValue,
+        *,
+        budgets: Mapping[str, JsonValue] | None = None,
+        version: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> tuple[GraphRun, bool]:
+        """Accept a run pinned to the current (or given) definition version.
+
+        Returns ``(run, created)``. With ``idempotency_key`` the same request
+        again returns the first run and ``False``. The definition head is
+        rewritten in the same unit, so a concurrent delete or replacement of
+        the definition cannot miss this run's reference.
+
+        Raises:
+            IdempotencyConflict: the key was used for a different request.
+            NotFound: no such definition or version.
+
+        """
+        _check_definition_id(definition_id)
+        if version is not None:
+            _check_version(version)
+        request = {
+            "definition_id": definition_id,
+            "version": version,
+            "input": input,
+            "budgets": dict(budgets or {}),
+        }
+        fingerprint = self._repo.keyed_digest(_REQUEST_TAG, canonical_bytes(request))
+        if idempotency_key is not None:
+            _check_idempotency_key(idempotency_key)
+            replayed = self._replay(idempotency_key, fingerprint)
+            if replayed is not None:
+                return replayed, False
+        run_id = self._ids.new_id()
+        for _ in range(RUN_RETRIES):
+            run, unit = self._start_unit(run_id, request, idempotency_key, fingerprint)
+            try:
+                self._store.commit(unit)
+            except RevisionConflict:
+                if idempotency_key is not None:
+                    replayed = self._replay(idempotency_key, fingerprint)
+                    if replayed is not None:
+                        return replayed, False
+                continue
+            return run, True
+        raise RevisionConflict("definition kept changing while the run started; retry")
+
+    def _start_unit(
+        self,
+        run_id: str,
+        request: dict[str, JsonValue],
+        idempotency_key: str | None,
+        fingerprint: str,
+    ) -> tuple[GraphRun, UnitOfWork]:
+        definition_id = str(request["definition_id"])
+        current, head_revision = self._head(definition_id)
+        pinned = request["version"]
+        if isinstance(pinned, str):
+            self._version(definition_id, pinned)
+        run = _new_run(
+            run_id=run_id,
+            definition_id=definition_id,
+            definition_version=pinned or current,
+            status=RUN_LIFECYCLE.initial,
+            input=request["input"],
+            budgets=request["budgets"],
+            started_at=self._clock.now(),
+            idempotency_key_digest=(
+                None
+                if idempotency_key is None
+                else self._repo.key_digest(GRAPH_RUN_IDEMPOTENCY, idempotency_key)
+            ),
+            revision=1,
+        )
+        accepted = _Draft(
+            "run.accepted", {"definition_version": run.definition_version}, None, run.status
+        )
+        upserts = [
+            self._run_upsert(run, Guard.ABSENT),
+            self._head_upsert(definition_id, current, head_revision),
+        ]
+        if idempotency_key is not None:
+            marker = {"run_id": run_id, "fingerprint": fingerprint}
+            upserts.append(
+                self._repo.prepare(
+                    GRAPH_RUN_IDEMPOTENCY, idempotency_key, marker, expected=Guard.ABSENT
+                )
+            )
+        appends = self._chain(run_id, [accepted], run.started_at)
+        return run, UnitOfWork(upserts=upserts, appends=appends)
+
+    def _replay(self, idempotency_key: str, fingerprint: str) -> GraphRun | None:
+        marker = self._repo.read(GRAPH_RUN_IDEMPOTENCY, idempotency_key)
+        if marker is None:
+            return None
+        document = _mapping(marker)
+        if document.get("fingerprint") != fingerprint:
+            raise IdempotencyConflict("idempotency key was already used for a different run")
+        run_id = document.get("run_id")
+        if not isinstance(run_id, str):
+            raise IntegrityFailure("run idempotency marker has an unexpected shape")
+        return self.get_run(run_id)
+
+    def get_run(self, run_id: str) -> GraphRun:
+        """Return the run's current record; ``NotFound`` if there is none."""
+        return self._load(run_id)
+
+    def _load(self, run_id: str) -> GraphRun:
+        opened = self._repo.read(GRAPH_RUNS, run_id)
+        if opened is None:
+            raise NotFound("no such run", run_id=run_id)
+        run = _run(opened)
+        if run.run_id != run_id:
+            raise IntegrityFailure("run record disagrees with its row", run_id=run_id)
+        return run
+
+    def _run_upsert(self, run: GraphRun, expected: int | Guard) -> Upsert:
+        labels: dict[str, LabelValue] = {
+            "status": run.status,
+            "definition": self._definition_digest(run.definition_id),
+            "version": self._version_digest(run.definition_id, run.definition_version),
+            "started_at": _micros(run.started_at),
+        }
+        if run.finished_at is not None:
+            labels["finished_at"] = _micros(run.finished_at)
+        return self._repo.prepare(
+            GRAPH_RUNS,
+            run.run_id,
+            {"run": run.model_dump(mode="json")},
+            expected=expected,
+            labels=labels,
+        )
+
+    def set_status(
+        self,
+        run_id: str,
+        target: str,
+        *,
+        expected_status: str,
+        node_count: int | None = None,
+        failed_attempts: int | None = None,
+        payload: Mapping[str, object] | None = None,
+    ) -> GraphRun:
+        """Move a run to ``target`` if it still has ``expected_status``; record a ``run.*`` event.
+
+        A terminal ``target`` stamps ``finished_at`` but signs nothing; use
+        ``finish_run`` to store a final state and a receipt.
+
+        Raises:
+            RevisionConflict: the run has another status (both named).
+            InvalidTransition: the run lifecycle forbids the move.
+            NotFound: no such run.
+
+        """
+        _check_status(expected_status)
+        for _ in range(RUN_RETRIES):
+            current = self._load(run_id)
+            _check_expected(current, expected_status)
+            RUN_LIFECYCLE.assert_transition(current.status, target)
+            now = self._clock.now()
+            changes: dict[str, object] = {"status": target, "revision": current.revision + 1}
+            if node_count is not None:
+                changes["node_count"] = node_count
+            if failed_attempts is not None:
+                changes["failed_attempts"] = failed_attempts
+            if target in RUN_LIFECYCLE.terminal:
+                changes["finished_at"] = now
+            updated = _changed_run(current, changes)
+            moved = _Draft(
+                f"run.{target}",
+                _status_payload(updated, {"detail": sanitise_payload(payload or {})}),
+                current.status,
+                target,
+            )
+            unit = UnitOfWork(
+                upserts=[self._run_upsert(updated, current.revision)],
+                appends=self._chain(run_id, [moved], now),
+            )
+            if self._commit_or_retry(unit, run_id, expected_status):
+                return updated
+        raise RevisionConflict("run ledger kept moving; retry", run_id=run_id)
+
+    def _commit_or_retry(self, unit: UnitOfWork, run_id: str, expected_status: str) -> bool:
+        """Commit; ``False`` when only the ledger head moved, so the caller rebuilds."""
+        try:
+            self._store.commit(unit)
+        except RevisionConflict as conflict:
+            if _ledger_only(conflict):
+                return False
+            _check_expected(self._load(run_id), expected_status)
+            raise
+        return True
+
+    def list_runs(
+        self, status: str | None = None, *, cursor: str | None = None, limit: int = 50
+    ) -> GraphRunPage:
+        """Return one page of runs, optionally of one status, most recently written first."""
+        filters = [] if status is None else [LabelFilter("status", _check_status(status))]
+        page = self._store.list(
+            GRAPH_RUNS, filters=filters, order=Order.WRITTEN_AT_DESC, cursor=cursor, limit=limit
+        )
+        runs = tuple(self._listed_run(meta) for meta in page.items)
+        return GraphRunPage(
+            runs=tuple(run for run in runs if run is not None), next_cursor=page.next_cursor
+        )
+
+    def _listed_run(self, metadata: RecordMetadata) -> GraphRun | None:
+        """Open a listed run, or ``None`` if it vanished since the listing."""
+        record = self._store.load(metadata.namespace, metadata.key_digest)
+        if record is None:
+            return None
+        run = _run(
+            self._repo.open(record, namespace=metadata.namespace, key_digest=metadata.key_digest)
+        )
+        if self._repo.key_digest(GRAPH_RUNS, run.run_id) != metadata.key_digest:
+            raise IntegrityFailure("run record names another run than its row")
+        return run
+
+    def recover_incomplete_runs(self) -> int:
+        """Mark every accepted or running run interrupted; return how many were marked.
+
+        For a host starting up: no worker of its own can still be executing
+        those runs. Each run moves through ``set_status``, so each gets its
+        event; a run that moved on meanwhile is left alone.
+        """
+        return sum(self._recover(status) for status in ("accepted", "running"))
+
+    def _recover(self, status: str) -> int:
+        recovered = stalled = 0
+        while stalled < RUN_RETRIES:
+            page = self._store.list(
+                GRAPH_RUNS, filters=[LabelFilter("status", status)], limit=RECOVERY_BATCH
+            )
+            if not page.items:
+                break
+            marked = 0
+            for run in filter(None, map(self._listed_run, page.items)):
+                try:
+                    self.set_status(
+                        run.run_id,
+                        INTERRUPTED,
+                        expected_status=status,
+                        payload={"reason": "recovered_at_startup"},
+                    )
+                except RevisionConflict:
+                    continue
+                marked += 1
+            recovered += marked
+            stalled = 0 if marked else stalled + 1
+        return recovered
+
+    # -- run events -------------------------------------------------------------
+
+    def append_run_events(
+        self, run_id: str, events: Sequence[tuple[str, object]]
+    ) -> list[LedgerEvent]:
+        """Append caller events (payloads sanitised) to an unfinished run's stream.
+
+        Raises:
+            InvalidInput: a reserved or malformed type, or too many events.
+            InvalidTransition: the run has finished.
+            NotFound: no such run.
+
+        """
+        for _ in range(RUN_RETRIES):
+            run = self._load(run_id)
+            if run.finished:
+                raise InvalidTransition(
+                    "a finished run takes no more events", current=run.status, target=run.status
+                )
+            appended = self._chain(run_id, _caller_drafts(events, run.status), self._clock.now())
+            if not appended:
+                return []
+            try:
+                self._store.commit(UnitOfWork(appends=appended))
+            except RevisionConflict as conflict:
+                if _ledger_only(conflict):
+                    continue
+                raise
+            return appended
+        raise RevisionConflict("run ledger kept moving; retry", run_id=run_id)
+
+    def read_run_events(
+        self, run_id: str, cursor: int | None = None, limit: int = RUN_EVENT_PAGE
+    ) -> RunEventPage:
+        """Return up to ``limit`` (at most 200) events from index ``cursor`` on.
+
+        ``gap`` is true when events from ``cursor`` on were trimmed, so the
+        page starts at the first retained event. Works after a run is purged,
+        since its stream, tombstone included, stays.
+        """
+        start = 0 if cursor is None else cursor
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise InvalidInput("cursor must be a non-negative event index")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidInput("limit must be a positive integer")
+        stream = run_stream(run_id)
+        page = self._store.read_ledger(stream, from_index=start, limit=min(limit, RUN_EVENT_PAGE))
+        if not page.events and self._store.ledger_head(stream) is None:
+            raise NotFound("no such run", run_id=run_id)
+        return RunEventPage(events=page.events, next_cursor=page.next_index, gap=page.gap)
+
+    def _chain(
+        self, run_id: str, drafts: Sequence[_Draft], occurred_at: datetime
+    ) -> list[LedgerEvent]:
+        """Build consecutive events onto the stream's current head."""
+        index, previous = next_position(self._store, run_stream(run_id))
+        chained = []
+        for draft in drafts:
+            event = LedgerEvent.create(
+                stream=run_stream(run_id),
+                index=index,
+                type=draft.type,
+                occurred_at=occurred_at,
+                payload=draft.payload,
+                previous_hash=previous,
+                from_state=draft.from_state,
+                to_state=draft.to_state,
+            )
+            chained.append(event)
+            index, previous = index + 1, event.event_hash
+        return chained
+
+    # -- terminal receipts ------------------------------------------------------
+
+    def finish_run(
+        self,
+        run_id: str,
+        status: str,
+        *,
+        expected_status: str,
+        final_state: JsonValue,
+        events: Sequence[tuple[str, object]] = (),
+    ) -> TerminalReceipt:
+        """End a run: status, final state, final events and a signed receipt in one unit.
+
+        The receipt's ``events_digest`` covers the hashes of the events this
+        call appends (the caller's, then ``run.<status>``), whose last hash
+        commits to the run's whole chain.
+
+        Raises:
+            IntegrityKeyRequired: the service has no integrity key.
+            InvalidInput: ``status`` is not terminal.
+            RevisionConflict / InvalidTransition / NotFound: as ``set_status``.
+
+        """
+        integrity = require_integrity(self._integrity)
+        if status not in RUN_LIFECYCLE.terminal:
+            raise InvalidInput("finish_run needs a terminal status; use set_status otherwise")
+        _check_status(expected_status)
+        final_digest = integrity.keyed_digest(_FINAL_STATE_TAG, canonical_bytes(final_state))
+        for _ in range(RUN_RETRIES):
+            current = self._load(run_id)
+            _check_expected(current, expected_status)
+            RUN_LIFECYCLE.assert_transition(current.status, status)
+            now = self._clock.now()
+            updated = _changed_run(
+                current,
+                {
+                    "status": status,
+                    "finished_at": now,
+                    "final_state": final_state,
+                    "revision": current.revision + 1,
+                },
+            )
+            ended = _Draft(
+                f"run.{status}",
+                _status_payload(updated, {"final_state_digest": final_digest}),
+                current.status,
+                status,
+            )
+            appended = self._chain(run_id, [*_caller_drafts(events, current.status), ended], now)
+            receipt = self._signed(integrity, updated, final_digest, appended, now)
+            unit = UnitOfWork(
+                upserts=[
+                    self._run_upsert(updated, current.revision),
+                    self._repo.prepare(
+                        GRAPH_RUN_RECEIPTS,
+                        run_id,
+                        receipt.model_dump(mode="json"),
+                        expected=Guard.ABSENT,
+                    ),
+                ],
+                appends=appended,
+            )
+            if self._commit_or_retry(unit, run_id, expected_status):
+                return receipt
+        raise RevisionConflict("run ledger kept moving; retry", run_id=run_id)
+
+    def _signed(
+        self,
+        integrity: KeyedDigester,
+        run: GraphRun,
+        final_digest: str,
+        appended: Sequence[LedgerEvent],
+        issued_at: datetime,
+    ) -> TerminalReceipt:
+        draft = TerminalReceipt(
+            issued_at=issued_at,
+            run=self._repo.key_digest(GRAPH_RUNS, run.run_id),
+            status=run.status,
+            definition_version=run.definition_version,
+            final_state_digest=final_digest,
+            events_digest=content_hash([event.event_hash for event in appended]),
+            event_count=len(appended),
+            signature=_UNSIGNED,
+        )
+        return draft.model_copy(update={"signature": _signature(integrity, draft)})
+
+    def terminal_receipt(self, run_id: str) -> TerminalReceipt:
+        """Return a finished run's receipt after checking its signature and its run.
+
+        Raises:
+            IntegrityKeyRequired: the service has no integrity key.
+            IntegrityFailure: the signature or the run digest does not verify.
+            NotFound: the run has no receipt.
+
+        """
+        integrity = require_integrity(self._integrity)
+        opened = self._repo.read(GRAPH_RUN_RECEIPTS, run_id)
+        if opened is None:
+            raise NotFound("run has no terminal receipt", run_id=run_id)
+        try:
+            receipt = TerminalReceipt.model_validate(opened.document)
+        except (ValidationError, InvalidInput):
+            raise IntegrityFailure("sealed terminal receipt has an unexpected shape") from None
+        if not hmac.compare_digest(_signature(integrity, receipt), receipt.signature):
+            raise IntegrityFailure("terminal receipt signature does not verify", run_id=run_id)
+        if receipt.run != self._repo.key_digest(GRAPH_RUNS, run_id):
+            raise IntegrityFailure("terminal receipt names another run", run_id=run_id)
+        return receipt
+
+    # -- retention --------------------------------------------------------------
+
+    def purge_finished_runs(
+        self, now: datetime, older_than: timedelta, batch_size: int = PURGE_BATCH
+    ) -> int:
+        """Delete runs that finished before ``now - older_than``, in bounded batches.
+
+        Each batch is one unit: the run records, their idempotency markers
+        and, in each run's own stream, a digest-only ``RETENTION_TOMBSTONE``.
+        The streams stay, so they still verify; receipts stay as proof.
+        """
+        if older_than < timedelta(0):
+            raise InvalidInput("older_than must not be negative")
+        if isinstance(batch_size, bool) or not 1 <= batch_size <= MAX_LIST_LIMIT:
+            raise InvalidInput(f"batch_size must be between 1 and {MAX_LIST_LIMIT}")
+        horizon = _micros(_aware(now) - older_than)
+        purged = stalled = 0
+        while stalled < RUN_RETRIES:
+            page = self._store.list(
+                GRAPH_RUNS,
+                filters=[LabelFilter("finished_at", horizon, FilterOp.LT)],
+                limit=batch_size,
+            )
+            if not page.items:
+                break
+            unit, count = self._purge_unit(page.items)
+            try:
+                self._store.commit(unit)
+            except RevisionConflict:
+                stalled += 1
+                continue
+            purged += count
+        if purged:
+            self.compact()
+        return purged
+
+    def _purge_unit(self, listed: Sequence[RecordMetadata]) -> tuple[UnitOfWork, int]:
+        deletes: list[Delete] = []
+        appends: list[LedgerEvent] = []
+        now = self._clock.now()
+        for metadata in listed:
+            run = self._listed_run(metadata)
+            if run is None or run.finished_at is None:
+                continue
+            payload: dict[str, JsonValue] = {
+                "kind": "run",
+                "run": metadata.key_digest,
+                "payload_digest": metadata.payload_digest,
+                "finished_at": format_instant(run.finished_at),
+            }
+            deletes.append(Delete(GRAPH_RUNS, metadata.key_digest, metadata.revision))
+            if run.idempotency_key_digest is not None:
+                payload["idempotency_marker"] = run.idempotency_key_digest
+                deletes.append(Delete(GRAPH_RUN_IDEMPOTENCY, run.idempotency_key_digest, Guard.ANY))
+            tombstone = _Draft(RETENTION_TOMBSTONE, payload, None, None)
+            appends += self._chain(run.run_id, [tombstone], now)
+        count = sum(delete.namespace == GRAPH_RUNS for delete in deletes)
+        return UnitOfWork(deletes=deletes, appends=appends), count
+
+    # -- shared -----------------------------------------------------------------
+
+    def _list_all(self, namespace: str, filters: list[LabelFilter]) -> Iterator[RecordMetadata]:
+        cursor: str | None = None
+        while True:
+            page = self._store.list(namespace, filters=filters, cursor=cursor, limit=MAX_LIST_LIMIT)
+            yield from page.items
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def _open_all(self, namespace: str, filters: list[LabelFilter]) -> Iterator[SealedDocument]:
+        for metadata in self._list_all(namespace, filters):
+            record = self._store.load(metadata.namespace, metadata.key_digest)
+            if record is not None:
+                yield self._repo.open(
+                    record, namespace=metadata.namespace, key_digest=metadata.key_digest
+                )
+
+    def compact(self) -> bool:
+        """Ask the store to drop stale copies of deleted bytes, if it can."""
+        return self._store.compact() if isinstance(self._store, Compactor) else True
+
+
+def _signature(integrity: KeyedDigester, receipt: TerminalReceipt) -> str:
+    return integrity.keyed_digest(_RECEIPT_TAG, canonical_bytes(receipt.unsigned_body()))
+
+
+def _status_payload(run: GraphRun, extra: dict[str, JsonValue]) -> JsonValue:
+    return {"node_count": run.node_count, "failed_attempts": run.failed_attempts, **extra}
+
+
+def _caller_drafts(events: Sequence[tuple[str, object]], status: str) -> list[_Draft]:
+    if len(events) > MAX_EVENT_BATCH:
+        raise InvalidInput(f"at most {MAX_EVENT_BATCH} events per call")
+    drafts = []
+    for event_type, payload in events:
+        if not isinstance(event_type, str) or event_type.startswith(RESERVED_EVENT_PREFIXES):
+            raise InvalidInput("event types must be text outside the run.* and retention.* names")
+        drafts.append(_Draft(event_type, sanitise_payload(payload), status, status))
+    return drafts
+
+
+def _check_definition_id(definition_id: object) -> str:
+    if not isinstance(definition_id, str) or not DEFINITION_ID_PATTERN.match(definition_id):
+        raise InvalidInput("a definition id is 1-64 of [a-z0-9_.-], starting with a letter")
+    return definition_id
+
+
+def _check_version(version: object) -> str:
+    if not isinstance(version, str) or not DIGEST_PATTERN.match(version):
+        raise InvalidInput("a definition version is a sha256:<64 hex> content hash")
+    return version
+
+
+def _check_status(status: object) -> str:
+    if not isinstance(status, str) or status not in RUN_LIFECYCLE.states:
+        raise InvalidInput("not a run_lifecycle status")
+    return status
+
+
+def _check_idempotency_key(key: object) -> None:
+    if not isinstance(key, str) or not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY:
+        raise InvalidInput(f"an idempotency key is 1-{MAX_IDEMPOTENCY_KEY} characters")
+
+
+def _check_expected(run: GraphRun, expected_status: str) -> None:
+    if run.status != expected_status:
+        raise RevisionConflict(
+            f"stale run: expected status {expected_status!r}, actual {run.status!r}",
+            run_id=run.run_id,
+            expected_status=expected_status,
+            actual_status=run.status,
+        )
+
+
+def _aware(moment: datetime) -> datetime:
+    if not isinstance(moment, datetime) or moment.utcoffset() is None:
+        raise InvalidInput("now must be a timezone-aware datetime")
+    return moment
+
+
+def _mapping(opened: SealedDocument) -> dict[str, JsonValue]:
+    if not isinstance(opened.document, dict):
+        raise IntegrityFailure(
+            "sealed document has an unexpected shape", key_digest=opened.metadata.key_digest
+        )
+    return opened.document
+
+
+def _head_version(opened: SealedDocument, definition_id: str) -> str:
+    document = _mapping(opened)
+    current = document.get("current")
+    if document.get("definition_id") != definition_id or not isinstance(current, str):
+        raise IntegrityFailure("definition head disagrees with its row")
+    return current
+
+
+def _definition_version(
+    opened: SealedDocument, definition_id: str, version: str | None = None
+) -> tuple[DefinitionVersion, JsonValue]:
+    document = _mapping(opened)
+    try:
+        made = DefinitionVersion.model_validate(document.get("definition"))
+    except ValidationError:
+        raise IntegrityFailure("sealed definition version has an unexpected shape") from None
+    spec = document.get("spec")
+    if made.definition_id != definition_id or made.version != (version or made.version):
+        raise IntegrityFailure("definition version disagrees with its row")
+    if content_hash(spec) != made.version:
+        raise IntegrityFailure("definition spec does not match its version hash")
+    return made, spec
+
+
+def _run(opened: SealedDocument) -> GraphRun:
+    try:
+        run = GraphRun.model_validate(_mapping(opened).get("run"))
+    except ValidationError:
+        raise IntegrityFailure("sealed run has an unexpected shape") from None
+    if run.revision != opened.revision:
+        raise IntegrityFailure("run record disagrees with its row revision")
+    return run
+
+
+def _new_run(**fields: object) -> GraphRun:
+    """Build a run from caller values, as a typed error that names fields but not values."""
+    try:
+        return GraphRun.model_validate(fields)
+    except ValidationError as exc:
+        names = sorted({str(error["loc"][0]) for error in exc.errors() if error["loc"]})
+        raise InvalidInput("invalid run: " + ", ".join(names)) from None
+
+
+def _changed_run(run: GraphRun, changes: Mapping[str, object]) -> GraphRun:
+    return _new_run(**{**run.model_dump(), **changes})

@@ -1,0 +1,244 @@
+"""Checkpoints, human approvals, their receipts, and evidence witnesses.
+
+Values only; the application layer seals them, binds each to a keyed
+integrity digest and moves them through their single-use lifecycles. A
+checkpoint is consumed exactly once, by a resume or by an approval's decision
+or expiry, so a run can never be resumed twice from the same point.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from enum import StrEnum
+from typing import Annotated, Any, ClassVar, Self
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBytes, model_validator
+
+from flowvault.domain._canonical import MAX_SAFE_INTEGER, JsonValue, content_hash, digest_bytes
+from flowvault.domain._envelope import Digest, UtcDatetime
+from flowvault.domain._fingerprint import Receipt
+from flowvault.domain._state import RunId
+from flowvault.domain._workflow import Json
+
+CHECKPOINT_ID_PATTERN = re.compile(r"^cp_[0-9a-f]{32}$")
+DECISION_PATTERN = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+"""Decisions are short lowercase names such as ``approve`` or ``request-changes``."""
+AUTHORITY_CLASS_PATTERN = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+MEDIA_TYPE_PATTERN = re.compile(
+    r"^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}$"
+)
+"""An RFC 6838 ``type/subtype``, without parameters."""
+
+MAX_AUDIENCE = 256
+MAX_ACTOR = 256
+MAX_DECISIONS = 16
+MAX_LOCATOR = 2048
+MAX_BUDGET_ENTRIES = 64
+
+
+class CheckpointStatus(StrEnum):
+    """Where a checkpoint is in its single-use life."""
+
+    PENDING = "pending"
+    CONSUMED = "consumed"
+
+
+class ApprovalStatus(StrEnum):
+    """Where an approval request is in its life; only ``pending`` accepts a decision."""
+
+    PENDING = "pending"
+    DECIDED = "decided"
+    EXPIRED = "expired"
+
+
+def checkpoint_id_for(run_id: str, next_cursor: JsonValue) -> str:
+    """Return the checkpoint id of a run at a cursor, so a retried create finds the first."""
+    return "cp_" + content_hash([run_id, next_cursor]).removeprefix("sha256:")[:32]
+
+
+def _check_checkpoint_id(value: str) -> str:
+    if not CHECKPOINT_ID_PATTERN.match(value):
+        raise ValueError("must be cp_ and 32 lowercase hex digits")
+    return value
+
+
+def _check_decisions(value: tuple[str, ...]) -> tuple[str, ...]:
+    if len(set(value)) != len(value):
+        raise ValueError("must not repeat a decision")
+    return tuple(sorted(value))
+
+
+def _check_printable(value: str) -> str:
+    if any(unicodedata.category(char) in {"Cc", "Cf", "Cs", "Zl", "Zp"} for char in value):
+        raise ValueError("must not contain control or format characters")
+    return value
+
+
+def _check_budgets(value: dict[str, Any]) -> dict[str, Any]:
+    if len(value) > MAX_BUDGET_ENTRIES:
+        raise ValueError(f"must have at most {MAX_BUDGET_ENTRIES} entries")
+    return value
+
+
+CheckpointId = Annotated[str, AfterValidator(_check_checkpoint_id)]
+Decision = Annotated[str, Field(pattern=DECISION_PATTERN.pattern)]
+Decisions = Annotated[
+    tuple[Decision, ...],
+    Field(min_length=1, max_length=MAX_DECISIONS),
+    AfterValidator(_check_decisions),
+]
+PrintableText = Annotated[str, AfterValidator(_check_printable)]
+Counter = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER, strict=True)]
+Budgets = Annotated[dict[str, Json], AfterValidator(_check_budgets)]
+Counters = Annotated[dict[str, Counter], AfterValidator(_check_budgets)]
+
+
+class Checkpoint(BaseModel):
+    """A sealed resume point of a run: its state, budgets and counters at one cursor.
+
+    ``state_digest`` and ``dependency_digest`` are content hashes of the sealed
+    values; ``integrity_digest`` is the keyed digest of every other field, so
+    a checkpoint rebuilt without the integrity key never verifies.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    checkpoint_id: CheckpointId
+    run_id: RunId
+    next_cursor: Json
+    terminal_cursor: Json = None
+    event_cursor: Counter
+    state: Json = Field(default=None, repr=False)
+    state_digest: Digest
+    budgets: Budgets = Field(default_factory=dict)
+    counters: Counters = Field(default_factory=dict)
+    dependency_summary: Json = Field(default=None, repr=False)
+    dependency_digest: Digest
+    created_at: UtcDatetime
+    status: CheckpointStatus = CheckpointStatus.PENDING
+    consumed_at: UtcDatetime | None = None
+    integrity_digest: Digest
+
+    @model_validator(mode="after")
+    def _consumed_has_a_time(self) -> Self:
+        if (self.status is CheckpointStatus.CONSUMED) != (self.consumed_at is not None):
+            raise ValueError("consumed_at is set exactly when the checkpoint is consumed")
+        return self
+
+    def integrity_body(self) -> dict[str, Any]:
+        """Return what ``integrity_digest`` covers: every other field, as JSON.
+
+        State and dependency summary enter through their digests, which are
+        checked against them on every read, so large states are hashed once.
+        """
+        return self.model_dump(
+            mode="json", exclude={"integrity_digest", "state", "dependency_summary"}
+        )
+
+    def content(self) -> dict[str, Any]:
+        """Return what makes two creates the same checkpoint: everything but its lifecycle."""
+        return self.model_dump(
+            mode="json", exclude={"created_at", "status", "consumed_at", "integrity_digest"}
+        )
+
+
+class Approval(BaseModel):
+    """A request for a human decision on one checkpoint, bound to its integrity digest.
+
+    ``audience``, ``actor`` and ``decision`` are stored only sealed; receipts
+    carry keyed digests of them.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    approval_id: str = Field(min_length=1, max_length=128)
+    checkpoint_id: CheckpointId
+    run_id: RunId
+    checkpoint_digest: Digest
+    audience: PrintableText = Field(min_length=1, max_length=MAX_AUDIENCE, repr=False)
+    prompt_digest: Digest
+    allowed_decisions: Decisions
+    requested_at: UtcDatetime
+    expires_at: UtcDatetime
+    status: ApprovalStatus = ApprovalStatus.PENDING
+    decision: Decision | None = Field(default=None, repr=False)
+    actor: PrintableText | None = Field(default=None, max_length=MAX_ACTOR, repr=False)
+    decided_at: UtcDatetime | None = None
+    integrity_digest: Digest
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.expires_at <= self.requested_at:
+            raise ValueError("expires_at must be after requested_at")
+        decided = self.status is ApprovalStatus.DECIDED
+        if (self.decision is not None, self.actor is not None) != (decided, decided):
+            raise ValueError("decision and actor are set exactly when the approval is decided")
+        if (self.decided_at is not None) != (self.status is not ApprovalStatus.PENDING):
+            raise ValueError("decided_at is set exactly when the approval is settled")
+        if self.decision is not None and self.decision not in self.allowed_decisions:
+            raise ValueError("decision is not one of the allowed decisions")
+        return self
+
+    def integrity_body(self) -> dict[str, Any]:
+        """Return what ``integrity_digest`` covers: every other field, as JSON."""
+        return self.model_dump(mode="json", exclude={"integrity_digest"})
+
+    def request(self) -> dict[str, Any]:
+        """Return what makes two requests identical: the request, not its outcome."""
+        return self.model_dump(
+            mode="json",
+            include={
+                "checkpoint_id",
+                "checkpoint_digest",
+                "audience",
+                "prompt_digest",
+                "allowed_decisions",
+                "expires_at",
+            },
+        )
+
+
+class ApprovalReceipt(Receipt):
+    """Proof of an approval's request and outcome that names no one and reveals nothing."""
+
+    kind: ClassVar[str] = "approval"
+
+    approval: Digest
+    checkpoint: Digest
+    run: Digest
+    audience: Digest
+    prompt: Digest
+    allowed_decisions: Digest
+    status: ApprovalStatus
+    decision: Digest | None = None
+    actor: Digest | None = None
+    decided_at: UtcDatetime | None = None
+
+
+class Witness(BaseModel):
+    """Captured evidence: the bytes retrieved from a locator, stored once per content digest."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    content_digest: Digest
+    locator: PrintableText = Field(min_length=1, max_length=MAX_LOCATOR, repr=False)
+    media_type: Annotated[str, Field(pattern=MEDIA_TYPE_PATTERN.pattern)]
+    authority_class: Annotated[str, Field(pattern=AUTHORITY_CLASS_PATTERN.pattern)]
+    size_bytes: Counter
+    retrieved_at: UtcDatetime
+    captured_at: UtcDatetime
+    content: StrictBytes = Field(repr=False)
+    integrity_digest: Digest
+
+    @model_validator(mode="after")
+    def _content_matches(self) -> Self:
+        if len(self.content) != self.size_bytes or digest_bytes(self.content) != (
+            self.content_digest
+        ):
+            raise ValueError("content does not match its digest and size")
+        return self
+
+    def integrity_body(self) -> dict[str, Any]:
+        """Return what ``integrity_digest`` covers: every field but the bytes (named by digest)."""
+        return self.model_dump(mode="json", exclude={"integrity_digest", "content"})

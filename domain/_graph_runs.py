@@ -1,0 +1,142 @@
+"""Graph runs: their lifecycle, pinned definition versions and terminal receipts.
+
+Values only; the run service in the application layer seals them, moves
+them through ``RUN_LIFECYCLE`` and signs their receipts with the integrity key.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, ClassVar
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from flowvault.domain._canonical import MAX_SAFE_INTEGER
+from flowvault.domain._envelope import Digest, UtcDatetime
+from flowvault.domain._fingerprint import Receipt
+from flowvault.domain._state import RUN_ID_PATTERN
+from flowvault.domain._state_machine import StateMachine
+from flowvault.domain._workflow import Json
+
+DEFINITION_ID_PATTERN = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+"""Definition ids are short lowercase names, safe to log and to join into keys."""
+
+RUN_LIFECYCLE = StateMachine.define(
+    name="run_lifecycle",
+    initial="accepted",
+    transitions={
+        "accepted": {"running", "cancelled", "failed", "interrupted_non_resumable"},
+        "running": {
+            "checkpointed",
+            "awaiting_approval",
+            "completed",
+            "failed",
+            "cancelled",
+            "interrupted_non_resumable",
+        },
+        "checkpointed": {
+            "running",
+            "awaiting_approval",
+            "failed",
+            "cancelled",
+            "interrupted_non_resumable",
+        },
+        "awaiting_approval": {"running", "failed", "cancelled", "interrupted_non_resumable"},
+    },
+    terminal={"completed", "failed", "cancelled", "interrupted_non_resumable"},
+)
+"""The lifecycle every graph run follows.
+
+A run is ``accepted`` when stored, ``running`` while a worker executes it,
+``checkpointed`` between resumable steps and ``awaiting_approval`` while a
+human decides. It ends ``completed``, ``failed``, ``cancelled``, or
+``interrupted_non_resumable`` when its worker vanished with no checkpoint
+to resume from.
+"""
+
+
+def _check_definition_id(value: str) -> str:
+    if not DEFINITION_ID_PATTERN.match(value):
+        raise ValueError("must match [a-z][a-z0-9_.-]{0,63}")
+    return value
+
+
+def _check_run_id(value: str) -> str:
+    if not RUN_ID_PATTERN.match(value) or ".." in value:
+        raise ValueError("must be 3-128 of [A-Za-z0-9._-], start alphanumeric, no '..'")
+    return value
+
+
+def _check_status(value: str) -> str:
+    if value not in RUN_LIFECYCLE.states:
+        raise ValueError("must be a run_lifecycle state")
+    return value
+
+
+def _check_terminal(value: str) -> str:
+    if value not in RUN_LIFECYCLE.terminal:
+        raise ValueError("must be a terminal run_lifecycle state")
+    return value
+
+
+DefinitionId = Annotated[str, AfterValidator(_check_definition_id)]
+GraphRunId = Annotated[str, AfterValidator(_check_run_id)]
+RunStatus = Annotated[str, AfterValidator(_check_status)]
+TerminalStatus = Annotated[str, AfterValidator(_check_terminal)]
+_Counter = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER, strict=True)]
+
+
+class DefinitionVersion(BaseModel):
+    """One stored content of a graph definition, named by its content hash."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    definition_id: DefinitionId
+    version: Digest
+    created_at: UtcDatetime
+
+
+class GraphRun(BaseModel):
+    """One execution of a pinned definition version; input and final state are sealed."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_id: GraphRunId
+    definition_id: DefinitionId
+    definition_version: Digest
+    status: RunStatus
+    input: Json = Field(default=None, repr=False)
+    budgets: dict[str, Json] = Field(default_factory=dict)
+    final_state: Json = Field(default=None, repr=False)
+    started_at: UtcDatetime
+    finished_at: UtcDatetime | None = None
+    node_count: _Counter = 0
+    failed_attempts: _Counter = 0
+    idempotency_key_digest: Digest | None = None
+    revision: int = Field(ge=1, le=MAX_SAFE_INTEGER)
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run has reached a terminal status."""
+        return self.status in RUN_LIFECYCLE.terminal
+
+
+class TerminalReceipt(Receipt):
+    """Signed proof of how a run ended, naming no run, input or state in clear."""
+
+    kind: ClassVar[str] = "terminal"
+    plain_fields: ClassVar[frozenset[str]] = frozenset({"status"})
+
+    run: Digest
+    status: TerminalStatus
+    definition_version: Digest
+    final_state_digest: Digest
+    events_digest: Digest
+    event_count: int = Field(ge=1, le=MAX_SAFE_INTEGER)
+    signature: Digest
+
+    def unsigned_body(self) -> dict[str, Any]:
+        """Return the canonical body the signature covers: everything but the signature."""
+        body = self.body()
+        del body["signature"]
+        return body
