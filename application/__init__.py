@@ -55,6 +55,7 @@ from flowvault.application._records import (
     UnitOfWork,
     Upsert,
 )
+from flowvault.application._retention import RetentionJob, RetentionReport
 from flowvault.application._run_service import (
     GRAPH_DEFINITION_VERSIONS,
     GRAPH_DEFINITIONS,
@@ -164,7 +165,9 @@ __all__ = [
     "RecordMetadata",
     "RecordPage",
     "ResetOutcome",
+    "RetentionJob",
     "RetentionPolicy",
+    "RetentionReport",
     "RunEventPage",
     "RunPage",
     "RunRepository",

@@ -1,0 +1,80 @@
+"""The retention job: one pass over every kind of record that stops mattering."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from flowvault.application._approvals import ApprovalService, CheckpointService, IdempotencyService
+from flowvault.application._graph import RetentionPolicy
+from flowvault.application._run_service import RunService
+from flowvault.application._workflows import WorkflowService
+from flowvault.application.ports import Clock
+
+Purger = Callable[[datetime, timedelta, int], int]
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionReport:
+    """How many records of each kind one pass deleted."""
+
+    action_results: int = 0
+    consumed_checkpoints: int = 0
+    decided_approvals: int = 0
+    idempotency_records: int = 0
+    finished_runs: int = 0
+
+    @property
+    def total(self) -> int:
+        """All deletions of the pass."""
+        return (
+            self.action_results
+            + self.consumed_checkpoints
+            + self.decided_approvals
+            + self.idempotency_records
+            + self.finished_runs
+        )
+
+
+class RetentionJob:
+    """Applies a ``RetentionPolicy`` to every service, each in bounded, tombstoned batches.
+
+    Approvals go before checkpoints, so an approval's checkpoint is never
+    deleted while the approval still names it.
+    """
+
+    def __init__(
+        self,
+        clock: Clock,
+        policy: RetentionPolicy,
+        *,
+        workflows: WorkflowService,
+        runs: RunService,
+        checkpoints: CheckpointService,
+        approvals: ApprovalService,
+        idempotency: IdempotencyService,
+    ) -> None:
+        self._clock = clock
+        self._policy = policy
+        self._workflows = workflows
+        self._runs = runs
+        self._checkpoints = checkpoints
+        self._approvals = approvals
+        self._idempotency = idempotency
+
+    def run(self, now: datetime | None = None) -> RetentionReport:
+        """Delete everything past its horizon at ``now`` (the clock's time by default)."""
+        at = now or self._clock.now()
+        policy, batch = self._policy, self._policy.batch_size
+
+        def purge(horizon: timedelta | None, purger: Purger) -> int:
+            return 0 if horizon is None else purger(at, horizon, batch)
+
+        return RetentionReport(
+            action_results=self._workflows.purge_expired(at, batch_size=batch),
+            decided_approvals=purge(policy.decided_approvals, self._approvals.purge),
+            consumed_checkpoints=purge(policy.consumed_checkpoints, self._checkpoints.purge),
+            idempotency_records=purge(policy.idempotency_records, self._idempotency.purge),
+            finished_runs=purge(policy.finished_runs, self._runs.purge_finished_runs),
+        )
