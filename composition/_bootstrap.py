@@ -5,16 +5,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flowvault.application import (
+    ApprovalService,
+    CheckpointService,
     Cipher,
     Clock,
+    EvidenceService,
+    IdempotencyService,
     IdFactory,
+    RetentionJob,
+    RetentionPolicy,
     RunRepository,
+    RunService,
     SealedRepository,
     SecureObjectStore,
     StateRepository,
     WorkflowService,
 )
-from flowvault.composition._container import build_container
+from flowvault.composition._container import Container, build_container
 from flowvault.composition._settings import Settings
 from flowvault.domain import WorkflowState
 
@@ -29,8 +36,25 @@ class Runtime:
     repository: SealedRepository
     workflows: WorkflowService
     runs: RunRepository
+    graph_runs: RunService
+    checkpoints: CheckpointService
+    approvals: ApprovalService
+    idempotency: IdempotencyService
+    evidence: EvidenceService
     clock: Clock
     ids: IdFactory
+
+    def retention(self, policy: RetentionPolicy | None = None) -> RetentionJob:
+        """Return the retention job over every service, under ``policy``."""
+        return RetentionJob(
+            self.clock,
+            policy or RetentionPolicy(),
+            workflows=self.workflows,
+            runs=self.graph_runs,
+            checkpoints=self.checkpoints,
+            approvals=self.approvals,
+            idempotency=self.idempotency,
+        )
 
     def state(self, scope: str) -> StateRepository[WorkflowState]:
         """Return the workflow state repository of ``scope``."""
@@ -70,16 +94,7 @@ def bootstrap(
         container.ids.override(ids)
     opened = container.store()
     try:
-        return Runtime(
-            settings=container.settings(),
-            store=opened,
-            cipher=container.cipher(),
-            repository=container.repository(),
-            workflows=container.workflows(),
-            runs=RunRepository(container.repository()),
-            clock=container.clock(),
-            ids=container.ids(),
-        )
+        return _assemble(container)
     except BaseException:
         if store is None:
             opened.close()
@@ -99,3 +114,26 @@ def is_cold_root(settings: Settings) -> bool:
 def open_existing(settings: Settings, *, key: bytes | None = None) -> Runtime | None:
     """Open the store of ``settings`` if one exists; ``None`` on a cold root."""
     return None if is_cold_root(settings) else bootstrap(settings, key=key)
+
+
+def _assemble(container: Container) -> Runtime:
+    repository = container.repository()
+    clock, ids = container.clock(), container.ids()
+    checkpoints = CheckpointService(repository, clock, integrity=repository)
+    return Runtime(
+        settings=container.settings(),
+        store=container.store(),
+        cipher=container.cipher(),
+        repository=repository,
+        workflows=container.workflows(),
+        runs=RunRepository(repository),
+        graph_runs=RunService(repository, clock, ids, integrity=repository),
+        checkpoints=checkpoints,
+        approvals=ApprovalService(
+            repository, clock, ids, checkpoints=checkpoints, integrity=repository
+        ),
+        idempotency=IdempotencyService(repository, clock),
+        evidence=EvidenceService(repository, clock, integrity=repository),
+        clock=clock,
+        ids=ids,
+    )

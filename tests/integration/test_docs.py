@@ -17,7 +17,9 @@ def _python_blocks(name: str) -> list[str]:
     return FENCE.findall((ROOT / name).read_text(encoding="utf-8"))
 
 
-@pytest.mark.parametrize("name", ["README.md", "docs/workflows.md", "docs/state.md"])
+@pytest.mark.parametrize(
+    "name", ["README.md", "docs/workflows.md", "docs/state.md", "docs/approvals.md"]
+)
 def test_usage_examples_run(name: str) -> None:
     """The Python examples of the README and the workflow guide execute without error."""
     blocks = _python_blocks(name)
