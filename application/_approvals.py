@@ -730,7 +730,8 @@ class ApprovalService:
                 upserts=[
                     self._upsert(decided, revision),
                     self._checkpoints._upsert(consumed, target[1]),
-                ]
+                ],
+                appends=[self._outcome_event(decided, moment)],
             )
             try:
                 self._store.commit(unit)
@@ -738,6 +739,24 @@ class ApprovalService:
                 continue
             return decided, consumed
         raise RevisionConflict("approval kept changing; retry", approval_id=approval_id)
+
+    def _outcome_event(self, approval: Approval, moment: datetime) -> LedgerEvent:
+        """Build the run's ledger entry for a decision or expiry: the receipt's digests only.
+
+        Committed with the decision, so the run's own stream shows who
+        decided what (as keyed digests) even after retention removes the
+        approval record.
+        """
+        stream = run_stream(approval.run_id)
+        index, previous = next_position(self._store, stream)
+        return LedgerEvent.create(
+            stream=stream,
+            index=index,
+            type=f"approval.{approval.status.value}",
+            occurred_at=moment,
+            payload=self.approval_receipt(approval).body(),
+            previous_hash=previous,
+        )
 
     def _pending_checkpoint(self, approval: Approval) -> tuple[Checkpoint, int] | None:
         """Return the approval's checkpoint while it is pending; ``None`` once used or purged."""
@@ -782,8 +801,9 @@ class ApprovalService:
         if target is not None:
             consumed = self._checkpoints._consumed(target[0], moment)
             upserts.append(self._checkpoints._upsert(consumed, target[1]))
+        appends = [self._outcome_event(expired, moment)]
         try:
-            self._store.commit(UnitOfWork(upserts=upserts))
+            self._store.commit(UnitOfWork(upserts=upserts, appends=appends))
         except RevisionConflict:
             return False
         return True

@@ -1146,3 +1146,18 @@ def test_purge_arguments_are_checked(world: World) -> None:
     for call in calls:
         with pytest.raises(InvalidInput):
             call()
+
+
+def test_decision_is_recorded_in_the_run_stream_as_digests(world: World) -> None:
+    """Deciding appends an approval.decided event holding only the receipt's digests."""
+    checkpoint = world.checkpoint()
+    approval = world.request(checkpoint)
+    decided, _ = world.approvals.decide(approval.approval_id, DECISION, ACTOR)
+    events = list(read_stream(world.store, run_stream(RUN)))
+    (event,) = [e for e in events if e.type == "approval.decided"]
+    assert event.payload == world.approvals.approval_receipt(decided).body()
+    text = canonical_json(event.payload)
+    assert ACTOR not in text
+    assert AUDIENCE not in text
+    assert f'"{DECISION}"' not in text
+    verify_chain(events).raise_for_defect()
