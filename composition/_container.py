@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dependency_injector import containers, providers
+from pydantic import SecretStr
 
 from flowvault.adapters.crypto import AesGcmCipher, FileKeyStore, generate_master_key
 from flowvault.adapters.memory import InMemoryKeyStore, InMemorySecureObjectStore
@@ -19,6 +20,7 @@ from flowvault.application import (
     resolve_master_key,
 )
 from flowvault.composition._settings import Settings
+from flowvault.domain import InvalidInput, KeyRequired, StoreUnavailable
 
 
 def _backend(settings: Settings) -> str:
@@ -32,6 +34,57 @@ def _open_sqlite(settings: Settings) -> SQLiteSecureObjectStore:
         busy_timeout=settings.busy_timeout,
         allow_insecure_permissions=settings.allow_insecure_permissions,
     )
+
+
+def _postgres_dsn(dsn: SecretStr | None) -> str:
+    if dsn is None or not dsn.get_secret_value().strip():
+        raise InvalidInput("FLOWVAULT_POSTGRES_DSN must be set for the postgres backend")
+    return dsn.get_secret_value()
+
+
+def _open_postgres(settings: Settings) -> SecureObjectStore:
+    """Open the PostgreSQL store; psycopg is imported only when this backend is chosen."""
+    dsn = _postgres_dsn(settings.postgres_dsn)
+    try:
+        from flowvault.adapters.postgres import (  # noqa: PLC0415 - an optional extra
+            PostgresSecureObjectStore,
+        )
+    except ImportError:
+        raise StoreUnavailable(
+            "the postgres backend needs the postgres extra: pip install 'flowvault[postgres]'"
+        ) from None
+    return PostgresSecureObjectStore.open(
+        dsn,
+        schema=settings.postgres_schema,
+        pool_size=settings.postgres_pool_size,
+        statement_timeout=settings.postgres_statement_timeout,
+        lock_timeout=settings.postgres_lock_timeout,
+    )
+
+
+class SharedStoreKeys:
+    """``KeyStore`` for a store several hosts share: it keeps no key and never creates one.
+
+    A key made up on one host would be unknown to the others, and a key
+    file on one host is no place for the key of a shared database; the key
+    comes from the host (explicit) or ``FLOWVAULT_KEY``, the same everywhere.
+    """
+
+    @property
+    def location(self) -> str:
+        """Where the key must come from."""
+        return f"{KEY_ENV} (a PostgreSQL store keeps no key file; every host sets the same key)"
+
+    def read(self) -> bytes | None:
+        """Return ``None``: there is nothing stored to read."""
+        return None
+
+    def create(self, key: bytes) -> bytes:
+        """Refuse: a new key is never invented for a shared store, even an empty one."""
+        raise KeyRequired(
+            f"a PostgreSQL store needs its key from {KEY_ENV} (or passed explicitly), "
+            "the same on every host; generate one once and give it to all of them"
+        )
 
 
 def _file_key_store(settings: Settings) -> FileKeyStore:
@@ -80,11 +133,13 @@ class Container(containers.DeclarativeContainer):
         providers.Callable(_backend, settings),
         memory=providers.Singleton(InMemorySecureObjectStore),
         sqlite=providers.Singleton(_open_sqlite, settings),
+        postgres=providers.Singleton(_open_postgres, settings),
     )
     key_store = providers.Selector(
         providers.Callable(_backend, settings),
         memory=providers.Singleton(InMemoryKeyStore),
         sqlite=providers.Singleton(_file_key_store, settings),
+        postgres=providers.Singleton(SharedStoreKeys),
     )
     cipher = providers.Singleton(build_cipher, settings, store, key_store, explicit_key)
     repository = providers.Singleton(SealedRepository, store, cipher, clock)

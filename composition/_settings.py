@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from flowvault.domain import InvalidInput
 
@@ -15,8 +15,8 @@ ENV_PREFIX = "FLOWVAULT_"
 DATABASE_FILE = "flowvault.db"
 KEY_FILE = "store.key"
 
-Backend = Literal["sqlite", "memory"]
-"""Backends this build can select; PostgreSQL joins when its adapter lands."""
+Backend = Literal["sqlite", "memory", "postgres"]
+"""Backends this build can select; ``postgres`` needs the ``postgres`` extra."""
 
 _CASE_INSENSITIVE = frozenset({"backend", "synchronous", "log_level", "log_format"})
 
@@ -41,6 +41,19 @@ class Settings(BaseModel):
     key: SecretStr | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
+    postgres_dsn: SecretStr | None = None
+    postgres_pool_size: int = Field(default=4, ge=1, le=100)
+    postgres_statement_timeout: float = Field(default=30.0, gt=0, le=3600)
+    postgres_lock_timeout: float = Field(default=10.0, gt=0, le=3600)
+    postgres_schema: str = Field(default="flowvault", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
+
+    @field_validator("postgres_schema")
+    @classmethod
+    def _not_reserved(cls, schema: str) -> str:
+        """Refuse the ``pg_`` prefix, which PostgreSQL reserves for its own schemas."""
+        if schema.startswith("pg_"):
+            raise ValueError("schema names starting with pg_ are reserved")
+        return schema
 
     @property
     def data_dir(self) -> Path:

@@ -1,4 +1,4 @@
-"""Workflow service scenarios, run on the memory adapter and on a real SQLite file."""
+"""Workflow service scenarios, run on the memory adapter, a real SQLite file and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore
+from flowvault.adapters.postgres import PostgresSecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.application import (
     ACTION_RESULTS,
@@ -82,14 +83,20 @@ class World:
         return tuple(self.store.list(space, limit=200) for space in spaces) + ledgers
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+def _open_store(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> SecureObjectStore:
+    if backend == "memory":
+        return InMemorySecureObjectStore()
+    if backend == "sqlite":
+        return SQLiteSecureObjectStore.open(tmp_path / "data" / "store.db")
+    server = request.getfixturevalue("postgres_server")
+    schema = request.getfixturevalue("pg_schema")
+    return PostgresSecureObjectStore.open(server.dsn, schema=schema, pool_size=2)
+
+
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def world(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[World]:
     """Provide a fresh world on each backend."""
-    store: SecureObjectStore = (
-        InMemorySecureObjectStore()
-        if request.param == "memory"
-        else SQLiteSecureObjectStore.open(tmp_path / "data" / "store.db")
-    )
+    store = _open_store(request.param, request, tmp_path)
     with store:  # type: ignore[attr-defined]
         yield World(store)
 

@@ -1,0 +1,205 @@
+"""One unit of work as one READ COMMITTED transaction, each guard inside its own write.
+
+At READ COMMITTED a guard read in one statement and enforced in the next
+would lose updates; here every write carries its guard in the ``WHERE``
+clause (or an ``ON CONFLICT`` rule), PostgreSQL re-checks it against the
+latest row version after waiting for a concurrent writer, and the number
+of rows written says whether it held. A failed guard raises inside the
+transaction, so the rollback undoes whatever the unit had already written.
+
+Rows are locked in one global order, records by key and then streams by
+name, so two units never wait on each other in a cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from flowvault.adapters.postgres import _queries as sql
+from flowvault.adapters.postgres._connect import Connection
+from flowvault.adapters.postgres._rows import Params, event_params, label_rows, record_params
+from flowvault.application import (
+    Delete,
+    ExpectedRevision,
+    Guard,
+    LedgerTrim,
+    UnitOfWork,
+    Upsert,
+    check_append,
+)
+from flowvault.domain import GENESIS_HASH, MAX_SAFE_INTEGER, LedgerEvent, RevisionConflict
+
+INDEX_CEILING = MAX_SAFE_INTEGER + 1
+"""Above every storable ledger index and inside ``bigint``, so clamping to it keeps comparisons."""
+
+
+def _describe(expected: ExpectedRevision) -> str | int:
+    return expected.value if isinstance(expected, Guard) else expected
+
+
+def _stored_revision(connection: Connection, namespace: str, key_digest: str) -> int | None:
+    row = connection.execute(sql.STORED_REVISION, (namespace, key_digest)).fetchone()
+    return None if row is None else int(row[0])
+
+
+def _record_conflict(
+    connection: Connection, guard: str, namespace: str, key_digest: str, expected: ExpectedRevision
+) -> RevisionConflict:
+    """Build the conflict a failed record guard raises, with the revision stored now."""
+    return RevisionConflict(
+        f"record revision does not match the {guard}'s guard",
+        guard=guard,
+        namespace=namespace,
+        key_digest=key_digest,
+        expected=_describe(expected),
+        actual=_stored_revision(connection, namespace, key_digest),
+    )
+
+
+def _append_conflict(connection: Connection, event: LedgerEvent) -> RevisionConflict:
+    row = connection.execute(sql.HEAD_INDEX, (event.stream,)).fetchone()
+    return RevisionConflict(
+        "ledger append does not extend the stream head",
+        guard="append",
+        stream=event.stream,
+        index=event.index,
+        head_index=None if row is None else int(row[0]),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _RecordWrite:
+    """One upsert, encoded; its guard picks the statement."""
+
+    upsert: Upsert
+    params: dict[str, object] = field(repr=False)
+    labels: list[Params]
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.upsert.header.namespace, self.upsert.header.key_digest
+
+    def apply(self, connection: Connection) -> None:
+        expected = self.upsert.expected
+        statement = (
+            sql.CREATE_RECORD
+            if expected is Guard.ABSENT
+            else sql.ADVANCE_RECORD
+            if expected is Guard.ANY
+            else sql.REPLACE_RECORD
+        )
+        row = connection.execute(statement, self.params).fetchone()
+        if row is None:
+            raise _record_conflict(connection, "upsert", *self.key, expected)
+        record_id = row[0]
+        if expected is not Guard.ABSENT:
+            connection.execute(sql.CLEAR_LABELS, (record_id,))
+        if self.labels:
+            with connection.cursor() as cursor:
+                cursor.executemany(sql.INSERT_LABEL, [(record_id, *label) for label in self.labels])
+
+
+@dataclass(frozen=True, slots=True)
+class _RecordDelete:
+    """One delete; ``Guard.ANY`` removes whatever is there, even nothing."""
+
+    delete: Delete
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.delete.namespace, self.delete.key_digest
+
+    def apply(self, connection: Connection) -> None:
+        expected = self.delete.expected
+        if expected is Guard.ANY:
+            connection.execute(sql.DELETE_RECORD, self.key)
+            return
+        removed = connection.execute(sql.DELETE_RECORD_AT, (*self.key, expected)).rowcount
+        if removed != 1:
+            raise _record_conflict(connection, "delete", *self.key, expected)
+
+
+@dataclass(frozen=True, slots=True)
+class _StreamWrite:
+    """A stream's appends (consecutive, checked when built) and then its trims."""
+
+    stream: str
+    events: list[LedgerEvent] = field(default_factory=list)
+    trims: list[int] = field(default_factory=list)
+
+    def apply(self, connection: Connection) -> None:
+        if self.events:
+            self._append(connection)
+        for before_index in self.trims:
+            row = connection.execute(sql.TRIM_STREAM, (before_index, self.stream)).fetchone()
+            if row is not None:
+                connection.execute(sql.TRIM_EVENTS, (self.stream, row[0]))
+
+    def _append(self, connection: Connection) -> None:
+        first, last = self.events[0], self.events[-1]
+        if first.index == 0:
+            moved = first.previous_hash == GENESIS_HASH and _changed(
+                connection, sql.CREATE_STREAM, (self.stream, last.index, last.event_hash)
+            )
+        else:
+            head = (self.stream, first.index - 1, first.previous_hash)
+            moved = _changed(connection, sql.ADVANCE_HEAD, (last.index, last.event_hash, *head))
+        if not moved:
+            raise _append_conflict(connection, first)
+        with connection.cursor() as cursor:
+            cursor.executemany(sql.INSERT_EVENT, [event_params(event) for event in self.events])
+
+
+def _changed(connection: Connection, statement: str, params: Params) -> bool:
+    return connection.execute(statement, params).rowcount == 1
+
+
+def _streams(appends: Sequence[LedgerEvent], trims: Sequence[LedgerTrim]) -> list[_StreamWrite]:
+    """Group appends and trims by stream, in stream order; chain each stream's appends.
+
+    Appends after a stream's first one extend the unit's own events, so
+    whether they chain is known before any row is read.
+    """
+    streams: dict[str, _StreamWrite] = {}
+    for event in appends:
+        group = streams.setdefault(event.stream, _StreamWrite(event.stream))
+        if group.events:
+            previous = group.events[-1]
+            check_append(event, previous.index, previous.event_hash)
+        group.events.append(event)
+    for trim in trims:
+        group = streams.setdefault(trim.stream, _StreamWrite(trim.stream))
+        group.trims.append(min(trim.before_index, INDEX_CEILING))
+    return [streams[name] for name in sorted(streams)]
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedUnit:
+    """A unit's writes, encoded and ordered before any connection is taken.
+
+    Encoding can refuse input (``InvalidInput``) and in-unit chaining can
+    fail (``RevisionConflict``); doing both first keeps a doomed unit from
+    ever starting a transaction, and a retried transaction reuses the work.
+    """
+
+    records: list[_RecordWrite | _RecordDelete]
+    streams: list[_StreamWrite]
+
+    @classmethod
+    def build(cls, unit: UnitOfWork) -> PreparedUnit:
+        """Encode every write of ``unit``, records in key order, streams in name order."""
+        records: list[_RecordWrite | _RecordDelete] = [
+            _RecordWrite(upsert, record_params(upsert), label_rows(upsert))
+            for upsert in unit.upserts
+        ]
+        records += [_RecordDelete(delete) for delete in unit.deletes]
+        records.sort(key=lambda write: write.key)
+        return cls(records=records, streams=_streams(unit.appends, unit.trims))
+
+    def apply(self, connection: Connection) -> None:
+        """Run every guarded write; the caller's transaction commits or rolls back all of them."""
+        for write in self.records:
+            write.apply(connection)
+        for stream in self.streams:
+            stream.apply(connection)

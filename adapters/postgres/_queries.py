@@ -1,0 +1,173 @@
+"""Every SQL statement the adapter runs, built once at import.
+
+Names are unqualified: each pooled session's ``search_path`` is the store's
+schema. Every compare-and-swap guard is part of the ``WHERE`` clause of the
+write it guards, so at READ COMMITTED the row is re-checked after any wait
+for a concurrent writer; tests run ``EXPLAIN`` on these very strings.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Final
+
+from flowvault.application import FilterOp, Order
+
+LOAD_RECORD: Final = (
+    "SELECT r.namespace, r.key_digest, r.revision, r.sensitivity, r.schema_version, r.key_id, "
+    "r.written_at, r.labels, r.byte_length, r.payload_digest, r.payload "
+    "FROM records r WHERE r.namespace = %s AND r.key_digest = %s"
+)
+PEEK_METADATA: Final = (
+    "SELECT r.namespace, r.key_digest, r.revision, r.sensitivity, r.schema_version, r.key_id, "
+    "r.written_at, r.labels, r.byte_length, r.payload_digest "
+    "FROM records r WHERE r.namespace = %s AND r.key_digest = %s"
+)
+STORED_REVISION: Final = "SELECT revision FROM records WHERE namespace = %s AND key_digest = %s"
+"""Re-read after a failed guard, in the same transaction, for the conflict's details."""
+
+CREATE_RECORD: Final = (
+    "INSERT INTO records (namespace, key_digest, revision, sensitivity, schema_version, "
+    "key_id, written_at, labels, byte_length, payload_digest, payload) "
+    "VALUES (%(namespace)s, %(key_digest)s, %(revision)s, %(sensitivity)s, "
+    "%(schema_version)s, %(key_id)s, %(written_at)s, %(labels)s, %(byte_length)s, "
+    "%(payload_digest)s, %(payload)s) "
+    "ON CONFLICT (namespace, key_digest) DO NOTHING RETURNING id"
+)
+"""``Guard.ABSENT``: no row comes back when the record exists (or a racing insert committed)."""
+REPLACE_RECORD: Final = (
+    "UPDATE records SET revision = %(revision)s, sensitivity = %(sensitivity)s, "
+    "schema_version = %(schema_version)s, key_id = %(key_id)s, written_at = %(written_at)s, "
+    "labels = %(labels)s, byte_length = %(byte_length)s, "
+    "payload_digest = %(payload_digest)s, payload = %(payload)s "
+    "WHERE namespace = %(namespace)s AND key_digest = %(key_digest)s "
+    "AND revision = %(expected)s RETURNING id"
+)
+"""An exact guard: the row changes only while it still holds the expected revision."""
+ADVANCE_RECORD: Final = (
+    "INSERT INTO records AS stored (namespace, key_digest, revision, sensitivity, "
+    "schema_version, key_id, written_at, labels, byte_length, payload_digest, payload) "
+    "VALUES (%(namespace)s, %(key_digest)s, %(revision)s, %(sensitivity)s, "
+    "%(schema_version)s, %(key_id)s, %(written_at)s, %(labels)s, %(byte_length)s, "
+    "%(payload_digest)s, %(payload)s) "
+    "ON CONFLICT (namespace, key_digest) DO UPDATE SET "
+    "revision = excluded.revision, sensitivity = excluded.sensitivity, "
+    "schema_version = excluded.schema_version, key_id = excluded.key_id, "
+    "written_at = excluded.written_at, labels = excluded.labels, "
+    "byte_length = excluded.byte_length, payload_digest = excluded.payload_digest, "
+    "payload = excluded.payload "
+    "WHERE stored.revision < excluded.revision RETURNING stored.id"
+)
+"""``Guard.ANY``: insert, or replace only a lower revision, so revisions never move back."""
+
+CLEAR_LABELS: Final = "DELETE FROM record_labels WHERE record_id = %s"
+INSERT_LABEL: Final = (
+    "INSERT INTO record_labels (record_id, namespace, name, text_value, int_value) "
+    "VALUES (%s, %s, %s, %s, %s)"
+)
+DELETE_RECORD_AT: Final = (
+    "DELETE FROM records WHERE namespace = %s AND key_digest = %s AND revision = %s"
+)
+"""Label rows follow through ``ON DELETE CASCADE``."""
+DELETE_RECORD: Final = "DELETE FROM records WHERE namespace = %s AND key_digest = %s"
+"""``Guard.ANY``: deleting an absent record is a no-op."""
+
+CREATE_STREAM: Final = (
+    "INSERT INTO ledger_streams (stream, first_index, head_index, head_hash) "
+    "VALUES (%s, 0, %s, %s) ON CONFLICT (stream) DO NOTHING"
+)
+"""An append at index 0: the head row must not exist yet."""
+ADVANCE_HEAD: Final = (
+    "UPDATE ledger_streams SET head_index = %s, head_hash = %s "
+    "WHERE stream = %s AND head_index = %s AND head_hash = %s"
+)
+"""An append at index n: the head must be event n - 1 with exactly that hash.
+
+The row lock it takes is held to the commit, so one stream's appends
+serialise, and the loser re-checks the moved head and matches nothing.
+"""
+HEAD_INDEX: Final = "SELECT head_index FROM ledger_streams WHERE stream = %s"
+INSERT_EVENT: Final = (
+    "INSERT INTO ledger_events (stream, idx, type, from_state, to_state, occurred_at, "
+    "payload, previous_hash, event_hash, event_key) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+TRIM_STREAM: Final = (
+    "UPDATE ledger_streams SET first_index = GREATEST(first_index, LEAST(%s, head_index)) "
+    "WHERE stream = %s RETURNING first_index"
+)
+"""Moves the first retained index forward, never past the head, never back."""
+TRIM_EVENTS: Final = "DELETE FROM ledger_events WHERE stream = %s AND idx < %s"
+
+LEDGER_HEAD: Final = (
+    "SELECT stream, idx, type, from_state, to_state, occurred_at, payload, "
+    "previous_hash, event_hash, event_key "
+    "FROM ledger_events WHERE stream = %s ORDER BY idx DESC LIMIT 1"
+)
+LEDGER_PAGE: Final = (
+    "SELECT stream, idx, type, from_state, to_state, occurred_at, payload, "
+    "previous_hash, event_hash, event_key "
+    "FROM ledger_events WHERE stream = %s AND idx >= %s ORDER BY idx LIMIT %s"
+)
+"""One statement, so one snapshot: retained events are contiguous from the first one."""
+
+HAS_RECORDS: Final = "SELECT EXISTS (SELECT 1 FROM records) OR EXISTS (SELECT 1 FROM ledger_events)"
+NAMESPACE_COUNTS: Final = "SELECT namespace, count(*) FROM records GROUP BY namespace"
+KEY_ID_COUNTS: Final = "SELECT key_id, count(*) FROM records GROUP BY key_id"
+
+LIST_RECORDS: Final = (
+    "SELECT r.namespace, r.key_digest, r.revision, r.sensitivity, r.schema_version, r.key_id, "
+    "r.written_at, r.labels, r.byte_length, r.payload_digest "
+    "FROM records r WHERE r.namespace = %s"
+)
+"""The head of every ``list`` query; filters, the cursor and the order are appended."""
+
+_SYMBOLS: Final = {
+    FilterOp.EQ: "=",
+    FilterOp.NE: "<>",
+    FilterOp.LT: "<",
+    FilterOp.LE: "<=",
+    FilterOp.GT: ">",
+    FilterOp.GE: ">=",
+}
+_LABEL_MATCH: Final = (
+    " AND r.id IN (SELECT l.record_id FROM record_labels l "
+    "WHERE l.namespace = %s AND l.name = %s AND l.{column} {symbol} %s)"
+)
+"""A label filter; a value of the other type sits in the other column as NULL, so never matches."""
+TEXT_FILTERS: Final = {
+    op: _LABEL_MATCH.format(column="text_value", symbol=symbol) for op, symbol in _SYMBOLS.items()
+}
+INT_FILTERS: Final = {
+    op: _LABEL_MATCH.format(column="int_value", symbol=symbol) for op, symbol in _SYMBOLS.items()
+}
+
+AFTER_CURSOR: Final = {
+    Order.KEY: " AND r.key_digest > %s",
+    Order.WRITTEN_AT: " AND (r.written_at, r.key_digest) > (%s, %s)",
+    Order.WRITTEN_AT_DESC: " AND (r.written_at, r.key_digest) < (%s, %s)",
+}
+ORDER_BY: Final = {
+    Order.KEY: " ORDER BY r.key_digest LIMIT %s",
+    Order.WRITTEN_AT: " ORDER BY r.written_at, r.key_digest LIMIT %s",
+    Order.WRITTEN_AT_DESC: " ORDER BY r.written_at DESC, r.key_digest DESC LIMIT %s",
+}
+
+FilterShape = tuple[FilterOp, bool]
+"""A filter's operator and whether it compares text (else integers): all the SQL depends on."""
+
+
+@lru_cache(maxsize=256)
+def list_query(order: Order, after_cursor: bool, filters: tuple[FilterShape, ...] = ()) -> str:
+    """Return the ``list`` statement for one combination of order, cursor and filters.
+
+    Parameters bind in this order: namespace; ``(namespace, name, value)``
+    per filter; the cursor's key (and ``written_at`` first, for time orders);
+    the row limit.
+    """
+    parts = [LIST_RECORDS]
+    parts.extend(TEXT_FILTERS[op] if text else INT_FILTERS[op] for op, text in filters)
+    if after_cursor:
+        parts.append(AFTER_CURSOR[order])
+    parts.append(ORDER_BY[order])
+    return "".join(parts)

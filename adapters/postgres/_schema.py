@@ -1,0 +1,163 @@
+"""The tables as forward-only migrations, versioned in a ``schema_version`` table.
+
+A migration step is never edited once released: a schema written by an
+older build is brought forward by replaying only the steps it lacks, and
+each released version keeps a SQL fixture under ``tests/fixtures/postgres``.
+Steps use unqualified names and run with ``search_path`` set to the
+adapter's schema, so one database can hold the stores of several hosts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Final
+
+from psycopg import sql
+
+from flowvault.adapters.postgres._connect import Connection
+from flowvault.domain import SchemaTooNew, StoreUnavailable
+
+_SCHEMA_VERSION_TABLE = """CREATE TABLE schema_version (
+    version integer PRIMARY KEY CHECK (version >= 1),
+    applied_at timestamptz NOT NULL DEFAULT now()
+)"""
+
+_RECORDS = """CREATE TABLE records (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    namespace text COLLATE "C" NOT NULL,
+    key_digest text COLLATE "C" NOT NULL,
+    revision bigint NOT NULL CHECK (revision >= 1),
+    sensitivity text NOT NULL,
+    schema_version integer NOT NULL,
+    key_id text COLLATE "C" NOT NULL,
+    written_at text COLLATE "C" NOT NULL,
+    labels jsonb NOT NULL,
+    byte_length integer NOT NULL CHECK (byte_length >= 0),
+    payload_digest text NOT NULL,
+    payload bytea NOT NULL,
+    CONSTRAINT records_identity UNIQUE (namespace, key_digest)
+)"""
+
+_RECORD_LABELS = """CREATE TABLE record_labels (
+    record_id bigint NOT NULL REFERENCES records (id) ON DELETE CASCADE,
+    namespace text COLLATE "C" NOT NULL,
+    name text COLLATE "C" NOT NULL,
+    text_value text COLLATE "C",
+    int_value bigint,
+    CHECK ((text_value IS NULL) <> (int_value IS NULL)),
+    PRIMARY KEY (record_id, name)
+)"""
+
+_LEDGER_STREAMS = """CREATE TABLE ledger_streams (
+    stream text COLLATE "C" PRIMARY KEY,
+    first_index bigint NOT NULL,
+    head_index bigint NOT NULL,
+    head_hash text NOT NULL,
+    CHECK (0 <= first_index AND first_index <= head_index)
+)"""
+
+_LEDGER_EVENTS = """CREATE TABLE ledger_events (
+    stream text COLLATE "C" NOT NULL,
+    idx bigint NOT NULL CHECK (idx >= 0),
+    type text NOT NULL,
+    from_state text,
+    to_state text,
+    occurred_at text NOT NULL,
+    payload text NOT NULL,
+    previous_hash text NOT NULL,
+    event_hash text NOT NULL,
+    event_key text,
+    PRIMARY KEY (stream, idx)
+)"""
+
+_V1: Final = (
+    _SCHEMA_VERSION_TABLE,
+    _RECORDS,
+    "ALTER TABLE records ALTER COLUMN payload SET STORAGE EXTERNAL",
+    "CREATE INDEX records_by_written_at ON records (namespace, written_at, key_digest)",
+    "CREATE INDEX records_by_key_id ON records (key_id)",
+    _RECORD_LABELS,
+    "CREATE INDEX record_labels_by_text ON record_labels (namespace, name, text_value)",
+    "CREATE INDEX record_labels_by_int ON record_labels (namespace, name, int_value)",
+    _LEDGER_STREAMS,
+    _LEDGER_EVENTS,
+)
+"""Version 1: records with typed label rows for indexed filters, and ledger streams.
+
+Text that is ordered or compared (digests, ``written_at``, label values) is
+``COLLATE "C"``: byte order, which for UTF-8 is code-point order, the order
+the reference adapter sorts in, whatever collation the database defaults to.
+``records.labels`` keeps the whole label set so reads need no join; sealed
+payloads do not compress, so they are stored ``EXTERNAL`` (never tried).
+``ledger_streams`` holds each stream's head, the row appends lock and guard.
+"""
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1,)
+"""Step ``n`` (0-based) takes a schema from version n to n + 1."""
+
+SCHEMA_VERSION: Final = len(MIGRATIONS)
+"""The version this code writes and the newest it can read."""
+
+_FIND_SCHEMA: Final = "SELECT 1 FROM pg_namespace WHERE nspname = %s"
+_FIND_VERSION_TABLE: Final = (
+    "SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = 'schema_version'"
+)
+_RECORD_VERSION: Final = "INSERT INTO schema_version (version) VALUES (%s)"
+
+
+def lock_key(schema: str) -> int:
+    """Return the advisory lock id that serialises migrations of ``schema``, from any host."""
+    digest = hashlib.sha256(b"flowvault.migrate\x00" + schema.encode("ascii")).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def stored_version(connection: Connection, schema: str) -> int:
+    """Return the schema's recorded version; 0 when it holds no flowvault tables yet."""
+    if connection.execute(_FIND_VERSION_TABLE, (schema,)).fetchone() is None:
+        return 0
+    query = sql.SQL("SELECT coalesce(max(version), 0) FROM {}.schema_version").format(
+        sql.Identifier(schema)
+    )
+    row = connection.execute(query).fetchone()
+    if row is None or not isinstance(row[0], int):
+        raise StoreUnavailable("the schema_version table is unreadable")
+    return row[0]
+
+
+def ensure_supported(version: int) -> None:
+    """Refuse a schema written by a newer flowvault, before anything writes to it."""
+    if version > SCHEMA_VERSION:
+        raise SchemaTooNew(
+            f"the database schema has version {version}, newer than the {SCHEMA_VERSION} "
+            "this flowvault understands; upgrade flowvault to open it",
+            found=version,
+            supported=SCHEMA_VERSION,
+        )
+
+
+def migrate(connection: Connection, schema: str) -> None:
+    """Create the schema if needed and apply the missing steps, in one transaction.
+
+    A transaction-level advisory lock serialises hosts migrating at once and
+    is released by the commit; a session-level lock would stay with the
+    pooled connection. The version is read again under the lock, because
+    another host may have migrated meanwhile.
+    """
+    with connection.transaction():
+        connection.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(schema),))
+        if connection.execute(_FIND_SCHEMA, (schema,)).fetchone() is None:
+            connection.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        current = stored_version(connection, schema)
+        ensure_supported(current)
+        for version, step in enumerate(MIGRATIONS[current:], start=current + 1):
+            for statement in step:
+                connection.execute(statement)
+            connection.execute(_RECORD_VERSION, (version,))
+
+
+def prepare_schema(connection: Connection, schema: str) -> None:
+    """Bring the schema to ``SCHEMA_VERSION``, refusing a newer one before taking any lock."""
+    current = stored_version(connection, schema)
+    ensure_supported(current)
+    if current < SCHEMA_VERSION:
+        migrate(connection, schema)

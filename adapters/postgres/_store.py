@@ -1,0 +1,322 @@
+"""The PostgreSQL adapter: one schema of a shared database, reached through a connection pool."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Final, TypeVar
+
+import psycopg
+
+from flowvault.adapters.postgres import _queries as sql
+from flowvault.adapters.postgres._commit import INDEX_CEILING, PreparedUnit
+from flowvault.adapters.postgres._connect import (
+    APPLICATION_NAME,
+    Connection,
+    ConnectOptions,
+    Pool,
+    alive,
+    check_encoding,
+    make_pool,
+)
+from flowvault.adapters.postgres._errors import RETRYABLE, translated
+from flowvault.adapters.postgres._rows import event_from_row, metadata_from_row, record_from_row
+from flowvault.adapters.postgres._schema import prepare_schema
+from flowvault.application import (
+    LabelFilter,
+    LedgerPage,
+    ListCursor,
+    Order,
+    RecordMetadata,
+    RecordPage,
+    StoredRecord,
+    UnitOfWork,
+    effective_limit,
+)
+from flowvault.domain import InvalidInput, LedgerEvent, StoreUnavailable, format_instant
+
+T = TypeVar("T")
+
+ATTEMPTS: Final = 5
+"""How often a transaction is run when PostgreSQL reports a serialization failure or deadlock."""
+_BACKOFF_BASE: Final = 0.005
+_BACKOFF_CAP: Final = 0.25
+_FORKED: Final = "store opened before fork; open a new one in the child"
+_jitter = random.SystemRandom()
+
+
+def _pause(attempt: int) -> None:
+    """Sleep a random time below an exponentially growing cap, so retries do not collide again."""
+    time.sleep(_jitter.uniform(0, min(_BACKOFF_CAP, _BACKOFF_BASE * 2**attempt)))
+
+
+def _retryable(exc: psycopg.Error) -> bool:
+    return getattr(exc, "sqlstate", None) in RETRYABLE
+
+
+def _list_params(
+    namespace: str,
+    filters: Sequence[LabelFilter],
+    order: Order,
+    position: ListCursor | None,
+    limit: int,
+) -> tuple[object, ...]:
+    """Bind values in the order ``list_query`` documents; one extra row reveals a next page."""
+    params: list[object] = [namespace]
+    for label in filters:
+        params += [namespace, label.name, label.value]
+    if position is not None and order is not Order.KEY:
+        params.append(position.written_at)
+    if position is not None:
+        params.append(position.key_digest)
+    params.append(limit + 1)
+    return tuple(params)
+
+
+def _filter_shapes(filters: Sequence[LabelFilter]) -> tuple[sql.FilterShape, ...]:
+    return tuple((label.op, isinstance(label.value, str)) for label in filters)
+
+
+class PostgresSecureObjectStore:
+    """``SecureObjectStore``, ``StoreStats`` and ``Compactor`` over one PostgreSQL schema.
+
+    Several hosts may open the same schema at once: every unit of work is one
+    READ COMMITTED transaction whose guards sit in the ``WHERE`` clauses of
+    its writes, and ledger appends lock the stream's head row, so no update
+    is lost and no stream forks. Serialization failures and deadlocks re-run
+    the whole transaction a few times with jittered back-off. A store does
+    not survive ``fork``: a child process must open its own.
+    """
+
+    def __init__(self, options: ConnectOptions, pool: Pool) -> None:
+        self._options = options
+        self._timeouts = options.timeouts
+        self._pool = pool
+        self._pid = os.getpid()
+        self._closed = False
+
+    @classmethod
+    def open(
+        cls,
+        dsn: str,
+        *,
+        schema: str = "flowvault",
+        pool_size: int = 4,
+        statement_timeout: float = 30.0,
+        lock_timeout: float = 10.0,
+        connect_timeout: float = 10.0,
+        application_name: str = APPLICATION_NAME,
+    ) -> PostgresSecureObjectStore:
+        """Connect, then create or migrate ``schema`` as needed.
+
+        ``statement_timeout`` and ``lock_timeout`` bound every statement and
+        every lock wait; ``connect_timeout`` bounds the wait for a pooled
+        connection, at open and on every call.
+
+        Raises:
+            InvalidInput: an option is out of range or the DSN is malformed.
+            SchemaTooNew: a newer flowvault wrote the schema; it is left untouched.
+            StoreUnavailable: the server cannot be reached or the schema set up.
+            StoreBusy: the server held a lock past a timeout.
+
+        """
+        options = ConnectOptions(
+            dsn,
+            schema,
+            pool_size,
+            statement_timeout,
+            lock_timeout,
+            connect_timeout,
+            application_name,
+        )
+        pool = make_pool(options)
+        try:
+            with translated(options.timeouts):
+                pool.open(wait=True, timeout=options.connect_timeout)
+                with pool.connection() as connection:
+                    check_encoding(connection)
+                    prepare_schema(connection, options.schema)
+        except BaseException:
+            pool.close()
+            raise
+        return cls(options, pool)
+
+    @property
+    def schema(self) -> str:
+        """The PostgreSQL schema holding this store's tables."""
+        return self._options.schema
+
+    def __repr__(self) -> str:
+        return f"PostgresSecureObjectStore(schema={self.schema!r})"
+
+    def __enter__(self) -> PostgresSecureObjectStore:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # -- connections ----------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if os.getpid() != self._pid:
+            raise StoreUnavailable(_FORKED)
+        if self._closed:
+            raise StoreUnavailable("the store is closed")
+
+    @contextmanager
+    def _borrow(self) -> Iterator[Connection]:
+        """Lend a pooled connection that answered just now.
+
+        A dead one (the server restarted, or ended the session) is dropped,
+        and every idle connection is checked at once, so the next borrow
+        gets a live or a new connection instead of the next dead one.
+        """
+        for _ in range(self._options.pool_size + 1):
+            with self._pool.connection() as connection:
+                if alive(connection):
+                    yield connection
+                    return
+            self._pool.check()
+        raise StoreUnavailable("every database connection died as soon as it was made")
+
+    def _run(self, work: Callable[[Connection], T], *, transaction: bool) -> T:
+        """Run ``work`` on a live connection, in a transaction if asked; re-run on 40001/40P01.
+
+        A statement outside a transaction is atomic on its own and sees one
+        snapshot, so single-statement reads need no ``BEGIN``.
+        """
+        self._check_usable()
+        with translated(self._timeouts):
+            attempt = 1
+            while True:
+                try:
+                    with self._borrow() as connection:
+                        if not transaction:
+                            return work(connection)
+                        with connection.transaction():
+                            return work(connection)
+                except psycopg.Error as exc:
+                    if attempt >= ATTEMPTS or not _retryable(exc):
+                        raise
+                _pause(attempt)
+                attempt += 1
+
+    def _fetch(self, statement: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
+        return self._run(
+            lambda connection: connection.execute(statement, params, binary=True).fetchall(),
+            transaction=False,
+        )
+
+    # -- records --------------------------------------------------------------
+
+    def load(self, namespace: str, key_digest: str) -> StoredRecord | None:
+        """Return the stored record or ``None``."""
+        rows = self._fetch(sql.LOAD_RECORD, (namespace, key_digest))
+        return record_from_row(rows[0]) if rows else None
+
+    def peek_metadata(self, namespace: str, key_digest: str) -> RecordMetadata | None:
+        """Return the record's metadata or ``None``; the payload column is never read."""
+        rows = self._fetch(sql.PEEK_METADATA, (namespace, key_digest))
+        return metadata_from_row(rows[0]) if rows else None
+
+    def list(
+        self,
+        namespace: str,
+        *,
+        filters: Sequence[LabelFilter] = (),
+        order: Order = Order.KEY,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> RecordPage:
+        """Return one page of matching metadata in ``order``, resuming after ``cursor``."""
+        limit = effective_limit(limit)
+        position = None if cursor is None else ListCursor.decode(cursor, order)
+        query = sql.list_query(order, position is not None, _filter_shapes(filters))
+        rows = self._fetch(query, _list_params(namespace, filters, order, position, limit))
+        items = tuple(metadata_from_row(row) for row in rows[:limit])
+        if len(rows) <= limit:
+            return RecordPage(items=items, next_cursor=None)
+        last = items[-1]
+        mark = ListCursor(order, last.key_digest, format_instant(last.header.written_at))
+        return RecordPage(items=items, next_cursor=mark.encode())
+
+    def commit(self, unit: UnitOfWork) -> None:
+        """Apply every guarded write of ``unit`` in one READ COMMITTED transaction, or none.
+
+        If the connection is lost while committing, ``StoreUnavailable`` is
+        raised and the unit is either wholly applied or not at all; read
+        back to learn which. It is never re-run, since a unit is not
+        idempotent.
+        """
+        if unit.empty:
+            self._check_usable()
+            return
+        prepared = PreparedUnit.build(unit)
+        self._run(prepared.apply, transaction=True)
+
+    # -- ledger ---------------------------------------------------------------
+
+    def ledger_head(self, stream: str) -> LedgerEvent | None:
+        """Return the last event of ``stream`` or ``None``."""
+        rows = self._fetch(sql.LEDGER_HEAD, (stream,))
+        return event_from_row(rows[0]) if rows else None
+
+    def read_ledger(self, stream: str, *, from_index: int = 0, limit: int = 100) -> LedgerPage:
+        """Return retained events from ``from_index`` on, flagging trimmed ones.
+
+        Trims delete from the front and appends add at the head, so in the
+        one snapshot the query sees, retained events are contiguous: the page
+        starts later than asked exactly when earlier events were trimmed.
+        """
+        limit = effective_limit(limit)
+        if isinstance(from_index, bool) or not isinstance(from_index, int) or from_index < 0:
+            raise InvalidInput("from_index must not be negative")
+        start = min(from_index, INDEX_CEILING)
+        rows = self._fetch(sql.LEDGER_PAGE, (stream, start, limit + 1))
+        events = tuple(event_from_row(row) for row in rows[:limit])
+        gap = bool(events) and events[0].index > from_index
+        next_index = events[-1].index + 1 if len(rows) > limit else None
+        return LedgerPage(events=events, next_index=next_index, gap=gap)
+
+    # -- stats ----------------------------------------------------------------
+
+    def has_records(self) -> bool:
+        """Return whether any record or ledger event exists, without counting them."""
+        return bool(self._fetch(sql.HAS_RECORDS, ())[0][0])
+
+    def namespace_counts(self) -> dict[str, int]:
+        """Return the number of records per namespace."""
+        return dict(self._fetch(sql.NAMESPACE_COUNTS, ()))
+
+    def key_id_counts(self) -> dict[str, int]:
+        """Return the number of records sealed under each key id."""
+        return dict(self._fetch(sql.KEY_ID_COUNTS, ()))
+
+    def compact(self) -> bool:
+        """Return ``True``: there is nothing this adapter can do that PostgreSQL does not.
+
+        Deleted and overwritten rows are dead tuples under MVCC; autovacuum
+        (or an operator's ``VACUUM``) makes their space reusable, and no
+        session command zeroes them or the WAL and backups that hold copies.
+        Vacuuming is an operator job, on the server's schedule, not part of
+        a unit of work; payloads are sealed, so stale copies stay ciphertext.
+        """
+        self._check_usable()
+        return True
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the pool; later calls raise ``StoreUnavailable``.
+
+        In a forked child it only marks the store closed: the inherited
+        connections belong to the parent and are never touched.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if os.getpid() == self._pid:
+            self._pool.close()

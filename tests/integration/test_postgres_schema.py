@@ -1,0 +1,330 @@
+"""Schema versions on PostgreSQL: released schemas keep opening, newer ones are refused untouched.
+
+Migrations take a transaction-level advisory lock, so hosts opening the
+same schema at once migrate it exactly once, and none keeps a lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from psycopg import sql
+
+from flowvault.adapters.postgres import SCHEMA_VERSION, PostgresSecureObjectStore, _schema
+from flowvault.application import FilterOp, Guard, LabelFilter, UnitOfWork, Upsert
+from flowvault.application.testing import make_event, make_upsert
+from flowvault.domain import (
+    GENESIS_HASH,
+    EnvelopeHeader,
+    LedgerEvent,
+    SchemaTooNew,
+    Sensitivity,
+    StoreUnavailable,
+    natural_key_digest,
+    verify_chain,
+)
+
+pytestmark = pytest.mark.postgres
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "postgres"
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+UNICODE_NS = "工作流/ß"
+AUDIT = "audit/\N{GREEK SMALL LETTER ALPHA}"
+FIXTURE_TRIM = ("orders", 2)
+"""The ``orders`` stream was trimmed before index 2, so the fixture holds a gap."""
+
+
+# -- what the v1 fixture holds, rebuilt from first principles ------------------
+
+
+def _upsert(namespace: str, key: str, payload: bytes, **fields) -> Upsert:
+    labels = fields.pop("labels")
+    header = EnvelopeHeader(
+        namespace=namespace,
+        key_digest=natural_key_digest(namespace, key),
+        schema_version=1,
+        **fields,
+    )
+    return Upsert(header=header, payload=payload, expected=Guard.ANY, labels=labels)
+
+
+def fixture_upserts() -> list[Upsert]:
+    """Return the records the v1 fixture was written from."""
+    confidential, restricted = Sensitivity.CONFIDENTIAL, Sensitivity.RESTRICTED
+    return [
+        _upsert(
+            "orders", "order-1", b"\x00sealed-order-1\xff", sensitivity=confidential,
+            key_id="k1", revision=2, written_at=T0 + timedelta(seconds=1),
+            labels={"status": "open", "n": 3},
+        ),
+        _upsert(
+            "orders", "order-2", b"sealed-order-2", sensitivity=restricted,
+            key_id="k2", revision=1, written_at=T0,
+            labels={"status": "closed", "n": 2**53 + 1, "big": -(2**63) + 1},
+        ),
+        _upsert(
+            UNICODE_NS, "run-1", b"", sensitivity=Sensitivity.PUBLIC,
+            key_id="k1", revision=7, written_at=T0 + timedelta(seconds=2), labels={"who": "ü😀"},
+        ),
+    ]  # fmt: skip
+
+
+def _chain(stream: str, bodies: list[dict]) -> list[LedgerEvent]:
+    events: list[LedgerEvent] = []
+    for index, body in enumerate(bodies):
+        previous = events[-1].event_hash if events else GENESIS_HASH
+        occurred = T0 + timedelta(minutes=index)
+        events.append(
+            LedgerEvent.create(
+                stream=stream, index=index, occurred_at=occurred, previous_hash=previous, **body
+            )
+        )
+    return events
+
+
+def fixture_events() -> dict[str, list[LedgerEvent]]:
+    """Return every event the v1 fixture's streams were written with (trimmed ones too)."""
+    orders = _chain("orders", [{"type": "order.changed", "payload": {"n": n}} for n in range(4)])
+    audit = _chain(
+        AUDIT,
+        [
+            {
+                "type": "workflow.created",
+                "payload": {"who": "ops", "mixed": [1, 2.5, None, True, "ü"]},
+                "to_state": "draft",
+                "event_key": "create-1",
+            },
+            {
+                "type": "workflow.approved",
+                "payload": {},
+                "from_state": "draft",
+                "to_state": "approved",
+            },
+        ],
+    )
+    return {"orders": orders, AUDIT: audit}
+
+
+# -- loading and describing schemas --------------------------------------------
+
+
+def load_fixture(server, name: str, schema: str) -> None:
+    """Create ``schema`` and run a SQL fixture in it with plain psycopg, as a release left it."""
+    text = (FIXTURES / name).read_text(encoding="utf-8")
+    with server.admin() as admin, admin.transaction():
+        admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        admin.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema)))
+        admin.execute(text)
+
+
+CATALOG = """
+SELECT 'column', table_name || '.' || column_name,
+       concat_ws(' ', data_type, collation_name, is_nullable, column_default, is_identity)
+FROM information_schema.columns WHERE table_schema = %(s)s
+UNION ALL
+SELECT 'constraint', conrelid::regclass::text, pg_get_constraintdef(oid)
+FROM pg_constraint WHERE connamespace = %(s)s::regnamespace
+UNION ALL
+SELECT 'index', indexname, regexp_replace(indexdef, ' ON \\S+\\.', ' ON ')
+FROM pg_indexes WHERE schemaname = %(s)s
+UNION ALL
+SELECT 'storage', attrelid::regclass::text || '.' || attname, attstorage::text
+FROM pg_attribute WHERE attrelid = (%(s)s || '.records')::regclass AND attnum > 0
+ORDER BY 1, 2, 3
+"""
+
+
+def describe(server, schema: str) -> list[tuple[str, str, str]]:
+    """Return the schema's columns, constraints, indexes and storage, without its name."""
+    with server.admin() as admin:
+        admin.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        return [tuple(row) for row in admin.execute(CATALOG, {"s": schema}).fetchall()]
+
+
+def versions(server, schema: str) -> list[int]:
+    """Return the versions recorded in the schema's ``schema_version`` table."""
+    with server.admin() as admin:
+        query = sql.SQL("SELECT version FROM {}.schema_version ORDER BY version").format(
+            sql.Identifier(schema)
+        )
+        return [row[0] for row in admin.execute(query).fetchall()]
+
+
+# -- released versions ---------------------------------------------------------
+
+
+def test_every_released_version_has_a_fixture() -> None:
+    """Each schema version this code can write has a frozen SQL fixture."""
+    for version in range(1, SCHEMA_VERSION + 1):
+        assert (FIXTURES / f"schema_v{version}.sql").is_file()
+
+
+def test_v1_fixture_reads_back(postgres_server, pg_schema: str) -> None:
+    """Every record and event of a v1 schema loads intact, with the trimmed stream's gap."""
+    load_fixture(postgres_server, "schema_v1.sql", pg_schema)
+    events = fixture_events()
+    stream, trimmed_before = FIXTURE_TRIM
+    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+        for upsert in fixture_upserts():
+            header = upsert.header
+            loaded = store.load(header.namespace, header.key_digest)
+            assert loaded is not None
+            assert loaded.metadata == upsert.metadata
+            assert loaded.payload == upsert.payload
+        assert dict(store.namespace_counts()) == {"orders": 2, UNICODE_NS: 1}
+        assert dict(store.key_id_counts()) == {"k1": 2, "k2": 1}
+        big = store.list("orders", filters=[LabelFilter("n", 2**53, FilterOp.GT)]).items
+        assert [meta.labels["status"] for meta in big] == ["closed"]
+        audit = store.read_ledger(AUDIT)
+        assert list(audit.events) == events[AUDIT]
+        assert verify_chain(audit.events).ok
+        orders = store.read_ledger(stream)
+        assert orders.gap
+        assert list(orders.events) == events[stream][trimmed_before:]
+    assert versions(postgres_server, pg_schema) == [1]
+
+
+def test_v1_fixture_accepts_new_writes(postgres_server, pg_schema: str) -> None:
+    """Guards on a v1 schema see its revisions and stream heads."""
+    load_fixture(postgres_server, "schema_v1.sql", pg_schema)
+    head = fixture_events()["orders"][-1]
+    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+        store.commit(
+            UnitOfWork(
+                upserts=[make_upsert("orders", "order-1", b"v3", expected=2)],
+                appends=[make_event("orders", 4, head)],
+            )
+        )
+        assert store.ledger_head("orders").previous_hash == head.event_hash
+
+
+def test_upgraded_fixture_matches_a_fresh_schema(postgres_server, pg_schema: str) -> None:
+    """Opening the oldest fixture yields exactly the tables, indexes and storage of a new store."""
+    load_fixture(postgres_server, "schema_v1.sql", pg_schema)
+    PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema).close()
+    fresh = postgres_server.new_schema()
+    try:
+        PostgresSecureObjectStore.open(postgres_server.dsn, schema=fresh).close()
+        assert describe(postgres_server, pg_schema) == describe(postgres_server, fresh)
+        assert versions(postgres_server, fresh) == list(range(1, SCHEMA_VERSION + 1))
+    finally:
+        postgres_server.drop_schema(fresh)
+
+
+# -- newer schemas, failures, concurrency --------------------------------------
+
+
+def _contents(server, schema: str) -> list[tuple]:
+    with server.admin() as admin:
+        admin.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        return [
+            *admin.execute("SELECT version FROM schema_version ORDER BY 1").fetchall(),
+            *admin.execute("SELECT key_digest, revision, payload FROM records ORDER BY 1"),
+            *admin.execute("SELECT stream, idx, event_hash FROM ledger_events ORDER BY 1, 2"),
+        ]
+
+
+def test_newer_schema_is_refused_and_left_untouched(postgres_server, pg_schema: str) -> None:
+    """A schema at SCHEMA_VERSION + 1 raises SchemaTooNew; not one row or table changes."""
+    load_fixture(postgres_server, "schema_v1.sql", pg_schema)
+    with postgres_server.admin() as admin:
+        query = sql.SQL("INSERT INTO {}.schema_version (version) VALUES (%s)")
+        admin.execute(query.format(sql.Identifier(pg_schema)), (SCHEMA_VERSION + 1,))
+    before = (_contents(postgres_server, pg_schema), describe(postgres_server, pg_schema))
+    with pytest.raises(SchemaTooNew) as caught:
+        PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema)
+    assert caught.value.details == {"found": SCHEMA_VERSION + 1, "supported": SCHEMA_VERSION}
+    assert "upgrade flowvault" in str(caught.value)
+    after = (_contents(postgres_server, pg_schema), describe(postgres_server, pg_schema))
+    assert after == before
+
+
+def test_failed_migration_changes_nothing(postgres_server, pg_schema: str, monkeypatch) -> None:
+    """A step that fails rolls everything back, the schema itself included."""
+    broken = (_schema.MIGRATIONS[0] + ("CREATE TABLE broken (",),)
+    monkeypatch.setattr(_schema, "MIGRATIONS", broken)
+    with pytest.raises(StoreUnavailable):
+        PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema)
+    with postgres_server.admin() as admin:
+        found = admin.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (pg_schema,))
+        assert found.fetchone() is None
+    monkeypatch.undo()
+    PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema).close()
+    assert versions(postgres_server, pg_schema) == [1]
+
+
+def test_hosts_opening_at_once_migrate_once(postgres_server, pg_schema: str) -> None:
+    """Eight stores opening one new schema together all succeed; it is migrated once."""
+    barrier = threading.Barrier(8)
+    opened: list[PostgresSecureObjectStore] = []
+    failures: list[BaseException] = []
+
+    def open_store() -> None:
+        barrier.wait()
+        try:
+            opened.append(
+                PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema, pool_size=1)
+            )
+        except BaseException as exc:  # handed to the main thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=open_store) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    try:
+        assert failures == []
+        assert len(opened) == 8
+        assert versions(postgres_server, pg_schema) == [1]
+        key = _schema.lock_key(pg_schema) & (2**64 - 1)
+        with postgres_server.admin() as admin:
+            held = admin.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                "AND classid::bigint = %s AND objid::bigint = %s",
+                (key >> 32, key & (2**32 - 1)),
+            )
+            assert held.fetchone() == (0,)
+    finally:
+        for store in opened:
+            store.close()
+
+
+def test_two_schemas_in_one_database_are_separate_stores(postgres_server, pg_schema: str) -> None:
+    """Two hosts' schemas share a database but no record or stream."""
+    other = postgres_server.new_schema()
+    try:
+        with (
+            PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as first,
+            PostgresSecureObjectStore.open(postgres_server.dsn, schema=other) as second,
+        ):
+            first.commit(UnitOfWork(upserts=[make_upsert("ns", "a")], appends=[make_event("s", 0)]))
+            second.commit(
+                UnitOfWork(upserts=[make_upsert("ns", "a")], appends=[make_event("s", 0)])
+            )
+            assert first.namespace_counts() == second.namespace_counts() == {"ns": 1}
+            assert len(first.read_ledger("s").events) == len(second.read_ledger("s").events) == 1
+    finally:
+        postgres_server.drop_schema(other)
+
+
+def test_migration_waits_for_the_advisory_lock(postgres_server, pg_schema: str) -> None:
+    """While another host holds the schema's migration lock, opening a new schema waits."""
+    opened = threading.Event()
+
+    def open_store() -> None:
+        PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema).close()
+        opened.set()
+
+    with postgres_server.admin() as admin:
+        admin.execute("SELECT pg_advisory_lock(%s)", (_schema.lock_key(pg_schema),))
+        opener = threading.Thread(target=open_store)
+        opener.start()
+        assert not opened.wait(0.5)
+        admin.execute("SELECT pg_advisory_unlock(%s)", (_schema.lock_key(pg_schema),))
+        opener.join(timeout=10)
+    assert opened.is_set()
+    assert versions(postgres_server, pg_schema) == [1]
