@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import random
 import sqlite3
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -50,9 +52,22 @@ from flowvault.application import (
     UnitOfWork,
     effective_limit,
 )
-from flowvault.domain import InvalidInput, LedgerEvent, StoreUnavailable, format_instant
+from flowvault.domain import (
+    InvalidInput,
+    LedgerEvent,
+    StoreBusy,
+    StoreUnavailable,
+    format_instant,
+)
 
 _FORKED = "store opened before fork; open a new one in the child"
+_OPEN_RETRY_PAUSE = 0.01
+"""Seconds between tries to open a file that other processes are creating or migrating.
+
+Switching a new file to WAL and migrating it can report busy at once,
+without SQLite's busy handler waiting, when several processes open a
+fresh store together; opening retries until the busy timeout instead.
+"""
 
 
 class _Handle:
@@ -157,9 +172,16 @@ class SQLiteSecureObjectStore:
         """
         options = ConnectOptions(Path(path), synchronous, busy_timeout)
         check_sqlite_version()
-        with translated(busy_timeout):
-            prepare(options.path, allow_insecure=allow_insecure_permissions)
-            return cls(options, _open_writer(options))
+        deadline = time.monotonic() + busy_timeout
+        while True:
+            try:
+                with translated(busy_timeout):
+                    prepare(options.path, allow_insecure=allow_insecure_permissions)
+                    return cls(options, _open_writer(options))
+            except StoreBusy:
+                if time.monotonic() >= deadline:
+                    raise
+            time.sleep(_OPEN_RETRY_PAUSE * (1 + random.random()))  # noqa: S311 - jitter only
 
     @property
     def path(self) -> Path:
