@@ -94,7 +94,10 @@ def bootstrap(
         container.ids.override(ids)
     opened = container.store()
     try:
-        return _assemble(container)
+        runtime = _assemble(container)
+        if runtime.settings.recover_runs_on_open:
+            runtime.graph_runs.recover_incomplete_runs()
+        return runtime
     except BaseException:
         if store is None:
             opened.close()

@@ -38,6 +38,7 @@ class Settings(BaseModel):
     synchronous: Literal["full", "normal"] = "full"
     busy_timeout: float = Field(default=30.0, gt=0, le=3600)
     allow_insecure_permissions: bool = False
+    recover_runs_on_open: bool = False
     key: SecretStr | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
