@@ -13,8 +13,13 @@ import functools
 import os
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+from flowvault.adapters.memory import InMemorySecureObjectStore
+from flowvault.adapters.sqlite import SQLiteSecureObjectStore
+from flowvault.application import SecureObjectStore
 
 DSN_ENV = "FLOWVAULT_TEST_POSTGRES_DSN"
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
@@ -96,3 +101,27 @@ def pg_schema(postgres_server: PostgresServer) -> Iterator[str]:
         yield schema
     finally:
         postgres_server.drop_schema(schema)
+
+
+BACKENDS = ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+"""Every adapter the scenario tests run on; PostgreSQL follows the skip-or-fail rule above."""
+
+
+@pytest.fixture(params=BACKENDS)
+def backend_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SecureObjectStore]:
+    """Provide a fresh, empty store on each backend, closed after the test."""
+    store: SecureObjectStore
+    if request.param == "memory":
+        store = InMemorySecureObjectStore()
+    elif request.param == "sqlite":
+        store = SQLiteSecureObjectStore.open(tmp_path / "data" / "store.db")
+    else:
+        from flowvault.adapters.postgres import PostgresSecureObjectStore  # noqa: PLC0415
+
+        server = request.getfixturevalue("postgres_server")
+        schema = request.getfixturevalue("pg_schema")
+        store = PostgresSecureObjectStore.open(server.dsn, schema=schema, pool_size=2)
+    try:
+        yield store
+    finally:
+        store.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -160,16 +160,10 @@ class World:
         return records + tuple(self.store.read_ledger(name, limit=200) for name in streams)
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def world(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[World]:
+@pytest.fixture
+def world(backend_store: SecureObjectStore) -> World:
     """Provide a fresh world on each backend."""
-    store: SecureObjectStore = (
-        InMemorySecureObjectStore()
-        if request.param == "memory"
-        else SQLiteSecureObjectStore.open(tmp_path / "data" / "store.db")
-    )
-    with store:  # type: ignore[attr-defined]
-        yield World(store)
+    return World(backend_store)
 
 
 def race(count: int, call: Callable[[], object]) -> list[object]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -11,7 +11,6 @@ import pytest
 from pydantic import ValidationError
 
 from flowvault.adapters.crypto import AesGcmCipher
-from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.application import (
     GRAPH_DEFINITION_VERSIONS,
@@ -132,18 +131,12 @@ def _holds_receipt(unit: UnitOfWork) -> bool:
     return any(upsert.header.namespace == GRAPH_RUN_RECEIPTS for upsert in unit.upserts)
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def world(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[World]:
+@pytest.fixture
+def world(backend_store: SecureObjectStore) -> World:
     """Provide a fresh world with one registered definition on each backend."""
-    if request.param == "memory":
-        made = World(InMemorySecureObjectStore())
-        made.service.register_definition("triage", SPEC)
-        yield made
-        return
-    with SQLiteSecureObjectStore.open(tmp_path / "data" / "store.db") as store:
-        made = World(store)
-        made.service.register_definition("triage", SPEC)
-        yield made
+    made = World(backend_store)
+    made.service.register_definition("triage", SPEC)
+    return made
 
 
 # -- lifecycle --------------------------------------------------------------------

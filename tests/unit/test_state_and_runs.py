@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -12,7 +11,6 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from flowvault.adapters.crypto import AesGcmCipher
-from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.application import (
     RESET_EVENT,
@@ -69,15 +67,10 @@ class World:
         return StateRepository(self.repository, scope, model=Counter)
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def world(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[World]:
+@pytest.fixture
+def world(backend_store: SecureObjectStore) -> World:
     """Provide a fresh world on each backend."""
-    if request.param == "memory":
-        yield World(InMemorySecureObjectStore())
-        return
-    path = tmp_path / "data" / "store.db"
-    with SQLiteSecureObjectStore.open(path) as store:
-        yield World(store, path)
+    return World(backend_store)
 
 
 class CrashOnDelete:

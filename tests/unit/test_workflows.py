@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from flowvault.adapters.crypto import AesGcmCipher
-from flowvault.adapters.memory import InMemorySecureObjectStore
-from flowvault.adapters.postgres import PostgresSecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.application import (
     ACTION_RESULTS,
@@ -83,22 +80,10 @@ class World:
         return tuple(self.store.list(space, limit=200) for space in spaces) + ledgers
 
 
-def _open_store(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> SecureObjectStore:
-    if backend == "memory":
-        return InMemorySecureObjectStore()
-    if backend == "sqlite":
-        return SQLiteSecureObjectStore.open(tmp_path / "data" / "store.db")
-    server = request.getfixturevalue("postgres_server")
-    schema = request.getfixturevalue("pg_schema")
-    return PostgresSecureObjectStore.open(server.dsn, schema=schema, pool_size=2)
-
-
-@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def world(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[World]:
+@pytest.fixture
+def world(backend_store: SecureObjectStore) -> World:
     """Provide a fresh world on each backend."""
-    store = _open_store(request.param, request, tmp_path)
-    with store:  # type: ignore[attr-defined]
-        yield World(store)
+    return World(backend_store)
 
 
 # -- create ---------------------------------------------------------------------
