@@ -16,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from flowvault.adapters._rows import Params, event_params
 from flowvault.adapters.postgres import _queries as sql
 from flowvault.adapters.postgres._connect import Connection
-from flowvault.adapters.postgres._rows import Params, event_params, label_rows, record_params
+from flowvault.adapters.postgres._rows import label_rows, record_params
 from flowvault.application import (
     Delete,
     ExpectedRevision,

@@ -11,6 +11,7 @@ from typing import Any, Final, TypeVar
 
 import psycopg
 
+from flowvault.adapters._rows import event_from_row
 from flowvault.adapters.postgres import _queries as sql
 from flowvault.adapters.postgres._commit import INDEX_CEILING, PreparedUnit
 from flowvault.adapters.postgres._connect import (
@@ -23,7 +24,7 @@ from flowvault.adapters.postgres._connect import (
     make_pool,
 )
 from flowvault.adapters.postgres._errors import RETRYABLE, translated
-from flowvault.adapters.postgres._rows import event_from_row, metadata_from_row, record_from_row
+from flowvault.adapters.postgres._rows import metadata_from_row, record_from_row
 from flowvault.adapters.postgres._schema import prepare_schema
 from flowvault.application import (
     LabelFilter,

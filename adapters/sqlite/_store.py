@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from flowvault.adapters._rows import event_from_row
 from flowvault.adapters.sqlite import _queries as sql
 from flowvault.adapters.sqlite._commit import (
     INDEX_CEILING,
@@ -29,12 +30,7 @@ from flowvault.adapters.sqlite._connect import (
 )
 from flowvault.adapters.sqlite._errors import translated
 from flowvault.adapters.sqlite._files import prepare, secure_sidecars
-from flowvault.adapters.sqlite._rows import (
-    event_from_row,
-    metadata_from_row,
-    record_from_row,
-    stream_state,
-)
+from flowvault.adapters.sqlite._rows import metadata_from_row, record_from_row, stream_state
 from flowvault.adapters.sqlite._schema import (
     SCHEMA_VERSION,
     ensure_supported,

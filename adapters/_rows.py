@@ -1,0 +1,112 @@
+"""Row codecs shared by the SQL adapters: ledger events and record metadata.
+
+Both SQL adapters store events and headers in the same column layout, so
+one codec keeps their validation identical: a row that no longer makes a
+valid header or event is ``IntegrityFailure``, never a pydantic or JSON
+error, and never with its content.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeAlias
+
+from pydantic import ValidationError
+
+from flowvault.application import LabelValue, RecordMetadata, StoredRecord
+from flowvault.domain import (
+    EnvelopeHeader,
+    IntegrityFailure,
+    InvalidInput,
+    LedgerEvent,
+    canonical_json,
+    format_instant,
+    parse_json,
+)
+
+Row: TypeAlias = Sequence[Any]
+Params: TypeAlias = tuple[object, ...]
+LabelDecoder: TypeAlias = Callable[[object], Mapping[str, LabelValue]]
+
+MALFORMED = (ValidationError, InvalidInput, ValueError, TypeError, KeyError)
+"""What decoding a tampered or truncated row can raise."""
+
+
+def malformed(table: str) -> IntegrityFailure:
+    """Return the error for a row of ``table`` that no longer decodes."""
+    return IntegrityFailure(f"stored row is malformed ({table})", table=table)
+
+
+def metadata_from_row(row: Row, decode_labels: LabelDecoder) -> RecordMetadata:
+    """Build metadata from the ten metadata columns, in ``PEEK_METADATA`` order."""
+    try:
+        namespace, key_digest, revision, sensitivity, schema, key_id, written = row[:7]
+        labels, byte_length, payload_digest = row[7:10]
+        header = EnvelopeHeader.model_validate(
+            {
+                "namespace": namespace,
+                "key_digest": key_digest,
+                "revision": revision,
+                "sensitivity": sensitivity,
+                "schema_version": schema,
+                "key_id": key_id,
+                "written_at": written,
+            }
+        )
+        if not isinstance(byte_length, int) or not isinstance(payload_digest, str):
+            raise TypeError("record sizes")
+        return RecordMetadata(header, decode_labels(labels), byte_length, payload_digest)
+    except MALFORMED:
+        raise malformed("records") from None
+
+
+def record_from_row(row: Row, decode_labels: LabelDecoder) -> StoredRecord:
+    """Build a stored record from ``LOAD_RECORD``'s columns: metadata, then the payload."""
+    metadata = metadata_from_row(row, decode_labels)
+    payload = row[10]
+    if not isinstance(payload, bytes):
+        raise malformed("records")
+    return StoredRecord(metadata=metadata, payload=payload)
+
+
+def event_params(event: LedgerEvent) -> Params:
+    """Return ``INSERT_EVENT`` parameters; the payload is kept as its canonical JSON text.
+
+    Text rather than a native JSON type, which could normalise numbers and
+    key order and so change what the event hash was computed over.
+    """
+    return (
+        event.stream,
+        event.index,
+        event.type,
+        event.from_state,
+        event.to_state,
+        format_instant(event.occurred_at),
+        canonical_json(event.payload),
+        event.previous_hash,
+        event.event_hash,
+        event.event_key,
+    )
+
+
+def event_from_row(row: Row) -> LedgerEvent:
+    """Rebuild an event exactly as stored, hash included, so verification sees any edit."""
+    try:
+        stream, index, type_, from_state, to_state, occurred, payload = row[:7]
+        previous_hash, event_hash, event_key = row[7:10]
+        return LedgerEvent.model_validate(
+            {
+                "stream": stream,
+                "index": index,
+                "type": type_,
+                "from_state": from_state,
+                "to_state": to_state,
+                "occurred_at": occurred,
+                "payload": parse_json(payload),
+                "previous_hash": previous_hash,
+                "event_hash": event_hash,
+                "event_key": event_key,
+            }
+        )
+    except MALFORMED:
+        raise malformed("ledger_events") from None
