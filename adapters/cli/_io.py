@@ -1,13 +1,38 @@
-"""Terminal input and output for commands, injectable so tests need no terminal."""
+"""Terminal input and output for commands, injectable so tests need no terminal.
+
+On a terminal, tables and progress bars are drawn with rich; otherwise the
+same content is printed as plain text, and ``--json`` prints exactly one
+JSON document on stdout.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import TextIO, TypeVar
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
 
 from flowvault.domain import FlowvaultError, canonical_json
+
+T = TypeVar("T")
+
+FIXES: dict[str, str] = {
+    "KEY_REQUIRED": "set FLOWVAULT_KEY or restore the key file named above",
+    "INTEGRITY_FAILURE": "the data does not verify: restore a backup or reset the damaged state",
+    "INSECURE_PERMISSIONS": "run the chmod named above (or allow it in the settings)",
+    "STORE_BUSY": "another process holds the store; retry, or raise FLOWVAULT_BUSY_TIMEOUT",
+    "STORE_UNAVAILABLE": "check FLOWVAULT_HOME / FLOWVAULT_POSTGRES_DSN and that the store exists",
+    "SCHEMA_TOO_NEW": "upgrade flowvault: a newer version wrote this store",
+    "NOT_FOUND": "check the id; list what exists with the matching 'list' verb",
+    "INVALID_INPUT": "check the arguments against --help",
+    "REVISION_CONFLICT": "someone changed it meanwhile; reload and retry",
+}
+"""One-line fixes printed under an error, by code; other codes print none."""
 
 
 @dataclass(slots=True)
@@ -24,6 +49,11 @@ class CommandIO:
         """True when a person can answer a prompt."""
         return self.stdin.isatty() and self.out.isatty()
 
+    @property
+    def rich(self) -> bool:
+        """True when human output may use colour, tables and progress bars."""
+        return not self.json_output and self.out.isatty()
+
     def confirm(self, question: str) -> bool:
         """Ask a yes/no question on stderr; anything but an explicit yes is no.
 
@@ -34,18 +64,55 @@ class CommandIO:
         self.err.flush()
         return self.stdin.readline().strip().lower() in {"y", "yes"}
 
-    def emit(self, document: dict[str, object], lines: list[str]) -> None:
+    def emit(self, document: object, lines: Sequence[str]) -> None:
         """Print ``document`` as one JSON line, or ``lines`` for a person."""
         if self.json_output:
             self.out.write(canonical_json(document) + "\n")
         else:
             self.out.write("\n".join(lines) + "\n")
 
-    def fail(self, error: FlowvaultError) -> int:
-        """Report a flowvault error with its code and return the exit status 1."""
+    def say(self, line: str) -> None:
+        """Print one line for a person (nothing in ``--json`` mode)."""
+        if not self.json_output:
+            self.out.write(line + "\n")
+            self.out.flush()
+
+    def table(self, title: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
+        """Print a table for a person: rich on a terminal, tab-separated otherwise."""
         if self.json_output:
-            body = {"error": {"code": error.code, "message": error.message}}
+            return
+        cells = [[str(cell) for cell in row] for row in rows]
+        if self.rich:
+            table = Table(title=title)
+            for column in columns:
+                table.add_column(column)
+            for row in cells:
+                table.add_row(*row)
+            Console(file=self.out).print(table)
+            return
+        self.out.write("\t".join(columns) + "\n")
+        for row in cells:
+            self.out.write("\t".join(row) + "\n")
+
+    def progress(self, items: Iterable[T], *, total: int | None, label: str) -> Iterator[T]:
+        """Yield ``items`` with a progress bar on a terminal, silently otherwise."""
+        if not self.rich:
+            yield from items
+            return
+        with Progress(console=Console(file=self.err), transient=True) as bar:
+            task = bar.add_task(label, total=total)
+            for item in items:
+                yield item
+                bar.advance(task)
+
+    def fail(self, error: FlowvaultError) -> int:
+        """Report a flowvault error with its code and a one-line fix; return exit status 1."""
+        fix = FIXES.get(error.code)
+        if self.json_output:
+            body = {"error": {"code": error.code, "message": error.message, "fix": fix}}
             self.out.write(json.dumps(body, sort_keys=True) + "\n")
         else:
             self.err.write(f"error: {error.code}: {error.message}\n")
+            if fix:
+                self.err.write(f"  fix: {fix}\n")
         return 1

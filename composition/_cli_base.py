@@ -1,0 +1,61 @@
+"""What every verb group of the ``flowvault`` command shares: options, epilog, settings."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeAlias
+
+from flowvault.adapters.cli import CommandIO
+from flowvault.composition._settings import Settings
+
+EXIT_CODES = """exit codes:
+  0  success
+  1  a flowvault error (its code and a fix are printed) or a declined confirmation
+  2  usage error
+"""
+
+Handler: TypeAlias = Callable[[argparse.Namespace, Settings, CommandIO], int]
+Verbs: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def common_options() -> argparse.ArgumentParser:
+    """Options every verb accepts (pass as ``parents=[...]``)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print one JSON document")
+    return common
+
+
+def add_verb(
+    verbs: Verbs,
+    name: str,
+    *,
+    help: str,
+    description: str,
+    handler: Handler,
+) -> argparse.ArgumentParser:
+    """Add one verb with the common options, the exit-code epilog and its handler."""
+    parser = verbs.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=EXIT_CODES,
+        parents=[common_options()],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def settings_for(args: argparse.Namespace) -> Settings:
+    """Build settings from ``FLOWVAULT_*``, overridden by the global options given."""
+    environ = dict(os.environ)
+    if args.home is not None:
+        environ["FLOWVAULT_HOME"] = str(Path(args.home).expanduser())
+    if args.backend is not None:
+        environ["FLOWVAULT_BACKEND"] = args.backend
+    if args.postgres_dsn is not None:
+        environ["FLOWVAULT_POSTGRES_DSN"] = args.postgres_dsn
+    return Settings.from_env(environ)
