@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: test install-dev lint typecheck layers pytest clean
+.PHONY: test install-dev lint typecheck layers pytest demo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,15 @@ pytest: install-dev
 	$(BIN)/pytest
 
 test: lint typecheck layers pytest
+
+# The main job: install flowvault and run an approval workflow end to end in a
+# fresh SQLite home (a new temporary directory; DEMO_ARGS="--home DIR" to choose).
+DEMO_ARGS ?=
+demo: $(BIN)/python
+	rm -rf build flowvault.egg-info
+	$(PIP) install --no-build-isolation .
+	rm -rf build flowvault.egg-info
+	$(BIN)/flowvault demo $(DEMO_ARGS)
 
 clean:
 	rm -rf build dist flowvault.egg-info .mypy_cache .pytest_cache .ruff_cache

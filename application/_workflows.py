@@ -15,11 +15,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from flowvault.application._records import (
+    MAX_LIST_LIMIT,
     Delete,
     FilterOp,
     Guard,
     LabelFilter,
     LabelValue,
+    Order,
     RecordMetadata,
     UnitOfWork,
     Upsert,
@@ -173,20 +175,62 @@ class WorkflowService:
         record, _ = self._load(workflow_id)
         return record
 
+    def list_workflows(self, state: str | None = None, limit: int = 50) -> list[WorkflowRecord]:
+        """Return workflows, optionally only those in ``state``, most recently written first.
+
+        At most ``limit`` (capped at 200); a workflow deleted while it is
+        listed is skipped.
+
+        Raises:
+            InvalidInput: ``limit`` is not a positive integer, or ``state`` is no label text.
+            IntegrityFailure: a record does not verify or names another workflow.
+
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidInput("limit must be a positive integer")
+        filters = [] if state is None else [LabelFilter("state", state)]
+        page = self._store.list(
+            WORKFLOWS,
+            filters=filters,
+            order=Order.WRITTEN_AT_DESC,
+            limit=min(limit, MAX_LIST_LIMIT),
+        )
+        records = []
+        for metadata in page.items:
+            stored = self._store.load(metadata.namespace, metadata.key_digest)
+            if stored is None:
+                continue
+            opened = self._repo.open(
+                stored, namespace=metadata.namespace, key_digest=metadata.key_digest
+            )
+            record = self._verified(opened)
+            if self._repo.key_digest(WORKFLOWS, record.workflow_id) != metadata.key_digest:
+                raise IntegrityFailure("workflow record names another workflow than its row")
+            records.append(record)
+        return records
+
     def _load(self, workflow_id: str) -> tuple[WorkflowRecord, RecordMetadata]:
         opened = self._repo.read(WORKFLOWS, workflow_id)
         if opened is None:
             raise NotFound("no such workflow", workflow_id=workflow_id)
+        record = self._verified(opened)
+        if record.workflow_id != workflow_id:
+            raise IntegrityFailure(
+                "workflow record disagrees with its row", workflow_id=workflow_id
+            )
+        return record, opened.metadata
+
+    @staticmethod
+    def _verified(opened: SealedDocument) -> WorkflowRecord:
+        """Parse an opened workflow row and check its version against the row's revision."""
         document = _mapping(opened.document, opened.metadata)
         try:
             record = WorkflowRecord.model_validate(document.get("record"))
         except ValidationError:
             raise IntegrityFailure("sealed workflow has an unexpected shape") from None
-        if record.state_version != opened.revision or record.workflow_id != workflow_id:
-            raise IntegrityFailure(
-                "workflow record disagrees with its row", workflow_id=workflow_id
-            )
-        return record, opened.metadata
+        if record.state_version != opened.revision:
+            raise IntegrityFailure("workflow record disagrees with its row")
+        return record
 
     def _record_upsert(self, record: WorkflowRecord, expected: int | Guard) -> Upsert:
         document = {"record": record.model_dump(mode="json")}

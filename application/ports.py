@@ -141,6 +141,24 @@ class StoreStats(Protocol):
 
 
 @runtime_checkable
+class StreamCatalog(Protocol):
+    """Optional capability: enumerate the ledger streams, so an audit can verify every one."""
+
+    def list_streams(self, *, after: str | None = None, limit: int = 200) -> list[str]:
+        """Return up to ``limit`` names of streams holding events, sorted, after ``after``.
+
+        Names sort in code-point order (UTF-8 byte order); pass the last name
+        of a page as ``after`` to get the next one, until a page comes back
+        empty. ``limit`` is capped at ``MAX_LIST_LIMIT``.
+
+        Raises:
+            InvalidInput: a limit below 1.
+
+        """
+        ...
+
+
+@runtime_checkable
 class Cipher(Protocol):
     """Authenticated encryption under a key ring; keys are chosen by id, never by trial.
 

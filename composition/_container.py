@@ -42,7 +42,7 @@ def _postgres_dsn(dsn: SecretStr | None) -> str:
     return dsn.get_secret_value()
 
 
-def _open_postgres(settings: Settings) -> SecureObjectStore:
+def open_postgres(settings: Settings) -> SecureObjectStore:
     """Open the PostgreSQL store; psycopg is imported only when this backend is chosen."""
     dsn = _postgres_dsn(settings.postgres_dsn)
     try:
@@ -133,7 +133,7 @@ class Container(containers.DeclarativeContainer):
         providers.Callable(_backend, settings),
         memory=providers.Singleton(InMemorySecureObjectStore),
         sqlite=providers.Singleton(_open_sqlite, settings),
-        postgres=providers.Singleton(_open_postgres, settings),
+        postgres=providers.Singleton(open_postgres, settings),
     )
     key_store = providers.Selector(
         providers.Callable(_backend, settings),

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
@@ -125,3 +126,13 @@ def backend_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Se
         yield store
     finally:
         store.close()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_logging() -> Iterator[None]:
+    """Undo any structlog set-up a test made (e.g. by calling the CLI's ``main`` in-process).
+
+    Otherwise a later test would log into a stream pytest has already closed.
+    """
+    yield
+    structlog.reset_defaults()

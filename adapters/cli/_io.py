@@ -29,7 +29,7 @@ FIXES: dict[str, str] = {
     "STORE_UNAVAILABLE": "check FLOWVAULT_HOME / FLOWVAULT_POSTGRES_DSN and that the store exists",
     "SCHEMA_TOO_NEW": "upgrade flowvault: a newer version wrote this store",
     "NOT_FOUND": "check the id; list what exists with the matching 'list' verb",
-    "INVALID_INPUT": "check the arguments against --help",
+    "INVALID_INPUT": "correct what the message names (see --help for the arguments)",
     "REVISION_CONFLICT": "someone changed it meanwhile; reload and retry",
 }
 """One-line fixes printed under an error, by code; other codes print none."""

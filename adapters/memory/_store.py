@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -197,6 +198,14 @@ class InMemorySecureObjectStore:
             has_more = start + limit < len(found.events)
         next_index = events[-1].index + 1 if events and has_more else None
         return LedgerPage(events=events, next_index=next_index, gap=gap)
+
+    def list_streams(self, *, after: str | None = None, limit: int = 200) -> builtins.list[str]:
+        """Return up to ``limit`` stream names after ``after``, in code-point order."""
+        limit = effective_limit(limit)
+        with self._lock:
+            self._check_open()
+            names = [name for name, found in self._streams.items() if found.events]
+        return sorted(name for name in names if after is None or name > after)[:limit]
 
     def has_records(self) -> bool:
         """Return whether any record or ledger event exists."""

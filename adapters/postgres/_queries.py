@@ -111,6 +111,10 @@ LEDGER_PAGE: Final = (
 )
 """One statement, so one snapshot: retained events are contiguous from the first one."""
 
+LIST_STREAMS: Final = (
+    'SELECT stream FROM ledger_streams WHERE stream > %s ORDER BY stream COLLATE "C" LIMIT %s'
+)
+"""Stream names after a mark; the column is ``COLLATE "C"``, so code-point order."""
 HAS_RECORDS: Final = "SELECT EXISTS (SELECT 1 FROM records) OR EXISTS (SELECT 1 FROM ledger_events)"
 NAMESPACE_COUNTS: Final = "SELECT namespace, count(*) FROM records GROUP BY namespace"
 KEY_ID_COUNTS: Final = "SELECT key_id, count(*) FROM records GROUP BY key_id"

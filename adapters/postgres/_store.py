@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import os
 import random
 import time
@@ -281,6 +282,11 @@ class PostgresSecureObjectStore:
         gap = bool(events) and events[0].index > from_index
         next_index = events[-1].index + 1 if len(rows) > limit else None
         return LedgerPage(events=events, next_index=next_index, gap=gap)
+
+    def list_streams(self, *, after: str | None = None, limit: int = 200) -> builtins.list[str]:
+        """Return up to ``limit`` stream names after ``after``, in code-point order."""
+        limit = effective_limit(limit)
+        return [str(row[0]) for row in self._fetch(sql.LIST_STREAMS, (after or "", limit))]
 
     # -- stats ----------------------------------------------------------------
 

@@ -5,8 +5,8 @@ directory are created private (0600/0700), and refused when others can
 reach them.
 """
 
-from flowvault.adapters.sqlite._connect import Synchronous
+from flowvault.adapters.sqlite._connect import ConnectOptions, Synchronous
 from flowvault.adapters.sqlite._schema import SCHEMA_VERSION
 from flowvault.adapters.sqlite._store import SQLiteSecureObjectStore
 
-__all__ = ["SCHEMA_VERSION", "SQLiteSecureObjectStore", "Synchronous"]
+__all__ = ["SCHEMA_VERSION", "ConnectOptions", "SQLiteSecureObjectStore", "Synchronous"]

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal, TypeAlias
+from urllib.parse import quote
 
 from flowvault.domain import InvalidInput, StoreUnavailable
 
@@ -32,6 +33,14 @@ class ConnectOptions:
     path: Path
     synchronous: Synchronous
     busy_timeout: float
+    read_only: bool = False
+    """Open with ``mode=ro``: SQLite refuses every write, and nothing is created."""
+    immutable: bool = False
+    """With ``read_only``, also ``immutable=1``: no locks and no ``-wal``/``-shm`` files.
+
+    Only for a file no process has open (it has no write-ahead log); if one
+    starts writing meanwhile, reads may see damage that is not there.
+    """
 
     def __post_init__(self) -> None:
         if self.synchronous not in _SYNCHRONOUS_LEVELS:
@@ -47,8 +56,26 @@ class ConnectOptions:
         """The busy timeout as SQLite takes it."""
         return round(self.busy_timeout * 1000)
 
+    def uri(self) -> str:
+        """Return the ``file:`` URI of a read-only connection, the path percent-encoded."""
+        flags = "mode=ro&immutable=1" if self.immutable else "mode=ro"
+        return f"file:{quote(str(self.path.absolute()))}?{flags}"
+
     def pragmas(self) -> tuple[tuple[str, str, object], ...]:
-        """Return ``(name, value to set, value that must read back)`` for every pragma."""
+        """Return ``(name, value to set, value that must read back)`` for every pragma.
+
+        A read-only connection sets only the pragmas that live in the
+        connection; ``journal_mode`` would write the file header, and
+        ``synchronous`` and ``secure_delete`` govern writes it never makes.
+        ``query_only`` makes SQLite refuse any write even before the file would.
+        """
+        if self.read_only:
+            return (
+                ("busy_timeout", str(self.busy_timeout_ms), self.busy_timeout_ms),
+                ("foreign_keys", "ON", 1),
+                ("trusted_schema", "OFF", 0),
+                ("query_only", "ON", 1),
+            )
         level = _SYNCHRONOUS_LEVELS[self.synchronous]
         return (
             ("busy_timeout", str(self.busy_timeout_ms), self.busy_timeout_ms),
@@ -70,7 +97,19 @@ def check_sqlite_version() -> None:
 
 
 def connect(options: ConnectOptions) -> sqlite3.Connection:
-    """Open a bare connection in autocommit mode; transactions are always explicit."""
+    """Open a bare connection in autocommit mode; transactions are always explicit.
+
+    A read-only connection goes through a ``file:`` URI with ``mode=ro``, so a
+    missing file is an error rather than a new, empty database.
+    """
+    if options.read_only:
+        return sqlite3.connect(
+            options.uri(),
+            uri=True,
+            isolation_level=None,
+            timeout=options.busy_timeout,
+            check_same_thread=False,
+        )
     return sqlite3.connect(
         options.path,
         isolation_level=None,

@@ -76,6 +76,8 @@ LEDGER_PAGE: Final = (
     "FROM ledger_events WHERE stream = ? AND idx >= ? ORDER BY idx LIMIT ?"
 )
 
+LIST_STREAMS: Final = "SELECT stream FROM ledger_streams WHERE stream > ? ORDER BY stream LIMIT ?"
+"""Stream names after a mark, in ``BINARY`` collation: UTF-8 byte order, i.e. code-point order."""
 HAS_RECORDS: Final = "SELECT EXISTS (SELECT 1 FROM records) OR EXISTS (SELECT 1 FROM ledger_events)"
 NAMESPACE_COUNTS: Final = "SELECT namespace, COUNT(*) FROM records GROUP BY namespace"
 KEY_ID_COUNTS: Final = "SELECT key_id, COUNT(*) FROM records GROUP BY key_id"

@@ -11,7 +11,7 @@ import sqlite3
 from typing import Final
 
 from flowvault.adapters.sqlite._connect import transaction
-from flowvault.domain import SchemaTooNew
+from flowvault.domain import SchemaTooNew, StoreUnavailable
 
 _RECORDS = """CREATE TABLE records (
     id INTEGER PRIMARY KEY,
@@ -97,6 +97,19 @@ def ensure_supported(version: int) -> None:
         raise SchemaTooNew(
             f"the database has schema version {version}, newer than the {SCHEMA_VERSION} "
             "this flowvault understands; upgrade flowvault to open it",
+            found=version,
+            supported=SCHEMA_VERSION,
+        )
+
+
+def ensure_current(version: int) -> None:
+    """Refuse, for a read-only open, any schema but this code's: nothing may be migrated."""
+    ensure_supported(version)
+    if version < SCHEMA_VERSION:
+        raise StoreUnavailable(
+            f"the database has schema version {version}, older than the {SCHEMA_VERSION} "
+            "this flowvault reads; a read-only open cannot migrate it (open it read-write "
+            "once, on a copy if need be)",
             found=version,
             supported=SCHEMA_VERSION,
         )

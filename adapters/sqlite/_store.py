@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import os
 import random
 import sqlite3
@@ -29,10 +30,11 @@ from flowvault.adapters.sqlite._connect import (
     transaction,
 )
 from flowvault.adapters.sqlite._errors import translated
-from flowvault.adapters.sqlite._files import prepare, secure_sidecars
+from flowvault.adapters.sqlite._files import SIDECAR_SUFFIXES, prepare, secure_sidecars
 from flowvault.adapters.sqlite._rows import metadata_from_row, record_from_row, stream_state
 from flowvault.adapters.sqlite._schema import (
     SCHEMA_VERSION,
+    ensure_current,
     ensure_supported,
     migrate,
     user_version,
@@ -128,6 +130,32 @@ def _open_writer(options: ConnectOptions) -> sqlite3.Connection:
     return connection
 
 
+def _open_read_only(options: ConnectOptions) -> sqlite3.Connection:
+    """Connect with ``mode=ro``, refuse any schema but the current one, set safe pragmas."""
+    connection = connect(options)
+    try:
+        ensure_current(user_version(connection))
+        configure(connection, options)
+    except BaseException:
+        connection.close()
+        raise
+    return connection
+
+
+def _read_only_options(path: Path, synchronous: Synchronous, busy_timeout: float) -> ConnectOptions:
+    """Options for a read-only open; ``immutable`` when no process has the file open.
+
+    A ``mode=ro`` connection to a WAL database creates ``-wal`` and ``-shm``
+    files when they are missing and leaves them behind. With neither file
+    present no connection is open and the log is empty, so the file is read
+    as immutable, which creates nothing.
+    """
+    if not path.is_file():
+        raise StoreUnavailable(f"no database file at {path}", path=str(path))
+    sidecars = any(path.with_name(path.name + suffix).exists() for suffix in SIDECAR_SUFFIXES)
+    return ConnectOptions(path, synchronous, busy_timeout, read_only=True, immutable=not sidecars)
+
+
 class SQLiteSecureObjectStore:
     """``SecureObjectStore`` and ``StoreStats`` over one SQLite database file in WAL mode.
 
@@ -155,8 +183,17 @@ class SQLiteSecureObjectStore:
         synchronous: Synchronous = "full",
         busy_timeout: float = 30.0,
         allow_insecure_permissions: bool = False,
+        read_only: bool = False,
     ) -> SQLiteSecureObjectStore:
         """Open (creating and migrating as needed) the store at ``path``.
+
+        With ``read_only`` the file is only read: nothing is created, no mode
+        is changed or checked, nothing is migrated, and no pragma that writes
+        is set, so a copy of a database can be audited without changing a
+        byte of it (or its modification time). ``commit`` and ``compact``
+        then raise ``StoreUnavailable``. A file with no ``-wal``/``-shm``
+        beside it is read as immutable (see ``ConnectOptions.immutable``), so
+        none are left behind; do not write to it meanwhile.
 
         Raises:
             InsecurePermissions: the directory or file is open to other users
@@ -164,14 +201,21 @@ class SQLiteSecureObjectStore:
             SchemaTooNew: a newer flowvault wrote the file; it is left untouched.
             StoreUnavailable: the file cannot be opened or configured as required.
             StoreBusy: another process held the database past ``busy_timeout``.
+            StoreUnavailable (read-only): the file is missing, or its schema is
+                older than this code's (it cannot be migrated read-only).
 
         """
-        options = ConnectOptions(Path(path), synchronous, busy_timeout)
         check_sqlite_version()
+        if read_only:
+            options = _read_only_options(Path(path), synchronous, busy_timeout)
+        else:
+            options = ConnectOptions(Path(path), synchronous, busy_timeout)
         deadline = time.monotonic() + busy_timeout
         while True:
             try:
                 with translated(busy_timeout):
+                    if read_only:
+                        return cls(options, _open_read_only(options))
                     prepare(options.path, allow_insecure=allow_insecure_permissions)
                     return cls(options, _open_writer(options))
             except StoreBusy:
@@ -184,6 +228,11 @@ class SQLiteSecureObjectStore:
         """The database file."""
         return self._options.path
 
+    @property
+    def read_only(self) -> bool:
+        """Whether the store was opened read-only."""
+        return self._options.read_only
+
     def __repr__(self) -> str:
         return f"SQLiteSecureObjectStore(path={str(self.path)!r})"
 
@@ -194,6 +243,11 @@ class SQLiteSecureObjectStore:
         self.close()
 
     # -- connections ----------------------------------------------------------
+
+    def _check_writable(self) -> None:
+        self._check_usable()
+        if self._options.read_only:
+            raise StoreUnavailable("read-only: this store was opened for reading only")
 
     def _check_usable(self) -> None:
         if os.getpid() != self._pid:
@@ -288,9 +342,12 @@ class SQLiteSecureObjectStore:
         return RecordPage(items=items, next_cursor=mark.encode())
 
     def commit(self, unit: UnitOfWork) -> None:
-        """Check every guard, then apply every write, in one ``BEGIN IMMEDIATE`` transaction."""
+        """Check every guard, then apply every write, in one ``BEGIN IMMEDIATE`` transaction.
+
+        Raises ``StoreUnavailable`` on a store opened read-only, even for an empty unit.
+        """
+        self._check_writable()
         if unit.empty:
-            self._check_usable()
             return
         prepared = PreparedUnit.build(unit)
         with self._writing() as connection, transaction(connection, "BEGIN IMMEDIATE"):
@@ -323,6 +380,13 @@ class SQLiteSecureObjectStore:
         next_index = events[-1].index + 1 if len(rows) > limit else None
         return LedgerPage(events=events, next_index=next_index, gap=gap)
 
+    def list_streams(self, *, after: str | None = None, limit: int = 200) -> builtins.list[str]:
+        """Return up to ``limit`` stream names after ``after``, in code-point order."""
+        limit = effective_limit(limit)
+        with self._reading() as connection:
+            rows = connection.execute(sql.LIST_STREAMS, (after or "", limit)).fetchall()
+        return [str(row[0]) for row in rows]
+
     # -- stats ----------------------------------------------------------------
 
     def has_records(self) -> bool:
@@ -347,7 +411,9 @@ class SQLiteSecureObjectStore:
         With ``secure_delete`` on, deleted and overwritten rows are zeroed in
         the database pages; the truncate removes the old page images still
         held in the WAL. Costs in proportion to the WAL, not the database.
+        Raises ``StoreUnavailable`` on a store opened read-only.
         """
+        self._check_writable()
         with self._writing() as connection:
             busy, _, _ = connection.execute(sql.CHECKPOINT_TRUNCATE).fetchone()
         return int(busy) == 0

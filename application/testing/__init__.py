@@ -4,6 +4,7 @@ Needs only the ``testing`` extra (pytest, hypothesis). Subclass a
 ``*Contract`` class in a ``test_*.py`` module and fill its hooks.
 """
 
+from flowvault.application.testing._catalog_contract import StreamCatalogContract
 from flowvault.application.testing._fakes import (
     EPOCH,
     FrozenClock,
@@ -25,6 +26,7 @@ __all__ = [
     "SecureObjectStoreContract",
     "SequentialIds",
     "StoreStatsContract",
+    "StreamCatalogContract",
     "make_event",
     "make_header",
     "make_upsert",

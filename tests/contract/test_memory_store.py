@@ -1,10 +1,10 @@
 """The store contract, run against the in-memory reference adapter."""
 
 from flowvault.adapters.memory import InMemorySecureObjectStore
-from flowvault.application.testing import StoreStatsContract
+from flowvault.application.testing import StoreStatsContract, StreamCatalogContract
 
 
-class TestInMemorySecureObjectStore(StoreStatsContract):
+class TestInMemorySecureObjectStore(StoreStatsContract, StreamCatalogContract):
     """The memory adapter passes the whole store contract."""
 
     def make_store(self) -> InMemorySecureObjectStore:

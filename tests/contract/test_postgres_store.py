@@ -4,12 +4,12 @@ import pytest
 
 from flowvault.adapters.postgres import PostgresSecureObjectStore
 from flowvault.application import SecureObjectStore
-from flowvault.application.testing import StoreStatsContract
+from flowvault.application.testing import StoreStatsContract, StreamCatalogContract
 
 pytestmark = pytest.mark.postgres
 
 
-class TestPostgresSecureObjectStore(StoreStatsContract):
+class TestPostgresSecureObjectStore(StoreStatsContract, StreamCatalogContract):
     """The PostgreSQL adapter passes the whole store contract."""
 
     @pytest.fixture(autouse=True)

@@ -1,10 +1,10 @@
 """The store contract, run against the SQLite adapter on a real file."""
 
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
-from flowvault.application.testing import StoreStatsContract
+from flowvault.application.testing import StoreStatsContract, StreamCatalogContract
 
 
-class TestSQLiteSecureObjectStore(StoreStatsContract):
+class TestSQLiteSecureObjectStore(StoreStatsContract, StreamCatalogContract):
     """The SQLite adapter passes the whole store contract."""
 
     def make_store(self) -> SQLiteSecureObjectStore:

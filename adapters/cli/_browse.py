@@ -1,0 +1,300 @@
+"""``flowvault workflows|runs|approvals``: list, show and decide.
+
+Every verb prints identifiers, states, counts, times and digests only:
+never work-order parameters, run inputs or states, audiences, actors or
+decisions in clear. A service is ``None`` on a cold root, where lists are
+empty and ``show``/``decide`` report ``NOT_FOUND``; nothing is created.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from flowvault.adapters.cli._io import CommandIO
+from flowvault.application import ApprovalService, RunService, WorkflowService
+from flowvault.domain import (
+    Approval,
+    ApprovalReceipt,
+    ApprovalStatus,
+    GraphRun,
+    JsonValue,
+    LedgerEvent,
+    NotFound,
+    TerminalReceipt,
+    WorkflowRecord,
+    format_instant,
+)
+
+Fields = dict[str, JsonValue]
+
+COLD_ROOT = "cold root: no store exists yet"
+
+
+@dataclass(frozen=True, slots=True)
+class DecideRequest:
+    """The arguments of ``approvals decide``, already parsed."""
+
+    approval_id: str
+    decision: str
+    actor: str
+    yes: bool
+
+
+# -- shared formatting ---------------------------------------------------------
+
+
+def _instant(moment: datetime | None) -> str | None:
+    return None if moment is None else format_instant(moment)
+
+
+def _text(value: JsonValue) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def _detail_lines(title: str, fields: Mapping[str, JsonValue]) -> list[str]:
+    return [title, *(f"  {name}: {_text(value)}" for name, value in fields.items())]
+
+
+def _cold(what: str) -> NotFound:
+    return NotFound(f"no such {what} ({COLD_ROOT})")
+
+
+def _listing(
+    io: CommandIO,
+    noun: str,
+    columns: Sequence[str],
+    rows: Sequence[Fields],
+    *,
+    cold_root: bool,
+) -> int:
+    """Print rows as one JSON document or a table; an empty result says so."""
+    if io.json_output:
+        io.emit({noun: list(rows), "count": len(rows), "cold_root": cold_root}, [])
+    elif rows:
+        io.table(noun, columns, [[_text(row[column]) for column in columns] for row in rows])
+    else:
+        io.say(f"no {noun}" + (f" ({COLD_ROOT})" if cold_root else ""))
+    return 0
+
+
+# -- workflows -----------------------------------------------------------------
+
+WORKFLOW_COLUMNS = ("workflow_id", "kind", "state", "state_version", "updated_at")
+
+
+def _workflow_row(record: WorkflowRecord) -> Fields:
+    return {
+        "workflow_id": record.workflow_id,
+        "kind": record.work_order.kind,
+        "state": record.state,
+        "state_version": record.state_version,
+        "updated_at": _instant(record.updated_at),
+    }
+
+
+def _workflow_detail(record: WorkflowRecord, events: Sequence[LedgerEvent]) -> Fields:
+    return {
+        **_workflow_row(record),
+        "priority": record.work_order.priority,
+        "parameter_count": len(record.work_order.parameters),
+        "machine_version": record.machine_version,
+        "created_at": _instant(record.created_at),
+        "original_content_hash": record.original_content_hash,
+        "output_content_hash": record.output_content_hash,
+        "event_count": len(events),
+        "head_event_hash": events[-1].event_hash if events else None,
+    }
+
+
+def workflows_list_command(
+    workflows: WorkflowService | None, state: str | None, limit: int, io: CommandIO
+) -> int:
+    """List workflows, newest written first; ``workflows`` is ``None`` on a cold root."""
+    records = [] if workflows is None else workflows.list_workflows(state, limit)
+    rows = [_workflow_row(record) for record in records]
+    return _listing(io, "workflows", WORKFLOW_COLUMNS, rows, cold_root=workflows is None)
+
+
+def workflows_show_command(
+    workflows: WorkflowService | None, workflow_id: str, io: CommandIO
+) -> int:
+    """Show one workflow's metadata, hashes and verified ledger length; never its parameters."""
+    if workflows is None:
+        raise _cold("workflow")
+    record = workflows.get(workflow_id)
+    fields = _workflow_detail(record, workflows.events(workflow_id))
+    io.emit({"workflow": fields}, _detail_lines(f"workflow {workflow_id}", fields))
+    return 0
+
+
+# -- runs ----------------------------------------------------------------------
+
+RUN_COLUMNS = ("run_id", "definition_id", "status", "started_at", "finished_at", "node_count")
+
+
+def _run_row(run: GraphRun) -> Fields:
+    return {
+        "run_id": run.run_id,
+        "definition_id": run.definition_id,
+        "status": run.status,
+        "started_at": _instant(run.started_at),
+        "finished_at": _instant(run.finished_at),
+        "node_count": run.node_count,
+    }
+
+
+def _event_count(runs: RunService, run_id: str) -> tuple[int, bool]:
+    """Count the run's retained events page by page; also whether older ones were trimmed."""
+    page = runs.read_run_events(run_id)
+    count, trimmed = len(page.events), page.gap
+    while page.next_cursor is not None:
+        page = runs.read_run_events(run_id, page.next_cursor)
+        count += len(page.events)
+    return count, trimmed
+
+
+def _terminal_receipt(runs: RunService, run: GraphRun) -> TerminalReceipt | None:
+    if not run.finished:
+        return None
+    try:
+        return runs.terminal_receipt(run.run_id)
+    except NotFound:
+        return None
+
+
+def _receipt_fields(receipt: TerminalReceipt | None) -> Fields:
+    if receipt is None:
+        return {"terminal_receipt": None}
+    return {
+        "terminal_receipt": receipt.digest,
+        "receipt_events_digest": receipt.events_digest,
+        "receipt_final_state_digest": receipt.final_state_digest,
+        "receipt_event_count": receipt.event_count,
+    }
+
+
+def runs_list_command(
+    runs: RunService | None, status: str | None, limit: int, io: CommandIO
+) -> int:
+    """List graph runs, newest written first; ``runs`` is ``None`` on a cold root."""
+    found = () if runs is None else runs.list_runs(status, limit=limit).runs
+    rows = [_run_row(run) for run in found]
+    return _listing(io, "runs", RUN_COLUMNS, rows, cold_root=runs is None)
+
+
+def runs_show_command(runs: RunService | None, run_id: str, io: CommandIO) -> int:
+    """Show one run's metadata, counts and receipt digest; never its input or state."""
+    if runs is None:
+        raise _cold("run")
+    run = runs.get_run(run_id)
+    count, trimmed = _event_count(runs, run_id)
+    fields: Fields = {
+        **_run_row(run),
+        "definition_version": run.definition_version,
+        "revision": run.revision,
+        "failed_attempts": run.failed_attempts,
+        "budget_count": len(run.budgets),
+        "event_count": count,
+        "events_trimmed": trimmed,
+        **_receipt_fields(_terminal_receipt(runs, run)),
+    }
+    io.emit({"run": fields}, _detail_lines(f"run {run_id}", fields))
+    return 0
+
+
+# -- approvals -----------------------------------------------------------------
+
+APPROVAL_COLUMNS = (
+    "approval_id",
+    "status",
+    "requested_at",
+    "expires_at",
+    "decided_at",
+    "allowed_decision_count",
+)
+
+
+def _approval_row(approval: Approval) -> Fields:
+    return {
+        "approval_id": approval.approval_id,
+        "status": approval.status.value,
+        "requested_at": _instant(approval.requested_at),
+        "expires_at": _instant(approval.expires_at),
+        "decided_at": _instant(approval.decided_at),
+        "allowed_decision_count": len(approval.allowed_decisions),
+    }
+
+
+def _approval_detail(approval: Approval, receipt: ApprovalReceipt) -> Fields:
+    return {
+        **_approval_row(approval),
+        "run_id": approval.run_id,
+        "checkpoint_id": approval.checkpoint_id,
+        "integrity_digest": approval.integrity_digest,
+        "checkpoint_digest": approval.checkpoint_digest,
+        "prompt_digest": approval.prompt_digest,
+        "audience_digest": receipt.audience,
+        "allowed_decisions_digest": receipt.allowed_decisions,
+        "decision_digest": receipt.decision,
+        "actor_digest": receipt.actor,
+        "receipt": receipt.digest,
+    }
+
+
+def _show_approval(approvals: ApprovalService, approval: Approval, io: CommandIO) -> None:
+    fields = _approval_detail(approval, approvals.approval_receipt(approval))
+    io.emit({"approval": fields}, _detail_lines(f"approval {approval.approval_id}", fields))
+
+
+def approvals_list_command(
+    approvals: ApprovalService | None,
+    run_id: str,
+    status: str | None,
+    limit: int,
+    io: CommandIO,
+) -> int:
+    """List a run's approvals, newest request first; ``approvals`` is ``None`` on a cold root."""
+    wanted = None if status is None else ApprovalStatus(status)
+    found = [] if approvals is None else approvals.list_approvals(run_id, wanted, limit)
+    rows = [_approval_row(approval) for approval in found]
+    return _listing(io, "approvals", APPROVAL_COLUMNS, rows, cold_root=approvals is None)
+
+
+def approvals_show_command(
+    approvals: ApprovalService | None, approval_id: str, io: CommandIO
+) -> int:
+    """Show one approval: status, times, counts and digests; no audience, actor or decision."""
+    if approvals is None:
+        raise _cold("approval")
+    _show_approval(approvals, approvals.get_approval(approval_id), io)
+    return 0
+
+
+def approvals_decide_command(
+    approvals: ApprovalService | None, request: DecideRequest, io: CommandIO
+) -> int:
+    """Record a decision after asking on a terminal (unless ``yes``); print the receipt digests."""
+    if approvals is None:
+        raise _cold("approval")
+    if io.interactive and not request.yes:
+        pending = approvals.get_approval(request.approval_id)
+        question = (
+            f"Record a decision on approval {pending.approval_id} "
+            f"(status {pending.status.value}, expires {_instant(pending.expires_at)})?"
+        )
+        if not io.confirm(question):
+            io.err.write("aborted: nothing was decided\n")
+            return 1
+    decided, resume_from = approvals.decide(request.approval_id, request.decision, request.actor)
+    fields = {
+        **_approval_detail(decided, approvals.approval_receipt(decided)),
+        "resume_checkpoint_id": resume_from.checkpoint_id,
+    }
+    io.emit({"approval": fields}, _detail_lines(f"decided: approval {decided.approval_id}", fields))
+    return 0

@@ -1,0 +1,188 @@
+"""``flowvault ledger verify``/``head``, ``fingerprint`` and ``purge``: audit and retention output.
+
+The use cases live in the application layer; these functions only run them
+and format what they return, as text, tables or one JSON document.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from flowvault.adapters.cli._io import FIXES, CommandIO
+from flowvault.application import (
+    HEAD_RECEIPT_TAG,
+    AuditReport,
+    KeyedDigester,
+    LedgerAudit,
+    PurgeOutcome,
+    RecordReadability,
+    RetentionJob,
+    RetentionReport,
+    SecureObjectStore,
+    StateRepository,
+    StreamFailure,
+    cold_fingerprint,
+    head_receipt,
+    purge,
+)
+from flowvault.domain import IntegrityFailure, ResetFingerprint, WorkflowState
+
+_KINDS = (
+    "action_results",
+    "consumed_checkpoints",
+    "decided_approvals",
+    "idempotency_records",
+    "finished_runs",
+)
+"""Retention report fields, in the order the job deletes them."""
+
+
+# -- ledger verify ------------------------------------------------------------
+
+
+def _failure(failure: StreamFailure) -> dict[str, object]:
+    return {
+        "stream": failure.stream,
+        "index": failure.index,
+        "defect": failure.defect.value,
+        "reason": failure.reason,
+    }
+
+
+def _integrity_error(report: AuditReport) -> IntegrityFailure:
+    broken = len(report.failures)
+    return IntegrityFailure(
+        f"{broken} of {len(report.streams)} ledger stream(s) failed verification",
+        failed=broken,
+    )
+
+
+def _verify_document(report: AuditReport, *, keyed: bool) -> dict[str, object]:
+    records = None if report.records is None else {k.value: n for k, n in report.records.items()}
+    document: dict[str, object] = {
+        "ok": report.ok,
+        "streams_checked": len(report.streams),
+        "events": report.events,
+        "failures": [_failure(failure) for failure in report.failures],
+        "records": records,
+        "unreadable_records": [
+            {"namespace": r.namespace, "key_digest": r.key_digest} for r in report.unreadable
+        ],
+        "key_available": keyed,
+    }
+    if not report.ok:
+        error = _integrity_error(report)
+        document["error"] = {
+            "code": error.code,
+            "message": error.message,
+            "fix": FIXES.get(error.code),
+        }
+    return document
+
+
+def _summary_rows(report: AuditReport) -> list[tuple[str, object]]:
+    rows: list[tuple[str, object]] = [
+        ("streams checked", len(report.streams)),
+        ("events verified", report.events),
+        ("streams failed", len(report.failures)),
+    ]
+    if report.records is not None:
+        rows += [(f"records {kind.value}", report.records[kind]) for kind in RecordReadability]
+    return rows
+
+
+def ledger_verify_command(audit: LedgerAudit, streams: Sequence[str] | None, io: CommandIO) -> int:
+    """Verify ``streams`` (every stream and record when ``None``); 1 if any chain is broken."""
+    report = audit.run(streams, progress=io.progress)
+    if io.json_output:
+        io.emit(_verify_document(report, keyed=audit.keyed), [])
+        return 0 if report.ok else 1
+    io.say("ledger verify: " + ("ok" if report.ok else "INTEGRITY_FAILURE"))
+    io.table("ledger verify", ("check", "count"), _summary_rows(report))
+    if report.failures:
+        rows = [(f.stream, f.index, f.defect.value, f.reason) for f in report.failures]
+        io.table("broken streams", ("stream", "index", "defect", "reason"), rows)
+    for record in report.unreadable:
+        io.say(f"unreadable record: {record.namespace} {record.key_digest}")
+    if report.records is not None and not audit.keyed:
+        io.say("no key available: records were counted as unverified, not opened")
+    return 0 if report.ok else io.fail(_integrity_error(report))
+
+
+# -- ledger head --------------------------------------------------------------
+
+
+def ledger_head_command(
+    store: SecureObjectStore, digester: KeyedDigester, stream: str, io: CommandIO
+) -> int:
+    """Print the head receipt of ``stream``: its head and a keyed digest over it."""
+    receipt = head_receipt(store, digester, stream)
+    document: dict[str, object] = {
+        "stream": receipt.stream,
+        "head_index": receipt.head_index,
+        "head_hash": receipt.head_hash,
+        "events": receipt.events,
+        "first_index": receipt.first_index,
+        "digest": receipt.digest,
+        "digest_tag": HEAD_RECEIPT_TAG,
+    }
+    io.emit(document, [f"{name}: {value}" for name, value in document.items()])
+    return 0
+
+
+# -- fingerprint --------------------------------------------------------------
+
+
+def _fingerprint_lines(fingerprint: ResetFingerprint, cold_root: bool) -> list[str]:
+    heading = f"fingerprint of scope {fingerprint.scope!r}"
+    if cold_root:
+        heading += " (cold root: no store exists)"
+    shown = fingerprint.model_dump(mode="json", exclude_none=True)
+    return [heading, *(f"  {name}: {value}" for name, value in shown.items())]
+
+
+def fingerprint_command(
+    state: StateRepository[WorkflowState] | None,
+    scope: str,
+    reason: str | None,
+    io: CommandIO,
+) -> int:
+    """Print the plaintext-free fingerprint of a scope's state; ``state`` is ``None`` when cold."""
+    cold_root = state is None
+    fingerprint = cold_fingerprint(scope, reason) if state is None else state.fingerprint(reason)
+    document = {"cold_root": cold_root, "fingerprint": fingerprint.model_dump(mode="json")}
+    io.emit(document, _fingerprint_lines(fingerprint, cold_root))
+    return 0
+
+
+# -- purge --------------------------------------------------------------------
+
+
+def _purge_document(outcome: PurgeOutcome, cold_root: bool) -> dict[str, object]:
+    report = outcome.report
+    return {
+        "cold_root": cold_root,
+        "deleted": {kind: getattr(report, kind) for kind in _KINDS},
+        "total": report.total,
+        "compacted": outcome.compacted,
+    }
+
+
+def purge_command(job: RetentionJob | None, store: SecureObjectStore | None, io: CommandIO) -> int:
+    """Run the retention job and compaction, then print counts per kind; ``None`` when cold."""
+    cold_root = job is None or store is None
+    if job is None or store is None:
+        outcome = PurgeOutcome(RetentionReport(), compacted=True)
+    else:
+        outcome = purge(job, store, progress=io.progress)
+    document = _purge_document(outcome, cold_root)
+    if io.json_output:
+        io.emit(document, [])
+        return 0
+    if cold_root:
+        io.say("cold root: no store exists, nothing to purge")
+    report = outcome.report
+    rows = [(kind, getattr(report, kind)) for kind in _KINDS]
+    io.table("purged", ("kind", "deleted"), [*rows, ("total", report.total)])
+    io.say("compaction: " + ("complete" if outcome.compacted else "incomplete, run purge again"))
+    return 0

@@ -1,0 +1,340 @@
+"""The ``flowvault`` verbs init, status and doctor, run as real console-script subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flowvault.adapters.sqlite import SCHEMA_VERSION
+from flowvault.application import encode_master_key
+from flowvault.composition import Settings, bootstrap
+from flowvault.domain import WorkflowState
+
+FLOWVAULT = Path(sys.executable).parent / "flowvault"
+TIMEOUT = 60.0
+STATE_NAMESPACE = "flowvault.workflow-state"
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("FLOWVAULT_")}
+    environ["XDG_DATA_HOME"] = str(tmp_path / "xdg")
+    environ.update(extra)
+    return environ
+
+
+def _run(
+    tmp_path: Path, *args: str, home: Path | None = None, **extra: str
+) -> subprocess.CompletedProcess[str]:
+    prefix = [] if home is None else ["--home", str(home)]
+    return subprocess.run(
+        [str(FLOWVAULT), *prefix, *args],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path, **extra),
+        stdin=subprocess.DEVNULL,
+        timeout=TIMEOUT,
+        check=False,
+    )
+
+
+def _document(result: subprocess.CompletedProcess[str]) -> dict[str, object]:
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 1, result.stdout
+    parsed = json.loads(lines[0])
+    assert isinstance(parsed, dict)
+    return parsed
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def _init(tmp_path: Path, home: Path) -> dict[str, object]:
+    result = _run(tmp_path, "init", "--json", home=home)
+    assert result.returncode == 0, result.stderr
+    return _document(result)
+
+
+def _write_states(home: Path, count: int) -> None:
+    with bootstrap(Settings(backend="sqlite", home=home)) as runtime:
+        for index in range(count):
+            runtime.state(f"scope{index}").save(WorkflowState(step=index))
+
+
+def _checks(result: subprocess.CompletedProcess[str]) -> dict[str, dict[str, object]]:
+    checks = _document(result)["checks"]
+    assert isinstance(checks, list)
+    return {str(check["name"]): check for check in checks}
+
+
+# -- init ------------------------------------------------------------------------
+
+
+def test_init_creates_a_private_store_and_key(tmp_path: Path) -> None:
+    """Init creates 0700 directories and 0600 files and prints paths and key id, never the key."""
+    home = tmp_path / "home"
+    result = _run(tmp_path, "init", home=home)
+    assert result.returncode == 0, result.stderr
+    key_file = home / "keys" / "store.key"
+    database = home / "data" / "flowvault.db"
+    for directory in (home, home / "data", home / "keys"):
+        assert _mode(directory) == 0o700
+    assert _mode(database) == 0o600
+    assert _mode(key_file) == 0o600
+    assert str(database) in result.stdout
+    assert f"key file: {key_file} (created)" in result.stdout
+    assert "key id: k" in result.stdout
+    assert key_file.read_text().strip() not in result.stdout + result.stderr
+
+
+def test_init_json_names_the_key_id_of_the_key_file(tmp_path: Path) -> None:
+    """--json reports one document whose key id is the id of the key written."""
+    home = tmp_path / "home"
+    document = _init(tmp_path, home)
+    assert document["backend"] == "sqlite"
+    assert document["key_created"] is True
+    assert document["key_file"] == str(home / "keys" / "store.key")
+    assert document["location"] == str(home / "data" / "flowvault.db")
+    with bootstrap(Settings(backend="sqlite", home=home)) as runtime:
+        assert document["key_id"] == runtime.cipher.primary_key_id
+
+
+def test_init_refuses_an_existing_store_and_changes_nothing(tmp_path: Path) -> None:
+    """A second init exits 1 with INVALID_INPUT and leaves the data and the key as they were."""
+    home = tmp_path / "home"
+    _init(tmp_path, home)
+    _write_states(home, 1)
+    key_before = (home / "keys" / "store.key").read_bytes()
+    database_before = (home / "data" / "flowvault.db").read_bytes()
+    result = _run(tmp_path, "init", home=home)
+    assert result.returncode == 1
+    assert "INVALID_INPUT" in result.stderr
+    assert "already exists" in result.stderr
+    assert result.stdout == ""
+    assert (home / "keys" / "store.key").read_bytes() == key_before
+    assert (home / "data" / "flowvault.db").read_bytes() == database_before
+    as_json = _run(tmp_path, "init", "--json", home=home)
+    assert as_json.returncode == 1
+    error = _document(as_json)["error"]
+    assert isinstance(error, dict)
+    assert error["code"] == "INVALID_INPUT"
+
+
+def test_init_refuses_the_memory_backend(tmp_path: Path) -> None:
+    """The memory backend has nothing durable to create: init exits 1 and creates nothing."""
+    home = tmp_path / "home"
+    result = _run(tmp_path, "--backend", "memory", "init", home=home)
+    assert result.returncode == 1
+    assert "INVALID_INPUT" in result.stderr
+    assert "memory" in result.stderr
+    assert not home.exists()
+
+
+# -- status ----------------------------------------------------------------------
+
+
+def test_status_counts_records_per_namespace_and_key_id(tmp_path: Path) -> None:
+    """--json status reports the schema version, counts, files and durability settings."""
+    home = tmp_path / "home"
+    key_id = _init(tmp_path, home)["key_id"]
+    _write_states(home, 3)
+    result = _run(tmp_path, "status", "--json", home=home, FLOWVAULT_SYNCHRONOUS="normal")
+    assert result.returncode == 0, result.stderr
+    document = _document(result)
+    assert document["cold_root"] is False
+    assert document["backend"] == "sqlite"
+    assert document["schema_version"] == SCHEMA_VERSION
+    assert document["supported_schema_version"] == SCHEMA_VERSION
+    assert document["namespaces"] == {STATE_NAMESPACE: 3}
+    assert document["key_ids"] == {key_id: 3}
+    assert document["durability"] == {"synchronous": "normal", "busy timeout": "30 s"}
+    files = document["files"]
+    assert isinstance(files, dict)
+    database = home / "data" / "flowvault.db"
+    assert files[str(database)] == database.stat().st_size
+    assert files[str(home / "keys" / "store.key")] == (home / "keys" / "store.key").stat().st_size
+    assert files[f"{database}-wal"] is None
+
+
+def test_status_human_output(tmp_path: Path) -> None:
+    """Plain-text status names the backend, schema version, key id and namespace counts."""
+    home = tmp_path / "home"
+    key_id = str(_init(tmp_path, home)["key_id"])
+    _write_states(home, 2)
+    result = _run(tmp_path, "status", home=home)
+    assert result.returncode == 0, result.stderr
+    assert "backend: sqlite" in result.stdout
+    assert f"schema version: {SCHEMA_VERSION} " in result.stdout
+    assert f"{key_id}\t2" in result.stdout
+    assert f"{STATE_NAMESPACE}\t2" in result.stdout
+    assert "synchronous: full" in result.stdout
+
+
+def test_status_needs_no_key_and_creates_none(tmp_path: Path) -> None:
+    """Status reads counts only, so it works without the key and never writes one."""
+    home = tmp_path / "home"
+    _init(tmp_path, home)
+    _write_states(home, 1)
+    key_file = home / "keys" / "store.key"
+    key_file.unlink()
+    result = _run(tmp_path, "status", "--json", home=home)
+    assert result.returncode == 0, result.stderr
+    assert _document(result)["namespaces"] == {STATE_NAMESPACE: 1}
+    assert not key_file.exists()
+
+
+def test_status_on_a_cold_root_creates_nothing(tmp_path: Path) -> None:
+    """On a cold root status says so, exits 0 and creates no file or directory."""
+    home = tmp_path / "absent" / "home"
+    result = _run(tmp_path, "status", home=home)
+    assert result.returncode == 0, result.stderr
+    assert "cold root" in result.stdout
+    as_json = _run(tmp_path, "status", "--json", home=home)
+    assert as_json.returncode == 0, as_json.stderr
+    assert _document(as_json)["cold_root"] is True
+    assert not (tmp_path / "absent").exists()
+    assert not (tmp_path / "xdg").exists()
+
+
+# -- doctor ----------------------------------------------------------------------
+
+
+def test_doctor_passes_on_a_fresh_store(tmp_path: Path) -> None:
+    """Every check passes on a store made by init and holding records: exit 0."""
+    home = tmp_path / "home"
+    _init(tmp_path, home)
+    _write_states(home, 2)
+    result = _run(tmp_path, "doctor", "--json", home=home)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert _document(result)["ok"] is True
+    checks = _checks(result)
+    assert all(check["ok"] for check in checks.values()), checks
+    for name in (
+        "permissions.data_dir",
+        "permissions.database",
+        "permissions.key_file",
+        "pragma.journal_mode",
+        "pragma.synchronous",
+        "pragma.foreign_keys",
+        "pragma.secure_delete",
+        "pragma.trusted_schema",
+        "key.found",
+        "key.matches",
+        "key.apart",
+    ):
+        assert name in checks
+    human = _run(tmp_path, "doctor", home=home)
+    assert human.returncode == 0
+    assert human.stdout.rstrip().endswith("healthy")
+
+
+def test_doctor_finds_a_loosened_data_directory(tmp_path: Path) -> None:
+    """A 0770 data directory is an error finding with its chmod fix, and doctor exits 1."""
+    home = tmp_path / "home"
+    _init(tmp_path, home)
+    _write_states(home, 1)
+    (home / "data").chmod(0o770)
+    result = _run(tmp_path, "doctor", "--json", home=home)
+    assert result.returncode == 1
+    checks = _checks(result)
+    finding = checks["permissions.data_dir"]
+    assert finding["ok"] is False
+    assert finding["severity"] == "error"
+    assert "0770" in str(finding["finding"])
+    assert finding["fix"] == f"chmod 700 {home / 'data'}"
+    assert checks["key.matches"]["ok"] is True
+    assert _mode(home / "data") == 0o770
+    human = _run(tmp_path, "doctor", home=home)
+    assert human.returncode == 1
+    assert f"fix: chmod 700 {home / 'data'}" in human.stdout
+
+
+def test_doctor_reports_a_missing_key_as_a_finding(tmp_path: Path) -> None:
+    """A missing key file is a key.found finding (not KEY_REQUIRED); no key is created."""
+    home = tmp_path / "home"
+    _init(tmp_path, home)
+    _write_states(home, 1)
+    key_file = home / "keys" / "store.key"
+    key_file.unlink()
+    result = _run(tmp_path, "doctor", "--json", home=home)
+    assert result.returncode == 1
+    checks = _checks(result)
+    assert checks["key.found"]["ok"] is False
+    assert str(key_file) in str(checks["key.found"]["finding"])
+    assert checks["key.found"]["fix"]
+    assert checks["key.matches"]["ok"] is False
+    assert not key_file.exists()
+
+
+def test_doctor_finds_records_under_another_key(tmp_path: Path) -> None:
+    """A FLOWVAULT_KEY that is not the store's key is a key.matches finding."""
+    home = tmp_path / "home"
+    _init(tmp_path, home)
+    _write_states(home, 1)
+    other = encode_master_key(bytes(range(32)))
+    result = _run(tmp_path, "doctor", "--json", home=home, FLOWVAULT_KEY=other)
+    assert result.returncode == 1
+    checks = _checks(result)
+    assert checks["key.found"]["ok"] is True
+    assert checks["key.matches"]["ok"] is False
+
+
+def test_doctor_on_a_cold_root_reports_no_store(tmp_path: Path) -> None:
+    """On a cold root doctor reports 'no store', exits 1 and creates nothing."""
+    home = tmp_path / "absent" / "home"
+    result = _run(tmp_path, "doctor", "--json", home=home)
+    assert result.returncode == 1
+    checks = _checks(result)
+    assert list(checks) == ["store"]
+    assert "no store" in str(checks["store"]["finding"])
+    assert not (tmp_path / "absent").exists()
+
+
+# -- help ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("verb", ["init", "status", "doctor"])
+def test_help_exits_zero_with_exit_codes(tmp_path: Path, verb: str) -> None:
+    """--help exits 0, mentions --json and documents the exit statuses."""
+    result = _run(tmp_path, verb, "--help")
+    assert result.returncode == 0
+    assert "--json" in result.stdout
+    assert "exit codes" in result.stdout
+
+
+# -- PostgreSQL ------------------------------------------------------------------
+
+
+@pytest.mark.postgres
+def test_status_on_postgres(tmp_path: Path, postgres_server, pg_schema: str) -> None:
+    """Status against PostgreSQL reports the backend, its schema and the counts."""
+    from flowvault.adapters.crypto import generate_master_key  # noqa: PLC0415
+
+    dsn = postgres_server.dsn
+    key = generate_master_key()
+    settings = Settings(backend="postgres", postgres_dsn=dsn, postgres_schema=pg_schema)
+    with bootstrap(settings, key=key) as runtime:
+        runtime.state("main").save(WorkflowState(step=1))
+        key_id = runtime.cipher.primary_key_id
+    result = _run(
+        tmp_path,
+        "status",
+        "--json",
+        FLOWVAULT_BACKEND="postgres",
+        FLOWVAULT_POSTGRES_DSN=dsn,
+        FLOWVAULT_POSTGRES_SCHEMA=pg_schema,
+        FLOWVAULT_KEY=encode_master_key(key),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    document = _document(result)
+    assert document["backend"] == "postgres"
+    assert document["location"] == f"postgres schema {pg_schema}"
+    assert document["namespaces"] == {STATE_NAMESPACE: 1}
+    assert document["key_ids"] == {key_id: 1}
+    assert isinstance(document["schema_version"], int)
