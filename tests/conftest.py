@@ -1,10 +1,10 @@
 """Shared set-up: whether tests marked ``postgres`` can run, decided once per session.
 
-The server is named by ``FLOWVAULT_TEST_POSTGRES_DSN``. When it cannot be
-reached the marked tests are skipped with a one-line reason, except under
-``CI=true``, where they fail: CI must never pass by skipping them. The
-variable is taken out of the environment as soon as it is read, because
-``Settings.from_env()`` rightly refuses any ``FLOWVAULT_*`` name it does not know.
+The server is named by ``TEST_POSTGRES_DSN`` (outside the ``FLOWVAULT_``
+prefix on purpose: ``Settings.from_env()`` refuses any ``FLOWVAULT_*`` name it
+does not know). When it cannot be reached the marked tests are skipped with
+a one-line reason, except under ``CI=true``, where they fail: CI must never
+pass by skipping them.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.application import SecureObjectStore
 
-DSN_ENV = "FLOWVAULT_TEST_POSTGRES_DSN"
+DSN_ENV = "TEST_POSTGRES_DSN"
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 
 
-_DSN = os.environ.pop(DSN_ENV, None) or DEFAULT_DSN
+_DSN = os.environ.get(DSN_ENV) or DEFAULT_DSN
 
 
 def postgres_dsn() -> str:

@@ -35,7 +35,7 @@ SCOPE, NAIVE_NS, NAIVE_KEY, STREAM = "race", "race", "naive-counter", "race-ledg
 def _race(server, schema: str, go: Path, count: int, phases: list[str]) -> dict[str, list[int]]:
     """Run the workers phase by phase; return each phase's retried conflicts per worker."""
     go.mkdir()
-    env = {**os.environ, "FLOWVAULT_TEST_POSTGRES_DSN": server.dsn}
+    env = {**os.environ, "TEST_POSTGRES_DSN": server.dsn}
     command = [sys.executable, str(WORKER), schema, str(go), str(count)]
     workers = [
         subprocess.Popen(
