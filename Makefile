@@ -1,4 +1,4 @@
-# Two set-up commands from the README: `make test` and (once the CLI lands) `make demo`.
+# The README's two set-up commands: `make demo` and `make test`.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin

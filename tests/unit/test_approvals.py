@@ -400,14 +400,43 @@ with SQLiteSecureObjectStore.open(Path(path)) as store:
 """
 
 
-def test_racing_processes_consume_once(tmp_path: Path) -> None:
-    """Eight processes consuming one checkpoint in one SQLite file: exactly one wins."""
-    path, go = tmp_path / "data" / "store.db", tmp_path / "go"
-    with SQLiteSecureObjectStore.open(path) as store:
-        made = World(store).checkpoint()
+DECIDER = """
+import sys, time
+from pathlib import Path
+from flowvault.adapters.crypto import AesGcmCipher
+from flowvault.adapters.sqlite import SQLiteSecureObjectStore
+from flowvault.application import ApprovalService, CheckpointService, SealedRepository
+from flowvault.application.testing import FrozenClock, SequentialIds
+from flowvault.domain import ApprovalAlreadyDecided
+
+path, go, approval_id = sys.argv[1:4]
+with SQLiteSecureObjectStore.open(Path(path)) as store:
+    repository = SealedRepository(store, AesGcmCipher(bytes(range(32))), FrozenClock())
+    checkpoints = CheckpointService(repository, repository.clock, integrity=repository)
+    service = ApprovalService(
+        repository, repository.clock, SequentialIds("x"),
+        checkpoints=checkpoints, integrity=repository,
+    )
+    print("ready", flush=True)
+    deadline = time.monotonic() + 60
+    while not Path(go).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the go file never appeared")
+        time.sleep(0.005)
+    try:
+        service.decide(approval_id, sys.argv[4], "process-actor")
+    except ApprovalAlreadyDecided:
+        print("consumed", flush=True)
+    else:
+        print("won", flush=True)
+"""
+
+
+def _race_processes(script: str, path: Path, go: Path, *args: str) -> list[str]:
+    """Start eight processes on ``script``, release them together, return their answers."""
     workers = [
         subprocess.Popen(
-            [sys.executable, "-c", CONSUMER, str(path), str(go), made.checkpoint_id],
+            [sys.executable, "-c", script, str(path), str(go), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -427,10 +456,35 @@ def test_racing_processes_consume_once(tmp_path: Path) -> None:
                 worker.wait()
     for worker, (_, err) in zip(workers, results, strict=True):
         assert worker.returncode == 0, err
-    assert sorted(out.strip() for out, _ in results) == ["consumed"] * 7 + ["won"]
+    return sorted(out.strip() for out, _ in results)
+
+
+def test_racing_processes_consume_once(tmp_path: Path) -> None:
+    """Eight processes consuming one checkpoint in one SQLite file: exactly one wins."""
+    path, go = tmp_path / "data" / "store.db", tmp_path / "go"
+    with SQLiteSecureObjectStore.open(path) as store:
+        made = World(store).checkpoint()
+    answers = _race_processes(CONSUMER, path, go, made.checkpoint_id)
+    assert answers == ["consumed"] * 7 + ["won"]
     with SQLiteSecureObjectStore.open(path) as store:
         loaded = World(store).checkpoints.load_checkpoint(made.checkpoint_id)
     assert loaded.status is CheckpointStatus.CONSUMED
+
+
+def test_racing_processes_decide_once(tmp_path: Path) -> None:
+    """Eight processes deciding one approval in one SQLite file: exactly one decision lands."""
+    path, go = tmp_path / "data" / "store.db", tmp_path / "go"
+    with SQLiteSecureObjectStore.open(path) as store:
+        world = World(store)
+        approval = world.request(world.checkpoint())
+    answers = _race_processes(DECIDER, path, go, approval.approval_id, DECISION)
+    assert answers == ["consumed"] * 7 + ["won"]
+    with SQLiteSecureObjectStore.open(path) as store:
+        world = World(store)
+        decided = world.approvals.get_approval(approval.approval_id)
+        assert decided.status is ApprovalStatus.DECIDED
+        events = list(read_stream(store, run_stream(RUN)))
+    assert sum(e.type == "approval.decided" for e in events) == 1
 
 
 def test_everything_durable_needs_the_integrity_key(world: World) -> None:
