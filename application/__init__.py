@@ -4,18 +4,15 @@ Hosts import ports and unit-of-work values from here; adapters implement
 the ports; the contract kit lives in ``flowvault.application.testing``.
 """
 
-from flowvault.application._approvals import (
+from flowvault.application._approval_support import (
     APPROVAL_SLOTS,
     APPROVALS,
     CHECKPOINTS,
     MAX_WITNESS_BYTES,
     REQUEST_IDEMPOTENCY,
     WITNESSES,
-    ApprovalService,
-    CheckpointService,
-    EvidenceService,
-    IdempotencyService,
 )
+from flowvault.application._approvals import ApprovalService
 from flowvault.application._audit import (
     HEAD_RECEIPT_TAG,
     MAX_LISTED_UNREADABLE,
@@ -34,7 +31,9 @@ from flowvault.application._audit import (
     purge,
     verify_stream,
 )
+from flowvault.application._checkpoints import CheckpointService
 from flowvault.application._cursor import ListCursor, effective_limit
+from flowvault.application._evidence import EvidenceService
 from flowvault.application._graph import (
     IDEMPOTENCY_STREAM,
     RETENTION_TOMBSTONE,
@@ -73,6 +72,7 @@ from flowvault.application._records import (
     UnitOfWork,
     Upsert,
 )
+from flowvault.application._request_idempotency import IdempotencyService
 from flowvault.application._retention import RetentionJob, RetentionReport
 from flowvault.application._run_service import (
     GRAPH_DEFINITION_VERSIONS,

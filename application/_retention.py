@@ -6,8 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from flowvault.application._approvals import ApprovalService, CheckpointService, IdempotencyService
+from flowvault.application._approvals import ApprovalService
+from flowvault.application._checkpoints import CheckpointService
 from flowvault.application._graph import RetentionPolicy
+from flowvault.application._request_idempotency import IdempotencyService
 from flowvault.application._run_service import RunService
 from flowvault.application._workflows import WorkflowService
 from flowvault.application.ports import Clock

@@ -1,0 +1,224 @@
+"""What the checkpoint, approval, idempotency and evidence services share.
+
+Built only on the sealed repository and the store port. Every record is
+addressed by a keyed digest of its natural key and carries a keyed integrity
+digest that is checked on every read, so a record rebuilt without the
+integrity key never verifies. Each change is one unit of work: an approval's
+decision or expiry and its checkpoint's consumption commit together or not
+at all, and retention deletions commit with their digest-only tombstones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final, TypeVar
+
+from pydantic import ValidationError
+
+from flowvault.application._graph import (
+    RETENTION_TOMBSTONE,
+    KeyedDigester,
+)
+from flowvault.application._records import (
+    MAX_LIST_LIMIT,
+    Delete,
+    LabelFilter,
+    RecordMetadata,
+    UnitOfWork,
+)
+from flowvault.application._sealed import SealedDocument, SealedRepository
+from flowvault.application._streams import next_position
+from flowvault.application.ports import Clock, Compactor, SecureObjectStore
+from flowvault.domain import (
+    GENESIS_HASH,
+    Approval,
+    Checkpoint,
+    InvalidInput,
+    JsonValue,
+    LedgerEvent,
+    RevisionConflict,
+    Witness,
+    canonical_bytes,
+    format_instant,
+    sanitise_payload,
+)
+
+CHECKPOINTS = "flowvault.checkpoints"
+APPROVALS = "flowvault.approvals"
+APPROVAL_SLOTS = "flowvault.approval-slots"
+"""One marker per (checkpoint, audience) naming the approval requested for it."""
+REQUEST_IDEMPOTENCY = "flowvault.request-idempotency"
+WITNESSES = "flowvault.witnesses"
+
+CHECKPOINT_TAG = "flowvault.checkpoint/1"
+APPROVAL_TAG = "flowvault.approval/1"
+WITNESS_TAG = "flowvault.witness/1"
+REQUEST_TAG = "flowvault.idempotency-request/1"
+DECIDER_TAG = "flowvault.decider/1"
+"""The workflow service's tag too, so one person has one digest in every receipt."""
+
+MAX_WITNESS_BYTES: Final = 512 * 1024
+"""Largest evidence body; base64 inside the sealed record stays under its 1 MiB limit."""
+MAX_IDEMPOTENCY_KEY: Final = 256
+MAX_ACTOR: Final = 256
+PURGE_BATCH: Final = 200
+RETRIES: Final = 8
+"""How often a write is rebuilt when a concurrent writer moved what it was guarded on."""
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+_Signed = TypeVar("_Signed", Checkpoint, Approval, Witness)
+
+
+def _micros(moment: datetime) -> int:
+    return (moment - _EPOCH) // _MICROSECOND
+
+
+def _joined(*parts: str) -> str:
+    return "\x1f".join(parts)
+
+
+def _aware(moment: object, what: str) -> datetime:
+    if not isinstance(moment, datetime) or moment.utcoffset() is None:
+        raise InvalidInput(f"{what} must be a timezone-aware datetime")
+    return moment
+
+
+def _validated(model: type[_Signed], fields: Mapping[str, object]) -> _Signed:
+    """Build a model from caller input, as ``InvalidInput`` naming only the bad fields."""
+    try:
+        return model.model_validate(fields)
+    except ValidationError as exc:
+        raise _invalid(model.__name__.lower(), exc) from None
+
+
+def _invalid(what: str, error: ValidationError) -> InvalidInput:
+    """Name the failing fields and our own cross-field rules; pydantic's text may echo input."""
+    issues = error.errors()
+    names = sorted({str(issue["loc"][0]) for issue in issues if issue["loc"]})
+    rules = sorted(
+        str(issue["msg"]).removeprefix("Value error, ") for issue in issues if not issue["loc"]
+    )
+    return InvalidInput(f"invalid {what}: " + "; ".join([*names, *rules]), fields=",".join(names))
+
+
+def _signed(
+    model: type[_Signed], key: KeyedDigester, tag: str, fields: Mapping[str, Any]
+) -> _Signed:
+    """Validate ``fields`` and stamp the keyed digest of everything the model's body covers."""
+    draft = _validated(model, {**fields, "integrity_digest": GENESIS_HASH})
+    return draft.model_copy(update={"integrity_digest": _digest(key, tag, draft)})
+
+
+def _digest(key: KeyedDigester, tag: str, value: Checkpoint | Approval | Witness) -> str:
+    return key.keyed_digest(tag, canonical_bytes(value.integrity_body()))
+
+
+def _horizon(now: datetime, older_than: timedelta) -> int:
+    if not isinstance(older_than, timedelta) or older_than < timedelta(0):
+        raise InvalidInput("older_than must be a non-negative timedelta")
+    return _micros(_aware(now, "now") - older_than)
+
+
+def _batch(batch_size: int) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InvalidInput("batch_size must be a positive integer")
+    return min(batch_size, MAX_LIST_LIMIT)
+
+
+def _list_all(
+    store: SecureObjectStore, namespace: str, filters: Sequence[LabelFilter]
+) -> Iterator[RecordMetadata]:
+    cursor: str | None = None
+    while True:
+        page = store.list(namespace, filters=filters, cursor=cursor, limit=MAX_LIST_LIMIT)
+        yield from page.items
+        if page.next_cursor is None:
+            return
+        cursor = page.next_cursor
+
+
+def _open_listed(repository: SealedRepository, metadata: RecordMetadata) -> SealedDocument | None:
+    """Open a listed record, or ``None`` when it was deleted after it was listed."""
+    record = repository.store.load(metadata.namespace, metadata.key_digest)
+    if record is None:
+        return None
+    return repository.open(record, namespace=metadata.namespace, key_digest=metadata.key_digest)
+
+
+def _int_label(metadata: RecordMetadata, name: str) -> int:
+    value = metadata.labels.get(name)
+    return value if isinstance(value, int) else -1
+
+
+def _compact(store: SecureObjectStore) -> None:
+    if isinstance(store, Compactor):
+        store.compact()
+
+
+# -- retention -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Doomed:
+    """One record to purge: its deletions and the tombstone its stream receives."""
+
+    deletes: tuple[Delete, ...]
+    stream: str
+    tombstone: dict[str, JsonValue]
+
+
+def _purge(
+    store: SecureObjectStore,
+    clock: Clock,
+    namespace: str,
+    *,
+    filters: Sequence[LabelFilter],
+    batch_size: int,
+    doom: Callable[[RecordMetadata], _Doomed | None],
+) -> int:
+    """Delete matching records a bounded batch per unit, each unit with its tombstones."""
+    limit = _batch(batch_size)
+    purged = stalled = 0
+    while stalled < RETRIES:
+        page = store.list(namespace, filters=filters, limit=limit)
+        doomed = [item for item in map(doom, page.items) if item is not None]
+        if not doomed:
+            break
+        try:
+            store.commit(_purge_unit(store, clock.now(), doomed))
+        except RevisionConflict:
+            stalled += 1
+            continue
+        purged += len(doomed)
+    if purged:
+        _compact(store)
+    return purged
+
+
+def _purge_unit(store: SecureObjectStore, now: datetime, doomed: Sequence[_Doomed]) -> UnitOfWork:
+    """Chain each stream's tombstones consecutively onto its head, deletions alongside."""
+    heads: dict[str, tuple[int, str]] = {}
+    deletes: list[Delete] = []
+    appends: list[LedgerEvent] = []
+    for item in doomed:
+        if item.stream not in heads:
+            heads[item.stream] = next_position(store, item.stream)
+        index, previous = heads[item.stream]
+        event = LedgerEvent.create(
+            stream=item.stream,
+            index=index,
+            type=RETENTION_TOMBSTONE,
+            occurred_at=now,
+            payload=sanitise_payload({**item.tombstone, "purged_at": format_instant(now)}),
+            previous_hash=previous,
+        )
+        heads[item.stream] = (event.index + 1, event.event_hash)
+        deletes.extend(item.deletes)
+        appends.append(event)
+    return UnitOfWork(deletes=deletes, appends=appends)
+
+
+# -- checkpoints ---------------------------------------------------------------

@@ -1,0 +1,322 @@
+"""Single-use resume checkpoints, sealed and verified under the integrity key."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from functools import partial
+
+from pydantic import ValidationError
+
+from flowvault.application._approval_support import (
+    CHECKPOINT_TAG,
+    CHECKPOINTS,
+    PURGE_BATCH,
+    RETRIES,
+    _digest,
+    _Doomed,
+    _horizon,
+    _int_label,
+    _list_all,
+    _micros,
+    _open_listed,
+    _purge,
+    _signed,
+)
+from flowvault.application._graph import (
+    KeyedDigester,
+    require_integrity,
+    run_stream,
+)
+from flowvault.application._records import (
+    Delete,
+    FilterOp,
+    Guard,
+    LabelFilter,
+    LabelValue,
+    RecordMetadata,
+    UnitOfWork,
+    Upsert,
+)
+from flowvault.application._runs import RUNS, check_run_id
+from flowvault.application._sealed import SealedDocument, SealedRepository
+from flowvault.application.ports import Clock
+from flowvault.domain import (
+    Checkpoint,
+    CheckpointConsumed,
+    CheckpointIntegrityFailure,
+    CheckpointStatus,
+    IdempotencyConflict,
+    IntegrityFailure,
+    InvalidInput,
+    JsonValue,
+    NotFound,
+    RevisionConflict,
+    checkpoint_id_for,
+    content_hash,
+    format_instant,
+)
+
+
+def _broken_checkpoint(what: str, metadata: RecordMetadata) -> CheckpointIntegrityFailure:
+    return CheckpointIntegrityFailure(
+        f"checkpoint failed verification: {what}", key_digest=metadata.key_digest
+    )
+
+
+class CheckpointService:
+    """Create, verify and consume the single-use resume points of runs."""
+
+    def __init__(
+        self, repository: SealedRepository, clock: Clock, *, integrity: KeyedDigester | None
+    ) -> None:
+        self._repo = repository
+        self._store = repository.store
+        self._clock = clock
+        self._integrity = integrity
+
+    @property
+    def repository(self) -> SealedRepository:
+        """The sealed repository checkpoints live in."""
+        return self._repo
+
+    def create_checkpoint(
+        self,
+        run_id: str,
+        next_cursor: JsonValue,
+        *,
+        state: JsonValue,
+        budgets: Mapping[str, JsonValue],
+        counters: Mapping[str, int],
+        dependency_summary: JsonValue,
+        terminal_cursor: JsonValue,
+        event_cursor: int,
+    ) -> Checkpoint:
+        """Seal the run's resume point at ``next_cursor``; the same content again returns it.
+
+        The id follows from run and cursor, so a retried create finds the
+        first. Raises ``IdempotencyConflict`` when that id already holds other
+        content, and ``IntegrityKeyRequired`` without an integrity key.
+        """
+        key = require_integrity(self._integrity)
+        check_run_id(run_id)
+        draft = _signed(
+            Checkpoint,
+            key,
+            CHECKPOINT_TAG,
+            {
+                "checkpoint_id": checkpoint_id_for(run_id, next_cursor),
+                "run_id": run_id,
+                "next_cursor": next_cursor,
+                "terminal_cursor": terminal_cursor,
+                "event_cursor": event_cursor,
+                "state": state,
+                "state_digest": content_hash(state),
+                "budgets": dict(budgets),
+                "counters": dict(counters),
+                "dependency_summary": dependency_summary,
+                "dependency_digest": content_hash(dependency_summary),
+                "created_at": self._clock.now(),
+            },
+        )
+        existing = self._find(draft.checkpoint_id)
+        if existing is None:
+            try:
+                self._store.commit(UnitOfWork(upserts=[self._upsert(draft, Guard.ABSENT)]))
+            except RevisionConflict:
+                existing = self._find(draft.checkpoint_id)
+                if existing is None:
+                    raise
+            else:
+                return draft
+        if existing[0].content() != draft.content():
+            raise IdempotencyConflict(
+                "checkpoint already exists with different content",
+                checkpoint_id=draft.checkpoint_id,
+            )
+        return existing[0]
+
+    def load_checkpoint(self, checkpoint_id: str) -> Checkpoint:
+        """Return the verified checkpoint; ``NotFound`` if there is none.
+
+        Raises:
+            CheckpointIntegrityFailure: its seal, state digest, dependency
+                digest or keyed integrity digest does not verify.
+
+        """
+        return self._require(checkpoint_id)[0]
+
+    def latest_checkpoint(self, run_id: str) -> Checkpoint | None:
+        """Return the run's most recently created checkpoint, verified, or ``None``.
+
+        Ties on the creation instant go to the later event cursor.
+        """
+        key = require_integrity(self._integrity)
+        check_run_id(run_id)
+        filters = [LabelFilter("run", self._repo.key_digest(RUNS, run_id))]
+        for _ in range(RETRIES):
+            newest = max(
+                _list_all(self._store, CHECKPOINTS, filters),
+                key=lambda meta: (
+                    _int_label(meta, "created_at"),
+                    _int_label(meta, "event_cursor"),
+                    meta.key_digest,
+                ),
+                default=None,
+            )
+            if newest is None:
+                return None
+            opened = self._guarded(partial(_open_listed, self._repo, newest))
+            if opened is None:
+                continue
+            checkpoint = self._verified(key, opened)
+            if checkpoint.run_id != run_id:
+                raise _broken_checkpoint("it names another run", opened.metadata)
+            return checkpoint
+        raise RevisionConflict("checkpoints of the run kept changing; retry")
+
+    def consume_checkpoint(self, checkpoint_id: str) -> Checkpoint:
+        """Mark the checkpoint consumed and return it; this succeeds exactly once.
+
+        A compare-and-swap on the record's revision decides between racing
+        callers, across threads and processes alike.
+
+        Raises:
+            CheckpointConsumed: it was already consumed, or another caller won.
+            NotFound: there is no such checkpoint.
+
+        """
+        for _ in range(RETRIES):
+            checkpoint, revision = self._require(checkpoint_id)
+            consumed = self._consumed(checkpoint, self._clock.now())
+            try:
+                self._store.commit(UnitOfWork(upserts=[self._upsert(consumed, revision)]))
+            except RevisionConflict:
+                continue
+            return consumed
+        raise RevisionConflict("checkpoint kept changing; retry", checkpoint_id=checkpoint_id)
+
+    def purge(self, now: datetime, older_than: timedelta, batch_size: int = PURGE_BATCH) -> int:
+        """Delete checkpoints consumed before ``now - older_than``; return how many.
+
+        Pending checkpoints are never purged. Each deletion leaves a
+        ``retention.purged`` tombstone (kind, record digest, times) in its
+        run's stream, in the same unit of work.
+        """
+        key = require_integrity(self._integrity)
+        filters = [LabelFilter("consumed_at", _horizon(now, older_than), FilterOp.LT)]
+        return _purge(
+            self._store,
+            self._clock,
+            CHECKPOINTS,
+            filters=filters,
+            batch_size=batch_size,
+            doom=lambda meta: self._doomed(key, meta),
+        )
+
+    def _doomed(self, key: KeyedDigester, metadata: RecordMetadata) -> _Doomed | None:
+        opened = self._guarded(lambda: _open_listed(self._repo, metadata))
+        if opened is None:
+            return None
+        checkpoint = self._verified(key, opened)
+        if checkpoint.consumed_at is None:
+            return None
+        tombstone: dict[str, JsonValue] = {
+            "kind": "checkpoint",
+            "record": metadata.key_digest,
+            "created_at": format_instant(checkpoint.created_at),
+            "consumed_at": format_instant(checkpoint.consumed_at),
+        }
+        delete = Delete(metadata.namespace, metadata.key_digest, metadata.revision)
+        return _Doomed((delete,), run_stream(checkpoint.run_id), tombstone)
+
+    # -- shared with the approval service ---------------------------------------
+
+    def _require(self, checkpoint_id: str) -> tuple[Checkpoint, int]:
+        found = self._find(checkpoint_id)
+        if found is None:
+            raise NotFound("no such checkpoint", checkpoint_id=checkpoint_id)
+        return found
+
+    def _find(self, checkpoint_id: str) -> tuple[Checkpoint, int] | None:
+        """Return the verified checkpoint and its revision, or ``None`` when absent."""
+        key = require_integrity(self._integrity)
+        if not isinstance(checkpoint_id, str) or not checkpoint_id:
+            raise InvalidInput("a checkpoint id must be a non-empty string")
+        opened = self._guarded(lambda: self._repo.read(CHECKPOINTS, checkpoint_id))
+        if opened is None:
+            return None
+        checkpoint = self._verified(key, opened)
+        if checkpoint.checkpoint_id != checkpoint_id:
+            raise _broken_checkpoint("it names another checkpoint", opened.metadata)
+        return checkpoint, opened.revision
+
+    @staticmethod
+    def _guarded(read: Callable[[], SealedDocument | None]) -> SealedDocument | None:
+        """Run a sealed read, reporting a broken seal as a checkpoint integrity failure."""
+        try:
+            return read()
+        except CheckpointIntegrityFailure:
+            raise
+        except IntegrityFailure as exc:
+            raise CheckpointIntegrityFailure(
+                "sealed checkpoint failed verification", **exc.details
+            ) from None
+
+    def _verified(self, key: KeyedDigester, opened: SealedDocument) -> Checkpoint:
+        try:
+            checkpoint = Checkpoint.model_validate(opened.document)
+        except ValidationError:
+            raise _broken_checkpoint("unexpected shape", opened.metadata) from None
+        checks = {
+            "key": self._repo.key_digest(CHECKPOINTS, checkpoint.checkpoint_id)
+            == opened.metadata.key_digest,
+            "checkpoint_id": checkpoint_id_for(checkpoint.run_id, checkpoint.next_cursor)
+            == checkpoint.checkpoint_id,
+            "state_digest": content_hash(checkpoint.state) == checkpoint.state_digest,
+            "dependency_digest": content_hash(checkpoint.dependency_summary)
+            == checkpoint.dependency_digest,
+            "integrity_digest": _digest(key, CHECKPOINT_TAG, checkpoint)
+            == checkpoint.integrity_digest,
+        }
+        failed = [name for name, ok in checks.items() if not ok]
+        if failed:
+            raise CheckpointIntegrityFailure(
+                "checkpoint failed verification: " + ", ".join(failed),
+                key_digest=opened.metadata.key_digest,
+                fields=",".join(failed),
+            )
+        return checkpoint
+
+    def _consumed(self, checkpoint: Checkpoint, moment: datetime) -> Checkpoint:
+        """Return the consumed successor of a pending checkpoint, re-signed."""
+        if checkpoint.status is not CheckpointStatus.PENDING:
+            raise CheckpointConsumed(
+                "checkpoint was already consumed", checkpoint_id=checkpoint.checkpoint_id
+            )
+        fields = {
+            **checkpoint.model_dump(),
+            "status": CheckpointStatus.CONSUMED,
+            "consumed_at": moment,
+        }
+        return _signed(Checkpoint, require_integrity(self._integrity), CHECKPOINT_TAG, fields)
+
+    def _upsert(self, checkpoint: Checkpoint, expected: int | Guard) -> Upsert:
+        labels: dict[str, LabelValue] = {
+            "run": self._repo.key_digest(RUNS, checkpoint.run_id),
+            "created_at": _micros(checkpoint.created_at),
+            "event_cursor": checkpoint.event_cursor,
+            "status": checkpoint.status.value,
+        }
+        if checkpoint.consumed_at is not None:
+            labels["consumed_at"] = _micros(checkpoint.consumed_at)
+        return self._repo.prepare(
+            CHECKPOINTS,
+            checkpoint.checkpoint_id,
+            checkpoint.model_dump(mode="json"),
+            expected=expected,
+            labels=labels,
+        )
+
+
+# -- approvals -----------------------------------------------------------------

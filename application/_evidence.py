@@ -1,0 +1,154 @@
+"""Evidence witnesses, stored once per content digest and verified on every read."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from datetime import datetime
+
+from pydantic import ValidationError
+
+from flowvault.application._approval_support import (
+    MAX_WITNESS_BYTES,
+    WITNESS_TAG,
+    WITNESSES,
+    _aware,
+    _digest,
+    _micros,
+    _signed,
+)
+from flowvault.application._graph import (
+    KeyedDigester,
+    require_integrity,
+)
+from flowvault.application._records import (
+    Guard,
+)
+from flowvault.application._sealed import SealedDocument, SealedRepository
+from flowvault.application.ports import Clock
+from flowvault.domain import (
+    DIGEST_PATTERN,
+    IntegrityFailure,
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    RevisionConflict,
+    Witness,
+    digest_bytes,
+)
+
+
+class EvidenceService:
+    """Keep retrieved evidence once per content digest, verified on every read."""
+
+    def __init__(
+        self, repository: SealedRepository, clock: Clock, *, integrity: KeyedDigester | None
+    ) -> None:
+        self._repo = repository
+        self._store = repository.store
+        self._clock = clock
+        self._integrity = integrity
+
+    def capture_witness(
+        self,
+        locator: str,
+        content: bytes,
+        media_type: str,
+        authority_class: str,
+        retrieved_at: datetime,
+    ) -> Witness:
+        """Store ``content`` as evidence retrieved from ``locator``, once per content digest.
+
+        Capturing the same bytes again returns the first witness unchanged,
+        whatever locator or time the repeat names.
+
+        Raises:
+            PayloadTooLarge: ``content`` exceeds ``MAX_WITNESS_BYTES``.
+            InvalidInput: a locator over 2048 characters or with control
+                characters, a media type that is not ``type/subtype``, an
+                authority class that is not a short lowercase name, or a naive time.
+
+        """
+        key = require_integrity(self._integrity)
+        if not isinstance(content, bytes):
+            raise InvalidInput("content must be bytes")
+        if len(content) > MAX_WITNESS_BYTES:
+            raise PayloadTooLarge(
+                f"evidence of {len(content)} bytes exceeds {MAX_WITNESS_BYTES}",
+                size=len(content),
+                limit=MAX_WITNESS_BYTES,
+            )
+        witness = _signed(
+            Witness,
+            key,
+            WITNESS_TAG,
+            {
+                "content_digest": digest_bytes(content),
+                "locator": locator,
+                "media_type": media_type,
+                "authority_class": authority_class,
+                "size_bytes": len(content),
+                "retrieved_at": _aware(retrieved_at, "retrieved_at"),
+                "captured_at": self._clock.now(),
+                "content": content,
+            },
+        )
+        existing = self._find(key, witness.content_digest)
+        if existing is not None:
+            return existing
+        document = {
+            **witness.model_dump(mode="json", exclude={"content"}),
+            "content": base64.b64encode(content).decode("ascii"),
+        }
+        try:
+            self._repo.write(
+                WITNESSES,
+                witness.content_digest,
+                document,
+                expected=Guard.ABSENT,
+                labels={"captured_at": _micros(witness.captured_at)},
+            )
+        except RevisionConflict:
+            raced = self._find(key, witness.content_digest)
+            if raced is None:
+                raise
+            return raced
+        return witness
+
+    def load_witness(self, content_digest: str) -> Witness:
+        """Return the verified witness for ``content_digest``; ``NotFound`` if none.
+
+        Raises ``IntegrityFailure`` when the record, its bytes or its keyed
+        integrity digest do not verify.
+        """
+        key = require_integrity(self._integrity)
+        if not isinstance(content_digest, str) or not DIGEST_PATTERN.match(content_digest):
+            raise InvalidInput("content_digest must be a sha256:<64 hex> digest")
+        found = self._find(key, content_digest)
+        if found is None:
+            raise NotFound("no such witness")
+        return found
+
+    def _find(self, key: KeyedDigester, content_digest: str) -> Witness | None:
+        opened = self._repo.read(WITNESSES, content_digest)
+        if opened is None:
+            return None
+        witness = self._decoded(opened)
+        if witness.content_digest != content_digest:
+            raise IntegrityFailure("witness is stored under another digest")
+        if _digest(key, WITNESS_TAG, witness) != witness.integrity_digest:
+            raise IntegrityFailure("witness failed its keyed integrity check")
+        return witness
+
+    @staticmethod
+    def _decoded(opened: SealedDocument) -> Witness:
+        document = opened.document
+        try:
+            if not isinstance(document, dict) or not isinstance(document.get("content"), str):
+                raise ValueError("no content")
+            raw = base64.b64decode(str(document["content"]), validate=True)
+            return Witness.model_validate({**document, "content": raw})
+        except (ValueError, binascii.Error, ValidationError):
+            raise IntegrityFailure(
+                "witness has an unexpected shape", key_digest=opened.metadata.key_digest
+            ) from None

@@ -1,0 +1,163 @@
+"""Request-bound idempotency: a response replays only for the request that made it."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from flowvault.application._approval_support import (
+    _EPOCH,
+    _MICROSECOND,
+    MAX_IDEMPOTENCY_KEY,
+    PURGE_BATCH,
+    REQUEST_IDEMPOTENCY,
+    REQUEST_TAG,
+    _Doomed,
+    _horizon,
+    _int_label,
+    _micros,
+    _purge,
+)
+from flowvault.application._graph import (
+    IDEMPOTENCY_STREAM,
+)
+from flowvault.application._records import (
+    Delete,
+    FilterOp,
+    Guard,
+    LabelFilter,
+    RecordMetadata,
+)
+from flowvault.application._sealed import SealedDocument, SealedRepository
+from flowvault.application.ports import Clock
+from flowvault.domain import (
+    DIGEST_PATTERN,
+    IdempotencyConflict,
+    IntegrityFailure,
+    InvalidInput,
+    JsonValue,
+    RevisionConflict,
+    canonical_bytes,
+    format_instant,
+    validate_json,
+)
+
+
+def _check_key(key: object) -> str:
+    if not isinstance(key, str) or not key or len(key) > MAX_IDEMPOTENCY_KEY:
+        raise InvalidInput(f"an idempotency key must be 1..{MAX_IDEMPOTENCY_KEY} characters")
+    return key
+
+
+class IdempotencyService:
+    """Remember responses bound to the request that produced them, and replay only for it.
+
+    The request is kept only as a keyed digest of its canonical JSON, so a
+    replay proves the same request without the store holding it.
+    """
+
+    def __init__(self, repository: SealedRepository, clock: Clock) -> None:
+        self._repo = repository
+        self._store = repository.store
+        self._clock = clock
+
+    def remember(self, key: str, request: JsonValue, response: JsonValue) -> JsonValue:
+        """Store ``response`` for ``key`` bound to ``request``; return the response kept.
+
+        The first response wins: remembering again for the same request
+        returns the stored response. ``response`` must not be ``null``, so
+        ``recall`` can tell a remembered response from none.
+
+        Raises:
+            IdempotencyConflict: ``key`` is bound to another request, or to none.
+
+        """
+        if response is None:
+            raise InvalidInput("a remembered response must not be null")
+        _check_key(key)
+        digest = self._request_digest(request)
+        validate_json(response)
+        existing = self._repo.read(REQUEST_IDEMPOTENCY, key)
+        if existing is not None:
+            return self._replayed(existing, digest)
+        now = self._clock.now()
+        document = {
+            "request_digest": digest,
+            "response": response,
+            "created_at": format_instant(now),
+        }
+        try:
+            self._repo.write(
+                REQUEST_IDEMPOTENCY,
+                key,
+                document,
+                expected=Guard.ABSENT,
+                labels={"created_at": _micros(now)},
+            )
+        except RevisionConflict:
+            raced = self._repo.read(REQUEST_IDEMPOTENCY, key)
+            if raced is None:
+                raise
+            return self._replayed(raced, digest)
+        return response
+
+    def recall(self, key: str, request: JsonValue) -> JsonValue | None:
+        """Return the response remembered for ``key`` and this request, or ``None``.
+
+        Raises:
+            IdempotencyConflict: ``key`` was remembered for a different
+                request, or its record carries no request digest. Such a record
+                is never replayed: without a digest nothing proves it answers
+                this request, and returning ``None`` would invite a repeat.
+
+        """
+        _check_key(key)
+        digest = self._request_digest(request)
+        existing = self._repo.read(REQUEST_IDEMPOTENCY, key)
+        return None if existing is None else self._replayed(existing, digest)
+
+    def purge(self, now: datetime, older_than: timedelta, batch_size: int = PURGE_BATCH) -> int:
+        """Delete records written before ``now - older_than``; return how many.
+
+        Idempotency records belong to no run, so their tombstones go to
+        ``IDEMPOTENCY_STREAM``, in the same unit of work as the deletions.
+        """
+        filters = [LabelFilter("created_at", _horizon(now, older_than), FilterOp.LT)]
+        return _purge(
+            self._store,
+            self._clock,
+            REQUEST_IDEMPOTENCY,
+            filters=filters,
+            batch_size=batch_size,
+            doom=_doomed_request,
+        )
+
+    def _request_digest(self, request: JsonValue) -> str:
+        return self._repo.keyed_digest(REQUEST_TAG, canonical_bytes(request))
+
+    @staticmethod
+    def _replayed(opened: SealedDocument, digest: str) -> JsonValue:
+        document = opened.document
+        if not isinstance(document, dict):
+            raise IntegrityFailure(
+                "idempotency record has an unexpected shape", key_digest=opened.metadata.key_digest
+            )
+        stored = document.get("request_digest")
+        if not isinstance(stored, str) or not DIGEST_PATTERN.match(stored):
+            raise IdempotencyConflict("remembered response is bound to no request; not replayed")
+        if stored != digest:
+            raise IdempotencyConflict("idempotency key was already used for a different request")
+        return document.get("response")
+
+
+def _doomed_request(metadata: RecordMetadata) -> _Doomed:
+    created = _EPOCH + _int_label(metadata, "created_at") * _MICROSECOND
+    tombstone: dict[str, JsonValue] = {
+        "kind": "idempotency",
+        "record": metadata.key_digest,
+        "created_at": format_instant(created),
+    }
+    delete = Delete(metadata.namespace, metadata.key_digest, metadata.revision)
+    return _Doomed((delete,), IDEMPOTENCY_STREAM, tombstone)
+
+
+# -- evidence witnesses --------------------------------------------------------
