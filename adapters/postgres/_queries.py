@@ -8,10 +8,10 @@ for a concurrent writer; tests run ``EXPLAIN`` on these very strings.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Final
 
-from flowvault.application import FilterOp, Order
+from flowvault.adapters import _listing as listing
+from flowvault.application import Order
 
 LOAD_RECORD: Final = (
     "SELECT r.namespace, r.key_digest, r.revision, r.sensitivity, r.schema_version, r.key_id, "
@@ -119,59 +119,9 @@ HAS_RECORDS: Final = "SELECT EXISTS (SELECT 1 FROM records) OR EXISTS (SELECT 1 
 NAMESPACE_COUNTS: Final = "SELECT namespace, count(*) FROM records GROUP BY namespace"
 KEY_ID_COUNTS: Final = "SELECT key_id, count(*) FROM records GROUP BY key_id"
 
-LIST_RECORDS: Final = (
-    "SELECT r.namespace, r.key_digest, r.revision, r.sensitivity, r.schema_version, r.key_id, "
-    "r.written_at, r.labels, r.byte_length, r.payload_digest "
-    "FROM records r WHERE r.namespace = %s"
-)
-"""The head of every ``list`` query; filters, the cursor and the order are appended."""
-
-_SYMBOLS: Final = {
-    FilterOp.EQ: "=",
-    FilterOp.NE: "<>",
-    FilterOp.LT: "<",
-    FilterOp.LE: "<=",
-    FilterOp.GT: ">",
-    FilterOp.GE: ">=",
-}
-_LABEL_MATCH: Final = (
-    " AND r.id IN (SELECT l.record_id FROM record_labels l "
-    "WHERE l.namespace = %s AND l.name = %s AND l.{column} {symbol} %s)"
-)
-"""A label filter; a value of the other type sits in the other column as NULL, so never matches."""
-TEXT_FILTERS: Final = {
-    op: _LABEL_MATCH.format(column="text_value", symbol=symbol) for op, symbol in _SYMBOLS.items()
-}
-INT_FILTERS: Final = {
-    op: _LABEL_MATCH.format(column="int_value", symbol=symbol) for op, symbol in _SYMBOLS.items()
-}
-
-AFTER_CURSOR: Final = {
-    Order.KEY: " AND r.key_digest > %s",
-    Order.WRITTEN_AT: " AND (r.written_at, r.key_digest) > (%s, %s)",
-    Order.WRITTEN_AT_DESC: " AND (r.written_at, r.key_digest) < (%s, %s)",
-}
-ORDER_BY: Final = {
-    Order.KEY: " ORDER BY r.key_digest LIMIT %s",
-    Order.WRITTEN_AT: " ORDER BY r.written_at, r.key_digest LIMIT %s",
-    Order.WRITTEN_AT_DESC: " ORDER BY r.written_at DESC, r.key_digest DESC LIMIT %s",
-}
-
-FilterShape = tuple[FilterOp, bool]
-"""A filter's operator and whether it compares text (else integers): all the SQL depends on."""
+FilterShape = listing.FilterShape
 
 
-@lru_cache(maxsize=256)
 def list_query(order: Order, after_cursor: bool, filters: tuple[FilterShape, ...] = ()) -> str:
-    """Return the ``list`` statement for one combination of order, cursor and filters.
-
-    Parameters bind in this order: namespace; ``(namespace, name, value)``
-    per filter; the cursor's key (and ``written_at`` first, for time orders);
-    the row limit.
-    """
-    parts = [LIST_RECORDS]
-    parts.extend(TEXT_FILTERS[op] if text else INT_FILTERS[op] for op, text in filters)
-    if after_cursor:
-        parts.append(AFTER_CURSOR[order])
-    parts.append(ORDER_BY[order])
-    return "".join(parts)
+    """Return the shared ``list`` statement with this driver's placeholder."""
+    return listing.list_query("%s", order, after_cursor, filters)

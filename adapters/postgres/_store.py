@@ -12,6 +12,7 @@ from typing import Any, Final, TypeVar
 
 import psycopg
 
+from flowvault.adapters._listing import filter_shapes, list_params, page_of
 from flowvault.adapters._rows import event_from_row
 from flowvault.adapters.postgres import _queries as sql
 from flowvault.adapters.postgres._commit import INDEX_CEILING, PreparedUnit
@@ -38,7 +39,7 @@ from flowvault.application import (
     UnitOfWork,
     effective_limit,
 )
-from flowvault.domain import InvalidInput, LedgerEvent, StoreUnavailable, format_instant
+from flowvault.domain import InvalidInput, LedgerEvent, StoreUnavailable
 
 T = TypeVar("T")
 
@@ -57,29 +58,6 @@ def _pause(attempt: int) -> None:
 
 def _retryable(exc: psycopg.Error) -> bool:
     return getattr(exc, "sqlstate", None) in RETRYABLE
-
-
-def _list_params(
-    namespace: str,
-    filters: Sequence[LabelFilter],
-    order: Order,
-    position: ListCursor | None,
-    limit: int,
-) -> tuple[object, ...]:
-    """Bind values in the order ``list_query`` documents; one extra row reveals a next page."""
-    params: list[object] = [namespace]
-    for label in filters:
-        params += [namespace, label.name, label.value]
-    if position is not None and order is not Order.KEY:
-        params.append(position.written_at)
-    if position is not None:
-        params.append(position.key_digest)
-    params.append(limit + 1)
-    return tuple(params)
-
-
-def _filter_shapes(filters: Sequence[LabelFilter]) -> tuple[sql.FilterShape, ...]:
-    return tuple((label.op, isinstance(label.value, str)) for label in filters)
 
 
 class PostgresSecureObjectStore:
@@ -236,14 +214,9 @@ class PostgresSecureObjectStore:
         """Return one page of matching metadata in ``order``, resuming after ``cursor``."""
         limit = effective_limit(limit)
         position = None if cursor is None else ListCursor.decode(cursor, order)
-        query = sql.list_query(order, position is not None, _filter_shapes(filters))
-        rows = self._fetch(query, _list_params(namespace, filters, order, position, limit))
-        items = tuple(metadata_from_row(row) for row in rows[:limit])
-        if len(rows) <= limit:
-            return RecordPage(items=items, next_cursor=None)
-        last = items[-1]
-        mark = ListCursor(order, last.key_digest, format_instant(last.header.written_at))
-        return RecordPage(items=items, next_cursor=mark.encode())
+        query = sql.list_query(order, position is not None, filter_shapes(filters))
+        rows = self._fetch(query, list_params(namespace, filters, order, position, limit))
+        return page_of(rows, limit, order, metadata_from_row)
 
     def commit(self, unit: UnitOfWork) -> None:
         """Apply every guarded write of ``unit`` in one READ COMMITTED transaction, or none.

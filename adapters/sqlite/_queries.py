@@ -6,10 +6,10 @@ query stops using is caught as a test failure rather than a slow store.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Final
 
-from flowvault.application import FilterOp, Order
+from flowvault.adapters import _listing as listing
+from flowvault.application import Order
 
 LOAD_RECORD: Final = (
     "SELECT r.namespace, r.key_digest, r.revision, r.sensitivity, r.schema_version, r.key_id, "
@@ -82,66 +82,12 @@ HAS_RECORDS: Final = "SELECT EXISTS (SELECT 1 FROM records) OR EXISTS (SELECT 1 
 NAMESPACE_COUNTS: Final = "SELECT namespace, COUNT(*) FROM records GROUP BY namespace"
 KEY_ID_COUNTS: Final = "SELECT key_id, COUNT(*) FROM records GROUP BY key_id"
 
-LIST_RECORDS: Final = (
-    "SELECT r.namespace, r.key_digest, r.revision, r.sensitivity, r.schema_version, r.key_id, "
-    "r.written_at, r.labels, r.byte_length, r.payload_digest "
-    "FROM records r WHERE r.namespace = ?"
-)
-"""The head of every ``list`` query; filters, the cursor and the order are appended."""
-
-_SYMBOLS: Final = {
-    FilterOp.EQ: "=",
-    FilterOp.NE: "<>",
-    FilterOp.LT: "<",
-    FilterOp.LE: "<=",
-    FilterOp.GT: ">",
-    FilterOp.GE: ">=",
-}
-_LABEL_MATCH: Final = (
-    " AND r.id IN (SELECT l.record_id FROM record_labels l "
-    "WHERE l.namespace = ? AND l.name = ? AND l.{column} {symbol} ?)"
-)
-"""A label filter; a value of the other type sits in the other column as NULL, so never matches.
-
-Not correlated with ``r``, so SQLite builds the set of matching ids once
-from the ``(namespace, name, value)`` index instead of probing per record.
-"""
-TEXT_FILTERS: Final = {
-    op: _LABEL_MATCH.format(column="text_value", symbol=symbol) for op, symbol in _SYMBOLS.items()
-}
-INT_FILTERS: Final = {
-    op: _LABEL_MATCH.format(column="int_value", symbol=symbol) for op, symbol in _SYMBOLS.items()
-}
-
-AFTER_CURSOR: Final = {
-    Order.KEY: " AND r.key_digest > ?",
-    Order.WRITTEN_AT: " AND (r.written_at, r.key_digest) > (?, ?)",
-    Order.WRITTEN_AT_DESC: " AND (r.written_at, r.key_digest) < (?, ?)",
-}
-ORDER_BY: Final = {
-    Order.KEY: " ORDER BY r.key_digest LIMIT ?",
-    Order.WRITTEN_AT: " ORDER BY r.written_at, r.key_digest LIMIT ?",
-    Order.WRITTEN_AT_DESC: " ORDER BY r.written_at DESC, r.key_digest DESC LIMIT ?",
-}
-
-FilterShape = tuple[FilterOp, bool]
-"""A filter's operator and whether it compares text (else integers): all the SQL depends on."""
+FilterShape = listing.FilterShape
 
 
-@lru_cache(maxsize=256)
 def list_query(order: Order, after_cursor: bool, filters: tuple[FilterShape, ...] = ()) -> str:
-    """Return the ``list`` statement for one combination of order, cursor and filters.
-
-    Parameters bind in this order: namespace; ``(namespace, name, value)``
-    per filter; the cursor's key (and ``written_at`` first, for time orders);
-    the row limit.
-    """
-    parts = [LIST_RECORDS]
-    parts.extend(TEXT_FILTERS[op] if text else INT_FILTERS[op] for op, text in filters)
-    if after_cursor:
-        parts.append(AFTER_CURSOR[order])
-    parts.append(ORDER_BY[order])
-    return "".join(parts)
+    """Return the shared ``list`` statement with this driver's placeholder."""
+    return listing.list_query("?", order, after_cursor, filters)
 
 
 CHECKPOINT_TRUNCATE: Final = "PRAGMA wal_checkpoint(TRUNCATE)"

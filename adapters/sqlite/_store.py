@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from flowvault.adapters._listing import filter_shapes, list_params, page_of
 from flowvault.adapters._rows import event_from_row
 from flowvault.adapters.sqlite import _queries as sql
 from flowvault.adapters.sqlite._commit import (
@@ -55,7 +56,6 @@ from flowvault.domain import (
     LedgerEvent,
     StoreBusy,
     StoreUnavailable,
-    format_instant,
 )
 
 _FORKED = "store opened before fork; open a new one in the child"
@@ -89,29 +89,6 @@ class _ReaderSlot:
 
     def __init__(self, handle: _Handle) -> None:
         self.handle = handle
-
-
-def _list_params(
-    namespace: str,
-    filters: Sequence[LabelFilter],
-    order: Order,
-    position: ListCursor | None,
-    limit: int,
-) -> tuple[object, ...]:
-    """Bind values in the order ``list_query`` documents; one extra row reveals a next page."""
-    params: list[object] = [namespace]
-    for label in filters:
-        params += [namespace, label.name, label.value]
-    if position is not None and order is not Order.KEY:
-        params.append(position.written_at)
-    if position is not None:
-        params.append(position.key_digest)
-    params.append(limit + 1)
-    return tuple(params)
-
-
-def _filter_shapes(filters: Sequence[LabelFilter]) -> tuple[sql.FilterShape, ...]:
-    return tuple((label.op, isinstance(label.value, str)) for label in filters)
 
 
 def _open_writer(options: ConnectOptions) -> sqlite3.Connection:
@@ -330,16 +307,11 @@ class SQLiteSecureObjectStore:
         """Return one page of matching metadata in ``order``, resuming after ``cursor``."""
         limit = effective_limit(limit)
         position = None if cursor is None else ListCursor.decode(cursor, order)
-        query = sql.list_query(order, position is not None, _filter_shapes(filters))
-        params = _list_params(namespace, filters, order, position, limit)
+        query = sql.list_query(order, position is not None, filter_shapes(filters))
+        params = list_params(namespace, filters, order, position, limit)
         with self._reading() as connection:
             rows = connection.execute(query, params).fetchall()
-        items = tuple(metadata_from_row(row) for row in rows[:limit])
-        if len(rows) <= limit:
-            return RecordPage(items=items, next_cursor=None)
-        last = items[-1]
-        mark = ListCursor(order, last.key_digest, format_instant(last.header.written_at))
-        return RecordPage(items=items, next_cursor=mark.encode())
+        return page_of(rows, limit, order, metadata_from_row)
 
     def commit(self, unit: UnitOfWork) -> None:
         """Check every guard, then apply every write, in one ``BEGIN IMMEDIATE`` transaction.

@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from cli_helpers import FLOWVAULT, cli_env
 
 from flowvault.adapters.cli import CommandIO, DecideRequest, approvals_decide_command
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import Approval, ApprovalStatus, InvalidInput, WorkOrder, content_hash
 
-FLOWVAULT = Path(sys.executable).parent / "flowvault"
 TIMEOUT = 60.0
 
 PARAMETER = "param-marker-5c1e9a"
@@ -48,19 +46,13 @@ MARKERS = (
 # -- helpers -------------------------------------------------------------------
 
 
-def _env(tmp_path: Path) -> dict[str, str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("FLOWVAULT_")}
-    environ["XDG_DATA_HOME"] = str(tmp_path / "xdg")
-    return environ
-
-
 def _run(tmp_path: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """Run one verb; fail the test if any output carries a plaintext marker."""
     result = subprocess.run(
         [str(FLOWVAULT), "--home", str(home), *args],
         capture_output=True,
         text=True,
-        env=_env(tmp_path),
+        env=cli_env(tmp_path),
         stdin=subprocess.DEVNULL,
         timeout=TIMEOUT,
         check=False,

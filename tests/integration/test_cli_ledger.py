@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import shutil
 import sqlite3
-import subprocess
-import sys
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from cli_helpers import json_document as _document
+from cli_helpers import run_cli as _run
 
 from flowvault.adapters.crypto import generate_master_key
 from flowvault.application import HistoryEvent, encode_master_key, history_stream, stream_of
@@ -20,39 +18,7 @@ from flowvault.application.testing import FrozenClock
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import WorkflowState, WorkOrder, content_hash
 
-FLOWVAULT = Path(sys.executable).parent / "flowvault"
-TIMEOUT = 60.0
 MARKER = "marker-payload-5d1e"
-
-
-def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("FLOWVAULT_")}
-    environ["XDG_DATA_HOME"] = str(tmp_path / "xdg")
-    environ.update(extra)
-    return environ
-
-
-def _run(
-    tmp_path: Path, *args: str, home: Path | None = None, **extra: str
-) -> subprocess.CompletedProcess[str]:
-    prefix = [] if home is None else ["--home", str(home)]
-    return subprocess.run(
-        [str(FLOWVAULT), *prefix, *args],
-        capture_output=True,
-        text=True,
-        env=_env(tmp_path, **extra),
-        stdin=subprocess.DEVNULL,
-        timeout=TIMEOUT,
-        check=False,
-    )
-
-
-def _document(result: subprocess.CompletedProcess[str]) -> dict[str, object]:
-    lines = result.stdout.strip().splitlines()
-    assert len(lines) == 1, result.stdout + result.stderr
-    parsed = json.loads(lines[0])
-    assert isinstance(parsed, dict)
-    return parsed
 
 
 def _populate(runtime: Runtime) -> str:

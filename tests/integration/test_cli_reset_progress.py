@@ -6,42 +6,21 @@ import json
 import os
 import select
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import FLOWVAULT, TIMEOUT
+from cli_helpers import cli_env as _env
+from cli_helpers import json_document as _document
+from cli_helpers import run_cli as _run
 
 from flowvault.application import RESET_EVENT
 from flowvault.composition import Settings, bootstrap
 from flowvault.domain import WorkflowState
 
-FLOWVAULT = Path(sys.executable).parent / "flowvault"
 MARKER = "plaintext-marker-7f3c91d2"
 OTHER_MARKER = "other-scope-marker-b41e"
-TIMEOUT = 60.0
-
-
-def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("FLOWVAULT_")}
-    environ["XDG_DATA_HOME"] = str(tmp_path / "xdg")
-    environ.update(extra)
-    return environ
-
-
-def _run(
-    tmp_path: Path, *args: str, home: Path | None = None, **extra: str
-) -> subprocess.CompletedProcess[str]:
-    prefix = [] if home is None else ["--home", str(home)]
-    return subprocess.run(
-        [str(FLOWVAULT), *prefix, *args],
-        capture_output=True,
-        text=True,
-        env=_env(tmp_path, **extra),
-        stdin=subprocess.DEVNULL,
-        timeout=TIMEOUT,
-        check=False,
-    )
 
 
 def _settings(home: Path) -> Settings:
@@ -57,14 +36,6 @@ def _prepare(home: Path) -> None:
 def _revision(home: Path, scope: str = "main") -> int | None:
     with bootstrap(_settings(home)) as runtime:
         return runtime.state(scope).load().revision
-
-
-def _document(result: subprocess.CompletedProcess[str]) -> dict[str, object]:
-    lines = result.stdout.strip().splitlines()
-    assert len(lines) == 1, result.stdout
-    parsed = json.loads(lines[0])
-    assert isinstance(parsed, dict)
-    return parsed
 
 
 # -- cold root -----------------------------------------------------------------

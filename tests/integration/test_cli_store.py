@@ -2,53 +2,20 @@
 
 from __future__ import annotations
 
-import json
-import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import json_document as _document
+from cli_helpers import run_cli as _run
 
 from flowvault.adapters.sqlite import SCHEMA_VERSION
 from flowvault.application import encode_master_key
 from flowvault.composition import Settings, bootstrap
 from flowvault.domain import WorkflowState
 
-FLOWVAULT = Path(sys.executable).parent / "flowvault"
-TIMEOUT = 60.0
 STATE_NAMESPACE = "flowvault.workflow-state"
-
-
-def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("FLOWVAULT_")}
-    environ["XDG_DATA_HOME"] = str(tmp_path / "xdg")
-    environ.update(extra)
-    return environ
-
-
-def _run(
-    tmp_path: Path, *args: str, home: Path | None = None, **extra: str
-) -> subprocess.CompletedProcess[str]:
-    prefix = [] if home is None else ["--home", str(home)]
-    return subprocess.run(
-        [str(FLOWVAULT), *prefix, *args],
-        capture_output=True,
-        text=True,
-        env=_env(tmp_path, **extra),
-        stdin=subprocess.DEVNULL,
-        timeout=TIMEOUT,
-        check=False,
-    )
-
-
-def _document(result: subprocess.CompletedProcess[str]) -> dict[str, object]:
-    lines = result.stdout.strip().splitlines()
-    assert len(lines) == 1, result.stdout
-    parsed = json.loads(lines[0])
-    assert isinstance(parsed, dict)
-    return parsed
 
 
 def _mode(path: Path) -> int:

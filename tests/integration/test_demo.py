@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import FLOWVAULT, cli_env
 
 from flowvault.adapters.cli._demo import expect
 from flowvault.composition import _cli_demo, main
 
-FLOWVAULT = Path(sys.executable).parent / "flowvault"
 TIMEOUT = 120.0
 STEPS = [
     ("create-work-order", "create a work order, then retry it"),
@@ -35,11 +34,8 @@ DECIDER = "bob@example.org"
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("FLOWVAULT_")}
-    environ["XDG_DATA_HOME"] = str(tmp_path / "xdg")
-    environ["TMPDIR"] = str(tmp_path / "tmp")
     (tmp_path / "tmp").mkdir(exist_ok=True)
-    return environ
+    return cli_env(tmp_path, TMPDIR=str(tmp_path / "tmp"))
 
 
 def _demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
