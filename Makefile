@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: test install-dev lint typecheck layers pytest demo clean
+.PHONY: test install-dev lint typecheck layers pytest reliability demo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,15 @@ pytest: install-dev
 	$(BIN)/pytest
 
 test: lint typecheck layers pytest
+
+# The long reliability runs (thousands of kills, power cuts and tamper trials);
+# prints the figures table. `make test` runs the same families at CI size.
+RELIABILITY_REPORT ?= reliability-figures.jsonl
+reliability: install-dev
+	rm -f $(RELIABILITY_REPORT)
+	RELIABILITY_PROFILE=long RELIABILITY_REPORT=$(abspath $(RELIABILITY_REPORT)) \
+		$(BIN)/pytest -p no:cacheprovider -m reliability tests/reliability
+	$(BIN)/python tests/reliability/report.py $(RELIABILITY_REPORT)
 
 # The main job: install flowvault and run an approval workflow end to end in a
 # fresh SQLite home (a new temporary directory; DEMO_ARGS="--home DIR" to choose).
