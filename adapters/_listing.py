@@ -19,7 +19,7 @@ from flowvault.application import (
     RecordMetadata,
     RecordPage,
 )
-from flowvault.domain import format_instant
+from flowvault.domain import IntegrityFailure, format_instant
 
 FilterShape: TypeAlias = tuple[FilterOp, bool]
 """A filter's operator and whether it compares text (else integers): all the SQL depends on."""
@@ -108,9 +108,20 @@ def page_of(
     limit: int,
     order: Order,
     decode: Callable[[Sequence[Any]], RecordMetadata],
+    filters: Sequence[LabelFilter] = (),
 ) -> RecordPage:
-    """Turn up to ``limit + 1`` fetched rows into a page and the cursor after it."""
+    """Turn up to ``limit + 1`` fetched rows into a page and the cursor after it.
+
+    Rows are selected through the label index, but each row's own labels
+    (checked against the sealed copy when it is opened) must match every
+    filter too: an index row that was altered cannot slip another record into
+    a listing, or into a purge.
+    """
     items = tuple(decode(row) for row in rows[:limit])
+    if any(not label.matches(item.labels) for item in items for label in filters):
+        raise IntegrityFailure(
+            "the label index disagrees with a listed record's labels", table="record_labels"
+        )
     if len(rows) <= limit:
         return RecordPage(items=items, next_cursor=None)
     last = items[-1]

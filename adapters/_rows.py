@@ -110,3 +110,43 @@ def event_from_row(row: Row) -> LedgerEvent:
         )
     except MALFORMED:
         raise malformed("ledger_events") from None
+
+
+def stream_state(row: Row) -> tuple[int, int, str]:
+    """Return ``(first_index, head_index, head_hash)`` from a ``STREAM_STATE`` row."""
+    first, head, head_hash = row
+    if not (isinstance(first, int) and isinstance(head, int) and isinstance(head_hash, str)):
+        raise malformed("ledger_streams")
+    return first, head, head_hash
+
+
+def check_stream_page(
+    mark: tuple[int, int, str] | None,
+    start: int,
+    events: tuple[LedgerEvent, ...],
+    *,
+    last_page: bool,
+) -> None:
+    """Refuse a page that disagrees with its ``ledger_streams`` row, read in the same snapshot.
+
+    Commits write both together, so in an intact store the first retained
+    event is at the row's ``first_index`` and the last one is its head. A
+    missing, dropped or extra event, or an edited row, breaks that; the
+    chain alone cannot show a cut-off head.
+    """
+    if mark is None:
+        if events:
+            raise IntegrityFailure("ledger events have no stream row", table="ledger_streams")
+        return
+    first_index, head_index, head_hash = mark
+    expected = max(start, first_index)
+    if expected > head_index:
+        consistent = not events
+    else:
+        consistent = bool(events) and events[0].index == expected
+        if consistent and last_page:
+            consistent = (events[-1].index, events[-1].event_hash) == (head_index, head_hash)
+    if not consistent:
+        raise IntegrityFailure(
+            "ledger events disagree with their stream row", table="ledger_streams"
+        )

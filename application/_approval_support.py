@@ -17,6 +17,7 @@ from typing import Any, Final, TypeVar
 
 from pydantic import ValidationError
 
+from flowvault.application._compaction import compact_after_commit
 from flowvault.application._graph import (
     RETENTION_TOMBSTONE,
     KeyedDigester,
@@ -30,7 +31,7 @@ from flowvault.application._records import (
 )
 from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application._streams import next_position
-from flowvault.application.ports import Clock, Compactor, SecureObjectStore
+from flowvault.application.ports import Clock, SecureObjectStore
 from flowvault.domain import (
     GENESIS_HASH,
     Approval,
@@ -119,7 +120,10 @@ def _digest(key: KeyedDigester, tag: str, value: Checkpoint | Approval | Witness
 def _horizon(now: datetime, older_than: timedelta) -> int:
     if not isinstance(older_than, timedelta) or older_than < timedelta(0):
         raise InvalidInput("older_than must be a non-negative timedelta")
-    return _micros(_aware(now, "now") - older_than)
+    try:
+        return _micros(_aware(now, "now") - older_than)
+    except OverflowError:
+        raise InvalidInput("now - older_than lies before the first representable instant") from None
 
 
 def _batch(batch_size: int) -> int:
@@ -151,11 +155,6 @@ def _open_listed(repository: SealedRepository, metadata: RecordMetadata) -> Seal
 def _int_label(metadata: RecordMetadata, name: str) -> int:
     value = metadata.labels.get(name)
     return value if isinstance(value, int) else -1
-
-
-def _compact(store: SecureObjectStore) -> None:
-    if isinstance(store, Compactor):
-        store.compact()
 
 
 # -- retention -----------------------------------------------------------------
@@ -194,7 +193,7 @@ def _purge(
             continue
         purged += len(doomed)
     if purged:
-        _compact(store)
+        compact_after_commit(store)
     return purged
 
 

@@ -140,6 +140,8 @@ class ApprovalService:
 
         """
         key = require_integrity(self._integrity)
+        if isinstance(allowed_decisions, str) or not isinstance(allowed_decisions, Sequence):
+            raise InvalidInput("allowed_decisions must be a sequence of decision names")
         checkpoint, _ = self._checkpoints._require(checkpoint_id)
         if checkpoint.status is not CheckpointStatus.PENDING:
             raise CheckpointConsumed("checkpoint was already consumed", checkpoint_id=checkpoint_id)
@@ -372,7 +374,7 @@ class ApprovalService:
             raise InvalidInput("limit must be a positive integer")
         filters = [LabelFilter("run", self._repo.key_digest(RUNS, run_id))]
         if status is not None:
-            if status not in set(ApprovalStatus):
+            if not isinstance(status, str) or status not in set(ApprovalStatus):
                 raise InvalidInput("status must be pending, decided or expired")
             filters.append(LabelFilter("status", ApprovalStatus(status).value))
         listed = sorted(

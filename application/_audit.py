@@ -15,12 +15,12 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Final, Protocol, TypeVar
 
+from flowvault.application._compaction import compact_after_commit
 from flowvault.application._graph import KeyedDigester
 from flowvault.application._retention import RetentionJob, RetentionReport
 from flowvault.application._sealed import SealedRepository
 from flowvault.application._streams import read_stream
 from flowvault.application.ports import (
-    Compactor,
     SecureObjectStore,
     StoreStats,
     StreamCatalog,
@@ -216,6 +216,18 @@ def verify_stream(store: SecureObjectStore, stream: str) -> StreamAudit:
     return StreamAudit(stream, verdict.checked, first.index, failure)
 
 
+def _verify_listed(store: SecureObjectStore, stream: str) -> StreamAudit:
+    """Verify a stream the catalog lists; one with no events means the catalog was altered.
+
+    Retention never removes a stream's head event, so no listed stream is empty.
+    """
+    try:
+        return verify_stream(store, stream)
+    except NotFound:
+        reason = "the stream catalog lists a stream that holds no events"
+        return StreamAudit(stream, 0, None, StreamFailure(stream, None, ChainDefect.GAP, reason))
+
+
 def list_all_streams(store: SecureObjectStore) -> list[str]:
     """Return the name of every stream, sorted.
 
@@ -262,7 +274,7 @@ class LedgerAudit:
             return AuditReport(tuple(verify_stream(self._store, name) for name in audits))
         names = list_all_streams(self._store)
         audits = progress(names, total=len(names), label="verifying streams")
-        verified = tuple(verify_stream(self._store, name) for name in audits)
+        verified = tuple(_verify_listed(self._store, name) for name in audits)
         counts: Counter[RecordReadability] = Counter(dict.fromkeys(RecordReadability, 0))
         unreadable: list[UnreadableRecord] = []
         checks = progress(self._records(), total=self._record_total(), label="opening records")
@@ -372,5 +384,5 @@ def purge(
         if step == "retention":
             report = job.run(now)
         else:
-            compacted = store.compact() if isinstance(store, Compactor) else True
+            compacted = compact_after_commit(store)
     return PurgeOutcome(report, compacted)

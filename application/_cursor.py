@@ -30,6 +30,8 @@ class ListCursor:
     @classmethod
     def decode(cls, cursor: str, order: Order) -> ListCursor:
         """Parse a cursor issued for ``order``; anything else is ``InvalidInput``."""
+        if not isinstance(cursor, str):
+            raise InvalidInput("malformed list cursor")
         try:
             body = parse_json(base64.urlsafe_b64decode(cursor.encode("ascii")))
         except (binascii.Error, UnicodeEncodeError, ValueError):

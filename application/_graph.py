@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol, runtime_checkable
 
-from flowvault.domain import IntegrityKeyRequired
+from flowvault.application._records import MAX_LIST_LIMIT
+from flowvault.domain import IntegrityKeyRequired, InvalidInput
 
 RETENTION_TOMBSTONE = "retention.purged"
 """Event type of the digest-only record a retention deletion leaves behind."""
@@ -21,6 +22,8 @@ IDEMPOTENCY_STREAM = "retention/idempotency"
 
 def run_stream(run_id: str) -> str:
     """Name of the ledger stream holding one run's events."""
+    if not isinstance(run_id, str):
+        raise InvalidInput("a run id must be text")
     return f"run/{run_id}"
 
 
@@ -56,3 +59,19 @@ class RetentionPolicy:
     idempotency_records: timedelta | None = timedelta(days=7)
     finished_runs: timedelta | None = None
     batch_size: int = 200
+
+    def __post_init__(self) -> None:
+        """Refuse a policy a pass could only apply partly: check every age and the batch first."""
+        for name in AGES:
+            _check_age(name, getattr(self, name))
+        if type(self.batch_size) is not int or not 1 <= self.batch_size <= MAX_LIST_LIMIT:
+            raise InvalidInput(f"batch_size must be within 1..{MAX_LIST_LIMIT}")
+
+
+AGES = ("consumed_checkpoints", "decided_approvals", "idempotency_records", "finished_runs")
+"""The policy's ages, each ``None`` (keep) or a non-negative ``timedelta``."""
+
+
+def _check_age(name: str, age: object) -> None:
+    if age is not None and (not isinstance(age, timedelta) or age < timedelta(0)):
+        raise InvalidInput(f"{name} must be None or a non-negative timedelta")

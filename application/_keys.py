@@ -48,7 +48,14 @@ def parse_master_key(text: str | bytes, source: str) -> bytes:
 
     The message never repeats the text: a near-miss key is still a secret.
     """
-    raw = text.decode("ascii", "replace") if isinstance(text, bytes) else text
+    if not isinstance(source, str):
+        raise InvalidInput("the source of a key must be named as text")
+    if isinstance(text, bytes | bytearray):
+        raw = bytes(text).decode("ascii", "replace")
+    elif isinstance(text, str):
+        raw = text
+    else:
+        raise InvalidInput(f"{source} must be text")
     raw = raw.strip()
     if not _KEY_TEXT.match(raw):
         raise InvalidInput(f"{source} must be URL-safe base64 of {MASTER_KEY_BYTES} bytes")

@@ -156,6 +156,8 @@ class Delete:
     expected: ExpectedRevision
 
     def __post_init__(self) -> None:
+        if not isinstance(self.namespace, str) or not isinstance(self.key_digest, str):
+            raise InvalidInput("a delete names its record by a text namespace and key digest")
         _check_expected(self.expected)
         if self.expected is Guard.ABSENT:
             raise InvalidInput("a delete cannot expect the record to be absent")
@@ -173,8 +175,10 @@ class LedgerTrim:
     before_index: int
 
     def __post_init__(self) -> None:
-        if self.before_index < 0:
-            raise InvalidInput("before_index must not be negative")
+        if not isinstance(self.stream, str):
+            raise InvalidInput("a trim names its stream as text")
+        if type(self.before_index) is not int or self.before_index < 0:
+            raise InvalidInput("before_index must be a non-negative integer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +237,8 @@ class LabelFilter:
     op: FilterOp = FilterOp.EQ
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise InvalidInput("label names are 1..32 of [a-z0-9_], starting with a letter")
         _check_labels({self.name: self.value})
 
     def matches(self, labels: Mapping[str, LabelValue]) -> bool:

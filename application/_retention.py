@@ -6,9 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from flowvault.application._approval_support import _horizon
 from flowvault.application._approvals import ApprovalService
 from flowvault.application._checkpoints import CheckpointService
-from flowvault.application._graph import RetentionPolicy
+from flowvault.application._graph import AGES, RetentionPolicy
 from flowvault.application._request_idempotency import IdempotencyService
 from flowvault.application._run_service import RunService
 from flowvault.application._workflows import WorkflowService
@@ -66,9 +67,18 @@ class RetentionJob:
         self._idempotency = idempotency
 
     def run(self, now: datetime | None = None) -> RetentionReport:
-        """Delete everything past its horizon at ``now`` (the clock's time by default)."""
-        at = now or self._clock.now()
+        """Delete everything past its horizon at ``now`` (the clock's time by default).
+
+        Every horizon is computed before anything is deleted, so a ``now``
+        that is naive, or too early to subtract an age from, is refused
+        with nothing purged.
+        """
+        at = self._clock.now() if now is None else now
         policy, batch = self._policy, self._policy.batch_size
+        for name in ("", *AGES):
+            age = getattr(policy, name) if name else timedelta(0)
+            if age is not None:
+                _horizon(at, age)
 
         def purge(horizon: timedelta | None, purger: Purger) -> int:
             return 0 if horizon is None else purger(at, horizon, batch)

@@ -15,6 +15,8 @@ from datetime import UTC, datetime, timedelta
 
 from pydantic import ValidationError
 
+from flowvault.application._approval_support import _horizon
+from flowvault.application._compaction import compact_after_commit
 from flowvault.application._graph import (
     RETENTION_TOMBSTONE,
     KeyedDigester,
@@ -258,7 +260,7 @@ class RunService:
                 self._store.commit(UnitOfWork(deletes=deletes))
             except RevisionConflict:
                 continue
-            self.compact()
+            compact_after_commit(self._store)
             return len(versions)
         raise RevisionConflict("definition kept changing; retry", definition_id=definition_id)
 
@@ -656,7 +658,7 @@ class RunService:
 
         """
         integrity = require_integrity(self._integrity)
-        if status not in RUN_LIFECYCLE.terminal:
+        if not isinstance(status, str) or status not in RUN_LIFECYCLE.terminal:
             raise InvalidInput("finish_run needs a terminal status; use set_status otherwise")
         _check_status(expected_status)
         final_digest = integrity.keyed_digest(_FINAL_STATE_TAG, canonical_bytes(final_state))
@@ -752,11 +754,9 @@ class RunService:
         and, in each run's own stream, a digest-only ``RETENTION_TOMBSTONE``.
         The streams stay, so they still verify; receipts stay as proof.
         """
-        if older_than < timedelta(0):
-            raise InvalidInput("older_than must not be negative")
-        if isinstance(batch_size, bool) or not 1 <= batch_size <= MAX_LIST_LIMIT:
+        if type(batch_size) is not int or not 1 <= batch_size <= MAX_LIST_LIMIT:
             raise InvalidInput(f"batch_size must be between 1 and {MAX_LIST_LIMIT}")
-        horizon = _micros(_aware(now) - older_than)
+        horizon = _horizon(now, older_than)
         purged = stalled = 0
         while stalled < RUN_RETRIES:
             page = self._store.list(
@@ -774,7 +774,7 @@ class RunService:
                 continue
             purged += count
         if purged:
-            self.compact()
+            compact_after_commit(self._store)
         return purged
 
     def _purge_unit(self, listed: Sequence[RecordMetadata]) -> tuple[UnitOfWork, int]:
@@ -874,12 +874,6 @@ def _check_expected(run: GraphRun, expected_status: str) -> None:
             expected_status=expected_status,
             actual_status=run.status,
         )
-
-
-def _aware(moment: datetime) -> datetime:
-    if not isinstance(moment, datetime) or moment.utcoffset() is None:
-        raise InvalidInput("now must be a timezone-aware datetime")
-    return moment
 
 
 def _mapping(opened: SealedDocument) -> dict[str, JsonValue]:

@@ -37,6 +37,8 @@ def _micros(moment: datetime) -> int:
 
 
 def _instant(since: date | datetime) -> datetime:
+    if not isinstance(since, date):
+        raise InvalidInput("since must be a date or a timezone-aware datetime")
     if isinstance(since, datetime):
         if since.tzinfo is None:
             raise InvalidInput("since must be a date or a timezone-aware datetime")

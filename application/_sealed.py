@@ -23,6 +23,7 @@ from flowvault.application._records import (
     StoredRecord,
     UnitOfWork,
     Upsert,
+    _check_expected,
 )
 from flowvault.application.ports import Cipher, Clock, SecureObjectStore
 from flowvault.domain import (
@@ -99,6 +100,8 @@ class SealedRepository:
 
         Keyed (HMAC), so a thief of the store cannot confirm a guessed key.
         """
+        if not isinstance(namespace, str) or not namespace:
+            raise InvalidInput("a namespace must be a non-empty string")
         if not isinstance(natural_key, str) or not natural_key:
             raise InvalidInput("a natural key must be a non-empty string")
         return self._cipher.keyed_digest(
@@ -112,8 +115,13 @@ class SealedRepository:
         or the ledger (result contents, who decided); the tag keeps digests
         made for one purpose from matching those made for another.
         """
-        raw = data.encode("utf-8") if isinstance(data, str) else data
-        return self._cipher.keyed_digest(tag.encode("utf-8") + b"\x00" + raw)
+        if not isinstance(tag, str) or not isinstance(data, str | bytes):
+            raise InvalidInput("a keyed digest takes a text tag and text or bytes data")
+        try:
+            raw = data.encode("utf-8") if isinstance(data, str) else data
+            return self._cipher.keyed_digest(tag.encode("utf-8") + b"\x00" + raw)
+        except UnicodeEncodeError:
+            raise InvalidInput("text to digest contains a lone surrogate") from None
 
     def prepare(
         self,
@@ -125,6 +133,7 @@ class SealedRepository:
         **options: Unpack[SealOptions],
     ) -> Upsert:
         """Seal ``document`` into an upsert for a unit of work; nothing is written yet."""
+        _check_expected(expected)
         key_digest = self.key_digest(namespace, natural_key)
         labels = options.get("labels") or {}
         try:
@@ -182,6 +191,10 @@ class SealedRepository:
             SchemaTooNew: it was written under a schema above ``max_schema_version``.
 
         """
+        if sensitivity is not None and not isinstance(sensitivity, Sensitivity):
+            raise InvalidInput("sensitivity must be a Sensitivity or None")
+        if max_schema_version is not None and type(max_schema_version) is not int:
+            raise InvalidInput("max_schema_version must be an integer or None")
         key_digest = self.key_digest(namespace, natural_key)
         record = self._store.load(namespace, key_digest)
         if record is None:

@@ -14,6 +14,7 @@ from typing import Generic, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
 
+from flowvault.application._backoff import pause_after_conflict
 from flowvault.application._records import Delete, Guard, RecordMetadata, UnitOfWork, Upsert
 from flowvault.application._sealed import SealedRepository
 from flowvault.application._streams import next_position, read_stream
@@ -64,7 +65,7 @@ def cold_fingerprint(scope: str, reason_class: str | None = None) -> ResetFinger
 def _reason(reason_class: str | None, derived: Readability) -> str:
     if reason_class is None:
         return derived.value
-    if not REASON_PATTERN.match(reason_class):
+    if not isinstance(reason_class, str) or not REASON_PATTERN.match(reason_class):
         raise InvalidInput("a reason class is a short lowercase token such as 'corrupt'")
     return reason_class
 
@@ -210,10 +211,14 @@ class StateRepository(Generic[M]):
         """Prepare (seal, do not commit) a state write guarded by ``expected_revision``."""
         if not isinstance(state, self._model):
             raise InvalidInput(f"state must be a {self._model.__name__}")
+        try:
+            document = state.model_dump(mode="json")
+        except ValueError:
+            raise InvalidInput(f"the {self._model.__name__} does not serialise to JSON") from None
         return self._repo.prepare(
             STATE_NAMESPACE,
             self._scope,
-            state.model_dump(mode="json"),
+            document,
             expected=Guard.ABSENT if expected_revision is None else expected_revision,
             sensitivity=self._sensitivity,
             schema_version=self._schema_version,
@@ -227,7 +232,9 @@ class StateRepository(Generic[M]):
     def update(self, fn: Callable[[M], M]) -> tuple[M, int]:
         """Load, apply the pure ``fn``, write with CAS; re-run ``fn`` on a conflict.
 
-        Raises ``RevisionConflict`` after ``max_retries`` lost races.
+        Each re-run waits a random pause that grows with every lost race (at
+        most 50 ms), so competing writers spread out instead of colliding
+        again. Raises ``RevisionConflict`` after ``max_retries`` lost races.
         """
         return self._update(lambda state: (fn(state), (), ()))
 
@@ -257,7 +264,9 @@ class StateRepository(Generic[M]):
         self,
         step: Callable[[M], tuple[M, Sequence[Upsert | Delete], Sequence[HistoryEvent]]],
     ) -> tuple[M, int]:
-        for _ in range(self._retries):
+        for attempt in range(self._retries):
+            if attempt:
+                pause_after_conflict(attempt)
             snapshot = self.load()
             new, writes, events = step(snapshot.state)
             upsert = self.to_write(new, snapshot.revision)

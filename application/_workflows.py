@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from flowvault.application._compaction import compact_after_commit
 from flowvault.application._records import (
     MAX_LIST_LIMIT,
     Delete,
@@ -34,6 +35,7 @@ from flowvault.domain import (
     DEFAULT_LIFECYCLE,
     DIGEST_PATTERN,
     GENESIS_HASH,
+    MAX_SAFE_INTEGER,
     ActionResult,
     DecisionReceipt,
     IdempotencyConflict,
@@ -74,6 +76,8 @@ _MICROSECOND = timedelta(microseconds=1)
 
 def stream_of(workflow_id: str) -> str:
     """Name of the ledger stream that records one workflow's history."""
+    if not isinstance(workflow_id, str):
+        raise InvalidInput("a workflow id must be text")
     return f"workflow/{workflow_id}"
 
 
@@ -82,6 +86,8 @@ def _micros(moment: datetime) -> int:
 
 
 def _joined(*parts: str) -> str:
+    if not all(isinstance(part, str) for part in parts):
+        raise InvalidInput("ids, action hashes and event keys must be text")
     return "\x1f".join(parts)
 
 
@@ -125,6 +131,7 @@ class WorkflowService:
         existing = self._repo.read(IDEMPOTENCY, order.idempotency_key)
         if existing is not None:
             return self._replay(existing, fingerprint), False
+        _check_digest(original_content_hash, "original_content_hash", optional=True)
         now = self._clock.now()
         record = WorkflowRecord(
             workflow_id=self._ids.new_id(),
@@ -245,6 +252,10 @@ class WorkflowService:
     def _check_expected(
         self, record: WorkflowRecord, expected_state: str, expected_version: int
     ) -> None:
+        if not isinstance(expected_state, str) or type(expected_version) is not int:
+            raise InvalidInput("expected_state must be text and expected_version an integer")
+        if not 1 <= expected_version <= MAX_SAFE_INTEGER:
+            raise InvalidInput(f"expected_version must be within 1..{MAX_SAFE_INTEGER}")
         if (record.state, record.state_version) != (expected_state, expected_version):
             raise RevisionConflict(
                 f"stale workflow: expected {expected_state}@{expected_version}, "
@@ -314,6 +325,7 @@ class WorkflowService:
             InvalidInput: ``event_type`` is a decision receipt type.
 
         """
+        _check_event_type(event_type)
         if event_type in DECISION_TYPES:
             raise InvalidInput("decision receipts are written with append_event, not transition")
         for _ in range(LEDGER_RETRIES):
@@ -344,7 +356,7 @@ class WorkflowService:
             )
             if self._commit_or_retry(unit, workflow_id, expected_state, expected_version):
                 if terminal:
-                    self.compact()
+                    compact_after_commit(self._store)
                 return updated
         raise RevisionConflict("workflow ledger kept moving; retry", workflow_id=workflow_id)
 
@@ -382,6 +394,7 @@ class WorkflowService:
         ``approved`` flag that agrees with their type; a ``decided_by`` value
         is replaced by its keyed digest before it reaches the ledger.
         """
+        _check_event_type(event_type)
         body = self._receipt_payload(event_type, payload or {})
         if event_key is not None:
             replayed = self._replay_event(workflow_id, event_key, event_type, body)
@@ -516,7 +529,7 @@ class WorkflowService:
 
         """
         _check_action_hash(action_hash)
-        if not MIN_RETENTION <= retention <= MAX_RETENTION:
+        if not isinstance(retention, timedelta) or not MIN_RETENTION <= retention <= MAX_RETENTION:
             raise InvalidInput("retention must be between 1 second and 30 days")
         self._load(workflow_id)
         raw = canonical_bytes(result)
@@ -561,7 +574,7 @@ class WorkflowService:
             except RevisionConflict:
                 continue
             if tombstones:
-                self.compact()
+                compact_after_commit(self._store)
             return made
         raise RevisionConflict("action result kept changing; retry", workflow_id=workflow_id)
 
@@ -610,6 +623,8 @@ class WorkflowService:
         hash, content digest, size and expiry (never the body). Compacts the
         store afterwards so the purged bytes do not linger on disk.
         """
+        if now is not None and (not isinstance(now, datetime) or now.utcoffset() is None):
+            raise InvalidInput("now must be a timezone-aware datetime")
         cutoff = _micros(now or self._clock.now())
         purged = 0
         stalled = 0
@@ -628,7 +643,7 @@ class WorkflowService:
                 continue
             purged += len(page.items)
         if purged:
-            self.compact()
+            compact_after_commit(self._store)
         return purged
 
     def _tombstone(self, stored: ActionResult, index: int, previous_hash: str) -> LedgerEvent:
@@ -681,8 +696,19 @@ def _optional_text(value: JsonValue) -> str | None:
 
 
 def _check_action_hash(action_hash: object) -> None:
-    if not isinstance(action_hash, str) or not DIGEST_PATTERN.match(action_hash):
-        raise InvalidInput("action_hash must be a sha256:<64 hex> digest")
+    _check_digest(action_hash, "action_hash")
+
+
+def _check_digest(value: object, name: str, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if not isinstance(value, str) or not DIGEST_PATTERN.match(value):
+        raise InvalidInput(f"{name} must be a sha256:<64 hex> digest")
+
+
+def _check_event_type(event_type: object) -> None:
+    if not isinstance(event_type, str):
+        raise InvalidInput("event_type must be text")
 
 
 def _validated(record: WorkflowRecord, **changes: object) -> WorkflowRecord:

@@ -10,6 +10,7 @@ from typing import TypeAlias
 
 from flowvault.adapters.cli import CommandIO
 from flowvault.composition._settings import Settings
+from flowvault.domain import InvalidInput
 
 EXIT_CODES = """exit codes:
   0  success
@@ -49,11 +50,19 @@ def add_verb(
     return parser
 
 
+def expanded(path: str, option: str) -> str:
+    """Expand a leading ``~``; a user that does not exist, or unusable text, is ``InvalidInput``."""
+    try:
+        return str(Path(path).expanduser())
+    except (RuntimeError, ValueError):
+        raise InvalidInput(f"{option} names a home directory that cannot be found") from None
+
+
 def settings_for(args: argparse.Namespace) -> Settings:
     """Build settings from ``FLOWVAULT_*``, overridden by the global options given."""
     environ = dict(os.environ)
     if args.home is not None:
-        environ["FLOWVAULT_HOME"] = str(Path(args.home).expanduser())
+        environ["FLOWVAULT_HOME"] = expanded(args.home, "--home")
     if args.backend is not None:
         environ["FLOWVAULT_BACKEND"] = args.backend
     if args.postgres_dsn is not None:

@@ -28,8 +28,8 @@ from flowvault.adapters.cli import (
 )
 from flowvault.application import reset_progress
 from flowvault.composition._bootstrap import Runtime, bootstrap
-from flowvault.composition._cli_base import Verbs, add_verb
-from flowvault.composition._settings import Settings
+from flowvault.composition._cli_base import Verbs, add_verb, expanded
+from flowvault.composition._settings import Settings, check_os_path
 from flowvault.domain import (
     ApprovalAlreadyDecided,
     ApprovalStatus,
@@ -458,7 +458,10 @@ def _demo_home(chosen: str | None) -> Path:
     """Return a fresh home: a new temporary directory, or ``chosen`` if absent or empty."""
     if chosen is None:
         return Path(tempfile.mkdtemp(prefix="flowvault-demo-"))
-    home = Path(chosen).expanduser().absolute()
+    try:
+        home = check_os_path(Path(expanded(chosen, "--home")).absolute())
+    except ValueError as error:
+        raise InvalidInput(f"--home {error}") from None
     if home.exists() and (not home.is_dir() or any(home.iterdir())):
         raise InvalidInput(
             f"the demo needs a fresh home and {home} is not an empty directory; "

@@ -21,6 +21,23 @@ Backend = Literal["sqlite", "memory", "postgres"]
 _CASE_INSENSITIVE = frozenset({"backend", "synchronous", "log_level", "log_format"})
 
 
+def check_os_path(path: Path) -> Path:
+    """Return ``path`` if the operating system can take it, else raise ``ValueError``.
+
+    A NUL byte, or text the file system encoding cannot carry (a lone
+    surrogate outside the ``surrogateescape`` range), would otherwise fail
+    deep inside the first file operation with a bare ``ValueError``.
+    """
+    text = str(path)
+    if "\x00" in text:
+        raise ValueError("must not contain a NUL byte")
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError:
+        raise ValueError("must be encodable in the file system's encoding") from None
+    return path
+
+
 def default_home(environ: Mapping[str, str] | None = None) -> Path:
     """Return the per-user data directory, ``$XDG_DATA_HOME/flowvault`` by default."""
     source = os.environ if environ is None else environ
@@ -47,6 +64,12 @@ class Settings(BaseModel):
     postgres_statement_timeout: float = Field(default=30.0, gt=0, le=3600)
     postgres_lock_timeout: float = Field(default=10.0, gt=0, le=3600)
     postgres_schema: str = Field(default="flowvault", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
+
+    @field_validator("home")
+    @classmethod
+    def _usable_home(cls, home: Path) -> Path:
+        """Refuse a home no file operation could use."""
+        return check_os_path(home)
 
     @field_validator("postgres_schema")
     @classmethod

@@ -134,13 +134,15 @@ def parse_json(data: str | bytes) -> JsonValue:
     Rejects invalid UTF-8, duplicate keys, NaN/Infinity, out-of-range
     numbers, lone surrogates and excessive nesting, all as ``InvalidInput``.
     """
-    if isinstance(data, bytes):
+    if isinstance(data, bytes | bytearray | memoryview):
         try:
-            text = data.decode("utf-8")
+            text = bytes(data).decode("utf-8")
         except UnicodeDecodeError:
             raise InvalidInput("JSON text is not valid UTF-8") from None
-    else:
+    elif isinstance(data, str):
         text = data
+    else:
+        raise InvalidInput(f"JSON text must be str or bytes, not {type(data).__name__}")
     try:
         value = json.loads(
             text,

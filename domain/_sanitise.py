@@ -195,6 +195,8 @@ class _Walker:
 
 def _check_limits(max_depth: int, max_string: int, max_bytes: int) -> None:
     """Refuse limits under which a sanitised payload would not be a fixed point."""
+    if any(type(limit) is not int for limit in (max_depth, max_string, max_bytes)):
+        raise InvalidInput("max_depth, max_string and max_bytes must be integers")
     if not 1 <= max_depth <= MAX_DEPTH:
         raise InvalidInput(f"max_depth must be within 1..{MAX_DEPTH}")
     if max_string < _MIN_MAX_STRING:

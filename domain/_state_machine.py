@@ -58,8 +58,12 @@ class StateMachineJson(TypedDict):
 
 
 def _clip(value: object) -> str:
-    """Bound caller-supplied names so a hostile input cannot bloat messages or logs."""
-    text = value if isinstance(value, str) else repr(value)
+    """Bound caller-supplied names so a hostile input cannot bloat messages or logs.
+
+    A value that is not text is named by its type: its ``repr`` may be huge,
+    recurse without end, or refuse (an integer past the digit limit).
+    """
+    text = value if isinstance(value, str) else f"<{type(value).__name__}>"
     return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "..."
 
 
@@ -291,6 +295,8 @@ class StateMachine:
 
     def can_transition(self, current: str, target: str) -> bool:
         """Tell whether the move is allowed; unknown states are simply not allowed."""
+        if not isinstance(current, str) or not isinstance(target, str):
+            return False
         return target in self.transitions.get(current, frozenset())
 
     def assert_transition(self, current: str, target: str) -> None:
@@ -301,7 +307,11 @@ class StateMachine:
         """
         if self.can_transition(current, target):
             return
-        unknown = [state for state in (current, target) if state not in self.states]
+        unknown = [
+            state
+            for state in (current, target)
+            if not isinstance(state, str) or state not in self.states
+        ]
         if unknown:
             reason = f"unknown state {_show(unknown[0])}"
         elif current in self.terminal:
@@ -317,7 +327,7 @@ class StateMachine:
         )
 
     def _require(self, state: str) -> None:
-        if state not in self.states:
+        if not isinstance(state, str) or state not in self.states:
             raise InvalidInput(
                 f"state machine {_show(self.name)} has no state {_show(state)}",
                 machine=self.name,

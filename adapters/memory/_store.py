@@ -41,6 +41,13 @@ class _Stream:
         return self.events[-1] if self.events else None
 
 
+def _text(value: object, what: str) -> str:
+    """Refuse a name that is not text, as the SQL adapters' typed columns do."""
+    if not isinstance(value, str):
+        raise InvalidInput(f"{what} must be text")
+    return value
+
+
 def _sort_key(order: Order) -> Callable[[RecordMetadata], tuple[str, str]]:
     if order is Order.KEY:
         return lambda meta: ("", meta.key_digest)
@@ -72,9 +79,10 @@ class InMemorySecureObjectStore:
 
     def load(self, namespace: str, key_digest: str) -> StoredRecord | None:
         """Return the stored record or ``None``."""
+        key = (_text(namespace, "namespace"), _text(key_digest, "key_digest"))
         with self._lock:
             self._check_open()
-            return self._records.get((namespace, key_digest))
+            return self._records.get(key)
 
     def peek_metadata(self, namespace: str, key_digest: str) -> RecordMetadata | None:
         """Return the record's metadata or ``None``."""
@@ -91,6 +99,7 @@ class InMemorySecureObjectStore:
         limit: int = 100,
     ) -> RecordPage:
         """Return one page of matching metadata in ``order``."""
+        _text(namespace, "namespace")
         limit = effective_limit(limit)
         position = None if cursor is None else ListCursor.decode(cursor, order)
         with self._lock:
@@ -120,18 +129,56 @@ class InMemorySecureObjectStore:
         return RecordPage(items=items, next_cursor=next_cursor)
 
     def commit(self, unit: UnitOfWork) -> None:
-        """Check every guard, then apply every write, under one lock."""
+        """Check every guard, then apply every write, under one lock; a failed write undoes all."""
         with self._lock:
             self._check_open()
             removals = self._check(unit)
-            for upsert in unit.upserts:
-                self._apply_upsert(upsert)
-            for key in removals:
-                del self._records[key]
-            for event in unit.appends:
-                self._streams.setdefault(event.stream, _Stream()).events.append(event)
-            for trim in unit.trims:
-                self._apply_trim(trim)
+            undo = self._undo_log(unit)
+            try:
+                for upsert in unit.upserts:
+                    self._apply_upsert(upsert)
+                for key in removals:
+                    self._apply_delete(key)
+                for event in unit.appends:
+                    self._apply_append(event)
+                for trim in unit.trims:
+                    self._apply_trim(trim)
+            except BaseException:
+                undo()
+                raise
+
+    def _undo_log(self, unit: UnitOfWork) -> Callable[[], None]:
+        """Return what puts back every record and stream ``unit`` touches, as they are now.
+
+        Costs O(writes): appends only grow a stream's list and trims replace
+        it, so keeping the list and its length is enough to restore it.
+        """
+        keys = [(u.header.namespace, u.header.key_digest) for u in unit.upserts]
+        keys += [(d.namespace, d.key_digest) for d in unit.deletes]
+        records = {key: self._records.get(key) for key in keys}
+        names = {event.stream for event in unit.appends} | {trim.stream for trim in unit.trims}
+        streams = {name: self._streams.get(name) for name in names}
+        marks = {
+            name: (stream.first_index, stream.events, len(stream.events))
+            for name, stream in streams.items()
+            if stream is not None
+        }
+
+        def undo() -> None:
+            for key, record in records.items():
+                if record is None:
+                    self._records.pop(key, None)
+                else:
+                    self._records[key] = record
+            for name, stream in streams.items():
+                if stream is None:
+                    self._streams.pop(name, None)
+                    continue
+                stream.first_index, stream.events, length = marks[name]
+                del stream.events[length:]
+                self._streams[name] = stream
+
+        return undo
 
     def _check(self, unit: UnitOfWork) -> _Keys:
         for upsert in unit.upserts:
@@ -167,6 +214,12 @@ class InMemorySecureObjectStore:
         key = (upsert.header.namespace, upsert.header.key_digest)
         self._records[key] = StoredRecord(metadata=upsert.metadata, payload=upsert.payload)
 
+    def _apply_delete(self, key: _Key) -> None:
+        del self._records[key]
+
+    def _apply_append(self, event: LedgerEvent) -> None:
+        self._streams.setdefault(event.stream, _Stream()).events.append(event)
+
     def _apply_trim(self, trim: LedgerTrim) -> None:
         stream = self._streams.get(trim.stream)
         if stream is None or not stream.events:
@@ -174,11 +227,12 @@ class InMemorySecureObjectStore:
         head_index = stream.events[-1].index
         cut = min(trim.before_index, head_index) - stream.first_index
         if cut > 0:
-            del stream.events[:cut]
+            stream.events = stream.events[cut:]
             stream.first_index += cut
 
     def ledger_head(self, stream: str) -> LedgerEvent | None:
         """Return the last event of ``stream`` or ``None``."""
+        _text(stream, "stream")
         with self._lock:
             self._check_open()
             found = self._streams.get(stream)
@@ -187,7 +241,8 @@ class InMemorySecureObjectStore:
     def read_ledger(self, stream: str, *, from_index: int = 0, limit: int = 100) -> LedgerPage:
         """Return retained events from ``from_index`` on, flagging trimmed ones."""
         limit = effective_limit(limit)
-        if from_index < 0:
+        _text(stream, "stream")
+        if isinstance(from_index, bool) or not isinstance(from_index, int) or from_index < 0:
             raise InvalidInput("from_index must not be negative")
         with self._lock:
             self._check_open()
@@ -202,6 +257,8 @@ class InMemorySecureObjectStore:
     def list_streams(self, *, after: str | None = None, limit: int = 200) -> builtins.list[str]:
         """Return up to ``limit`` stream names after ``after``, in code-point order."""
         limit = effective_limit(limit)
+        if after is not None:
+            _text(after, "after")
         with self._lock:
             self._check_open()
             names = [name for name, found in self._streams.items() if found.events]

@@ -105,11 +105,20 @@ LEDGER_HEAD: Final = (
     "FROM ledger_events WHERE stream = %s ORDER BY idx DESC LIMIT 1"
 )
 LEDGER_PAGE: Final = (
-    "SELECT stream, idx, type, from_state, to_state, occurred_at, payload, "
-    "previous_hash, event_hash, event_key "
-    "FROM ledger_events WHERE stream = %s AND idx >= %s ORDER BY idx LIMIT %s"
+    "SELECT s.first_index, s.head_index, s.head_hash, "
+    "e.stream, e.idx, e.type, e.from_state, e.to_state, e.occurred_at, e.payload, "
+    "e.previous_hash, e.event_hash, e.event_key "
+    "FROM (SELECT 1) AS one "
+    "LEFT JOIN ledger_streams AS s ON s.stream = %s "
+    "LEFT JOIN LATERAL (SELECT * FROM ledger_events WHERE stream = %s AND idx >= %s "
+    "ORDER BY idx LIMIT %s) AS e ON true "
+    "ORDER BY e.idx"
 )
-"""One statement, so one snapshot: retained events are contiguous from the first one."""
+"""The stream's row and a page of its events in one statement, so in one snapshot.
+
+Always at least one row: the stream row's three columns (null if there is
+none), then an event's columns (null when the page is empty).
+"""
 
 LIST_STREAMS: Final = (
     'SELECT stream FROM ledger_streams WHERE stream > %s ORDER BY stream COLLATE "C" LIMIT %s'

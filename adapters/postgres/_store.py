@@ -13,7 +13,7 @@ from typing import Any, Final, TypeVar
 import psycopg
 
 from flowvault.adapters._listing import filter_shapes, list_params, page_of
-from flowvault.adapters._rows import event_from_row
+from flowvault.adapters._rows import check_stream_page, event_from_row, stream_state
 from flowvault.adapters.postgres import _queries as sql
 from flowvault.adapters.postgres._commit import INDEX_CEILING, PreparedUnit
 from flowvault.adapters.postgres._connect import (
@@ -216,7 +216,7 @@ class PostgresSecureObjectStore:
         position = None if cursor is None else ListCursor.decode(cursor, order)
         query = sql.list_query(order, position is not None, filter_shapes(filters))
         rows = self._fetch(query, list_params(namespace, filters, order, position, limit))
-        return page_of(rows, limit, order, metadata_from_row)
+        return page_of(rows, limit, order, metadata_from_row, filters)
 
     def commit(self, unit: UnitOfWork) -> None:
         """Apply every guarded write of ``unit`` in one READ COMMITTED transaction, or none.
@@ -242,18 +242,22 @@ class PostgresSecureObjectStore:
     def read_ledger(self, stream: str, *, from_index: int = 0, limit: int = 100) -> LedgerPage:
         """Return retained events from ``from_index`` on, flagging trimmed ones.
 
-        Trims delete from the front and appends add at the head, so in the
-        one snapshot the query sees, retained events are contiguous: the page
-        starts later than asked exactly when earlier events were trimmed.
+        The stream's row and the page come from one statement, so one
+        snapshot: the page must start at the row's first retained index and,
+        when it is the last page, end at its head; anything else is
+        ``IntegrityFailure`` (a cut-off, extended or edited stream).
         """
         limit = effective_limit(limit)
         if isinstance(from_index, bool) or not isinstance(from_index, int) or from_index < 0:
             raise InvalidInput("from_index must not be negative")
         start = min(from_index, INDEX_CEILING)
-        rows = self._fetch(sql.LEDGER_PAGE, (stream, start, limit + 1))
-        events = tuple(event_from_row(row) for row in rows[:limit])
-        gap = bool(events) and events[0].index > from_index
-        next_index = events[-1].index + 1 if len(rows) > limit else None
+        rows = self._fetch(sql.LEDGER_PAGE, (stream, stream, start, limit + 1))
+        mark = None if rows[0][0] is None else stream_state(rows[0][:3])
+        found = [row[3:] for row in rows if row[3] is not None]
+        events = tuple(event_from_row(row) for row in found[:limit])
+        check_stream_page(mark, start, events, last_page=len(found) <= limit)
+        gap = mark is not None and from_index < mark[0]
+        next_index = events[-1].index + 1 if len(found) > limit else None
         return LedgerPage(events=events, next_index=next_index, gap=gap)
 
     def list_streams(self, *, after: str | None = None, limit: int = 200) -> builtins.list[str]:

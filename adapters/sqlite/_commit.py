@@ -10,9 +10,9 @@ import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from flowvault.adapters._rows import Params, event_params
+from flowvault.adapters._rows import Params, event_params, stream_state
 from flowvault.adapters.sqlite import _queries as sql
-from flowvault.adapters.sqlite._rows import label_rows, record_params, stream_state
+from flowvault.adapters.sqlite._rows import label_rows, record_params
 from flowvault.application import UnitOfWork, check_append, check_delete, check_upsert
 from flowvault.domain import MAX_SAFE_INTEGER, LedgerEvent
 

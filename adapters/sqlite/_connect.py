@@ -96,6 +96,15 @@ def check_sqlite_version() -> None:
         )
 
 
+def strict_text(data: bytes) -> str:
+    """Decode a TEXT value; bytes that are not UTF-8 raise ``UnicodeDecodeError``.
+
+    The driver's own decoding reports them as a code-less ``OperationalError``
+    quoting the damaged text; ``translated`` turns this one into ``IntegrityFailure``.
+    """
+    return data.decode("utf-8")
+
+
 def connect(options: ConnectOptions) -> sqlite3.Connection:
     """Open a bare connection in autocommit mode; transactions are always explicit.
 
@@ -103,19 +112,22 @@ def connect(options: ConnectOptions) -> sqlite3.Connection:
     missing file is an error rather than a new, empty database.
     """
     if options.read_only:
-        return sqlite3.connect(
+        connection = sqlite3.connect(
             options.uri(),
             uri=True,
             isolation_level=None,
             timeout=options.busy_timeout,
             check_same_thread=False,
         )
-    return sqlite3.connect(
-        options.path,
-        isolation_level=None,
-        timeout=options.busy_timeout,
-        check_same_thread=False,
-    )
+    else:
+        connection = sqlite3.connect(
+            options.path,
+            isolation_level=None,
+            timeout=options.busy_timeout,
+            check_same_thread=False,
+        )
+    connection.text_factory = strict_text
+    return connection
 
 
 def configure(connection: sqlite3.Connection, options: ConnectOptions) -> None:

@@ -62,6 +62,8 @@ def translated(busy_timeout: float) -> Iterator[None]:
         raise translate(exc, busy_timeout) from exc
     except UnicodeEncodeError as exc:
         raise InvalidInput("text arguments must be valid Unicode (no lone surrogates)") from exc
+    except UnicodeDecodeError as exc:
+        raise IntegrityFailure("a stored text value is not valid UTF-8") from exc
     except OverflowError as exc:
         raise InvalidInput("an integer argument is outside SQLite's 64-bit range") from exc
     except OSError as exc:

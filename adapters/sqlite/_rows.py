@@ -13,7 +13,6 @@ from types import MappingProxyType
 from flowvault.adapters._rows import (
     Params,
     Row,
-    malformed,
 )
 from flowvault.adapters._rows import metadata_from_row as shared_metadata
 from flowvault.adapters._rows import record_from_row as shared_record
@@ -87,14 +86,6 @@ def record_params(upsert: Upsert) -> Params:
         metadata.payload_digest,
         upsert.payload,
     )
-
-
-def stream_state(row: Row) -> tuple[int, int, str]:
-    """Return ``(first_index, head_index, head_hash)`` from a ``STREAM_STATE`` row."""
-    first, head, head_hash = row
-    if not (isinstance(first, int) and isinstance(head, int) and isinstance(head_hash, str)):
-        raise malformed("ledger_streams")
-    return first, head, head_hash
 
 
 def metadata_from_row(row: Row) -> RecordMetadata:

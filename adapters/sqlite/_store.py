@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from flowvault.adapters._listing import filter_shapes, list_params, page_of
-from flowvault.adapters._rows import event_from_row
+from flowvault.adapters._rows import check_stream_page, event_from_row, stream_state
 from flowvault.adapters.sqlite import _queries as sql
 from flowvault.adapters.sqlite._commit import (
     INDEX_CEILING,
@@ -32,7 +32,7 @@ from flowvault.adapters.sqlite._connect import (
 )
 from flowvault.adapters.sqlite._errors import translated
 from flowvault.adapters.sqlite._files import SIDECAR_SUFFIXES, prepare, secure_sidecars
-from flowvault.adapters.sqlite._rows import metadata_from_row, record_from_row, stream_state
+from flowvault.adapters.sqlite._rows import metadata_from_row, record_from_row
 from flowvault.adapters.sqlite._schema import (
     SCHEMA_VERSION,
     ensure_current,
@@ -311,7 +311,7 @@ class SQLiteSecureObjectStore:
         params = list_params(namespace, filters, order, position, limit)
         with self._reading() as connection:
             rows = connection.execute(query, params).fetchall()
-        return page_of(rows, limit, order, metadata_from_row)
+        return page_of(rows, limit, order, metadata_from_row, filters)
 
     def commit(self, unit: UnitOfWork) -> None:
         """Check every guard, then apply every write, in one ``BEGIN IMMEDIATE`` transaction.
@@ -341,14 +341,16 @@ class SQLiteSecureObjectStore:
         transaction, so a concurrent trim cannot split them.
         """
         limit = effective_limit(limit)
-        if from_index < 0:
+        if isinstance(from_index, bool) or not isinstance(from_index, int) or from_index < 0:
             raise InvalidInput("from_index must not be negative")
         start = min(from_index, INDEX_CEILING)
         with self._reading() as connection, transaction(connection, "BEGIN"):
             state = connection.execute(sql.STREAM_STATE, (stream,)).fetchall()
             rows = connection.execute(sql.LEDGER_PAGE, (stream, start, limit + 1)).fetchall()
         events = tuple(event_from_row(row) for row in rows[:limit])
-        gap = bool(state) and from_index < stream_state(state[0])[0]
+        mark = stream_state(state[0]) if state else None
+        check_stream_page(mark, start, events, last_page=len(rows) <= limit)
+        gap = mark is not None and from_index < mark[0]
         next_index = events[-1].index + 1 if len(rows) > limit else None
         return LedgerPage(events=events, next_index=next_index, gap=gap)
 

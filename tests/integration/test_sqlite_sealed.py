@@ -176,12 +176,12 @@ def test_swapped_ciphertexts_both_fail(vault: Runtime) -> None:
 
 
 def test_tampered_label_index_cannot_forge_a_label(vault: Runtime) -> None:
-    """Editing the label index changes what a filter finds, never the labels a record reports."""
+    """An edited label index is refused by a filter it would steer; the labels stay true."""
     _write_victim(vault)
     with _raw(vault) as raw:
         raw.execute("UPDATE record_labels SET text_value = 'closed' WHERE name = 'status'")
-    found = vault.store.list(NS, filters=[LabelFilter("status", "closed")]).items
-    assert all(meta.labels["status"] == "open" for meta in found)
+    with pytest.raises(IntegrityFailure):
+        vault.store.list(NS, filters=[LabelFilter("status", "closed")])
     opened = vault.repository.read(NS, "victim")
     assert opened is not None
     assert opened.metadata.labels["status"] == "open"

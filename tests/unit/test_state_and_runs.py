@@ -459,3 +459,16 @@ def test_runs_write_no_plaintext_files(tmp_path: Path) -> None:
     files = sorted(p.name for p in tmp_path.rglob("*") if p.is_file())
     assert files == ["store.db"]
     assert MARKER.encode() not in path.read_bytes()
+
+
+def test_conflict_pauses_grow_and_stay_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lost races wait a random pause under a doubling ceiling that never passes 50 ms."""
+    from flowvault.application import _backoff  # noqa: PLC0415
+
+    ceilings: list[float] = []
+    monkeypatch.setattr(_backoff.random, "uniform", lambda low, high: ceilings.append(high) or 0)
+    monkeypatch.setattr(_backoff.time, "sleep", lambda seconds: None)
+    for lost in range(1, 10):
+        _backoff.pause_after_conflict(lost)
+    assert ceilings[:4] == [0.0005, 0.001, 0.002, 0.004]
+    assert max(ceilings) == _backoff.LONGEST_PAUSE

@@ -1,0 +1,29 @@
+"""Compaction after a unit of work has already landed.
+
+Scrubs, purges and deletions compact the store so the old sealed bytes
+leave the file and its log. That step runs after the commit: if it fails,
+the unit is durable all the same, so the call still succeeds, and the
+stale bytes go at the next compaction (any later scrub, ``purge`` or
+``compact``). Reporting the failure as the call's error would tell the
+caller a durable change had not happened, and its retry would conflict.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from flowvault.application.ports import Compactor, SecureObjectStore
+from flowvault.domain import StoreBusy, StoreUnavailable
+
+_log = structlog.get_logger("flowvault.compaction")
+
+
+def compact_after_commit(store: SecureObjectStore) -> bool:
+    """Compact if the store can; return ``False`` (and log why) if it could not finish."""
+    if not isinstance(store, Compactor):
+        return True
+    try:
+        return store.compact()
+    except (StoreBusy, StoreUnavailable) as exc:
+        _log.warning("compaction_deferred", code=exc.code)
+        return False
