@@ -1,0 +1,2008 @@
+"""Tamper matrix: byte flips in every stored column, and structured attacks on rows and ledgers.
+
+A real store (SQLite on disk, and PostgreSQL) holds every kind of record the
+services write: workflows with action results, state, run results, graph
+runs, checkpoints, approvals (requested and decided), idempotency records and
+evidence, with their ledgers. Every trial tampers with the stored bytes the
+way someone with write access to the database could, then reads everything
+back through the public API: every record opened, every ledger verified,
+every listing. A trial must end in a typed integrity error or with every
+value byte-for-byte equal to the reference taken before tampering; anything
+else is an anomaly.
+
+Two outcomes are counted apart, not as anomalies, because they are the
+design's stated limits (see ``KNOWN_LIMITS``): an altered label index can
+drop a record from a filtered listing, and on PostgreSQL a cut-off ledger
+head is visible only against a kept ``ledger head`` receipt. What a single-node store
+cannot detect at all (a row replayed with its revision, a ledger rewritten
+with recomputed plain hashes) is asserted as such in the structured attacks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import sqlite3
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, Final
+
+import pytest
+import reliability
+from cli_helpers import json_document, run_cli
+from pydantic import BaseModel, SecretStr
+
+from flowvault.application import (
+    ACTION_RESULTS,
+    APPROVALS,
+    CHECKPOINTS,
+    GRAPH_RUNS,
+    REQUEST_IDEMPOTENCY,
+    STATE_NAMESPACE,
+    WORKFLOWS,
+    HistoryEvent,
+    LedgerAudit,
+    SecureObjectStore,
+    encode_master_key,
+    head_receipt,
+    list_all_streams,
+    read_stream,
+    run_stream,
+    stream_of,
+)
+from flowvault.application.testing import FrozenClock, SequentialIds
+from flowvault.composition import Runtime, Settings, bootstrap
+from flowvault.domain import (
+    ApprovalStatus,
+    CheckpointStatus,
+    FlowvaultError,
+    IntegrityFailure,
+    LedgerEvent,
+    WorkflowResult,
+    WorkflowState,
+    WorkOrder,
+    canonical_json,
+    content_hash,
+    format_instant,
+)
+
+KEY: Final = bytes(range(7, 39))
+INTEGRITY_CODES: Final = frozenset({"INTEGRITY_FAILURE", "CHECKPOINT_INTEGRITY_FAILURE"})
+"""The codes a detected tamper may carry: the generic one and the checkpoint service's own."""
+ACTIONS: Final = tuple(content_hash(f"action-{n}") for n in range(3))
+EVIDENCE: Final = b"evidence body: invoice INV-1 scanned"
+REQUESTS: Final = (("req-1", {"op": "pay", "n": 1}), ("req-2", {"op": "pay", "n": 2}))
+
+INDEX_CELLS: Final = frozenset({"records.id"})
+"""Besides every ``record_labels`` column: the key label rows join on."""
+KNOWN_LIMITS: Final = {
+    "index": (
+        "label index (record_labels, and records.id it joins on): not authenticated; a "
+        "flip can drop a record from a filtered listing (so latest_checkpoint may name an "
+        "older one); an extra row fails the listing, and no value or label ever changes"
+    ),
+    "receipt": (
+        "PostgreSQL ledger head: a flipped stream name on a stream's newest event cuts it "
+        "off; the chain alone cannot show that, a kept `ledger head` receipt does"
+    ),
+}
+HARMLESS: Final = {
+    "record_labels.*": "an index: read only to select rows for filters, never returned",
+    "records.id": "an internal row id: read only to join the label index",
+    "ledger_streams.first_index (PostgreSQL)": "read only by trims, which no service issues",
+    "ledger_streams.head_index/head_hash (PostgreSQL)": (
+        "read only by append guards: a wrong head refuses the next append, never accepts one"
+    ),
+}
+"""Where a flip may leave every read value unchanged, and why that is safe.
+
+Also harmless: a flip that turns a stored instant into another spelling of
+the same instant (``Z`` to ``z``), which reads back, and hashes, unchanged.
+"""
+
+
+# -- the world: every kind of record, written through the services ----------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Catalog:
+    """The ids the reference store holds, so every record can be asked for by name."""
+
+    workflows: tuple[str, ...]
+    workflow_states: tuple[str, ...]
+    action_results: tuple[tuple[str, str], ...]
+    scopes: tuple[str, ...]
+    since: datetime
+    results: tuple[str, ...]
+    run_statuses: tuple[str, ...]
+    definitions: tuple[str, ...]
+    runs: tuple[str, ...]
+    receipts: tuple[str, ...]
+    checkpoints: tuple[str, ...]
+    approvals: tuple[str, ...]
+    witnesses: tuple[str, ...]
+
+
+def _order(n: int, kind: str = "invoice.review") -> WorkOrder:
+    return WorkOrder(
+        kind=kind,
+        parameters={"invoice": f"INV-{n}", "amount": 100 * n},
+        requester=f"requester-{n}@example.org",
+        idempotency_key=f"order-{n}",
+    )
+
+
+def _ask(runtime: Runtime, checkpoint_id: str, audience: str) -> str:
+    checkpoint = runtime.checkpoints.load_checkpoint(checkpoint_id)
+    approval = runtime.approvals.request_approval(
+        checkpoint_id,
+        expected_state_digest=checkpoint.state_digest,
+        expected_budgets=checkpoint.budgets,
+        expected_counters=checkpoint.counters,
+        expected_dependency_digest=checkpoint.dependency_digest,
+        audience=audience,
+        prompt_digest=content_hash(f"prompt for {audience}"),
+        allowed_decisions=["approve", "reject"],
+        expires_at=runtime.clock.now() + timedelta(hours=4),
+    )
+    return approval.approval_id
+
+
+def _checkpoint(runtime: Runtime, run_id: str, node: str, cursor: int) -> str:
+    made = runtime.checkpoints.create_checkpoint(
+        run_id,
+        {"node": node},
+        state={"node": node, "draft": "ok"},
+        budgets={"tokens": 100 - cursor},
+        counters={"nodes": cursor},
+        dependency_summary={"tools": ["bank"]},
+        terminal_cursor=None,
+        event_cursor=cursor,
+    )
+    return made.checkpoint_id
+
+
+def _populate_workflows(runtime: Runtime, clock: FrozenClock) -> tuple[str, ...]:
+    flows = runtime.workflows
+    first, _ = flows.create(_order(1))
+    clock.advance()
+    second, _ = flows.create(_order(2))
+    third, _ = flows.create(_order(3, "report"))
+    clock.advance()
+    flows.transition(first.workflow_id, "planning", expected_state="intake", expected_version=1)
+    flows.transition(first.workflow_id, "decision", expected_state="planning", expected_version=2)
+    flows.append_event(
+        first.workflow_id,
+        "decision.approved",
+        expected_state="decision",
+        expected_version=3,
+        payload={"action_hash": ACTIONS[0], "approved": True, "decided_by": "dana@example.org"},
+        event_key="decision-1",
+    )
+    flows.put_action_result(first.workflow_id, ACTIONS[0], {"paid": True, "ref": "TX-1"})
+    flows.put_action_result(first.workflow_id, ACTIONS[1], {"paid": False})
+    flows.put_action_result(second.workflow_id, ACTIONS[2], [1, 2, 3])
+    clock.advance()
+    flows.transition(third.workflow_id, "cancelled", expected_state="intake", expected_version=1)
+    return first.workflow_id, second.workflow_id, third.workflow_id
+
+
+def _populate_state(runtime: Runtime, clock: FrozenClock) -> None:
+    main = runtime.state("main")
+    for step in (1, 2):
+        main.update_with_events(
+            lambda _, step=step: (
+                WorkflowState(step=step, note=f"step {step}"),
+                [HistoryEvent("state.step", {"step": step})],
+            )
+        )
+        clock.advance()
+    runtime.state("side").save(WorkflowState(flag=True))
+    gone = runtime.state("gone")
+    gone.save(WorkflowState(doomed=1))
+    gone.reset(actor="ops", source="tamper-matrix")
+    runtime.runs.save(
+        WorkflowResult(
+            run_id="result-1",
+            status="completed",
+            started_at=clock.now(),
+            finished_at=clock.now() + timedelta(seconds=5),
+            output={"ok": 1},
+        )
+    )
+
+
+def _populate_runs(runtime: Runtime, clock: FrozenClock) -> tuple[tuple[str, ...], list[str]]:
+    runs = runtime.graph_runs
+    runs.register_definition("flow.a", {"nodes": ["a", "b", "c"]})
+    clock.advance()
+    done, _ = runs.start_run(
+        "flow.a", {"invoice": "INV-9"}, budgets={"tokens": 100}, idempotency_key="run-key-1"
+    )
+    runs.set_status(done.run_id, "running", expected_status="accepted")
+    runs.append_run_events(done.run_id, [("node.done", {"node": "a"})])
+    consumed = _checkpoint(runtime, done.run_id, "b", 2)
+    runs.set_status(done.run_id, "awaiting_approval", expected_status="running")
+    decided = _ask(runtime, consumed, "finance")
+    clock.advance()
+    runtime.approvals.decide(decided, "approve", "erin@example.org")
+    runs.set_status(done.run_id, "running", expected_status="awaiting_approval")
+    runs.finish_run(done.run_id, "completed", expected_status="running", final_state={"paid": 1})
+    clock.advance()
+    live, _ = runs.start_run("flow.a", {"invoice": "INV-10"})
+    runs.set_status(live.run_id, "running", expected_status="accepted")
+    older = _checkpoint(runtime, live.run_id, "b", 1)
+    clock.advance()
+    newer = _checkpoint(runtime, live.run_id, "c", 2)
+    pending = _ask(runtime, newer, "legal")
+    return (done.run_id, live.run_id), [consumed, older, newer, decided, pending]
+
+
+def populate(runtime: Runtime, clock: FrozenClock) -> Catalog:
+    """Write one of everything through the services, in a fixed order under a frozen clock."""
+    workflows = _populate_workflows(runtime, clock)
+    _populate_state(runtime, clock)
+    runs, made = _populate_runs(runtime, clock)
+    for key, request in REQUESTS:
+        runtime.idempotency.remember(key, request, {"status": 200 + len(key)})
+    witness = runtime.evidence.capture_witness(
+        "https://example.org/inv-1", EVIDENCE, "text/plain", "primary", clock.now()
+    )
+    clock.advance()
+    return Catalog(
+        workflows=workflows,
+        workflow_states=("intake", "planning", "decision", "cancelled"),
+        action_results=(
+            (workflows[0], ACTIONS[0]),
+            (workflows[0], ACTIONS[1]),
+            (workflows[1], ACTIONS[2]),
+        ),
+        scopes=("main", "side", "gone"),
+        since=clock.now() - timedelta(days=1),
+        results=("result-1",),
+        run_statuses=("accepted", "running", "completed"),
+        definitions=("flow.a",),
+        runs=runs,
+        receipts=(runs[0],),
+        checkpoints=tuple(made[:3]),
+        approvals=tuple(made[3:]),
+        witnesses=(witness.content_digest,),
+    )
+
+
+# -- reading everything back through the public API -------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Reader:
+    """One public read, its result as a list of items.
+
+    ``universe`` pools the items of every reader that returns the same kind of
+    value; a ``filtered`` reader selects through the label index, so under a
+    flip in that index it may return another selection of that pool.
+    """
+
+    name: str
+    call: Callable[[], Sequence[object]]
+    universe: str | None = None
+    filtered: bool = False
+
+
+def _default(value: object) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {field.name: getattr(value, field.name) for field in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    raise TypeError(type(value).__name__)
+
+
+def canonical(value: object) -> str:
+    """Return ``value`` as canonical JSON text, so equal values compare byte for byte."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_default)
+
+
+def ledger_verify(store: SecureObjectStore) -> list[object]:
+    """Run what ``flowvault ledger verify --all`` runs; fail as it does.
+
+    Records are opened by the ``records`` reader, so the audit only counts them.
+    """
+    report = LedgerAudit(store, None).run()
+    if report.failures:
+        first = report.failures[0]
+        raise IntegrityFailure(
+            f"ledger verify: {first.defect.value} in {first.stream} at {first.index}",
+            failed=len(report.failures),
+        )
+    return [report]
+
+
+def _open_everything(runtime: Runtime) -> list[object]:
+    """Open every record of every namespace the store reports, as ``ledger verify --all`` does."""
+    store, repository = runtime.store, runtime.repository
+    opened: list[object] = []
+    for namespace in sorted(store.namespace_counts()):
+        cursor: str | None = None
+        while True:
+            page = store.list(namespace, cursor=cursor, limit=200)
+            for meta in page.items:
+                record = store.load(meta.namespace, meta.key_digest)
+                if record is None:
+                    raise AssertionError("a listed record vanished")
+                sealed = repository.open(
+                    record, namespace=meta.namespace, key_digest=meta.key_digest
+                )
+                opened.append([meta, sealed.metadata, sealed.document])
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+    return opened
+
+
+def _store_readers(runtime: Runtime, streams: Sequence[str]) -> Iterator[Reader]:
+    store = runtime.store
+    yield Reader(
+        "catalog",
+        lambda: [store.namespace_counts(), store.key_id_counts(), store.has_records()],
+    )
+    yield Reader("records", lambda: _open_everything(runtime))
+    yield Reader("ledger verify", lambda: ledger_verify(store))
+    yield Reader("streams", lambda: list_all_streams(store))
+    for name in streams:
+        yield Reader(f"events {name}", lambda name=name: list(read_stream(store, name)))
+        yield Reader(
+            f"head receipt {name}",
+            lambda name=name: [head_receipt(store, runtime.repository, name)],
+        )
+
+
+def _workflow_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
+    flows = runtime.workflows
+    yield Reader("workflows", lambda: flows.list_workflows(limit=200), "workflows")
+    for state in catalog.workflow_states:
+        yield Reader(
+            f"workflows in {state}",
+            lambda state=state: flows.list_workflows(state, limit=200),
+            "workflows",
+            filtered=True,
+        )
+    for workflow in catalog.workflows:
+        yield Reader(f"workflow {workflow}", lambda w=workflow: [flows.get(w)], "workflows")
+        yield Reader(f"workflow events {workflow}", lambda w=workflow: flows.events(w))
+        yield Reader(
+            f"action results of {workflow}",
+            lambda w=workflow: flows.list_action_results(w),
+            "listed results",
+            filtered=True,
+        )
+    for workflow, action in catalog.action_results:
+        yield Reader(
+            f"action result {workflow} {action[7:19]}",
+            lambda w=workflow, a=action: [flows.get_action_result(w, a)],
+        )
+
+
+def _state_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
+    for scope in catalog.scopes:
+        state = runtime.state(scope)
+        yield Reader(f"state {scope}", lambda s=state: [s.load(), s.fingerprint(), s.history()])
+    yield Reader("run results", lambda: list(runtime.runs.list(limit=200).runs), "results")
+    yield Reader(
+        "run results since",
+        lambda: list(runtime.runs.list(since=catalog.since, limit=200).runs),
+        "results",
+        filtered=True,
+    )
+    for result in catalog.results:
+        yield Reader(f"run result {result}", lambda r=result: [runtime.runs.load(r)], "results")
+
+
+def _graph_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
+    runs = runtime.graph_runs
+    yield Reader("graph runs", lambda: list(runs.list_runs(limit=200).runs), "graph runs")
+    for status in catalog.run_statuses:
+        yield Reader(
+            f"graph runs {status}",
+            lambda s=status: list(runs.list_runs(s, limit=200).runs),
+            "graph runs",
+            filtered=True,
+        )
+    for definition in catalog.definitions:
+        yield Reader(f"definition {definition}", lambda d=definition: list(runs.get_definition(d)))
+        yield Reader(
+            f"definition versions {definition}",
+            lambda d=definition: runs.definition_versions(d),
+            "definition versions",
+            filtered=True,
+        )
+    for run in catalog.runs:
+        yield Reader(f"graph run {run}", lambda r=run: [runs.get_run(r)], "graph runs")
+        yield Reader(f"run events {run}", lambda r=run: [runs.read_run_events(r)])
+    for run in catalog.receipts:
+        yield Reader(f"terminal receipt {run}", lambda r=run: [runs.terminal_receipt(r)])
+
+
+def _approval_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
+    checkpoints, approvals = runtime.checkpoints, runtime.approvals
+    for checkpoint in catalog.checkpoints:
+        yield Reader(
+            f"checkpoint {checkpoint}",
+            lambda c=checkpoint: [checkpoints.load_checkpoint(c)],
+            "checkpoints",
+        )
+    for run in catalog.runs:
+        yield Reader(
+            f"latest checkpoint {run}",
+            lambda r=run: [c for c in [checkpoints.latest_checkpoint(r)] if c is not None],
+            "checkpoints",
+            filtered=True,
+        )
+        yield Reader(
+            f"approvals of {run}",
+            lambda r=run: approvals.list_approvals(r, limit=200),
+            "approvals",
+            filtered=True,
+        )
+        for status in ApprovalStatus:
+            yield Reader(
+                f"approvals of {run} {status.value}",
+                lambda r=run, s=status: approvals.list_approvals(r, s, limit=200),
+                "approvals",
+                filtered=True,
+            )
+    for approval in catalog.approvals:
+        yield Reader(
+            f"approval {approval}", lambda a=approval: [approvals.get_approval(a)], "approvals"
+        )
+        yield Reader(
+            f"approval receipt {approval}",
+            lambda a=approval: [approvals.approval_receipt(approvals.get_approval(a))],
+        )
+    for key, request in REQUESTS:
+        yield Reader(
+            f"idempotency {key}",
+            lambda k=key, r=request: [runtime.idempotency.recall(k, r)],
+        )
+    for witness in catalog.witnesses:
+        yield Reader(
+            f"witness {witness[7:19]}", lambda w=witness: [runtime.evidence.load_witness(w)]
+        )
+
+
+def readers(runtime: Runtime, catalog: Catalog, streams: Sequence[str]) -> list[Reader]:
+    """Every public read of the reference store, cheapest checks first."""
+    return [
+        *_store_readers(runtime, streams),
+        *_workflow_readers(runtime, catalog),
+        *_state_readers(runtime, catalog),
+        *_graph_readers(runtime, catalog),
+        *_approval_readers(runtime, catalog),
+    ]
+
+
+def raw_readers(store: SecureObjectStore, streams: Sequence[str]) -> list[Reader]:
+    """Return the negative control's reads: rows as stored, no seal opened, no chain verified."""
+
+    def rows() -> list[object]:
+        found: list[object] = []
+        for namespace in sorted(store.namespace_counts()):
+            for meta in store.list(namespace, limit=200).items:
+                record = store.load(meta.namespace, meta.key_digest)
+                found.append([meta, None if record is None else record.payload])
+        return found
+
+    ledgers = [
+        Reader(f"raw events {name}", lambda name=name: list(read_stream(store, name)))
+        for name in streams
+    ]
+    return [Reader("raw records", rows), *ledgers]
+
+
+Snapshot = dict[str, tuple[str, ...]]
+
+
+def read_all(chosen: Sequence[Reader]) -> Snapshot:
+    """Run every reader; the first error propagates, tagged with the reader's name."""
+    snapshot: Snapshot = {}
+    for reader in chosen:
+        try:
+            snapshot[reader.name] = tuple(canonical(item) for item in reader.call())
+        except Exception as exc:
+            exc.add_note(f"reader: {reader.name}")
+            raise
+    return snapshot
+
+
+def universes(chosen: Sequence[Reader], reference: Snapshot) -> dict[str, frozenset[str]]:
+    """Pool the reference items of the readers that share a universe."""
+    pools: dict[str, set[str]] = defaultdict(set)
+    for reader in chosen:
+        if reader.universe is not None:
+            pools[reader.universe].update(reference[reader.name])
+    return {name: frozenset(items) for name, items in pools.items()}
+
+
+# -- classifying one trial ----------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What one trial did: ``detected``, ``harmless``, a known limit, or an ``anomaly``."""
+
+    kind: str
+    label: str
+    where: str = ""
+    message: str = ""
+
+    @property
+    def key(self) -> str:
+        """The tally key: the outcome and, for detections, the code."""
+        return self.kind if self.kind in {"harmless", "index", "receipt"} else self.label
+
+
+def _reader_of(exc: BaseException) -> str:
+    notes = [note for note in getattr(exc, "__notes__", []) if note.startswith("reader: ")]
+    return notes[-1].removeprefix("reader: ") if notes else "?"
+
+
+def classify(
+    chosen: Sequence[Reader],
+    reference: Snapshot,
+    pools: Mapping[str, frozenset[str]],
+    *,
+    flip: Flip | None = None,
+    tolerated: frozenset[str] = frozenset(),
+) -> Outcome:
+    """Read everything back and say how the store answered the tampering.
+
+    A known limit in ``tolerated`` applies only to the cells it concerns: the
+    label index (``index``), or ledger event rows whose change shows in a
+    head receipt (``receipt``).
+    """
+    try:
+        got = read_all(chosen)
+    except FlowvaultError as exc:
+        kind = "detected" if exc.code in INTEGRITY_CODES else "anomaly"
+        return Outcome(kind, exc.code, _reader_of(exc), exc.message)
+    except Exception as exc:
+        return Outcome("anomaly", f"foreign {type(exc).__name__}", _reader_of(exc))
+    changed = [name for name in reference if got[name] != reference[name]]
+    if not changed:
+        return Outcome("harmless", "harmless")
+    by_name = {reader.name: reader for reader in chosen}
+    selection_only = all(
+        by_name[name].filtered and set(got[name]) <= pools[by_name[name].universe or ""]
+        for name in changed
+    )
+    if "index" in tolerated and flip is not None and flip.in_index and selection_only:
+        return Outcome("index", "index", ", ".join(changed))
+    in_ledger = flip is not None and flip.table == "ledger_events"
+    if "receipt" in tolerated and in_ledger and any(n.startswith("head receipt ") for n in changed):
+        return Outcome("receipt", "receipt", ", ".join(changed))
+    return Outcome("anomaly", "silently wrong", ", ".join(changed))
+
+
+# -- flipping one byte of one stored cell ---------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Flip:
+    """One tampered cell: where it is now, what it held, what it holds."""
+
+    table: str
+    column: str
+    key: tuple[object, ...]
+    original: object
+    tampered: object
+    written_as: str
+    """How the tampered value is written back: a SQL placeholder (SQLite) or a type (PostgreSQL)."""
+
+    @property
+    def cell(self) -> str:
+        """``table.column``, the tally's row."""
+        return f"{self.table}.{self.column}"
+
+    @property
+    def in_index(self) -> bool:
+        """Whether the cell belongs to the label index or the id it joins on."""
+        return self.table == "record_labels" or self.cell in INDEX_CELLS
+
+    def describe(self) -> str:
+        """Name the cell and the change, for a failure message."""
+        return f"{self.cell} at {self.key!r}: {self.original!r} -> {self.tampered!r}"
+
+
+PRIMARY_KEYS: Final = {
+    "records": ("id",),
+    "record_labels": ("record_id", "name"),
+    "ledger_events": ("stream", "idx"),
+    "ledger_streams": ("stream",),
+}
+"""Every table an adapter stores, and how to address one of its rows."""
+
+
+def _moved(
+    keys: Sequence[str], key: tuple[object, ...], column: str, value: object
+) -> tuple[object, ...]:
+    """Return the row's primary key after ``column`` took ``value``."""
+    return tuple(value if name == column else part for name, part in zip(keys, key, strict=True))
+
+
+def flip_integer(value: int, rng: random.Random) -> int:
+    """XOR one byte of the value's shortest two's-complement form, kept within 64 bits."""
+    width = max(1, (value.bit_length() + 8) // 8)
+    mask = rng.randrange(1, 256) << (8 * rng.randrange(width))
+    flipped = (value & (2**64 - 1)) ^ mask
+    return flipped - 2**64 if flipped >= 2**63 else flipped
+
+
+def flip_bytes(data: bytes, rng: random.Random) -> bytes:
+    """XOR one random byte with a random non-zero mask."""
+    changed = bytearray(data)
+    changed[rng.randrange(len(changed))] ^= rng.randrange(1, 256)
+    return bytes(changed)
+
+
+class SQLiteCells:
+    """Raw access to the database file, as an attacker with write access has it."""
+
+    def __init__(self, path: Path) -> None:
+        self.raw = sqlite3.connect(path, isolation_level=None)
+        self._cells: dict[tuple[str, str], list[Any]] = {}
+
+    def _rows(self, table: str, column: str) -> list[Any]:
+        """Return the column's non-null cells with their keys, read once.
+
+        Valid for as long as every flip is restored before the next one.
+        """
+        if (table, column) not in self._cells:
+            listed = ", ".join(PRIMARY_KEYS[table])
+            self._cells[(table, column)] = self.raw.execute(
+                f"SELECT {listed}, {column}, typeof({column}), CAST({column} AS BLOB) "  # noqa: S608
+                f"FROM {table} WHERE {column} IS NOT NULL ORDER BY {listed}"
+            ).fetchall()
+        return self._cells[(table, column)]
+
+    def close(self) -> None:
+        """Close the raw connection."""
+        self.raw.close()
+
+    def columns(self) -> list[tuple[str, str]]:
+        """Every ``(table, column)`` the adapter stores."""
+        return [
+            (table, row[1])
+            for table in PRIMARY_KEYS
+            for row in self.raw.execute(f"PRAGMA table_info({table})")
+        ]
+
+    def flip(self, table: str, column: str, rng: random.Random) -> Flip | None:
+        """Flip one byte of one non-null cell; ``None`` when the schema refuses the value.
+
+        Text is flipped in its stored UTF-8 bytes and written back as text, so
+        it may no longer be valid UTF-8; integers in their two's complement.
+        """
+        keys = PRIMARY_KEYS[table]
+        rows = self._rows(table, column)
+        if not rows:
+            return None
+        row = rng.choice(rows)
+        key, (value, kind, stored) = tuple(row[: len(keys)]), row[len(keys) :]
+        written_as = "CAST(? AS TEXT)" if kind == "text" else "?"
+        tampered: object = (
+            flip_integer(value, rng) if kind == "integer" else flip_bytes(stored, rng)
+        )
+        where = " AND ".join(f"{name} = ?" for name in keys)
+        try:
+            self.raw.execute(
+                f"UPDATE {table} SET {column} = {written_as} WHERE {where}",  # noqa: S608
+                (tampered, *key),
+            )
+        except sqlite3.IntegrityError:
+            return None
+        return Flip(table, column, _moved(keys, key, column, tampered), value, tampered, written_as)
+
+    def restore(self, flip: Flip) -> None:
+        """Put the original value back, addressing the row where the flip left it."""
+        keys = PRIMARY_KEYS[flip.table]
+        where = " AND ".join(
+            f"{name} = {flip.written_as if name == flip.column else '?'}" for name in keys
+        )
+        cursor = self.raw.execute(
+            f"UPDATE {flip.table} SET {flip.column} = ? WHERE {where}",  # noqa: S608
+            (flip.original, *flip.key),
+        )
+        assert cursor.rowcount == 1, f"could not restore {flip.describe()}"
+
+    def dump(self) -> list[list[tuple[object, ...]]]:
+        """Every row of every table, to prove restores leave the file as it was."""
+        return [
+            self.raw.execute(f"SELECT * FROM {table} ORDER BY {', '.join(keys)}").fetchall()  # noqa: S608
+            for table, keys in PRIMARY_KEYS.items()
+        ]
+
+
+# -- the matrix driver ----------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Tally:
+    """Per ``table.column``: trials and outcomes; the anomalies with their replay data."""
+
+    cells: dict[str, Counter[str]] = dataclasses.field(default_factory=lambda: defaultdict(Counter))
+    checks: dict[str, Counter[str]] = dataclasses.field(
+        default_factory=lambda: defaultdict(Counter)
+    )
+    """Per cell, which reader raised first: ``records`` (opening seals), ``ledger`` (verify)..."""
+    anomalies: list[str] = dataclasses.field(default_factory=list)
+    refused: int = 0
+    trials: int = 0
+
+    def add(self, flip: Flip, outcome: Outcome, context: str) -> None:
+        """Count one trial; keep the anomalies' details."""
+        self.trials += 1
+        self.cells[flip.cell][outcome.key] += 1
+        if outcome.kind == "detected":
+            self.checks[flip.cell][outcome.where.split(" ")[0]] += 1
+        if outcome.kind == "anomaly":
+            self.anomalies.append(f"{context}: {flip.describe()} -> {outcome}")
+
+    def totals(self) -> Counter[str]:
+        """Outcome counts over every cell."""
+        total: Counter[str] = Counter()
+        for counts in self.cells.values():
+            total.update(counts)
+        return total
+
+    def detected(self) -> int:
+        """Trials that ended in an integrity error."""
+        return sum(n for key, n in self.totals().items() if key in INTEGRITY_CODES)
+
+    def table(self) -> str:
+        """Return the per-column tally as text, for the test log."""
+        lines = [f"{'table.column':32} trials  outcomes"]
+        for cell in sorted(self.cells):
+            counts = self.cells[cell]
+            shown = ", ".join(f"{key} {n}" for key, n in sorted(counts.items()))
+            if self.checks[cell]:
+                found = ", ".join(f"{name} {n}" for name, n in self.checks[cell].most_common())
+                shown += f" (first raised by: {found})"
+            lines.append(f"{cell:32} {sum(counts.values()):6}  {shown}")
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        """One line for the figure's detail column."""
+        totals = self.totals()
+        codes = ", ".join(f"{k} {n}" for k, n in sorted(totals.items()) if k in INTEGRITY_CODES)
+        return (
+            f"{len(self.cells)} columns; detected {self.detected()} ({codes}), "
+            f"harmless {totals['harmless']}, label index dropped a record from a filtered "
+            f"listing {totals['index']}, shown only by a kept head receipt {totals['receipt']}, "
+            f"refused by the schema {self.refused}"
+        )
+
+
+def explain(tally: Tally) -> str:
+    """Return the tally with the known limits and harmless columns spelt out, for the log."""
+    notes = [f"known limit {name}: {text}" for name, text in KNOWN_LIMITS.items()]
+    notes += [f"harmless {cell}: {why}" for cell, why in HARMLESS.items()]
+    return "\n".join([tally.table(), *notes])
+
+
+Flipper = Callable[[str, str, random.Random], "Flip | None"]
+
+
+def run_matrix(
+    flipper: Flipper,
+    restore: Callable[[Flip], None],
+    columns: Sequence[tuple[str, str]],
+    judge: Callable[[Flip], Outcome],
+    *,
+    trials: int,
+    seed: int,
+    cross_check: Callable[[Flip, Outcome], None] | None = None,
+    cross_every: int = 0,
+) -> Tally:
+    """Flip ``trials`` cells, each column in turn (shuffled per seed); judge, then restore each."""
+    rng = random.Random(seed)
+    order = list(columns)
+    rng.shuffle(order)
+    tally = Tally()
+    attempts = 0
+    while tally.trials < trials:
+        table, column = order[tally.trials % len(order)]
+        attempts += 1
+        assert attempts < 50 * trials, f"seed {seed}: the schema refuses too many flips"
+        flip = flipper(table, column, rng)
+        if flip is None:
+            tally.refused += 1
+            continue
+        try:
+            outcome = judge(flip)
+            if cross_check is not None and cross_every and tally.trials % cross_every == 0:
+                cross_check(flip, outcome)
+            tally.add(flip, outcome, f"seed {seed} trial {tally.trials}")
+        finally:
+            restore(flip)
+    return tally
+
+
+# -- the SQLite world -------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class World:
+    """A populated SQLite home, its runtime, the reference snapshot and raw access."""
+
+    home: Path
+    clock: FrozenClock
+    runtime: Runtime
+    catalog: Catalog
+    streams: list[str]
+    readers: list[Reader]
+    reference: Snapshot
+    pools: dict[str, frozenset[str]]
+    cells: SQLiteCells
+
+    def open_runtime(self) -> Runtime:
+        """Bootstrap another runtime over the same file: nothing it reads was read before."""
+        return bootstrap(self.settings(), key=KEY, clock=self.clock, ids=SequentialIds("x"))
+
+    def settings(self) -> Settings:
+        """Return the home's settings."""
+        return Settings(backend="sqlite", home=self.home)
+
+    def judge(self, flip: Flip, chosen: Sequence[Reader] | None = None) -> Outcome:
+        """Classify the store's answer to ``flip``; SQLite tolerates only the label index."""
+        return classify(
+            self.readers if chosen is None else chosen,
+            self.reference,
+            self.pools,
+            flip=flip,
+            tolerated=frozenset({"index"}),
+        )
+
+    def close(self) -> None:
+        """Close the raw connection and the runtime."""
+        self.cells.close()
+        self.runtime.close()
+
+
+def build_world(home: Path) -> World:
+    """Populate a fresh SQLite home and take the reference snapshot."""
+    clock = FrozenClock()
+    settings = Settings(backend="sqlite", home=home)
+    runtime = bootstrap(settings, key=KEY, clock=clock, ids=SequentialIds("id"))
+    catalog = populate(runtime, clock)
+    streams = list_all_streams(runtime.store)
+    chosen = readers(runtime, catalog, streams)
+    reference = read_all(chosen)
+    cells = SQLiteCells(settings.database_path)
+    return World(
+        home,
+        clock,
+        runtime,
+        catalog,
+        streams,
+        chosen,
+        reference,
+        universes(chosen, reference),
+        cells,
+    )
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    """Provide a populated SQLite world, closed afterwards."""
+    built = build_world(tmp_path / "home")
+    try:
+        yield built
+    finally:
+        built.close()
+
+
+def _kept_receipts(world: World) -> dict[str, str]:
+    return {name: world.reference[f"head receipt {name}"][0] for name in world.streams}
+
+
+# -- random byte flips: SQLite --------------------------------------------------------------
+
+
+def test_random_byte_flips_sqlite(world: World) -> None:
+    """A flipped byte in any stored column is an integrity error or changes nothing read back.
+
+    Every column of every table (records, the label index, ledger events and
+    stream head rows) is flipped in turn. The runtime stays open across
+    trials: nothing above the connection caches rows, and SQLite revalidates
+    its page cache at every read transaction; to prove it, every 100th trial
+    a freshly bootstrapped runtime must reach the same verdict. An altered
+    label index may drop a record from a filtered listing (a stated limit);
+    nothing else may change silently. The negative control replays the same
+    flips against readers that neither open seals nor verify chains: it must
+    see silently changed data.
+    """
+    watch = reliability.Stopwatch()
+    trials = reliability.size(1000, 100_000)
+    seed = reliability.seed_base() + 101
+    columns = world.cells.columns()
+    pristine = world.cells.dump()
+
+    def fresh(flip: Flip, outcome: Outcome) -> None:
+        with world.open_runtime() as other:
+            again = world.judge(flip, readers(other, world.catalog, world.streams))
+        assert again.key == outcome.key, f"seed {seed}: {flip.describe()}: {outcome} vs {again}"
+
+    tally = run_matrix(
+        world.cells.flip,
+        world.cells.restore,
+        columns,
+        world.judge,
+        trials=trials,
+        seed=seed,
+        cross_check=fresh,
+        cross_every=100,
+    )
+    assert world.cells.dump() == pristine, "restoring the flipped cells changed the file"
+    assert read_all(world.readers) == world.reference
+    control = _negative_control(world, columns, seed, max(100, trials // 10))
+    print(f"\nseed {seed}\n{explain(tally)}\ncontrol: {control.totals()}")
+    reliability.record(
+        reliability.Figure(
+            family="Tamper matrix, random byte flips (SQLite)",
+            trials=tally.trials,
+            anomalies=len(tally.anomalies),
+            control_caught=bool(control.anomalies),
+            detail=f"{tally.summary()}; control (unverified reads) silently wrong in "
+            f"{len(control.anomalies)} of {control.trials}",
+            seconds=watch.seconds,
+        )
+    )
+    assert set(tally.cells) == {f"{table}.{column}" for table, column in columns}
+    assert control.anomalies, "the negative control saw no silently changed data"
+    assert tally.anomalies == [], "\n".join(tally.anomalies[:20])
+
+
+def _negative_control(
+    world: World, columns: Sequence[tuple[str, str]], seed: int, trials: int
+) -> Tally:
+    """Replay the first flips of the same seed against reads that check nothing."""
+    raw = raw_readers(world.runtime.store, world.streams)
+    reference = read_all(raw)
+
+    def judge(flip: Flip) -> Outcome:
+        return classify(raw, reference, {})
+
+    return run_matrix(
+        world.cells.flip, world.cells.restore, columns, judge, trials=trials, seed=seed
+    )
+
+
+# -- random byte flips: PostgreSQL ------------------------------------------------------------
+
+
+class PostgresCells:
+    """Raw access to a schema's tables over an admin connection, as its owner has it."""
+
+    REFUSED_COLUMNS: Final = frozenset({("records", "id")})
+    """``GENERATED ALWAYS AS IDENTITY``: PostgreSQL refuses every update of it."""
+
+    def __init__(self, server: Any, schema: str) -> None:
+        self.connection = server.admin()
+        self.connection.execute(f"SET search_path TO {schema}")
+        self._cells: dict[tuple[str, str], list[Any]] = {}
+        """Each column's cells, read once: every flip is restored before the next."""
+        self.types = {
+            (table, column): kind
+            for table, column, kind in self.connection.execute(
+                "SELECT table_name, column_name, data_type FROM information_schema.columns "
+                "WHERE table_schema = %s",
+                (schema,),
+            ).fetchall()
+        }
+
+    def close(self) -> None:
+        """Close the admin connection."""
+        self.connection.close()
+
+    def columns(self) -> list[tuple[str, str]]:
+        """Every ``(table, column)`` the adapter stores that an update can reach."""
+        return sorted(
+            cell
+            for cell in self.types
+            if cell[0] in PRIMARY_KEYS and cell not in self.REFUSED_COLUMNS
+        )
+
+    def _tampered(self, kind: str, value: object, rng: random.Random) -> object:
+        from psycopg.types.json import Jsonb  # noqa: PLC0415 - the postgres extra
+
+        if kind in {"bigint", "integer"}:
+            assert isinstance(value, int)
+            return flip_integer(value, rng)
+        if kind == "bytea":
+            assert isinstance(value, bytes)
+            return flip_bytes(value, rng)
+        text = canonical(value) if kind == "jsonb" else str(value)
+        flipped = flip_bytes(text.encode("utf-8"), rng).decode("utf-8")
+        return Jsonb(json.loads(flipped)) if kind == "jsonb" else flipped
+
+    def flip(self, table: str, column: str, rng: random.Random) -> Flip | None:
+        """Flip one byte of one non-null cell; ``None`` when PostgreSQL or JSON refuses it.
+
+        Text must stay valid UTF-8 without NUL and ``jsonb`` valid JSON, so
+        flips that break either are refused here, as the server would.
+        """
+        import psycopg  # noqa: PLC0415
+
+        keys = PRIMARY_KEYS[table]
+        if (table, column) not in self._cells:
+            listed = ", ".join(keys)
+            self._cells[(table, column)] = self.connection.execute(
+                f"SELECT {listed}, {column} FROM {table} "  # noqa: S608
+                f"WHERE {column} IS NOT NULL ORDER BY {listed}"
+            ).fetchall()
+        rows = self._cells[(table, column)]
+        if not rows:
+            return None
+        row = rng.choice(rows)
+        key, value = tuple(row[: len(keys)]), row[len(keys)]
+        kind = self.types[(table, column)]
+        try:
+            tampered = self._tampered(kind, value, rng)
+            if isinstance(tampered, str) and "\x00" in tampered:
+                return None
+            if kind == "integer" and isinstance(tampered, int) and abs(tampered) >= 2**31:
+                return None
+            where = " AND ".join(f"{name} = %s" for name in keys)
+            self.connection.execute(
+                f"UPDATE {table} SET {column} = %s WHERE {where}",  # noqa: S608
+                (tampered, *key),
+            )
+        except (UnicodeDecodeError, ValueError, psycopg.Error):
+            return None
+        stored = getattr(tampered, "obj", tampered)
+        return Flip(table, column, _moved(keys, key, column, stored), value, stored, kind)
+
+    def restore(self, flip: Flip) -> None:
+        """Put the original value back where the flip left the row."""
+        from psycopg.types.json import Jsonb  # noqa: PLC0415
+
+        original = Jsonb(flip.original) if flip.written_as == "jsonb" else flip.original
+        where = " AND ".join(f"{name} = %s" for name in PRIMARY_KEYS[flip.table])
+        cursor = self.connection.execute(
+            f"UPDATE {flip.table} SET {flip.column} = %s WHERE {where}",  # noqa: S608
+            (original, *flip.key),
+        )
+        assert cursor.rowcount == 1, f"could not restore {flip.describe()}"
+
+    def dump(self) -> list[list[tuple[object, ...]]]:
+        """Every row of every table, to prove restores leave the schema as it was."""
+        return [
+            self.connection.execute(f"SELECT * FROM {table} ORDER BY {', '.join(keys)}").fetchall()  # noqa: S608
+            for table, keys in PRIMARY_KEYS.items()
+        ]
+
+
+@pytest.mark.postgres
+def test_random_byte_flips_postgres(tmp_path: Path, postgres_server: Any, pg_schema: str) -> None:
+    """The same matrix on PostgreSQL: an integrity error or nothing changed, per stored column.
+
+    PostgreSQL refuses some flips itself (invalid UTF-8, NUL, broken JSON,
+    out-of-range integers, the identity column); they are counted as refused.
+    Its adapter does not cross-check ledger head rows on read, so a flip that
+    cuts off a stream's newest event is counted apart: only a kept
+    ``ledger head`` receipt shows it. The negative control replays the first
+    flips against unverified reads.
+    """
+    watch = reliability.Stopwatch()
+    trials = reliability.size(200, 10_000)
+    seed = reliability.seed_base() + 102
+    clock = FrozenClock()
+    settings = Settings(
+        backend="postgres",
+        home=tmp_path / "unused",
+        postgres_dsn=SecretStr(postgres_server.dsn),
+        postgres_schema=pg_schema,
+        postgres_pool_size=2,
+    )
+    runtime = bootstrap(settings, key=KEY, clock=clock, ids=SequentialIds("id"))
+    cells = PostgresCells(postgres_server, pg_schema)
+    try:
+        catalog = populate(runtime, clock)
+        streams = list_all_streams(runtime.store)
+        chosen = readers(runtime, catalog, streams)
+        reference = read_all(chosen)
+        pools = universes(chosen, reference)
+        tolerated = frozenset({"index", "receipt"})
+
+        def judge(flip: Flip, using: Sequence[Reader] = chosen) -> Outcome:
+            return classify(using, reference, pools, flip=flip, tolerated=tolerated)
+
+        def fresh(flip: Flip, outcome: Outcome) -> None:
+            with bootstrap(settings, key=KEY, clock=clock, ids=SequentialIds("x")) as other:
+                again = judge(flip, readers(other, catalog, streams))
+            assert again.key == outcome.key, f"seed {seed}: {flip.describe()}: {outcome} vs {again}"
+
+        pristine = cells.dump()
+        columns = cells.columns()
+        tally = run_matrix(
+            cells.flip,
+            cells.restore,
+            columns,
+            judge,
+            trials=trials,
+            seed=seed,
+            cross_check=fresh,
+            cross_every=100,
+        )
+        assert cells.dump() == pristine, "restoring the flipped cells changed the schema"
+        raw = raw_readers(runtime.store, streams)
+        raw_reference = read_all(raw)
+        control = run_matrix(
+            cells.flip,
+            cells.restore,
+            columns,
+            lambda _: classify(raw, raw_reference, {}),
+            trials=max(40, trials // 5),
+            seed=seed,
+        )
+    finally:
+        cells.close()
+        runtime.close()
+    print(f"\nseed {seed}\n{explain(tally)}\ncontrol: {control.totals()}")
+    reliability.record(
+        reliability.Figure(
+            family="Tamper matrix, random byte flips (PostgreSQL)",
+            trials=tally.trials,
+            anomalies=len(tally.anomalies),
+            control_caught=bool(control.anomalies),
+            detail=f"{tally.summary()}; records.id not updatable (identity); control "
+            f"silently wrong in {len(control.anomalies)} of {control.trials}",
+            seconds=watch.seconds,
+        )
+    )
+    assert set(tally.cells) == {f"{table}.{column}" for table, column in columns}
+    assert control.anomalies, "the negative control saw no silently changed data"
+    assert tally.anomalies == [], "\n".join(tally.anomalies[:20])
+
+
+# -- structured attacks: raw SQL on the SQLite file -------------------------------------------
+
+
+def restore_tables(raw: sqlite3.Connection, dump: Sequence[Sequence[tuple[object, ...]]]) -> None:
+    """Put every table back exactly as dumped, in one transaction."""
+    raw.execute("BEGIN IMMEDIATE")
+    for table, rows in zip(PRIMARY_KEYS, dump, strict=True):
+        raw.execute(f"DELETE FROM {table}")  # noqa: S608
+        if rows:
+            marks = ", ".join("?" * len(rows[0]))
+            raw.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)  # noqa: S608
+    raw.execute("COMMIT")
+
+
+RECORD_COLUMNS: Final = (
+    "revision", "sensitivity", "schema_version", "key_id", "written_at",
+    "labels", "byte_length", "payload_digest", "payload",
+)  # fmt: skip
+"""A record row's stored fields besides its id and identity (namespace, key digest)."""
+CIPHERTEXT: Final = ("payload", "payload_digest", "byte_length")
+"""The sealed bytes and the two columns that must agree with them."""
+
+
+def record_id(world: World, namespace: str, natural_key: str) -> int:
+    """Return a record's row id, found by its keyed digest as the store addresses it."""
+    digest = world.runtime.repository.key_digest(namespace, natural_key)
+    row = world.cells.raw.execute(
+        "SELECT id FROM records WHERE namespace = ? AND key_digest = ?", (namespace, digest)
+    ).fetchone()
+    assert row is not None, f"no row for {namespace}"
+    return int(row[0])
+
+
+def read_row(world: World, row: int, columns: Sequence[str]) -> tuple[object, ...]:
+    """Return the stored values of ``columns`` in one record row."""
+    listed = ", ".join(columns)
+    found = world.cells.raw.execute(
+        f"SELECT {listed} FROM records WHERE id = ?",  # noqa: S608 - fixed column names
+        (row,),
+    ).fetchone()
+    return tuple(found)
+
+
+def write_row(world: World, row: int, columns: Sequence[str], values: Sequence[object]) -> None:
+    """Overwrite ``columns`` of one record row."""
+    assignments = ", ".join(f"{column} = ?" for column in columns)
+    world.cells.raw.execute(
+        f"UPDATE records SET {assignments} WHERE id = ?",  # noqa: S608 - fixed column names
+        (*values, row),
+    )
+
+
+def swap_rows(world: World, first: int, second: int, columns: Sequence[str]) -> None:
+    """Exchange ``columns`` between two record rows."""
+    a, b = read_row(world, first, columns), read_row(world, second, columns)
+    if "key_digest" in columns:
+        write_row(world, first, ("key_digest",), ("swap in progress",))
+    write_row(world, second, columns, a)
+    write_row(world, first, columns, b)
+
+
+def stored_events(world: World, stream: str) -> list[LedgerEvent]:
+    """Return the stream's events as stored, read through the store (no chain check)."""
+    return list(read_stream(world.runtime.store, stream))
+
+
+def rehashed(event: LedgerEvent, **changes: object) -> LedgerEvent:
+    """``event`` with ``changes``, its hash recomputed in plain SHA-256 (no key needed)."""
+    fields: dict[str, Any] = {
+        name: getattr(event, name)
+        for name in (
+            "stream", "index", "type", "occurred_at", "payload", "previous_hash",
+            "from_state", "to_state", "event_key",
+        )
+    }  # fmt: skip
+    fields.update(changes)
+    return LedgerEvent.create(**fields)
+
+
+def write_event(world: World, event: LedgerEvent) -> None:
+    """Store ``event`` as its row, replacing any row at its stream and index."""
+    values = (
+        event.stream, event.index, event.type, event.from_state, event.to_state,
+        format_instant(event.occurred_at), canonical_json(event.payload),
+        event.previous_hash, event.event_hash, event.event_key,
+    )  # fmt: skip
+    raw = world.cells.raw
+    raw.execute(
+        "DELETE FROM ledger_events WHERE stream = ? AND idx = ?", (event.stream, event.index)
+    )
+    raw.execute(f"INSERT INTO ledger_events VALUES ({', '.join('?' * 10)})", values)  # noqa: S608
+
+
+def set_head(world: World, stream: str, event: LedgerEvent) -> None:
+    """Point the stream's head row at ``event``, as a careful attacker would."""
+    world.cells.raw.execute(
+        "UPDATE ledger_streams SET head_index = ?, head_hash = ? WHERE stream = ?",
+        (event.index, event.event_hash, stream),
+    )
+
+
+def rewrite_chain(world: World, stream: str, position: int, payload: object) -> None:
+    """Change one event's payload and recompute every later hash and the head row."""
+    events = stored_events(world, stream)
+    previous = events[position].previous_hash
+    for event in events[position:]:
+        changes: dict[str, object] = {"previous_hash": previous}
+        if event.index == events[position].index:
+            changes["payload"] = payload
+        forged = rehashed(event, **changes)
+        write_event(world, forged)
+        previous = forged.event_hash
+    set_head(world, stream, forged)
+
+
+@dataclasses.dataclass(frozen=True)
+class Attack:
+    """One structured attack and what the design says should answer it.
+
+    ``expected`` is an integrity code, or ``None`` for an attack the store
+    cannot detect (a known limit); ``receipt`` says whether a ``ledger head``
+    receipt kept from before the attack differs afterwards.
+    """
+
+    name: str
+    apply: Callable[[World], None]
+    expected: str | None
+    receipt: bool = False
+    probe: Callable[[World], None] | None = None
+    """Asserts what the services then do, while the attack is in place."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What one attack did against the verified reads, the receipts and the control."""
+
+    attack: Attack
+    outcome: Outcome
+    receipt_differs: bool
+    control: Outcome
+
+    @property
+    def as_expected(self) -> bool:
+        """Whether the store answered as the design says it does."""
+        if self.attack.expected is not None:
+            return (self.outcome.kind, self.outcome.label) == ("detected", self.attack.expected)
+        silent = self.outcome.label == "silently wrong"
+        return silent and self.receipt_differs == self.attack.receipt
+
+    @property
+    def by_what(self) -> str:
+        """How the attack was (or was not) noticed, for the report table."""
+        if self.outcome.kind == "detected":
+            found = f"{self.outcome.label} from `{self.outcome.where}`: {self.outcome.message}"
+            if self.control.kind == "detected":
+                found += f" (the adapter itself refuses the rows: {self.control.message})"
+            return found
+        kept = "; a `ledger head` receipt kept from before differs" if self.receipt_differs else ""
+        return f"not detected by the store; reads changed silently: {self.outcome.where}{kept}"
+
+    @property
+    def detected(self) -> str:
+        """The report table's second column."""
+        if self.outcome.kind == "detected":
+            return "yes"
+        return "only against a kept receipt" if self.receipt_differs else "no"
+
+
+def _receipts_differ(world: World, kept: Mapping[str, str]) -> bool:
+    for stream, receipt in kept.items():
+        try:
+            now = canonical(head_receipt(world.runtime.store, world.runtime.repository, stream))
+        except FlowvaultError:
+            return True
+        if now != receipt:
+            return True
+    return False
+
+
+def run_attacks(world: World, attacks: Sequence[Attack]) -> list[Verdict]:
+    """Apply each attack to the pristine store, judge it three ways, then undo it."""
+    pristine = world.cells.dump()
+    kept = _kept_receipts(world)
+    raw = raw_readers(world.runtime.store, world.streams)
+    raw_reference = read_all(raw)
+    verdicts = []
+    for attack in attacks:
+        attack.apply(world)
+        try:
+            outcome = classify(world.readers, world.reference, world.pools)
+            control = classify(raw, raw_reference, {})
+            verdicts.append(Verdict(attack, outcome, _receipts_differ(world, kept), control))
+            if attack.probe is not None:
+                attack.probe(world)
+        finally:
+            restore_tables(world.cells.raw, pristine)
+        assert read_all(world.readers) == world.reference, f"{attack.name} was not undone"
+    return verdicts
+
+
+def report(family: str, verdicts: Sequence[Verdict], seconds: float) -> None:
+    """Print the attack table, record the family's figure, and assert every verdict."""
+    rows = [f"| {v.attack.name} | {v.detected} | {v.by_what} |" for v in verdicts]
+    print("\n| attack | detected? | by what |\n|---|---|---|\n" + "\n".join(rows))
+    wrong = [v for v in verdicts if not v.as_expected]
+    blind = [v for v in verdicts if v.control.kind == "harmless"]
+    undetected = sum(1 for v in verdicts if v.attack.expected is None)
+    reliability.record(
+        reliability.Figure(
+            family=family,
+            trials=len(verdicts),
+            anomalies=len(wrong),
+            control_caught=not blind,
+            detail=f"{len(verdicts) - undetected} detected as designed, {undetected} not "
+            f"detectable by a single-node store (known limits), of which "
+            f"{sum(1 for v in verdicts if v.attack.receipt)} show against a kept ledger-head "
+            f"receipt; control: {len(verdicts) - len(blind)} of {len(verdicts)} attacks change "
+            "what unverified reads return",
+            seconds=seconds,
+        )
+    )
+    assert not blind, f"attacks that changed nothing visible: {[v.attack.name for v in blind]}"
+    assert not wrong, "\n".join(f"{v.attack.name}: {v.by_what}" for v in wrong)
+
+
+def _workflow_row(index: int) -> Callable[[World], int]:
+    return lambda w: record_id(w, WORKFLOWS, w.catalog.workflows[index])
+
+
+def _approval_row(index: int) -> Callable[[World], int]:
+    return lambda w: record_id(w, APPROVALS, w.catalog.approvals[index])
+
+
+def _checkpoint_row(index: int) -> Callable[[World], int]:
+    return lambda w: record_id(w, CHECKPOINTS, w.catalog.checkpoints[index])
+
+
+def _state_row(scope: str) -> Callable[[World], int]:
+    return lambda w: record_id(w, STATE_NAMESPACE, scope)
+
+
+def _swap(
+    first: Callable[[World], int], second: Callable[[World], int], columns: Sequence[str]
+) -> Callable[[World], None]:
+    return lambda w: swap_rows(w, first(w), second(w), columns)
+
+
+def _copy(
+    source: Callable[[World], int], target: Callable[[World], int], columns: Sequence[str]
+) -> Callable[[World], None]:
+    return lambda w: write_row(w, target(w), columns, read_row(w, source(w), columns))
+
+
+def test_swapped_ciphertexts(world: World) -> None:
+    """A ciphertext moved to another row never opens there: the header is its associated data.
+
+    Swapped between two rows of one namespace or of two namespaces, with or
+    without the columns that describe it, or with the rows' identities
+    exchanged instead, each read is ``INTEGRITY_FAILURE``.
+    """
+    watch = reliability.Stopwatch()
+    attacks = [
+        Attack(
+            "swap ciphertexts of two workflows",
+            _swap(_workflow_row(0), _workflow_row(1), CIPHERTEXT),
+            "INTEGRITY_FAILURE",
+        ),
+        Attack(
+            "swap ciphertexts of two approvals",
+            _swap(_approval_row(0), _approval_row(1), CIPHERTEXT),
+            "INTEGRITY_FAILURE",
+        ),
+        Attack(
+            "swap ciphertexts of a checkpoint and an approval",
+            _swap(_checkpoint_row(2), _approval_row(1), CIPHERTEXT),
+            "INTEGRITY_FAILURE",
+        ),
+        Attack(
+            "swap ciphertexts of two state scopes",
+            _swap(_state_row("main"), _state_row("side"), CIPHERTEXT),
+            "INTEGRITY_FAILURE",
+        ),
+        Attack(
+            "swap whole rows (header and ciphertext) of two workflows",
+            _swap(_workflow_row(0), _workflow_row(1), RECORD_COLUMNS),
+            "INTEGRITY_FAILURE",
+        ),
+        Attack(
+            "swap the key digests (identities) of two checkpoints",
+            _swap(_checkpoint_row(1), _checkpoint_row(2), ("key_digest",)),
+            "INTEGRITY_FAILURE",
+        ),
+        Attack(
+            "copy one approval's ciphertext over another's",
+            _copy(_approval_row(0), _approval_row(1), CIPHERTEXT),
+            "INTEGRITY_FAILURE",
+        ),
+    ]
+    report("Tamper: swapped ciphertexts (SQLite)", run_attacks(world, attacks), watch.seconds)
+
+
+def _run(world: World) -> str:
+    return run_stream(world.catalog.runs[0])
+
+
+def _edit_payload(world: World) -> None:
+    world.cells.raw.execute(
+        "UPDATE ledger_events SET payload = ? WHERE stream = ? AND idx = 3",
+        ('{"forged":true}', _run(world)),
+    )
+
+
+def _rehash_at(position: int, *, move_head: bool) -> Callable[[World], None]:
+    def apply(world: World) -> None:
+        event = stored_events(world, _run(world))[position]
+        forged = rehashed(event, payload={"forged": True})
+        write_event(world, forged)
+        if move_head:
+            set_head(world, _run(world), forged)
+
+    return apply
+
+
+def _delete(position: int, *, move_head: bool = False) -> Callable[[World], None]:
+    def apply(world: World) -> None:
+        events = stored_events(world, _run(world))
+        world.cells.raw.execute(
+            "DELETE FROM ledger_events WHERE stream = ? AND idx = ?",
+            (_run(world), events[position].index),
+        )
+        if move_head:
+            set_head(world, _run(world), events[position - 1])
+
+    return apply
+
+
+def _forged_trim(
+    stream_of_world: Callable[[World], str], keep_from: int
+) -> Callable[[World], None]:
+    def apply(world: World) -> None:
+        stream = stream_of_world(world)
+        world.cells.raw.execute(
+            "DELETE FROM ledger_events WHERE stream = ? AND idx < ?", (stream, keep_from)
+        )
+        world.cells.raw.execute(
+            "UPDATE ledger_streams SET first_index = ? WHERE stream = ?", (keep_from, stream)
+        )
+
+    return apply
+
+
+def _append(*, move_head: bool) -> Callable[[World], None]:
+    def apply(world: World) -> None:
+        head = stored_events(world, _run(world))[-1]
+        forged = LedgerEvent.create(
+            stream=head.stream,
+            index=head.index + 1,
+            type="node.done",
+            occurred_at=head.occurred_at,
+            payload={"node": "forged"},
+            previous_hash=head.event_hash,
+        )
+        write_event(world, forged)
+        if move_head:
+            set_head(world, head.stream, forged)
+
+    return apply
+
+
+def _reorder(world: World) -> None:
+    raw, stream = world.cells.raw, _run(world)
+    raw.execute("UPDATE ledger_events SET idx = 1000000 WHERE stream = ? AND idx = 2", (stream,))
+    raw.execute("UPDATE ledger_events SET idx = 2 WHERE stream = ? AND idx = 3", (stream,))
+    raw.execute("UPDATE ledger_events SET idx = 3 WHERE stream = ? AND idx = 1000000", (stream,))
+
+
+def _move_to_other_stream(world: World) -> None:
+    world.cells.raw.execute(
+        "UPDATE ledger_events SET stream = ? WHERE stream = ? AND idx = 2",
+        (run_stream(world.catalog.runs[1]) + "-x", _run(world)),
+    )
+
+
+def test_ledger_row_edits(world: World) -> None:
+    """Edited, deleted, inserted and reordered ledger rows: which the store sees, and which not.
+
+    The hash chain shows any change inside it; the stream's head row (first
+    and head index, head hash) shows a cut-off or extended head or a missing
+    front, on SQLite, as long as it was not edited too. An attacker who also
+    rewrites the head row (or forges a retention trim) is not detected by the
+    store: that is a known limit of a single-node store without an external
+    anchor, and a ``ledger head`` receipt kept from before shows it.
+    """
+    watch = reliability.Stopwatch()
+    attacks = [
+        Attack("edit one event's payload, hash left", _edit_payload, "INTEGRITY_FAILURE"),
+        Attack(
+            "edit a middle event and recompute its hash",
+            _rehash_at(3, move_head=False),
+            "INTEGRITY_FAILURE",
+        ),
+        Attack(
+            "edit the newest event and recompute its hash",
+            _rehash_at(-1, move_head=False),
+            "INTEGRITY_FAILURE",
+        ),
+        Attack(
+            "edit the newest event, recompute its hash and the head row",
+            _rehash_at(-1, move_head=True),
+            None,
+            receipt=True,
+        ),
+        Attack("delete a middle event", _delete(3), "INTEGRITY_FAILURE"),
+        Attack("delete the newest event", _delete(-1), "INTEGRITY_FAILURE"),
+        Attack(
+            "delete the newest event and move the head row back",
+            _delete(-1, move_head=True),
+            None,
+            receipt=True,
+        ),
+        Attack("delete the first event", _delete(0), "INTEGRITY_FAILURE"),
+        Attack(
+            "delete a run's first events and forge a retention trim",
+            _forged_trim(_run, 2),
+            None,
+            receipt=True,
+        ),
+        Attack(
+            "delete a workflow's first events and forge a retention trim",
+            _forged_trim(lambda w: stream_of(w.catalog.workflows[0]), 2),
+            "INTEGRITY_FAILURE",
+        ),
+        Attack("append a forged event", _append(move_head=False), "INTEGRITY_FAILURE"),
+        Attack(
+            "append a forged event and advance the head row",
+            _append(move_head=True),
+            None,
+            receipt=True,
+        ),
+        Attack("swap the indexes of two events", _reorder, "INTEGRITY_FAILURE"),
+        Attack("move a middle event to another stream", _move_to_other_stream, "INTEGRITY_FAILURE"),
+    ]
+    report("Tamper: ledger row edits (SQLite)", run_attacks(world, attacks), watch.seconds)
+
+
+def rebased(world: World) -> World:
+    """Retake the reference of the same store after the services wrote more."""
+    streams = list_all_streams(world.runtime.store)
+    chosen = readers(world.runtime, world.catalog, streams)
+    reference = read_all(chosen)
+    return dataclasses.replace(
+        world,
+        streams=streams,
+        readers=chosen,
+        reference=reference,
+        pools=universes(chosen, reference),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class OldRow:
+    """A record row as it was, with its label index rows, for replaying."""
+
+    values: tuple[object, ...]
+    labels: list[tuple[object, ...]]
+
+
+@dataclasses.dataclass(frozen=True)
+class OldRows:
+    """Rows as they were before the services moved on."""
+
+    state: OldRow
+    history: list[LedgerEvent]
+    workflow: OldRow
+    checkpoint: OldRow
+    approval: OldRow
+    run: OldRow
+
+
+def _old(world: World, row: int) -> OldRow:
+    labels = world.cells.raw.execute(
+        "SELECT * FROM record_labels WHERE record_id = ?", (row,)
+    ).fetchall()
+    return OldRow(read_row(world, row, RECORD_COLUMNS), labels)
+
+
+def _advance(world: World) -> OldRows:
+    """Capture rows, then move each on through its service (new revisions, new events)."""
+    old = OldRows(
+        state=_old(world, _state_row("main")(world)),
+        history=stored_events(world, "scope/main"),
+        workflow=_old(world, _workflow_row(1)(world)),
+        checkpoint=_old(world, _checkpoint_row(2)(world)),
+        approval=_old(world, _approval_row(1)(world)),
+        run=_old(world, record_id(world, GRAPH_RUNS, world.catalog.runs[1])),
+    )
+    runtime, catalog = world.runtime, world.catalog
+    world.clock.advance()
+    runtime.state("main").update_with_events(
+        lambda _: (WorkflowState(step=3, note="step 3"), [HistoryEvent("state.step", {"step": 3})])
+    )
+    runtime.workflows.transition(
+        catalog.workflows[1], "planning", expected_state="intake", expected_version=1
+    )
+    runtime.approvals.decide(catalog.approvals[1], "approve", "frank@example.org")
+    runtime.graph_runs.set_status(catalog.runs[1], "awaiting_approval", expected_status="running")
+    return old
+
+
+def _replay(
+    row: Callable[[World], int], old: OldRow, *, with_index: bool = True
+) -> Callable[[World], None]:
+    """Write the old row back; with its label index rows too, as a careful attacker would."""
+
+    def apply(world: World) -> None:
+        found = row(world)
+        write_row(world, found, RECORD_COLUMNS, old.values)
+        if with_index:
+            world.cells.raw.execute("DELETE FROM record_labels WHERE record_id = ?", (found,))
+            world.cells.raw.executemany(
+                "INSERT INTO record_labels VALUES (?, ?, ?, ?, ?)", old.labels
+            )
+
+    return apply
+
+
+def _both(
+    first: Callable[[World], None], second: Callable[[World], None]
+) -> Callable[[World], None]:
+    def apply(world: World) -> None:
+        first(world)
+        second(world)
+
+    return apply
+
+
+def _delete_record(row: Callable[[World], int]) -> Callable[[World], None]:
+    def apply(world: World) -> None:
+        found = row(world)
+        world.cells.raw.execute("DELETE FROM record_labels WHERE record_id = ?", (found,))
+        world.cells.raw.execute("DELETE FROM records WHERE id = ?", (found,))
+
+    return apply
+
+
+def _roll_back_scope(old: OldRows) -> Callable[[World], None]:
+    def apply(world: World) -> None:
+        _replay(_state_row("main"), old.state)(world)
+        world.cells.raw.execute(
+            "DELETE FROM ledger_events WHERE stream = 'scope/main' AND idx > ?",
+            (old.history[-1].index,),
+        )
+        set_head(world, "scope/main", old.history[-1])
+
+    return apply
+
+
+def _consumed_again(world: World) -> None:
+    again = world.runtime.checkpoints.consume_checkpoint(world.catalog.checkpoints[2])
+    assert again.status is CheckpointStatus.CONSUMED
+
+
+def _decided_again(world: World) -> None:
+    approval, _ = world.runtime.approvals.decide(world.catalog.approvals[1], "reject", "mallory")
+    assert approval.decision == "reject"
+
+
+def _refused_decision(world: World) -> None:
+    with pytest.raises(FlowvaultError) as refused:
+        world.runtime.approvals.decide(world.catalog.approvals[1], "reject", "mallory")
+    assert refused.value.code == "CHECKPOINT_CONSUMED"
+
+
+def test_replayed_rows(world: World) -> None:
+    """An older row replayed whole (ciphertext with its own revision) reads back as valid.
+
+    This is the rollback a single-node store cannot see: the older row is
+    authentic, so it opens, and nothing on the node remembers that a newer
+    revision existed. Replayed checkpoints and approvals even accept a second
+    consumption or decision; a deleted row (rolled back to absent) reads as
+    never written. Only the ciphertext of an older revision under the newer
+    header fails. Known limit, until rows are anchored outside the
+    store (anti-rollback anchors and MAC'd heads are a later issue); a kept
+    ``ledger head`` receipt shows a rollback only when the ledger was rolled
+    back with the row.
+    """
+    watch = reliability.Stopwatch()
+    old = _advance(world)
+    world = rebased(world)
+    attacks = [
+        Attack(
+            "replay an older state row (ciphertext and revision together)",
+            _replay(_state_row("main"), old.state),
+            None,
+        ),
+        Attack(
+            "replay an older state row and roll its history ledger and head row back",
+            _roll_back_scope(old),
+            None,
+            receipt=True,
+        ),
+        Attack(
+            "replay an older workflow record (an earlier state and version)",
+            _replay(_workflow_row(1), old.workflow),
+            None,
+        ),
+        Attack(
+            "replay an older workflow record but leave its label index rows newer",
+            _replay(_workflow_row(1), old.workflow, with_index=False),
+            "INTEGRITY_FAILURE",
+        ),
+        Attack(
+            "replay a graph run at an earlier status",
+            _replay(lambda w: record_id(w, GRAPH_RUNS, w.catalog.runs[1]), old.run),
+            None,
+        ),
+        Attack(
+            "replay a consumed checkpoint as pending (it is consumed again)",
+            _replay(_checkpoint_row(2), old.checkpoint),
+            None,
+            probe=_consumed_again,
+        ),
+        Attack(
+            "replay a decided approval as pending (its checkpoint stays consumed)",
+            _replay(_approval_row(1), old.approval),
+            None,
+            probe=_refused_decision,
+        ),
+        Attack(
+            "replay a decided approval and its checkpoint (decided a second time)",
+            _both(
+                _replay(_approval_row(1), old.approval),
+                _replay(_checkpoint_row(2), old.checkpoint),
+            ),
+            None,
+            probe=_decided_again,
+        ),
+        Attack(
+            "delete a state row (the scope reads back empty, as if new)",
+            _delete_record(_state_row("side")),
+            None,
+        ),
+        Attack(
+            "delete a remembered idempotency record (recall answers nothing)",
+            _delete_record(lambda w: record_id(w, REQUEST_IDEMPOTENCY, REQUESTS[0][0])),
+            None,
+        ),
+        Attack(
+            "replay only the older ciphertext under the newer revision",
+            lambda w: write_row(
+                w,
+                _state_row("main")(w),
+                CIPHERTEXT,
+                tuple(old.state.values[RECORD_COLUMNS.index(column)] for column in CIPHERTEXT),
+            ),
+            "INTEGRITY_FAILURE",
+        ),
+    ]
+    report("Tamper: replayed rows, rollback (SQLite)", run_attacks(world, attacks), watch.seconds)
+
+
+def test_recomputed_ledger_chain(world: World, tmp_path: Path) -> None:
+    """A ledger rewritten with recomputed plain hashes and head row passes every check.
+
+    The chain is plain SHA-256, so anyone who can write the file can rebuild
+    it: ``ledger verify`` (in process and the CLI) and the workflow service's
+    own verification accept it. A known limit of a single-node store without
+    an external anchor; what shows it is a ``ledger head`` receipt kept from
+    before, whose keyed digest the rewritten head no longer matches.
+    """
+    watch = reliability.Stopwatch()
+    key = encode_master_key(KEY)
+    run = run_stream(world.catalog.runs[0])
+    kept = json_document(
+        run_cli(
+            tmp_path,
+            "ledger",
+            "head",
+            "--stream",
+            run,
+            "--json",
+            home=world.home,
+            FLOWVAULT_KEY=key,
+        )
+    )
+
+    def cli_still_trusts(w: World) -> None:
+        verified = run_cli(
+            tmp_path, "ledger", "verify", "--all", "--json", home=w.home, FLOWVAULT_KEY=key
+        )
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+        assert json_document(verified)["ok"] is True
+        head = json_document(
+            run_cli(
+                tmp_path,
+                "ledger",
+                "head",
+                "--stream",
+                run,
+                "--json",
+                home=w.home,
+                FLOWVAULT_KEY=key,
+            )
+        )
+        assert head["digest"] != kept["digest"]
+        assert head["head_index"] == kept["head_index"]
+
+    def insert_forged(w: World) -> None:
+        events = stored_events(w, run)
+        w.cells.raw.execute("DELETE FROM ledger_events WHERE stream = ? AND idx >= 3", (run,))
+        previous = events[2].event_hash
+        forged = LedgerEvent.create(
+            stream=run,
+            index=3,
+            type="node.done",
+            occurred_at=events[2].occurred_at,
+            payload={"node": "inserted"},
+            previous_hash=previous,
+        )
+        write_event(w, forged)
+        previous = forged.event_hash
+        for event in events[3:]:
+            moved = rehashed(event, index=event.index + 1, previous_hash=previous)
+            write_event(w, moved)
+            previous = moved.event_hash
+        set_head(w, run, moved)
+
+    attacks = [
+        Attack(
+            "rewrite a run's chain from one event on, hashes and head row recomputed",
+            lambda w: rewrite_chain(w, run, 1, {"definition_version": "forged"}),
+            None,
+            receipt=True,
+            probe=cli_still_trusts,
+        ),
+        Attack(
+            "rewrite a workflow's chain, hashes and head row recomputed",
+            lambda w: rewrite_chain(w, stream_of(w.catalog.workflows[0]), 1, {"forged": True}),
+            None,
+            receipt=True,
+        ),
+        Attack(
+            "rewrite a scope history chain, hashes and head row recomputed",
+            lambda w: rewrite_chain(w, "scope/main", 0, {"step": 99}),
+            None,
+            receipt=True,
+        ),
+        Attack(
+            "insert a forged event mid-chain, renumber and rehash the rest and the head row",
+            insert_forged,
+            None,
+            receipt=True,
+        ),
+    ]
+    report("Tamper: recomputed ledger chain (SQLite)", run_attacks(world, attacks), watch.seconds)
+
+
+# -- regressions the matrix found ------------------------------------------------------------
+
+
+def test_undecodable_text_is_an_integrity_failure(world: World) -> None:
+    """A stored text value that is no longer UTF-8 reads as ``INTEGRITY_FAILURE``.
+
+    The driver reports such a value as a code-less ``OperationalError`` that
+    quotes the damaged text; it used to surface as ``STORE_UNAVAILABLE``,
+    which sends an operator looking for an outage instead of a restore.
+    """
+    raw = world.cells.raw
+    stream = stream_of(world.catalog.workflows[0])
+    raw.execute(
+        "UPDATE ledger_events SET type = CAST(? AS TEXT) WHERE stream = ? AND idx = 1",
+        (b"workflow.transitioned\xff", stream),
+    )
+    with pytest.raises(IntegrityFailure) as caught:
+        world.runtime.workflows.events(world.catalog.workflows[0])
+    assert caught.value.code == "INTEGRITY_FAILURE"
+    assert "workflow.transitioned" not in str(caught.value)
+    row = record_id(world, STATE_NAMESPACE, "side")
+    raw.execute("UPDATE records SET key_id = CAST(? AS TEXT) WHERE id = ?", (b"k\xc3(", row))
+    with pytest.raises(IntegrityFailure):
+        world.runtime.state("side").load()
+
+
+@pytest.mark.postgres
+def test_listed_stream_without_events_fails_the_audit(
+    tmp_path: Path, postgres_server: Any, pg_schema: str
+) -> None:
+    """A stream the catalog lists but that holds no events fails ``ledger verify --all``.
+
+    Retention never removes a head event, so such a listing means the catalog
+    row was altered (here, renamed); the audit used to stop with ``NOT_FOUND``.
+    The adapter now refuses the page itself (it disagrees with the stream
+    row), which the audit reports as an edited stream.
+    """
+    settings = Settings(
+        backend="postgres",
+        home=tmp_path / "unused",
+        postgres_dsn=SecretStr(postgres_server.dsn),
+        postgres_schema=pg_schema,
+        postgres_pool_size=1,
+    )
+    with bootstrap(settings, key=KEY, clock=FrozenClock(), ids=SequentialIds("id")) as runtime:
+        record, _ = runtime.workflows.create(_order(1))
+        with postgres_server.admin() as admin:
+            admin.execute(f"SET search_path TO {pg_schema}")
+            admin.execute(
+                "UPDATE ledger_streams SET stream = 'workflow/renamed' WHERE stream = %s",
+                (stream_of(record.workflow_id),),
+            )
+        report = LedgerAudit(runtime.store, None).run()
+    assert not report.ok
+    assert [(f.stream, f.defect.value) for f in report.failures] == [("workflow/renamed", "edited")]
+
+
+def test_altered_label_index_cannot_steer_a_purge(world: World) -> None:
+    """An index row edited to look expired makes the purge fail closed, deleting nothing.
+
+    Retention selects through the label index; it used to delete an action
+    result whose own (sealed) expiry was a day away, leaving a tombstone as
+    if it had expired. Listings now check each row's labels against the filters.
+    """
+    raw = world.cells.raw
+    workflow, action = world.catalog.action_results[0]
+    row = record_id(world, ACTION_RESULTS, "\x1f".join((workflow, action)))
+    raw.execute(
+        "UPDATE record_labels SET int_value = 1 WHERE record_id = ? AND name = 'expires_at'",
+        (row,),
+    )
+    before = world.runtime.store.namespace_counts()
+    with pytest.raises(IntegrityFailure) as caught:
+        world.runtime.workflows.purge_expired()
+    assert caught.value.code == "INTEGRITY_FAILURE"
+    assert world.runtime.store.namespace_counts() == before
+    assert world.runtime.workflows.get_action_result(workflow, action) is not None
