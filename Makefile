@@ -34,11 +34,13 @@ test: lint typecheck layers pytest
 
 # The long reliability runs (thousands of kills, power cuts and tamper trials);
 # prints the figures table. `make test` runs the same families at CI size.
+# RELIABILITY_TESTS picks families (e.g. tests/reliability/test_tamper_matrix.py);
+# figures are appended to RELIABILITY_REPORT, so a long run can be done in parts.
 RELIABILITY_REPORT ?= reliability-figures.jsonl
+RELIABILITY_TESTS ?= tests/reliability
 reliability: install-dev
-	rm -f $(RELIABILITY_REPORT)
 	RELIABILITY_PROFILE=long RELIABILITY_REPORT=$(abspath $(RELIABILITY_REPORT)) \
-		$(BIN)/pytest -p no:cacheprovider -m reliability tests/reliability
+		$(BIN)/pytest -p no:cacheprovider -m reliability $(RELIABILITY_TESTS)
 	$(BIN)/python tests/reliability/report.py $(RELIABILITY_REPORT)
 
 # The main job: install flowvault and run an approval workflow end to end in a

@@ -22,6 +22,9 @@ def main(argv: list[str]) -> int:
         print("usage: report.py FIGURES.jsonl (the file must exist)", file=sys.stderr)
         return 2
     rows = [json.loads(line) for line in Path(argv[0]).read_text().splitlines() if line]
+    if not rows:
+        print(f"{argv[0]} holds no figures: no harness ran", file=sys.stderr)
+        return 1
     print("| family | trials | anomalies | negative control caught | seconds | detail |")
     print("|---|---:|---:|---|---:|---|")
     bad = False
