@@ -122,7 +122,7 @@ class EvidenceService:
         integrity digest do not verify.
         """
         key = require_integrity(self._integrity)
-        if not isinstance(content_digest, str) or not DIGEST_PATTERN.match(content_digest):
+        if not isinstance(content_digest, str) or not DIGEST_PATTERN.fullmatch(content_digest):
             raise InvalidInput("content_digest must be a sha256:<64 hex> digest")
         found = self._find(key, content_digest)
         if found is None:

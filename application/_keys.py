@@ -57,7 +57,7 @@ def parse_master_key(text: str | bytes, source: str) -> bytes:
     else:
         raise InvalidInput(f"{source} must be text")
     raw = raw.strip()
-    if not _KEY_TEXT.match(raw):
+    if not _KEY_TEXT.fullmatch(raw):
         raise InvalidInput(f"{source} must be URL-safe base64 of {MASTER_KEY_BYTES} bytes")
     key = base64.urlsafe_b64decode(raw.rstrip("=") + "=")
     if encode_master_key(key) != raw.rstrip("=") + "=":

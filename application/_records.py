@@ -61,7 +61,7 @@ def _check_labels(labels: Mapping[str, LabelValue]) -> Mapping[str, LabelValue]:
     if len(labels) > MAX_LABELS:
         raise InvalidInput(f"at most {MAX_LABELS} labels per record")
     for name, value in labels.items():
-        if not isinstance(name, str) or not _LABEL_NAME.match(name):
+        if not isinstance(name, str) or not _LABEL_NAME.fullmatch(name):
             raise InvalidInput("label names are 1..32 of [a-z0-9_], starting with a letter")
         if isinstance(value, bool) or not isinstance(value, str | int):
             raise InvalidInput(f"label {name!r} must be a string or an integer")

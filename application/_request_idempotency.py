@@ -142,7 +142,7 @@ class IdempotencyService:
                 "idempotency record has an unexpected shape", key_digest=opened.metadata.key_digest
             )
         stored = document.get("request_digest")
-        if not isinstance(stored, str) or not DIGEST_PATTERN.match(stored):
+        if not isinstance(stored, str) or not DIGEST_PATTERN.fullmatch(stored):
             raise IdempotencyConflict("remembered response is bound to no request; not replayed")
         if stored != digest:
             raise IdempotencyConflict("idempotency key was already used for a different request")

@@ -844,13 +844,13 @@ def _caller_drafts(events: Sequence[tuple[str, object]], status: str) -> list[_D
 
 
 def _check_definition_id(definition_id: object) -> str:
-    if not isinstance(definition_id, str) or not DEFINITION_ID_PATTERN.match(definition_id):
+    if not isinstance(definition_id, str) or not DEFINITION_ID_PATTERN.fullmatch(definition_id):
         raise InvalidInput("a definition id is 1-64 of [a-z0-9_.-], starting with a letter")
     return definition_id
 
 
 def _check_version(version: object) -> str:
-    if not isinstance(version, str) or not DIGEST_PATTERN.match(version):
+    if not isinstance(version, str) or not DIGEST_PATTERN.fullmatch(version):
         raise InvalidInput("a definition version is a sha256:<64 hex> content hash")
     return version
 

@@ -43,7 +43,7 @@ M = TypeVar("M", bound=BaseModel)
 
 def check_scope(scope: str) -> str:
     """Return ``scope`` if it is a valid scope name, else raise ``InvalidInput``."""
-    if not isinstance(scope, str) or not SCOPE_PATTERN.match(scope):
+    if not isinstance(scope, str) or not SCOPE_PATTERN.fullmatch(scope):
         raise InvalidInput("a scope is 1-64 of [A-Za-z0-9._-], starting alphanumeric")
     return scope
 
@@ -65,7 +65,7 @@ def cold_fingerprint(scope: str, reason_class: str | None = None) -> ResetFinger
 def _reason(reason_class: str | None, derived: Readability) -> str:
     if reason_class is None:
         return derived.value
-    if not isinstance(reason_class, str) or not REASON_PATTERN.match(reason_class):
+    if not isinstance(reason_class, str) or not REASON_PATTERN.fullmatch(reason_class):
         raise InvalidInput("a reason class is a short lowercase token such as 'corrupt'")
     return reason_class
 

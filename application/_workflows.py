@@ -702,7 +702,7 @@ def _check_action_hash(action_hash: object) -> None:
 def _check_digest(value: object, name: str, *, optional: bool = False) -> None:
     if optional and value is None:
         return
-    if not isinstance(value, str) or not DIGEST_PATTERN.match(value):
+    if not isinstance(value, str) or not DIGEST_PATTERN.fullmatch(value):
         raise InvalidInput(f"{name} must be a sha256:<64 hex> digest")
 
 

@@ -58,7 +58,7 @@ def checkpoint_id_for(run_id: str, next_cursor: JsonValue) -> str:
 
 
 def _check_checkpoint_id(value: str) -> str:
-    if not CHECKPOINT_ID_PATTERN.match(value):
+    if not CHECKPOINT_ID_PATTERN.fullmatch(value):
         raise ValueError("must be cp_ and 32 lowercase hex digits")
     return value
 

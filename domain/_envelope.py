@@ -36,7 +36,7 @@ class Sensitivity(StrEnum):
 
 
 def _check_digest(value: str) -> str:
-    if not DIGEST_PATTERN.match(value):
+    if not DIGEST_PATTERN.fullmatch(value):
         raise ValueError("must be sha256:<64 lowercase hex>")
     return value
 
@@ -54,7 +54,7 @@ def _check_namespace(value: str) -> str:
 
 
 def _check_key_id(value: str) -> str:
-    if not _KEY_ID.match(value):
+    if not _KEY_ID.fullmatch(value):
         raise ValueError("must be 1..64 of [A-Za-z0-9_.-], starting alphanumeric")
     return value
 

@@ -56,13 +56,13 @@ to resume from.
 
 
 def _check_definition_id(value: str) -> str:
-    if not DEFINITION_ID_PATTERN.match(value):
+    if not DEFINITION_ID_PATTERN.fullmatch(value):
         raise ValueError("must match [a-z][a-z0-9_.-]{0,63}")
     return value
 
 
 def _check_run_id(value: str) -> str:
-    if not RUN_ID_PATTERN.match(value) or ".." in value:
+    if not RUN_ID_PATTERN.fullmatch(value) or ".." in value:
         raise ValueError("must be 3-128 of [A-Za-z0-9._-], start alphanumeric, no '..'")
     return value
 

@@ -255,7 +255,7 @@ def _check_start(start_index: int, previous_hash: str) -> None:
     """Refuse a starting point no genuine chain could have."""
     if type(start_index) is not int or not 0 <= start_index <= MAX_SAFE_INTEGER:
         raise InvalidInput(f"start_index must be an integer within 0..{MAX_SAFE_INTEGER}")
-    if not isinstance(previous_hash, str) or not DIGEST_PATTERN.match(previous_hash):
+    if not isinstance(previous_hash, str) or not DIGEST_PATTERN.fullmatch(previous_hash):
         raise InvalidInput("previous_hash must be sha256:<64 lowercase hex>")
     if (start_index == 0) != (previous_hash == GENESIS_HASH):
         raise InvalidInput("previous_hash must be GENESIS_HASH exactly when start_index is 0")

@@ -22,7 +22,7 @@ TERMINAL_RUN_STATUSES = frozenset({"completed", "failed", "cancelled", "stopped"
 
 
 def _check_run_id(value: str) -> str:
-    if not RUN_ID_PATTERN.match(value) or ".." in value:
+    if not RUN_ID_PATTERN.fullmatch(value) or ".." in value:
         raise ValueError("must be 3-128 of [A-Za-z0-9._-], start alphanumeric, no '..'")
     return value
 

@@ -25,7 +25,7 @@ DECISION_TYPES = frozenset({DECISION_APPROVED, DECISION_REJECTED})
 
 
 def _check_kind(value: str) -> str:
-    if not _KIND.match(value):
+    if not _KIND.fullmatch(value):
         raise ValueError("must be a short lowercase name such as 'invoice.review'")
     return value
 

@@ -89,7 +89,7 @@ def _split(sealed: bytes) -> tuple[str, bytes, bytes, bytes]:
         key_id = sealed[2:id_end].decode("ascii")
     except UnicodeDecodeError:
         raise IntegrityFailure("sealed value has a malformed key id") from None
-    if not _KEY_ID.match(key_id):
+    if not _KEY_ID.fullmatch(key_id):
         raise IntegrityFailure("sealed value has a malformed key id")
     nonce_end = id_end + _NONCE_BYTES
     return key_id, sealed[:id_end], sealed[id_end:nonce_end], sealed[nonce_end:]

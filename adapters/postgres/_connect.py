@@ -41,7 +41,7 @@ _CONFIGURE: Final = (
 
 def check_schema_name(schema: object) -> str:
     """Return ``schema`` if it is a name the adapter will create and quote safely."""
-    if not isinstance(schema, str) or not SCHEMA_NAME.match(schema) or schema.startswith("pg_"):
+    if not isinstance(schema, str) or not SCHEMA_NAME.fullmatch(schema) or schema.startswith("pg_"):
         raise InvalidInput(
             "the schema name must be 1..63 of [a-z0-9_], start with a letter or "
             "underscore, and not start with pg_"
