@@ -150,3 +150,14 @@ def check_stream_page(
         raise IntegrityFailure(
             "ledger events disagree with their stream row", table="ledger_streams"
         )
+
+
+def require_text(value: object, what: str) -> str:
+    """Refuse a name that is not text with ``InvalidInput``, before a driver sees it.
+
+    A driver refuses to bind a list or a number as text with an error that
+    reads like a broken connection; the caller's mistake deserves its own code.
+    """
+    if not isinstance(value, str):
+        raise InvalidInput(f"{what} must be text")
+    return value

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from flowvault.adapters._rows import require_text
 from flowvault.application import (
     Delete,
     LabelFilter,
@@ -41,13 +42,6 @@ class _Stream:
         return self.events[-1] if self.events else None
 
 
-def _text(value: object, what: str) -> str:
-    """Refuse a name that is not text, as the SQL adapters' typed columns do."""
-    if not isinstance(value, str):
-        raise InvalidInput(f"{what} must be text")
-    return value
-
-
 def _sort_key(order: Order) -> Callable[[RecordMetadata], tuple[str, str]]:
     if order is Order.KEY:
         return lambda meta: ("", meta.key_digest)
@@ -79,7 +73,7 @@ class InMemorySecureObjectStore:
 
     def load(self, namespace: str, key_digest: str) -> StoredRecord | None:
         """Return the stored record or ``None``."""
-        key = (_text(namespace, "namespace"), _text(key_digest, "key_digest"))
+        key = (require_text(namespace, "namespace"), require_text(key_digest, "key_digest"))
         with self._lock:
             self._check_open()
             return self._records.get(key)
@@ -99,7 +93,7 @@ class InMemorySecureObjectStore:
         limit: int = 100,
     ) -> RecordPage:
         """Return one page of matching metadata in ``order``."""
-        _text(namespace, "namespace")
+        require_text(namespace, "namespace")
         limit = effective_limit(limit)
         position = None if cursor is None else ListCursor.decode(cursor, order)
         with self._lock:
@@ -232,7 +226,7 @@ class InMemorySecureObjectStore:
 
     def ledger_head(self, stream: str) -> LedgerEvent | None:
         """Return the last event of ``stream`` or ``None``."""
-        _text(stream, "stream")
+        require_text(stream, "stream")
         with self._lock:
             self._check_open()
             found = self._streams.get(stream)
@@ -241,7 +235,7 @@ class InMemorySecureObjectStore:
     def read_ledger(self, stream: str, *, from_index: int = 0, limit: int = 100) -> LedgerPage:
         """Return retained events from ``from_index`` on, flagging trimmed ones."""
         limit = effective_limit(limit)
-        _text(stream, "stream")
+        require_text(stream, "stream")
         if isinstance(from_index, bool) or not isinstance(from_index, int) or from_index < 0:
             raise InvalidInput("from_index must not be negative")
         with self._lock:
@@ -258,7 +252,7 @@ class InMemorySecureObjectStore:
         """Return up to ``limit`` stream names after ``after``, in code-point order."""
         limit = effective_limit(limit)
         if after is not None:
-            _text(after, "after")
+            require_text(after, "after")
         with self._lock:
             self._check_open()
             names = [name for name, found in self._streams.items() if found.events]

@@ -13,7 +13,12 @@ from typing import Any, Final, TypeVar
 import psycopg
 
 from flowvault.adapters._listing import filter_shapes, list_params, page_of
-from flowvault.adapters._rows import check_stream_page, event_from_row, stream_state
+from flowvault.adapters._rows import (
+    check_stream_page,
+    event_from_row,
+    require_text,
+    stream_state,
+)
 from flowvault.adapters.postgres import _queries as sql
 from flowvault.adapters.postgres._commit import INDEX_CEILING, PreparedUnit
 from flowvault.adapters.postgres._connect import (
@@ -194,11 +199,15 @@ class PostgresSecureObjectStore:
 
     def load(self, namespace: str, key_digest: str) -> StoredRecord | None:
         """Return the stored record or ``None``."""
+        require_text(namespace, "namespace")
+        require_text(key_digest, "key_digest")
         rows = self._fetch(sql.LOAD_RECORD, (namespace, key_digest))
         return record_from_row(rows[0]) if rows else None
 
     def peek_metadata(self, namespace: str, key_digest: str) -> RecordMetadata | None:
         """Return the record's metadata or ``None``; the payload column is never read."""
+        require_text(namespace, "namespace")
+        require_text(key_digest, "key_digest")
         rows = self._fetch(sql.PEEK_METADATA, (namespace, key_digest))
         return metadata_from_row(rows[0]) if rows else None
 
@@ -212,6 +221,7 @@ class PostgresSecureObjectStore:
         limit: int = 100,
     ) -> RecordPage:
         """Return one page of matching metadata in ``order``, resuming after ``cursor``."""
+        require_text(namespace, "namespace")
         limit = effective_limit(limit)
         position = None if cursor is None else ListCursor.decode(cursor, order)
         query = sql.list_query(order, position is not None, filter_shapes(filters))
@@ -236,6 +246,7 @@ class PostgresSecureObjectStore:
 
     def ledger_head(self, stream: str) -> LedgerEvent | None:
         """Return the last event of ``stream`` or ``None``."""
+        require_text(stream, "stream")
         rows = self._fetch(sql.LEDGER_HEAD, (stream,))
         return event_from_row(rows[0]) if rows else None
 
@@ -247,6 +258,7 @@ class PostgresSecureObjectStore:
         when it is the last page, end at its head; anything else is
         ``IntegrityFailure`` (a cut-off, extended or edited stream).
         """
+        require_text(stream, "stream")
         limit = effective_limit(limit)
         if isinstance(from_index, bool) or not isinstance(from_index, int) or from_index < 0:
             raise InvalidInput("from_index must not be negative")
@@ -262,6 +274,8 @@ class PostgresSecureObjectStore:
 
     def list_streams(self, *, after: str | None = None, limit: int = 200) -> builtins.list[str]:
         """Return up to ``limit`` stream names after ``after``, in code-point order."""
+        if after is not None:
+            require_text(after, "after")
         limit = effective_limit(limit)
         return [str(row[0]) for row in self._fetch(sql.LIST_STREAMS, (after or "", limit))]
 

@@ -14,7 +14,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from flowvault.adapters._listing import filter_shapes, list_params, page_of
-from flowvault.adapters._rows import check_stream_page, event_from_row, stream_state
+from flowvault.adapters._rows import (
+    check_stream_page,
+    event_from_row,
+    require_text,
+    stream_state,
+)
 from flowvault.adapters.sqlite import _queries as sql
 from flowvault.adapters.sqlite._commit import (
     INDEX_CEILING,
@@ -285,12 +290,16 @@ class SQLiteSecureObjectStore:
 
     def load(self, namespace: str, key_digest: str) -> StoredRecord | None:
         """Return the stored record or ``None``."""
+        require_text(namespace, "namespace")
+        require_text(key_digest, "key_digest")
         with self._reading() as connection:
             rows = connection.execute(sql.LOAD_RECORD, (namespace, key_digest)).fetchall()
         return record_from_row(rows[0]) if rows else None
 
     def peek_metadata(self, namespace: str, key_digest: str) -> RecordMetadata | None:
         """Return the record's metadata or ``None``; the payload column is never read."""
+        require_text(namespace, "namespace")
+        require_text(key_digest, "key_digest")
         with self._reading() as connection:
             rows = connection.execute(sql.PEEK_METADATA, (namespace, key_digest)).fetchall()
         return metadata_from_row(rows[0]) if rows else None
@@ -305,6 +314,7 @@ class SQLiteSecureObjectStore:
         limit: int = 100,
     ) -> RecordPage:
         """Return one page of matching metadata in ``order``, resuming after ``cursor``."""
+        require_text(namespace, "namespace")
         limit = effective_limit(limit)
         position = None if cursor is None else ListCursor.decode(cursor, order)
         query = sql.list_query(order, position is not None, filter_shapes(filters))
@@ -330,6 +340,7 @@ class SQLiteSecureObjectStore:
 
     def ledger_head(self, stream: str) -> LedgerEvent | None:
         """Return the last event of ``stream`` or ``None``."""
+        require_text(stream, "stream")
         with self._reading() as connection:
             rows = connection.execute(sql.LEDGER_HEAD, (stream,)).fetchall()
         return event_from_row(rows[0]) if rows else None
@@ -340,6 +351,7 @@ class SQLiteSecureObjectStore:
         The stream's retention mark and its events are read in one read
         transaction, so a concurrent trim cannot split them.
         """
+        require_text(stream, "stream")
         limit = effective_limit(limit)
         if isinstance(from_index, bool) or not isinstance(from_index, int) or from_index < 0:
             raise InvalidInput("from_index must not be negative")
@@ -356,6 +368,8 @@ class SQLiteSecureObjectStore:
 
     def list_streams(self, *, after: str | None = None, limit: int = 200) -> builtins.list[str]:
         """Return up to ``limit`` stream names after ``after``, in code-point order."""
+        if after is not None:
+            require_text(after, "after")
         limit = effective_limit(limit)
         with self._reading() as connection:
             rows = connection.execute(sql.LIST_STREAMS, (after or "", limit)).fetchall()

@@ -87,6 +87,23 @@ class SecureObjectStoreContract(StoreHarness):
         """The adapter matches the SecureObjectStore protocol by shape."""
         assert isinstance(store, SecureObjectStore)
 
+    @pytest.mark.parametrize("name", [["ns"], 7, b"ns", None])
+    def test_names_that_are_not_text_are_invalid_input(
+        self, store: SecureObjectStore, name: object
+    ) -> None:
+        """A caller's wrong type is ``INVALID_INPUT``, not a driver error read as an outage."""
+        reads = (
+            lambda: store.load(name, "k"),  # type: ignore[arg-type]
+            lambda: store.load("ns", name),  # type: ignore[arg-type]
+            lambda: store.peek_metadata(name, "k"),  # type: ignore[arg-type]
+            lambda: store.list(name),  # type: ignore[arg-type]
+            lambda: store.ledger_head(name),  # type: ignore[arg-type]
+            lambda: store.read_ledger(name),  # type: ignore[arg-type]
+        )
+        for read in reads:
+            with pytest.raises(InvalidInput):
+                read()
+
     def test_absent_record_loads_as_none(self, store: SecureObjectStore) -> None:
         """Loading or peeking a record never written returns None."""
         assert store.load(NS, _digest("nope")) is None
