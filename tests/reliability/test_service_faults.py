@@ -33,18 +33,17 @@ from typing import Any, cast
 import psycopg
 import pytest
 import reliability
+from wiring import Wired
 
 from flowvault.adapters.memory import InMemorySecureObjectStore
-from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.adapters.sqlite import _store as sqlite_store
 from flowvault.application import (
     MAX_LIST_LIMIT,
     RecordMetadata,
-    SecureObjectStore,
     UnitOfWork,
 )
-from flowvault.application.testing import FrozenClock, SequentialIds
-from flowvault.composition import Runtime, Settings, bootstrap
+from flowvault.application.testing import FrozenClock
+from flowvault.composition import Runtime
 from flowvault.domain import (
     ApprovalStatus,
     CheckpointStatus,
@@ -56,21 +55,12 @@ from flowvault.domain import (
     content_hash,
 )
 
-KEY = bytes(range(32))
 COMMIT = 0
 """Stands for the commit itself in an injection point ``(unit, after)``."""
 DEFINITION = "fault.approve"
 WRITE_VERBS = ("INSERT", "UPDATE", "DELETE")
 
 Snapshot = tuple[object, object]
-
-
-def _backend(store: SecureObjectStore) -> str:
-    if isinstance(store, InMemorySecureObjectStore):
-        return "memory"
-    if isinstance(store, SQLiteSecureObjectStore):
-        return "sqlite"
-    return "postgres"
 
 
 def _is_write(statement: object) -> bool:
@@ -788,10 +778,11 @@ def _points(tally: Tally, commit_fault: bool) -> str:
 
 
 def _injector(
-    store: SecureObjectStore, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+    wired: Wired, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> Injector:
     plan = Plan()
-    backend = _backend(store)
+    store = wired.runtime.store
+    backend = wired.backend
     if backend == "memory":
         return MemoryInjector(store, monkeypatch, plan)
     if backend == "sqlite":
@@ -800,14 +791,8 @@ def _injector(
     return PostgresInjector(store, monkeypatch, plan, admin)
 
 
-FAMILY_NAMES = {"memory": "memory", "sqlite": "SQLite", "postgres": "PostgreSQL"}
-
-
 def test_no_unit_is_visible_after_a_fault_between_its_writes(
-    backend_store: SecureObjectStore,
-    monkeypatch: pytest.MonkeyPatch,
-    request: pytest.FixtureRequest,
-    tmp_path: Path,
+    wired: Wired, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     """A fault after any write of a unit, or at its commit, leaves the store as it was.
 
@@ -817,24 +802,16 @@ def test_no_unit_is_visible_after_a_fault_between_its_writes(
     """
     seed = reliability.seed_base()
     watch = reliability.Stopwatch()
-    clock = FrozenClock()
-    runtime = bootstrap(
-        Settings(backend="memory", home=tmp_path / "home"),
-        key=KEY,
-        store=backend_store,
-        clock=clock,
-        ids=SequentialIds("fi"),
-    )
-    injector = _injector(backend_store, monkeypatch, request)
+    injector = _injector(wired, monkeypatch, request)
     try:
         injector.install()
-        bench = Bench(runtime, clock, random.Random(seed))
+        bench = Bench(wired.runtime, wired.clock, random.Random(seed))
         tally = run_family(bench, injector, seed, reliability.size(ci=1, long=5))
     finally:
         injector.close()
     figure = reliability.record(
         reliability.Figure(
-            family=f"Fault injection between writes ({FAMILY_NAMES[injector.name]})",
+            family=f"Fault injection between writes ({wired.family})",
             trials=tally.trials,
             anomalies=len(tally.anomalies),
             control_caught=tally.caught == tally.controls,

@@ -26,19 +26,18 @@ import pytest
 import reliability
 from psycopg import sql
 from pydantic import ValidationError
+from wiring import Wired
 
-from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.application import (
     MAX_LIST_LIMIT,
     MAX_PAYLOAD_BYTES,
     MAX_WITNESS_BYTES,
     Guard,
-    SecureObjectStore,
     UnitOfWork,
 )
 from flowvault.application import _records as records_module
-from flowvault.application.testing import FrozenClock, SequentialIds, make_event, make_upsert
+from flowvault.application.testing import FrozenClock, make_event, make_upsert
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
     FlowvaultError,
@@ -50,7 +49,6 @@ from flowvault.domain import (
     parse_json,
 )
 
-KEY = bytes(range(32))
 LIMITS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "limits.md"
 ROW_ID = re.compile(r"^\| `([a-z0-9-]+)` \|", re.MULTILINE)
 INVALID = "INVALID_INPUT"
@@ -59,14 +57,6 @@ TRUNCATED = "[TRUNCATED]"
 DEFINITION = "limits.def"
 SECOND = timedelta(seconds=1)
 MICROSECOND = timedelta(microseconds=1)
-
-
-def _backend(store: SecureObjectStore) -> str:
-    if isinstance(store, InMemorySecureObjectStore):
-        return "memory"
-    if isinstance(store, SQLiteSecureObjectStore):
-        return "sqlite"
-    return "postgres"
 
 
 # -- the checker -----------------------------------------------------------------
@@ -195,14 +185,27 @@ def check(stores: Stores, boundary: Boundary) -> list[str]:
 class Bench:
     """The runtime over one backend's store, and fresh names for each subject."""
 
-    runtime: Runtime
-    clock: FrozenClock
-    backend: str
+    wired: Wired
     tmp_path: Path
     request: pytest.FixtureRequest
     rng: random.Random
     serial: int = 0
     cleanups: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def runtime(self) -> Runtime:
+        """The runtime under test."""
+        return self.wired.runtime
+
+    @property
+    def clock(self) -> FrozenClock:
+        """The clock the runtime reads."""
+        return self.wired.clock
+
+    @property
+    def backend(self) -> str:
+        """The adapter's name."""
+        return self.wired.backend
 
     def fresh(self, prefix: str) -> str:
         """Return a name no earlier subject used."""
@@ -853,11 +856,12 @@ def master_key(bench: Bench) -> list[Boundary]:
             store=bench.runtime.store,
         )
 
+    key = bench.wired.key
     return [
         Boundary(
-            "one byte more", lambda: open_with(KEY), lambda: open_with(KEY + b"\x00"), INVALID
+            "one byte more", lambda: open_with(key), lambda: open_with(key + b"\x00"), INVALID
         ),
-        Boundary("one byte less", lambda: open_with(KEY), lambda: open_with(KEY[:31]), INVALID),
+        Boundary("one byte less", lambda: open_with(key), lambda: open_with(key[:31]), INVALID),
     ]
 
 
@@ -1002,11 +1006,8 @@ def documented_limits() -> list[str]:
 # -- the family -------------------------------------------------------------------------
 
 
-FAMILY_NAMES = {"memory": "memory", "sqlite": "SQLite", "postgres": "PostgreSQL"}
-
-
 def test_every_documented_limit_holds_exactly(
-    backend_store: SecureObjectStore, request: pytest.FixtureRequest, tmp_path: Path
+    wired: Wired, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     """Each documented limit accepts a value at the limit and refuses one past it, writing nothing.
 
@@ -1016,21 +1017,13 @@ def test_every_documented_limit_holds_exactly(
     """
     seed = reliability.seed_base()
     watch = reliability.Stopwatch()
-    clock = FrozenClock()
-    runtime = bootstrap(
-        Settings(backend="memory", home=tmp_path / "home"),
-        key=KEY,
-        store=backend_store,
-        clock=clock,
-        ids=SequentialIds("lim"),
-    )
-    backend = _backend(backend_store)
-    bench = Bench(runtime, clock, backend, tmp_path, request, random.Random(seed))
+    backend = wired.backend
+    bench = Bench(wired, tmp_path, request, random.Random(seed))
     documented = documented_limits()
     anomalies = [f"documented but not checked: {name}" for name in documented if name not in CASES]
     anomalies += [f"checked but not documented: {name}" for name in CASES if name not in documented]
     admin = request.getfixturevalue("postgres_server").admin() if backend == "postgres" else None
-    stores = Stores(backend_store, admin)
+    stores = Stores(wired.runtime.store, admin)
     boundaries = 0
     try:
         caught = _controls(bench, stores)
@@ -1047,7 +1040,7 @@ def test_every_documented_limit_holds_exactly(
             cleanup()
     figure = reliability.record(
         reliability.Figure(
-            family=f"Size limits at limit+1 ({FAMILY_NAMES[backend]})",
+            family=f"Size limits at limit+1 ({wired.family})",
             trials=2 * boundaries,
             anomalies=len(anomalies),
             control_caught=all(caught),
