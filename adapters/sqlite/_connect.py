@@ -149,7 +149,7 @@ def _refusal(name: str, expected: object, actual: object) -> str:
     return f"SQLite did not keep pragma {name} = {expected!r} (it reports {actual!r})"
 
 
-def _rollback_quietly(connection: sqlite3.Connection) -> None:
+def rollback_quietly(connection: sqlite3.Connection) -> None:
     """Roll back if a transaction is still open, without hiding the error that got here."""
     if connection.in_transaction:
         with contextlib.suppress(sqlite3.Error):
@@ -169,5 +169,5 @@ def transaction(connection: sqlite3.Connection, begin: str) -> Iterator[None]:
         yield
         connection.execute("COMMIT")
     except BaseException:
-        _rollback_quietly(connection)
+        rollback_quietly(connection)
         raise

@@ -11,6 +11,7 @@ import time
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from flowvault.adapters._listing import filter_shapes, list_params, page_of
@@ -37,6 +38,13 @@ from flowvault.adapters.sqlite._connect import (
 )
 from flowvault.adapters.sqlite._errors import translated
 from flowvault.adapters.sqlite._files import SIDECAR_SUFFIXES, prepare, secure_sidecars
+from flowvault.adapters.sqlite._group import (
+    CommitCounts,
+    CommitQueue,
+    Ticket,
+    commit_group,
+    fail_group,
+)
 from flowvault.adapters.sqlite._rows import metadata_from_row, record_from_row
 from flowvault.adapters.sqlite._schema import (
     SCHEMA_VERSION,
@@ -152,6 +160,8 @@ class SQLiteSecureObjectStore:
         self._options = options
         self._pid = os.getpid()
         self._writer = _Handle(writer)
+        self._queue = CommitQueue()
+        self._counts = CommitCounts()
         self._readers: set[_Handle] = set()
         self._registry = threading.Lock()
         self._local = threading.local()
@@ -326,15 +336,47 @@ class SQLiteSecureObjectStore:
     def commit(self, unit: UnitOfWork) -> None:
         """Check every guard, then apply every write, in one ``BEGIN IMMEDIATE`` transaction.
 
+        Units committed by several threads at once share one transaction and
+        one sync (see ``_group``); each still stands or falls on its own
+        guards, and returns only once its transaction is durable.
         Raises ``StoreUnavailable`` on a store opened read-only, even for an empty unit.
         """
         self._check_writable()
         if unit.empty:
             return
-        prepared = PreparedUnit.build(unit)
-        with self._writing() as connection, transaction(connection, "BEGIN IMMEDIATE"):
-            check_guards(connection, unit)
-            apply_writes(connection, prepared)
+        ticket = Ticket(unit, PreparedUnit.build(unit))
+        self._queue.put(ticket)
+        with self._writer.lock:
+            while not ticket.resolved:
+                self._commit_next_group()
+        ticket.settle()
+
+    def _commit_next_group(self) -> None:
+        """Commit the queued units (the caller holds the writer lock)."""
+        group = self._queue.take()
+        try:
+            self._check_usable()
+        except StoreUnavailable as exc:
+            fail_group(group, exc)
+            return
+        commit_group(
+            self._writer.connection,
+            group,
+            check=check_guards,
+            apply=apply_writes,
+            busy_timeout=self._options.busy_timeout,
+        )
+        self._counts.add(group)
+
+    @property
+    def queued_units(self) -> int:
+        """Units waiting for the writer (group commit's queue), for monitoring."""
+        return len(self._queue)
+
+    @property
+    def commit_counts(self) -> CommitCounts:
+        """How many transactions committed how many units, and how many shared a transaction."""
+        return replace(self._counts)
 
     # -- ledger ---------------------------------------------------------------
 
