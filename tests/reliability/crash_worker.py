@@ -22,8 +22,10 @@ Tasks:
 - ``loop``: the crash loop's writer. It continues the workflows, state
   scopes and run the test set up, one unit of work at a time, chosen by
   its seed: a workflow transition, a state update, an action result, or an
-  approval (checkpoint, request, decision). With ``early`` set it is the
-  broken variant that acknowledges each write before making it.
+  approval (checkpoint, request, decision). With ``threads`` above one it
+  runs that many lanes over one runtime, whose units meet in the store's
+  group commit. With ``early`` set it is the broken variant that
+  acknowledges each write before making it.
 - ``retry``: a restarted host. It first retries the killed writer's call
   with the same key (or, as the negative control, a fresh one) and reports
   what the store held, what the retry returned and the effect counts after
@@ -39,6 +41,7 @@ import base64
 import gc
 import json
 import os
+import queue
 import random
 import signal
 import sys
@@ -125,19 +128,21 @@ class LoopWriter:
 
     def run(self) -> NoReturn:
         """Do units of work until killed."""
-        units: list[Callable[[], None]] = [
-            self.transition,
-            self.update,
-            self.action_result,
-            self.approval,
-        ]
+        units: list[Callable[[], None]] = [self.transition, self.update, self.action_result]
+        if self._task.get("approvals", True):
+            units.append(self.approval)
         while True:
             self._rng.choice(units)()
 
     def _ack(self, planned: bool, kind: str, **fields: object) -> None:
-        """Send now if this is the point the variant acknowledges at (before or after the call)."""
+        """Send now if this is the point the variant acknowledges at (before or after the call).
+
+        Each acknowledgement carries how many units this writer's store has
+        so far committed in a transaction shared with other units (``g``).
+        """
         if planned == self._early:
-            self._acks.send(kind, **fields)
+            counts = getattr(self._rt.store, "commit_counts", None)
+            self._acks.send(kind, g=0 if counts is None else counts.grouped_units, **fields)
 
     def transition(self) -> None:
         """Move one workflow to its next state: the record and its ledger event, one unit."""
@@ -273,8 +278,35 @@ def _with_history(state: WorkflowState) -> tuple[WorkflowState, list[HistoryEven
 
 
 def run_loop(task: Task, acks: Acks) -> NoReturn:
-    """Run the crash loop's writer until it is killed."""
-    LoopWriter(open_runtime(task), task, acks).run()
+    """Run the crash loop's writer until it is killed; with ``threads`` > 1, as that many lanes.
+
+    Lanes share one runtime, so their units meet in the store's group
+    commit; each lane owns its own workflows and scopes (lane 0 also the
+    run's approvals), so lanes never conflict with each other.
+    """
+    runtime = open_runtime(task)
+    threads = int(task.get("threads", 1))
+    if threads == 1:
+        LoopWriter(runtime, task, acks).run()
+    failures: queue.SimpleQueue[str] = queue.SimpleQueue()
+    for lane in range(threads):
+        lane_task = {
+            **task,
+            "seed": task["seed"] + lane,
+            "workflows": task["workflows"][lane::threads],
+            "scopes": task["scopes"][lane::threads],
+            "approvals": lane == 0,
+        }
+        writer = LoopWriter(runtime, lane_task, acks)
+        threading.Thread(target=_lane, args=(writer, failures), daemon=True).start()
+    raise RuntimeError(f"a writer lane failed:\n{failures.get()}")
+
+
+def _lane(writer: LoopWriter, failures: queue.SimpleQueue[str]) -> None:
+    try:
+        writer.run()
+    except BaseException:
+        failures.put(traceback.format_exc())
 
 
 # -- the commit/ack window child ------------------------------------------------

@@ -73,6 +73,8 @@ WORKER_PATH = Path(__file__).with_name("crash_worker.py")
 MASTER_KEY = bytes(range(32))
 ACK_TIMEOUT = 30.0
 """Seconds a writer may take to acknowledge anything before the test gives up on it."""
+LANES = 4
+"""Writer threads in a threaded cycle, and workflows and scopes in the loop's world."""
 KILL_WINDOW = 0.05
 """The crash loop kills 0-50 ms after the acknowledgement it waited for."""
 MAX_ACKS_BEFORE_KILL = 4
@@ -268,7 +270,7 @@ class LoopWorld:
 
     @classmethod
     def create(cls, home: Path) -> LoopWorld:
-        """Set up three workflows and a running graph run in a new store."""
+        """Set up a workflow and a scope per lane, and a running graph run, in a new store."""
         with open_runtime(home) as runtime:
             workflows = tuple(
                 runtime.workflows.create(
@@ -279,20 +281,24 @@ class LoopWorld:
                         idempotency_key=f"crash-loop-{n}",
                     )
                 )[0].workflow_id
-                for n in range(3)
+                for n in range(LANES)
             )
             runtime.graph_runs.register_definition("crash.loop", {"nodes": ["work", "approve"]})
             run, _ = runtime.graph_runs.start_run("crash.loop", {"loop": True})
             runtime.graph_runs.set_status(run.run_id, "running", expected_status="accepted")
-        return cls(home, workflows, ("crash-a", "crash-b"), run.run_id)
+        scopes = tuple(f"crash-{n}" for n in range(LANES))
+        return cls(home, workflows, scopes, run.run_id)
 
-    def task(self, cycle: int, seed: int, *, early: bool, hint: int) -> dict[str, Any]:
+    def task(
+        self, cycle: int, seed: int, *, early: bool, hint: int, threads: int = 1
+    ) -> dict[str, Any]:
         """Return the writer's task for one cycle; ``hint`` is a checkpoint number seen."""
         return {
             **base_task(self.home, cycle),
             "task": "loop",
             "seed": seed,
             "early": early,
+            "threads": threads,
             "checkpoint_hint": hint,
             "workflows": list(self.workflows),
             "scopes": list(self.scopes),
@@ -637,21 +643,32 @@ class LoopRun:
     acks: list[dict[str, Any]] = field(default_factory=list)
     anomalies: list[str] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)
+    threaded_kills: int = 0
+    grouped_units: int = 0
+    """Units the killed writers committed in a transaction shared with others."""
 
 
 def crash_loop(
     server: ForkServer, world: LoopWorld, kills: int, seed: int, *, early: bool, stop: bool
 ) -> tuple[LoopRun, LoopChecker]:
-    """Kill ``kills`` writers in turn, checking the store after each; ``stop`` at an anomaly."""
+    """Kill ``kills`` writers in turn, checking the store after each; ``stop`` at an anomaly.
+
+    Every other writer (except in the control) runs ``LANES`` threads over
+    one runtime, so the group-commit path is killed as often as the lone one.
+    """
     rng = random.Random(seed)
     checker = LoopChecker(world)
     run = LoopRun()
     hint = -1
     for cycle in range(kills):
-        task = world.task(cycle, rng.getrandbits(32), early=early, hint=hint)
+        threads = 1 if early or cycle % 2 == 0 else LANES
+        task = world.task(cycle, rng.getrandbits(32), early=early, hint=hint, threads=threads)
         acks = crash_cycle(server, task, rng, f"seed {seed} cycle {cycle}")
         run.kills += 1
         run.acks += acks
+        if threads > 1:
+            run.threaded_kills += 1
+            run.grouped_units += max((int(ack.get("g", 0)) for ack in acks), default=0)
         hint = max([hint, *(ack["n"] for ack in acks if ack["k"] == "checkpoint")])
         with open_runtime(world.home) as runtime:
             found = checker.check(runtime, acks)
@@ -699,7 +716,8 @@ def test_sigkill_crash_loop_keeps_every_acknowledged_write_whole(tmp_path: Path)
     """A writer SIGKILLed at random loses no acknowledged write and half-applies no unit.
 
     Killed 0-50 ms after an acknowledgement, hundreds of times over one store,
-    it leaves a file that passes ``integrity_check``, chains that verify,
+    half of the time as four threads whose units share transactions (group
+    commit), it leaves a file that passes ``integrity_check``, chains that verify,
     records that open, and workflows and scopes whose records agree with their
     ledgers. A writer that acknowledges before it writes, and units torn by
     hand, are caught by the same checker.
@@ -728,7 +746,9 @@ def test_sigkill_crash_loop_keeps_every_acknowledged_write_whole(tmp_path: Path)
                 f"{len(run.acks)} acknowledged writes checked "
                 f"({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}); "
                 f"{checker.events_verified} ledger events verified, "
-                f"{checker.records_opened} record opens; control (ack before commit) "
+                f"{checker.records_opened} record opens; {run.threaded_kills} kills of "
+                f"{LANES}-thread writers, which committed {run.grouped_units} units in "
+                f"shared transactions (group commit); control (ack before commit) "
                 f"caught after {control.kills} kills: {control.kinds.count('missing')} "
                 f"acknowledged writes missing, and {len(halves)} hand-torn units seen as "
                 f"half-applied; seed {seed}"
@@ -737,6 +757,7 @@ def test_sigkill_crash_loop_keeps_every_acknowledged_write_whole(tmp_path: Path)
         )
     )
     assert not run.anomalies, "\n".join(run.anomalies[:20])
+    assert run.grouped_units > 0, "no killed writer committed a unit through group commit"
     assert "missing" in control.kinds, f"seed {seed + 1}: ack-before-commit not caught: {control}"
     assert torn, f"seed {seed + 1}: hand-torn units not all seen as half-applied: {halves}"
 
