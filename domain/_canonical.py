@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Iterable
 from typing import TypeAlias
 
 from flowvault.domain._errors import InvalidInput
@@ -32,6 +33,8 @@ class _Rejected(Exception):
 
 
 def _check_string(text: str, where: str) -> None:
+    if text.isascii():
+        return
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -55,29 +58,53 @@ def _check_scalar(value: object) -> None:
     raise InvalidInput(f"{type(value).__name__} is not a JSON type")
 
 
+def _check_container(item: dict[object, object] | list[object], depth: int) -> None:
+    """Check one container and, recursively, everything in it.
+
+    Recursion stops at ``MAX_DEPTH`` (far below Python's own limit), so
+    hostile nesting or a self-referencing list ends in ``InvalidInput``.
+    The common exact types are dispatched inline; subclasses and anything
+    else go through the general checks.
+    """
+    if depth >= MAX_DEPTH:
+        raise InvalidInput(f"nesting deeper than {MAX_DEPTH}")
+    children: Iterable[object]
+    if isinstance(item, dict):
+        for key in item:
+            if type(key) is not str and not isinstance(key, str):
+                raise InvalidInput("object keys must be strings")
+            _check_string(key, "object key")
+        children = item.values()
+    else:
+        children = item
+    inner = depth + 1
+    for child in children:
+        kind = type(child)
+        if kind is str:
+            _check_string(child, "string")  # type: ignore[arg-type]  # kind is str
+        elif kind is int:
+            if not -MAX_SAFE_INTEGER <= child <= MAX_SAFE_INTEGER:  # type: ignore[operator]
+                raise InvalidInput("integer outside +-(2^53-1)")
+        elif kind is dict or kind is list:
+            _check_container(child, inner)  # type: ignore[arg-type]  # kind is dict or list
+        elif child is not None and kind is not bool:
+            _check_value(child, inner)
+
+
+def _check_value(value: object, depth: int) -> None:
+    if isinstance(value, dict | list):
+        _check_container(value, depth)
+    else:
+        _check_scalar(value)
+
+
 def validate_json(value: object) -> JsonValue:
     """Check that ``value`` lies inside the profile and return it unchanged.
 
-    Walks iteratively, so hostile nesting (or a self-referencing list) ends
-    in ``InvalidInput`` at ``MAX_DEPTH`` instead of exhausting the stack.
+    Hostile nesting (or a self-referencing list) ends in ``InvalidInput``
+    at ``MAX_DEPTH`` instead of exhausting the stack.
     """
-    stack: list[tuple[object, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            if depth >= MAX_DEPTH:
-                raise InvalidInput(f"nesting deeper than {MAX_DEPTH}")
-            for key, child in item.items():
-                if not isinstance(key, str):
-                    raise InvalidInput("object keys must be strings")
-                _check_string(key, "object key")
-                stack.append((child, depth + 1))
-        elif isinstance(item, list):
-            if depth >= MAX_DEPTH:
-                raise InvalidInput(f"nesting deeper than {MAX_DEPTH}")
-            stack.extend((child, depth + 1) for child in item)
-        else:
-            _check_scalar(item)
+    _check_value(value, 0)
     return value  # type: ignore[return-value]  # checked structurally above
 
 
