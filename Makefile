@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: test install-dev lint typecheck layers pytest reliability demo clean
+.PHONY: test install-dev lint typecheck layers pytest reliability bench demo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,7 @@ lint: install-dev
 typecheck: install-dev
 	$(BIN)/mypy --strict \
 		-p flowvault.domain -p flowvault.application -p flowvault.adapters -p flowvault.composition
+	MYPYPATH=benchmarks $(BIN)/mypy --strict benchmarks/*.py
 
 layers: install-dev
 	$(BIN)/pytest -q -p no:cacheprovider tests/test_layers.py
@@ -42,6 +43,12 @@ reliability: install-dev
 	RELIABILITY_PROFILE=long RELIABILITY_REPORT=$(abspath $(RELIABILITY_REPORT)) \
 		$(BIN)/pytest -p no:cacheprovider -m reliability $(RELIABILITY_TESTS)
 	$(BIN)/python tests/reliability/report.py $(RELIABILITY_REPORT)
+
+# The benchmark suite (minutes; never part of `make test`, which runs only its
+# --quick smoke test). BENCH_ARGS passes options, e.g. BENCH_ARGS="--only S1,S2".
+BENCH_OUT ?= bench-results.json
+bench: install-dev
+	$(BIN)/python benchmarks/run.py --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # The main job: install flowvault and run an approval workflow end to end in a
 # fresh SQLite home (a new temporary directory; DEMO_ARGS="--home DIR" to choose).

@@ -1,0 +1,140 @@
+"""The workflow workload every flowvault scenario drives, timed one operation at a time."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from _harness import Sample, ms_since, sample_from_latencies
+
+from flowvault.application import WorkflowService
+from flowvault.composition import Runtime, Settings, bootstrap
+from flowvault.domain import FlowvaultError, WorkOrder
+
+LIFECYCLE: Final = ("planning", "executing", "decision", "executing", "completed")
+"""The default lifecycle's path from ``intake``; the last move is terminal."""
+
+OPS_PER_WORKFLOW: Final = 1 + len(LIFECYCLE)
+"""One create and every transition of the lifecycle."""
+
+
+def sqlite_settings(home: Path, *, synchronous: str = "full") -> Settings:
+    """Return the settings of a SQLite runtime at ``home``; ``full`` is flowvault's default."""
+    return Settings.model_validate({"backend": "sqlite", "home": home, "synchronous": synchronous})
+
+
+def open_runtime(settings: Settings) -> Runtime:
+    """Bootstrap a runtime; wrapped so the call sites read as what they measure."""
+    return bootstrap(settings)
+
+
+class Orders:
+    """Hands out work orders with fresh idempotency keys, so each create makes a workflow."""
+
+    def __init__(self, tag: str) -> None:
+        self._tag = tag
+        self._next = 0
+
+    def take(self, count: int) -> list[WorkOrder]:
+        """Return ``count`` new orders."""
+        return list(self.stream(count))
+
+    def stream(self, count: int) -> Iterator[WorkOrder]:
+        """Yield ``count`` new orders one by one, so a large prefill holds none of them."""
+        first, self._next = self._next, self._next + count
+        return (self._order(n) for n in range(first, first + count))
+
+    def _order(self, number: int) -> WorkOrder:
+        return WorkOrder(
+            kind="bench.order",
+            parameters={"invoice": f"INV-{number}", "amount": number % 10_000, "lines": [1, 2, 3]},
+            requester="bench@example.org",
+            idempotency_key=f"{self._tag}-{number}",
+        )
+
+
+@dataclass(slots=True)
+class LifecycleRun:
+    """What driving some workflows through the lifecycle cost, kept apart by kind.
+
+    ``ordinary_ms`` holds creates and non-terminal transitions; ``terminal_ms``
+    the transitions into ``completed``, which also scrub and compact.
+    """
+
+    ordinary_ms: list[float] = field(default_factory=list)
+    terminal_ms: list[float] = field(default_factory=list)
+    errors: int = 0
+    seconds: float = 0.0
+
+    def sample(self) -> Sample:
+        """Return every operation, over the wall time of the whole run."""
+        latencies = (*self.ordinary_ms, *self.terminal_ms)
+        return Sample(len(latencies), self.seconds, latencies, self.errors)
+
+    def ordinary(self) -> Sample:
+        """Return creates and non-terminal transitions, over the time spent in them."""
+        return sample_from_latencies(self.ordinary_ms, self.errors)
+
+    def terminal(self) -> Sample:
+        """Return the terminal transitions, over the time spent in them."""
+        return sample_from_latencies(self.terminal_ms)
+
+
+def _drive(workflows: WorkflowService, order: WorkOrder, run: LifecycleRun) -> None:
+    started = time.perf_counter()
+    record, _ = workflows.create(order)
+    run.ordinary_ms.append(ms_since(started))
+    for target in LIFECYCLE:
+        started = time.perf_counter()
+        record = workflows.transition(
+            record.workflow_id,
+            target,
+            expected_state=record.state,
+            expected_version=record.state_version,
+        )
+        elapsed = ms_since(started)
+        terminal = workflows.machine.is_terminal(target)
+        (run.terminal_ms if terminal else run.ordinary_ms).append(elapsed)
+
+
+def run_lifecycles(workflows: WorkflowService, orders: Sequence[WorkOrder]) -> LifecycleRun:
+    """Create each order's workflow and drive it to ``completed``; a failure is counted.
+
+    A workflow whose operation fails is abandoned: its later transitions
+    would only repeat the failure.
+    """
+    run = LifecycleRun()
+    started = time.perf_counter()
+    for order in orders:
+        try:
+            _drive(workflows, order, run)
+        except FlowvaultError:
+            run.errors += 1
+    run.seconds = time.perf_counter() - started
+    return run
+
+
+def create_workflows(workflows: WorkflowService, orders: Iterable[WorkOrder]) -> list[str]:
+    """Create a workflow per order and return their ids (setup, not measured)."""
+    return [workflows.create(order)[0].workflow_id for order in orders]
+
+
+def prefill(settings: Settings, orders: Iterable[WorkOrder], ids: list[str] | None = None) -> float:
+    """Create workflows through a ``synchronous=normal`` runtime, closed before returning.
+
+    Setup only: ``normal`` skips the fsync per commit, and closing the
+    runtime leaves the measuring runtime a checkpointed store. Ids are kept
+    only when ``ids`` is given, so a large prefill does not inflate the
+    process's peak memory. Returns the seconds it took.
+    """
+    started = time.perf_counter()
+    fast = settings.model_copy(update={"synchronous": "normal"})
+    with open_runtime(fast) as runtime:
+        for order in orders:
+            record, _ = runtime.workflows.create(order)
+            if ids is not None:
+                ids.append(record.workflow_id)
+    return time.perf_counter() - started

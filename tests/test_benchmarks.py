@@ -1,0 +1,130 @@
+"""The benchmark suite runs end to end at ``--quick`` size and reports sane figures.
+
+It asserts no speed: the figures depend on the machine and whatever else
+runs on it. The PostgreSQL scenarios use the server at ``TEST_POSTGRES_DSN``
+in a throwaway schema; without a server the test checks everything else,
+then skips with a one-line reason (and fails under ``CI=true``), as the
+tests marked ``postgres`` do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNNER = ROOT / "benchmarks" / "run.py"
+DSN_ENV = "TEST_POSTGRES_DSN"
+RUN_TIMEOUT = 900
+TABLE_HEADER = (
+    "| scenario | ops/s median [min\u2013max] | p50 ms | p99 ms | ratio | baseline ops/s |"
+)
+
+ROWS = {
+    "S1": ["S1"],
+    "S1-memory": ["S1-memory"],
+    "S2": ["S2"],
+    "S3": ["S3-100-ordinary", "S3-100-terminal", "S3-1000-ordinary", "S3-1000-terminal"],
+    "S4": ["S4-stream", "S4-cli"],
+    "S5a": ["S5a"],
+    "S5b": ["S5b"],
+    "S6": ["S6-S1", "S6-S2", "S6-S5a"],
+}
+
+
+def _run_quick(tmp_path: Path, dsn: str, schema: str) -> tuple[str, dict[str, Any]]:
+    env = {name: value for name, value in os.environ.items() if not name.startswith("FLOWVAULT_")}
+    out = tmp_path / "bench.json"
+    command = [sys.executable, str(RUNNER), "--quick", "--out", str(out), "--dir", str(tmp_path)]
+    completed = subprocess.run(
+        [*command, "--postgres-schema", schema],
+        cwd=ROOT,
+        env={**env, DSN_ENV: dsn},
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    return completed.stdout, json.loads(out.read_text(encoding="utf-8"))
+
+
+def _check_figures(figures: dict[str, Any], where: str) -> None:
+    rates = figures["ops_per_s"]
+    assert figures["repetitions"] >= 5, where
+    assert len(rates["repetitions"]) == figures["repetitions"], where
+    assert 0 < rates["min"] <= rates["median"] <= rates["max"], where
+    assert all(rate > 0 for rate in rates["repetitions"]), where
+    assert 0 < figures["p50_ms"] <= figures["p99_ms"], where
+    assert figures["operations"] > 0, where
+    assert figures["errors"] == 0, where
+
+
+def _check_scenario(scenario: dict[str, Any], scenario_id: str) -> None:
+    assert scenario["status"] == "ok", (scenario_id, scenario["reason"])
+    assert [row["id"] for row in scenario["rows"]] == ROWS[scenario_id]
+    for row in scenario["rows"]:
+        _check_figures(row, row["id"])
+        _check_figures(row["baseline"], f"{row['id']} baseline")
+        assert row["baseline"]["name"], row["id"]
+        assert row["ratio"] > 0, row["id"]
+
+
+def _check_extras(scenarios: dict[str, Any]) -> None:
+    growth = scenarios["S3"]["extra"]
+    assert growth["peak_rss_mb"] > 0
+    assert growth["growth"]["ordinary_cost_ratio"] > 0
+    assert growth["growth"]["terminal_cost_ratio"] > 0
+    assert [size["size"] for size in growth["sizes"]] == [100, 1000]
+    ledger = scenarios["S4"]["extra"]
+    assert ledger["cli_streams_checked"] == ledger["cli_workflows"] == 500
+    assert ledger["cli_records"]["unreadable"] == 0
+    assert scenarios["S5a"]["extra"]["errors"] == 0
+    assert scenarios["S5b"]["extra"]["errors"] == 0
+
+
+def _check_table(stdout: str, scenarios: dict[str, Any]) -> None:
+    assert TABLE_HEADER in stdout
+    lines = stdout.splitlines()
+    for scenario in scenarios.values():
+        ids = [row["id"] for row in scenario["rows"]] or [scenario["id"]]
+        for row_id in ids:
+            assert any(line.startswith(f"| {row_id} ") for line in lines), row_id
+
+
+def test_quick_benchmarks_report_every_scenario(tmp_path: Path, postgres_server) -> None:
+    """Every scenario is present with sane figures, and the table is printed."""
+    schema = postgres_server.new_schema()
+    report: dict[str, Any] | None = None
+    try:
+        stdout, report = _run_quick(tmp_path, postgres_server.dsn, schema)
+    finally:
+        if report is None or report["scenarios"]["S6"]["status"] != "skipped":
+            with contextlib.suppress(Exception):
+                postgres_server.drop_schema(schema)
+    scenarios = report["scenarios"]
+    assert list(scenarios) == list(ROWS)
+    assert report["ok"] is True
+    assert report["metadata"]["quick"] is True
+    for key in ("date", "python", "sqlite_version", "platform", "cpu_count"):
+        assert report["metadata"][key], key
+    assert report["parameters"]["repetitions"] >= 5
+    for scenario_id in ROWS:
+        if scenario_id != "S6":
+            _check_scenario(scenarios[scenario_id], scenario_id)
+    _check_extras(scenarios)
+    _check_table(stdout, scenarios)
+    postgres = scenarios["S6"]
+    if postgres["status"] == "skipped":
+        message = f"S6 (PostgreSQL at ${DSN_ENV}) skipped: {postgres['reason']}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    _check_scenario(postgres, "S6")
