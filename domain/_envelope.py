@@ -41,14 +41,20 @@ def _check_digest(value: str) -> str:
     return value
 
 
+_REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+"""Control, format, surrogate and line/paragraph separators: none occurs in printable ASCII."""
+
+
 def _check_namespace(value: str) -> str:
     if not value or len(value) > MAX_NAMESPACE_LENGTH:
         raise ValueError(f"must be 1..{MAX_NAMESPACE_LENGTH} characters")
+    if value.isascii() and value.isprintable():
+        return value
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError("must be valid Unicode") from None
-    if any(unicodedata.category(char) in {"Cc", "Cf", "Cs", "Zl", "Zp"} for char in value):
+    if any(unicodedata.category(char) in _REFUSED_CATEGORIES for char in value):
         raise ValueError("must not contain control or format characters")
     return value
 

@@ -7,6 +7,7 @@ any stored event is detectable by replaying the chain from a trusted point.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -27,9 +28,8 @@ from pydantic import (
 from flowvault.domain._canonical import (
     MAX_SAFE_INTEGER,
     JsonValue,
-    canonical_bytes,
+    canonical_json,
     content_hash,
-    parse_json,
 )
 from flowvault.domain._envelope import DIGEST_PATTERN, Digest, UtcDatetime, format_instant
 from flowvault.domain._errors import IntegrityFailure, InvalidInput
@@ -56,11 +56,16 @@ def _check_unicode(value: str) -> str:
 
 
 def _copy_json(value: object) -> JsonValue:
-    """Check the payload and keep a private copy, so a frozen event stays frozen."""
+    """Check the payload and keep a private copy, so a frozen event stays frozen.
+
+    The copy is parsed back from the canonical text just produced, which is
+    inside the profile by construction, so the plain parser suffices.
+    """
     try:
-        return parse_json(canonical_bytes(value))
+        copied: JsonValue = json.loads(canonical_json(value))
     except InvalidInput as exc:
         raise ValueError(exc.message) from None
+    return copied
 
 
 _Name = Annotated[
@@ -216,9 +221,13 @@ class _Cursor:
 
 
 def _is_authentic(event: LedgerEvent) -> bool:
-    """Revalidate as well as rehash, since ``model_copy`` can bypass validation."""
+    """Revalidate as well as rehash, since ``model_copy`` can bypass validation.
+
+    The payload is left out of the revalidation (it would only be copied):
+    hashing it checks it against the JSON profile all the same.
+    """
     try:
-        LedgerEvent.model_validate(dict(event))
+        LedgerEvent.model_validate({**dict(event), "payload": None})
         return event.computed_hash() == event.event_hash
     except (ValidationError, InvalidInput):
         return False

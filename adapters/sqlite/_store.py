@@ -282,8 +282,23 @@ class SQLiteSecureObjectStore:
 
     @contextmanager
     def _reading(self) -> Iterator[sqlite3.Connection]:
+        """Read on the writer connection when no commit holds it, else on this thread's reader.
+
+        In WAL mode a connection drops its page cache whenever another
+        connection has written since its last read, so a reader that follows
+        every commit re-reads each page from the file. The writer's cache
+        stays valid across its own commits; borrowing it while it is idle
+        makes a read-after-write (load, transition, load) hit that cache.
+        """
         self._check_usable()
         with translated(self._options.busy_timeout):
+            if self._writer.lock.acquire(blocking=False):
+                try:
+                    self._check_usable()
+                    yield self._writer.connection
+                finally:
+                    self._writer.lock.release()
+                return
             handle = self._reader()
             with handle.lock:
                 self._check_usable()

@@ -203,10 +203,15 @@ def test_close_is_idempotent_and_every_call_is_refused(store: SQLiteSecureObject
 
 
 def test_finished_threads_give_back_their_readers(store: SQLiteSecureObjectStore) -> None:
-    """A thread's reader connection is closed when the thread ends, not kept until close()."""
+    """A thread's reader connection is closed when the thread ends, not kept until close().
+
+    Reads borrow the idle writer connection, so each read here runs while
+    the writer is held (as by a commit in progress) to make it open a reader.
+    """
 
     def read() -> None:
-        store.has_records()
+        with store._writer.lock:
+            store.has_records()
 
     threads = [threading.Thread(target=read) for _ in range(4)]
     for thread in threads:
@@ -214,7 +219,8 @@ def test_finished_threads_give_back_their_readers(store: SQLiteSecureObjectStore
     for thread in threads:
         thread.join()
     assert len(store._readers) == 0
-    store.has_records()
+    with store._writer.lock:
+        store.has_records()
     assert len(store._readers) == 1
 
 
@@ -303,7 +309,8 @@ def test_peek_and_list_never_read_the_payload_column(store: SQLiteSecureObjectSt
         denied = action == sqlite3.SQLITE_READ and (table, column) == ("records", "payload")
         return sqlite3.SQLITE_DENY if denied else sqlite3.SQLITE_OK
 
-    store._reader().connection.set_authorizer(deny_payload)
+    for connection in (store._reader().connection, store._writer.connection):
+        connection.set_authorizer(deny_payload)
     assert store.peek_metadata(NS, _digest("a")) is not None
     assert len(store.list(NS, filters=[LabelFilter("n", 1, FilterOp.GE)]).items) == 1
     assert len(store.list(NS, order=Order.WRITTEN_AT_DESC).items) == 1
