@@ -213,7 +213,7 @@ class StateRepository(Generic[M]):
             raise InvalidInput(f"state must be a {self._model.__name__}")
         try:
             document = state.model_dump(mode="json")
-        except ValueError:
+        except (ValueError, TypeError):
             raise InvalidInput(f"the {self._model.__name__} does not serialise to JSON") from None
         return self._repo.prepare(
             STATE_NAMESPACE,

@@ -1678,6 +1678,8 @@ def test_entry_point_on_sqlite(entry: EntryPoint, tmp_path: Path, tally: Tally) 
 _NAIVE = datetime(2026, 1, 1)
 _FIRST_DAY = datetime(1, 1, 1, tzinfo=UTC)
 _HUGE = 10**4301
+_SET = frozenset()
+"""Not a JSON object key, and pydantic's JSON serialiser refuses it with a bare TypeError."""
 _LATER = T0 + timedelta(days=2)
 
 FOUND: tuple[tuple[str, Callable[[Known], Arguments]], ...] = (
@@ -1721,6 +1723,7 @@ FOUND: tuple[tuple[str, Callable[[Known], Arguments]], ...] = (
     ("StateRepository.fingerprint", lambda k: {"scope": "main", "reason_class": 1}),
     ("StateRepository.save", lambda k: {"scope": "main", "state": WorkflowState(blob=b"\xff")}),
     ("StateRepository.save", lambda k: {"scope": "main", "state": WorkflowState(deep=_deep())}),
+    ("StateRepository.save", lambda k: {"scope": "main", "state": WorkflowState(odd={_SET: 1})}),
     ("RunRepository.list", lambda k: {"since": "2026-01-01", "cursor": None, "limit": 10}),
     ("RunService.finish_run", lambda k: {**_finish(k), "status": bytearray(b"completed")}),
     ("RunService.purge_finished_runs", lambda k: _purge(_FIRST_DAY, timedelta(days=1), 10)),
