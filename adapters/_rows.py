@@ -21,7 +21,6 @@ from flowvault.domain import (
     LedgerEvent,
     canonical_json,
     format_instant,
-    parse_json,
 )
 
 Row: TypeAlias = Sequence[Any]
@@ -94,19 +93,17 @@ def event_from_row(row: Row) -> LedgerEvent:
     try:
         stream, index, type_, from_state, to_state, occurred, payload = row[:7]
         previous_hash, event_hash, event_key = row[7:10]
-        return LedgerEvent.model_validate(
-            {
-                "stream": stream,
-                "index": index,
-                "type": type_,
-                "from_state": from_state,
-                "to_state": to_state,
-                "occurred_at": occurred,
-                "payload": parse_json(payload),
-                "previous_hash": previous_hash,
-                "event_hash": event_hash,
-                "event_key": event_key,
-            }
+        return LedgerEvent.restore(
+            stream=stream,
+            index=index,
+            type=type_,
+            from_state=from_state,
+            to_state=to_state,
+            occurred_at=occurred,
+            payload_text=payload,
+            previous_hash=previous_hash,
+            event_hash=event_hash,
+            event_key=event_key,
         )
     except MALFORMED:
         raise malformed("ledger_events") from None

@@ -23,6 +23,7 @@ from pydantic import (
     PlainValidator,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
 )
 
 from flowvault.domain._canonical import (
@@ -30,6 +31,7 @@ from flowvault.domain._canonical import (
     JsonValue,
     canonical_json,
     content_hash,
+    parse_json,
 )
 from flowvault.domain._envelope import DIGEST_PATTERN, Digest, UtcDatetime, format_instant
 from flowvault.domain._errors import IntegrityFailure, InvalidInput
@@ -55,12 +57,20 @@ def _check_unicode(value: str) -> str:
     return value
 
 
-def _copy_json(value: object) -> JsonValue:
+_RESTORED_PAYLOAD = "flowvault.restored_payload"
+"""Validation context key under which ``LedgerEvent.restore`` names the payload it parsed."""
+
+
+def _copy_json(value: object, info: ValidationInfo) -> JsonValue:
     """Check the payload and keep a private copy, so a frozen event stays frozen.
 
     The copy is parsed back from the canonical text just produced, which is
-    inside the profile by construction, so the plain parser suffices.
+    inside the profile by construction, so the plain parser suffices. A
+    payload that ``restore`` has just parsed strictly is already checked and
+    owned by no one else, so that very object is kept as it is.
     """
+    if info.context is not None and info.context.get(_RESTORED_PAYLOAD) is value:
+        return value  # type: ignore[no-any-return]  # parse_json returned it
     try:
         copied: JsonValue = json.loads(canonical_json(value))
     except InvalidInput as exc:
@@ -136,6 +146,45 @@ class LedgerEvent(BaseModel):
         except ValidationError as exc:
             raise _invalid_event(exc) from None
         return draft.model_copy(update={"event_hash": draft.computed_hash()})
+
+    @classmethod
+    def restore(
+        cls,
+        *,
+        stream: object,
+        index: object,
+        type: object,
+        from_state: object,
+        to_state: object,
+        occurred_at: object,
+        payload_text: object,
+        previous_hash: object,
+        event_hash: object,
+        event_key: object,
+    ) -> Self:
+        """Rebuild a stored event from its columns exactly as stored, hash included.
+
+        The payload is parsed strictly from its stored text, and that parse is
+        its only copy. Nothing is rehashed: ``verify_chain`` sees any edit.
+        Raises ``InvalidInput`` for a malformed payload and pydantic's
+        ``ValidationError`` for any other malformed column.
+        """
+        if not isinstance(payload_text, str):
+            raise InvalidInput("a stored event payload must be text")
+        payload = parse_json(payload_text)
+        fields = {
+            "stream": stream,
+            "index": index,
+            "type": type,
+            "from_state": from_state,
+            "to_state": to_state,
+            "occurred_at": occurred_at,
+            "payload": payload,
+            "previous_hash": previous_hash,
+            "event_hash": event_hash,
+            "event_key": event_key,
+        }
+        return cls.model_validate(fields, context={_RESTORED_PAYLOAD: payload})
 
     def body(self) -> dict[str, JsonValue]:
         """Return exactly what ``event_hash`` commits to: every other field, versioned."""
@@ -227,7 +276,8 @@ def _is_authentic(event: LedgerEvent) -> bool:
     hashing it checks it against the JSON profile all the same.
     """
     try:
-        LedgerEvent.model_validate({**dict(event), "payload": None})
+        fields = {**event.__dict__, "payload": None}
+        LedgerEvent.model_validate(fields, context={_RESTORED_PAYLOAD: None})
         return event.computed_hash() == event.event_hash
     except (ValidationError, InvalidInput):
         return False
