@@ -484,15 +484,22 @@ class WorkflowService:
         if event.type not in DECISION_TYPES or event.stream != stream_of(workflow_id):
             raise InvalidInput("not a decision event of this workflow")
         payload = event.payload if isinstance(event.payload, dict) else {}
-        return DecisionReceipt(
-            issued_at=event.occurred_at,
-            workflow=self._repo.key_digest(WORKFLOWS, workflow_id),
-            action_hash=str(payload.get("action_hash")),
-            approved=event.type == "decision.approved",
-            event_index=event.index,
-            event_hash=event.event_hash,
-            decider=_optional_text(payload.get("decider")),
-        )
+        action_hash = payload.get("action_hash")
+        if not isinstance(action_hash, str) or not DIGEST_PATTERN.fullmatch(action_hash):
+            raise InvalidInput("the decision event carries no sha256:<64 hex> action_hash")
+        try:
+            return DecisionReceipt(
+                issued_at=event.occurred_at,
+                workflow=self._repo.key_digest(WORKFLOWS, workflow_id),
+                action_hash=action_hash,
+                approved=event.type == "decision.approved",
+                event_index=event.index,
+                event_hash=event.event_hash,
+                decider=_optional_text(payload.get("decider")),
+            )
+        except ValidationError as exc:
+            fields = sorted({str(error["loc"][0]) for error in exc.errors() if error["loc"]})
+            raise InvalidInput("invalid decision event: " + ", ".join(fields)) from None
 
     # -- ledger ---------------------------------------------------------------
 

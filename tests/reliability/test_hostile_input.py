@@ -1719,6 +1719,10 @@ FOUND: tuple[tuple[str, Callable[[Known], Arguments]], ...] = (
     ("WorkflowService.put_action_result", lambda k: {**_result(k), "retention": 1}),
     ("WorkflowService.purge_expired", lambda k: {"now": _NAIVE, "batch_size": 10}),
     ("WorkflowService.decision_receipt", lambda k: {"workflow_id": _HUGE, "event": _decision()}),
+    (
+        "WorkflowService.decision_receipt",
+        lambda k: {"workflow_id": k.workflow_id, "event": _decision(f"workflow/{k.workflow_id}")},
+    ),
     ("RunService.read_run_events", lambda k: {"run_id": _HUGE, "cursor": None, "limit": 10}),
     ("StateRepository.fingerprint", lambda k: {"scope": "main", "reason_class": 1}),
     ("StateRepository.save", lambda k: {"scope": "main", "state": WorkflowState(blob=b"\xff")}),
@@ -1812,9 +1816,10 @@ def _result(k: Known) -> Arguments:
     return {**fields, "result": {}, "retention": timedelta(hours=1)}
 
 
-def _decision() -> LedgerEvent:
+def _decision(stream: str = "x") -> LedgerEvent:
+    """Build a decision event without the action hash a receipt needs."""
     return _event_or_default(
-        {"stream": "x", "index": 0, "type": "decision.approved", "payload": {}}
+        {"stream": stream, "index": 0, "type": "decision.approved", "payload": {}}
     )
 
 
