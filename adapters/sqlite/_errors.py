@@ -35,6 +35,11 @@ def _code_name(exc: sqlite3.Error) -> str:
     return name if isinstance(name, str) else type(exc).__name__
 
 
+def is_busy(exc: sqlite3.Error) -> bool:
+    """Whether ``exc`` means another connection holds a lock this one needs."""
+    return _primary_code(exc) in _BUSY
+
+
 def translate(exc: sqlite3.Error, busy_timeout: float) -> FlowvaultError:
     """Return the flowvault error that stands for ``exc``."""
     primary, name = _primary_code(exc), _code_name(exc)
