@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from flowvault.adapters._rows import Params, event_params, stream_state
 from flowvault.adapters.sqlite import _queries as sql
-from flowvault.adapters.sqlite._rows import label_rows, record_params
+from flowvault.adapters.sqlite._rows import LabelWrites, label_writes, record_params
 from flowvault.application import UnitOfWork, check_append, check_delete, check_upsert
 from flowvault.domain import MAX_SAFE_INTEGER, LedgerEvent
 
@@ -31,8 +31,8 @@ class PreparedUnit:
     """
 
     records: list[Params]
-    record_keys: list[Params]
-    labels: list[Params]
+    key_ids: list[Params]
+    labels: list[LabelWrites]
     deletes: list[Params]
     events: list[Params]
     heads: list[Params]
@@ -43,8 +43,11 @@ class PreparedUnit:
         """Encode every write of ``unit``."""
         return cls(
             records=[record_params(upsert) for upsert in unit.upserts],
-            record_keys=[(u.header.namespace, u.header.key_digest) for u in unit.upserts],
-            labels=[row for upsert in unit.upserts for row in label_rows(upsert)],
+            key_ids=[
+                (u.header.key_id, u.header.namespace, u.header.key_digest, u.header.key_id)
+                for u in unit.upserts
+            ],
+            labels=[label_writes(upsert) for upsert in unit.upserts],
             deletes=[(delete.namespace, delete.key_digest) for delete in unit.deletes],
             events=[event_params(event) for event in unit.appends],
             heads=_head_rows(unit.appends),
@@ -91,8 +94,11 @@ def check_guards(connection: sqlite3.Connection, unit: UnitOfWork) -> None:
 def apply_writes(connection: sqlite3.Connection, prepared: PreparedUnit) -> None:
     """Write everything, in the reference order: upserts, deletes, appends, trims."""
     connection.executemany(sql.UPSERT_RECORD, prepared.records)
-    connection.executemany(sql.CLEAR_LABELS, prepared.record_keys)
-    connection.executemany(sql.INSERT_LABEL, prepared.labels)
+    connection.executemany(sql.SET_KEY_ID, prepared.key_ids)
+    for labels in prepared.labels:
+        connection.execute(labels.prune_sql, labels.prune)
+        connection.executemany(sql.UPSERT_TEXT_LABEL, labels.text)
+        connection.executemany(sql.UPSERT_INT_LABEL, labels.integers)
     connection.executemany(sql.DELETE_RECORD, prepared.deletes)
     connection.executemany(sql.INSERT_EVENT, prepared.events)
     connection.executemany(sql.ADVANCE_HEAD, prepared.heads)

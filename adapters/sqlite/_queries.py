@@ -29,19 +29,54 @@ UPSERT_RECORD: Final = (
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (namespace, key_digest) DO UPDATE SET "
     "revision = excluded.revision, sensitivity = excluded.sensitivity, "
-    "schema_version = excluded.schema_version, key_id = excluded.key_id, "
+    "schema_version = excluded.schema_version, "
     "written_at = excluded.written_at, labels = excluded.labels, "
     "byte_length = excluded.byte_length, payload_digest = excluded.payload_digest, "
     "payload = excluded.payload"
 )
+"""``key_id`` is left to ``SET_KEY_ID``: rewriting it unchanged would dirty its index page."""
+SET_KEY_ID: Final = (
+    "UPDATE records SET key_id = ? WHERE namespace = ? AND key_digest = ? AND key_id IS NOT ?"
+)
+"""Only a record re-sealed under another key touches ``records_by_key_id``."""
 CLEAR_LABELS: Final = (
     "DELETE FROM record_labels WHERE record_id = "
     "(SELECT id FROM records WHERE namespace = ? AND key_digest = ?)"
 )
-INSERT_LABEL: Final = (
+_LABEL_RECORD: Final = "(SELECT id FROM records WHERE namespace = ? AND key_digest = ?)"
+
+
+def prune_labels(count: int) -> str:
+    """Return the statement deleting a record's labels other than ``count`` kept ones.
+
+    A label is kept only under the same name and the same type (text or
+    integer), so the typed upserts that follow never meet a row of the
+    other type. Its parameters: namespace, key digest, then name and
+    "is an integer" for each kept label.
+    """
+    if count == 0:
+        return CLEAR_LABELS
+    kept = ", ".join(["(?, ?)"] * count)
+    return (
+        f"DELETE FROM record_labels WHERE record_id = {_LABEL_RECORD} "  # noqa: S608 - placeholders only
+        f"AND (name, int_value IS NOT NULL) NOT IN (VALUES {kept})"
+    )
+
+
+UPSERT_TEXT_LABEL: Final = (
     "INSERT INTO record_labels (record_id, namespace, name, text_value, int_value) "
-    "SELECT id, namespace, ?, ?, ? FROM records WHERE namespace = ? AND key_digest = ?"
+    "SELECT id, namespace, ?, ?, NULL FROM records WHERE namespace = ? AND key_digest = ? "
+    "ON CONFLICT (record_id, name) DO UPDATE SET text_value = excluded.text_value "
+    "WHERE text_value IS NOT excluded.text_value"
 )
+"""Writes a text label only if it is new or changed, touching only the text index."""
+UPSERT_INT_LABEL: Final = (
+    "INSERT INTO record_labels (record_id, namespace, name, text_value, int_value) "
+    "SELECT id, namespace, ?, NULL, ? FROM records WHERE namespace = ? AND key_digest = ? "
+    "ON CONFLICT (record_id, name) DO UPDATE SET int_value = excluded.int_value "
+    "WHERE int_value IS NOT excluded.int_value"
+)
+"""Writes an integer label only if it is new or changed, touching only the integer index."""
 DELETE_RECORD: Final = "DELETE FROM records WHERE namespace = ? AND key_digest = ?"
 """Label rows follow through ``ON DELETE CASCADE``."""
 

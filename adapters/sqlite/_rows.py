@@ -8,6 +8,7 @@ never as a pydantic or JSON error, and never with its content.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 
 from flowvault.adapters._rows import (
@@ -16,6 +17,7 @@ from flowvault.adapters._rows import (
 )
 from flowvault.adapters._rows import metadata_from_row as shared_metadata
 from flowvault.adapters._rows import record_from_row as shared_record
+from flowvault.adapters.sqlite import _queries as sql
 from flowvault.application import LabelValue, RecordMetadata, StoredRecord, Upsert
 from flowvault.domain import (
     canonical_json,
@@ -59,15 +61,33 @@ def decode_labels(text: object) -> Mapping[str, LabelValue]:
     return MappingProxyType({name: _decode_label(entry) for name, entry in body.items()})
 
 
-def label_rows(upsert: Upsert) -> list[Params]:
-    """Return ``INSERT_LABEL`` parameters, one row per label, typed into its column."""
+@dataclass(frozen=True, slots=True)
+class LabelWrites:
+    """One upsert's label statements: prune what changed name or type, then upsert the rest."""
+
+    prune_sql: str
+    prune: Params
+    text: list[Params]
+    integers: list[Params]
+
+
+def label_writes(upsert: Upsert) -> LabelWrites:
+    """Return the statements that bring a record's label rows to ``upsert.labels``."""
     header = upsert.header
-    return [
-        (name, value, None, header.namespace, header.key_digest)
-        if isinstance(value, str)
-        else (name, None, value, header.namespace, header.key_digest)
-        for name, value in upsert.labels.items()
-    ]
+    labels = upsert.labels
+    kept: list[object] = []
+    text: list[Params] = []
+    integers: list[Params] = []
+    for name, value in labels.items():
+        is_text = isinstance(value, str)
+        kept += [name, not is_text]
+        (text if is_text else integers).append((name, value, header.namespace, header.key_digest))
+    return LabelWrites(
+        prune_sql=sql.prune_labels(len(labels)),
+        prune=(header.namespace, header.key_digest, *kept),
+        text=text,
+        integers=integers,
+    )
 
 
 def record_params(upsert: Upsert) -> Params:

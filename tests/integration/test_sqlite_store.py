@@ -323,7 +323,10 @@ _QUERIES = {
     "peek": (sql.PEEK_METADATA, (NS, "k")),
     "revision": (sql.STORED_REVISION, (NS, "k")),
     "clear labels": (sql.CLEAR_LABELS, (NS, "k")),
-    "insert label": (sql.INSERT_LABEL, ("n", None, 1, NS, "k")),
+    "prune labels": (sql.prune_labels(2), (NS, "k", "n", 1, "status", 0)),
+    "upsert text label": (sql.UPSERT_TEXT_LABEL, ("status", "open", NS, "k")),
+    "upsert integer label": (sql.UPSERT_INT_LABEL, ("n", 1, NS, "k")),
+    "set key id": (sql.SET_KEY_ID, ("k2", NS, "k", "k2")),
     "delete": (sql.DELETE_RECORD, (NS, "k")),
     "stream": (sql.STREAM_STATE, ("s",)),
     "trim": (sql.TRIM_STREAM, (3, "s")),
@@ -428,3 +431,45 @@ def test_huge_indexes_behave_like_the_reference(store: SQLiteSecureObjectStore) 
     assert store.read_ledger("s", from_index=2**70).events == ()
     store.commit(UnitOfWork(trims=[LedgerTrim("s", 2**70)]))
     assert list(store.read_ledger("s").events) == events[1:]
+
+
+def _label_rows(store: SQLiteSecureObjectStore) -> set[tuple[object, ...]]:
+    rows = store._writer.connection.execute(
+        "SELECT name, text_value, int_value FROM record_labels"
+    ).fetchall()
+    return {tuple(row) for row in rows}
+
+
+def test_rewritten_labels_change_only_what_changed(store: SQLiteSecureObjectStore) -> None:
+    """Renamed, retyped, changed, kept and dropped labels leave exactly the new set behind.
+
+    Rows are pruned by name and type and then upserted, so a label that
+    changes type never meets its old row, and filters see only the new values.
+    """
+    first = {"a": "x", "b": 1, "c": "keep", "e": 7}
+    second = {"a": 2, "b": "y", "c": "keep", "d": 5, "e": 8}
+    store.commit(UnitOfWork(upserts=[make_upsert(NS, "r", labels=first)]))
+    assert _label_rows(store) == {
+        ("a", "x", None),
+        ("b", None, 1),
+        ("c", "keep", None),
+        ("e", None, 7),
+    }
+    store.commit(UnitOfWork(upserts=[make_upsert(NS, "r", expected=1, labels=second)]))
+    assert _label_rows(store) == {
+        ("a", None, 2),
+        ("b", "y", None),
+        ("c", "keep", None),
+        ("d", None, 5),
+        ("e", None, 8),
+    }
+    assert len(store.list(NS, filters=[LabelFilter("a", 2, FilterOp.EQ)]).items) == 1
+    assert not store.list(NS, filters=[LabelFilter("a", "x", FilterOp.EQ)]).items
+    assert not store.list(NS, filters=[LabelFilter("e", 7, FilterOp.EQ)]).items
+    store.commit(UnitOfWork(upserts=[make_upsert(NS, "r", expected=2, labels={"d": 5})]))
+    assert _label_rows(store) == {("d", None, 5)}
+    store.commit(UnitOfWork(upserts=[make_upsert(NS, "r", expected=3)]))
+    assert _label_rows(store) == set()
+    meta = store.peek_metadata(NS, _digest("r"))
+    assert meta is not None
+    assert dict(meta.labels) == {}
