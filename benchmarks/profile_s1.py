@@ -1,0 +1,140 @@
+"""Where S1's time goes: one durable transition taken apart.
+
+From the repository root::
+
+    python benchmarks/profile_s1.py [--workflows N] [--dir DIR]
+
+Four measurements of the same workload (create + the lifecycle's five
+transitions per workflow), each on a fresh store:
+
+1. wall time per operation with ``synchronous=full`` (S1 itself);
+2. the same with ``synchronous=normal``: the difference is the WAL sync;
+3. the same on the memory adapter: everything above the port;
+4. a ``cProfile`` run of (1), whose self time is grouped by what it does:
+   canonical JSON encoding and parsing, sealing and hashing (AES-GCM, HMAC,
+   SHA-256), model validation (pydantic), SQL (every call into ``sqlite3``,
+   its sync included), and flowvault's own Python (domain, application,
+   adapter code). Profiling inflates the share of Python code that makes
+   many small calls, so read the groups as proportions, not microseconds.
+
+It also reports how many WAL frames (pages) one transition's commit
+writes, against one for the raw single-row baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+from _workload import Orders, run_lifecycles, sqlite_settings
+
+from flowvault.adapters.sqlite import SQLiteSecureObjectStore
+from flowvault.composition import Settings, bootstrap
+
+GROUPS: Final = (
+    ("SQL (sqlite3 calls, sync included)", ("sqlite3.Connection", "sqlite3.Cursor")),
+    ("sealing and hashing", ("AESGCM", "hmac", "_hashlib", "openssl", "hashlib", "crypto/")),
+    ("canonical JSON", ("_canonical.py", "json/", "_json")),
+    ("model validation (pydantic)", ("pydantic",)),
+    ("adapter code", ("adapters/",)),
+    ("domain code", ("domain/",)),
+    ("application code", ("application/",)),
+)
+OTHER: Final = "other (interpreter, stdlib)"
+
+
+def _per_op_us(settings: Settings, workflows: int) -> float:
+    with bootstrap(settings) as runtime:
+        run = run_lifecycles(runtime.workflows, Orders("profile").take(workflows))
+        if run.errors:
+            raise SystemExit(f"{run.errors} operations failed")
+        operations = len(run.ordinary_ms) + len(run.terminal_ms)
+        return run.seconds / operations * 1e6
+
+
+def _group_of(key: tuple[str, int, str]) -> str:
+    where = f"{key[0]}:{key[2]}"
+    for name, markers in GROUPS:
+        if any(marker in where for marker in markers):
+            return name
+    return OTHER
+
+
+def _profile(settings: Settings, workflows: int) -> dict[str, float]:
+    profiler = cProfile.Profile(time.perf_counter)
+    with bootstrap(settings) as runtime:
+        orders = Orders("profiled").take(workflows)
+        profiler.enable()
+        run_lifecycles(runtime.workflows, orders)
+        profiler.disable()
+    stats = pstats.Stats(profiler)
+    shares: dict[str, float] = defaultdict(float)
+    for key, (_, _, self_time, _, _) in stats.stats.items():  # type: ignore[attr-defined]
+        shares[_group_of(key)] += self_time
+    total = sum(shares.values())
+    return {name: seconds / total for name, seconds in shares.items()}
+
+
+def _frames_per_transition(home: Path, workflows: int) -> float:
+    """Count WAL frames written by transitions alone, with checkpoints held off."""
+    settings = sqlite_settings(home, synchronous="normal")
+    with bootstrap(settings) as runtime:
+        created = [runtime.workflows.create(order)[0] for order in Orders("frames").take(workflows)]
+        store = runtime.store
+        if not isinstance(store, SQLiteSecureObjectStore):
+            raise SystemExit("expected the SQLite store")
+        wal = store.path.with_name(store.path.name + "-wal")
+        store.compact()
+        with store._writing() as connection:
+            connection.execute("PRAGMA wal_autocheckpoint = 0")
+        before = wal.stat().st_size
+        for record in created:
+            runtime.workflows.transition(
+                record.workflow_id, "planning", expected_state="intake", expected_version=1
+            )
+        page_size = 4096 + 24
+        return (wal.stat().st_size - before) / page_size / len(created)
+
+
+def _line(label: str, value: str) -> str:
+    return f"| {label} | {value} |"
+
+
+def main(argv: list[str]) -> int:
+    """Print the breakdown as a markdown table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workflows", type=int, default=100)
+    parser.add_argument("--dir", type=Path, default=None)
+    args = parser.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="fvprofile-", dir=args.dir))
+    fresh: Callable[[str], Path] = lambda name: root / name  # noqa: E731
+    full = _per_op_us(sqlite_settings(fresh("full")), args.workflows)
+    normal = _per_op_us(sqlite_settings(fresh("normal"), synchronous="normal"), args.workflows)
+    memory = _per_op_us(
+        Settings.model_validate({"backend": "memory", "home": fresh("memory")}), args.workflows
+    )
+    shares = _profile(sqlite_settings(fresh("profiled")), args.workflows)
+    frames = _frames_per_transition(fresh("frames"), args.workflows)
+    print("| measure | value |")
+    print("|---|---|")
+    print(_line("S1 per operation, synchronous=full", f"{full:.0f} us"))
+    print(_line("the same, synchronous=normal", f"{normal:.0f} us"))
+    print(_line("WAL sync (difference)", f"{full - normal:.0f} us"))
+    print(_line("memory adapter (all work above the port)", f"{memory:.0f} us"))
+    print(_line("SQLite adapter and file work (normal - memory)", f"{normal - memory:.0f} us"))
+    print(_line("WAL frames written per transition commit", f"{frames:.1f} (raw baseline: 1)"))
+    for name, share in sorted(shares.items(), key=lambda item: -item[1]):
+        print(_line(f"profiled self time: {name}", f"{share:.0%}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
