@@ -50,12 +50,21 @@ def _check_scalar(value: object) -> None:
         return
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise InvalidInput("NaN and Infinity are not JSON")
+            raise InvalidInput("NaN, Infinity and numbers past a double's range are not JSON")
         return
     if isinstance(value, str):
         _check_string(value, "string")
         return
     raise InvalidInput(f"{type(value).__name__} is not a JSON type")
+
+
+def _check_keys(item: dict[object, object]) -> None:
+    for key in item:
+        if type(key) is str and key.isascii():
+            continue
+        if not isinstance(key, str):
+            raise InvalidInput("object keys must be strings")
+        _check_string(key, "object key")
 
 
 def _check_container(item: dict[object, object] | list[object], depth: int) -> None:
@@ -70,10 +79,7 @@ def _check_container(item: dict[object, object] | list[object], depth: int) -> N
         raise InvalidInput(f"nesting deeper than {MAX_DEPTH}")
     children: Iterable[object]
     if isinstance(item, dict):
-        for key in item:
-            if type(key) is not str and not isinstance(key, str):
-                raise InvalidInput("object keys must be strings")
-            _check_string(key, "object key")
+        _check_keys(item)
         children = item.values()
     else:
         children = item
@@ -81,7 +87,8 @@ def _check_container(item: dict[object, object] | list[object], depth: int) -> N
     for child in children:
         kind = type(child)
         if kind is str:
-            _check_string(child, "string")  # type: ignore[arg-type]  # kind is str
+            if not child.isascii():  # type: ignore[attr-defined]  # kind is str
+                _check_string(child, "string")  # type: ignore[arg-type]  # kind is str
         elif kind is int:
             if not -MAX_SAFE_INTEGER <= child <= MAX_SAFE_INTEGER:  # type: ignore[operator]
                 raise InvalidInput("integer outside +-(2^53-1)")
@@ -142,24 +149,14 @@ def _constant(_: str) -> float:
     raise _Rejected("NaN and Infinity are not JSON")
 
 
-def _float(text: str) -> float:
-    number = float(text)
-    if not math.isfinite(number):
-        raise _Rejected("number overflows a double")
-    return number
-
-
-def _int(text: str) -> int:
-    if len(text.lstrip("-")) > 16:
-        raise _Rejected("integer outside +-(2^53-1)")
-    return int(text)
-
-
 def parse_json(data: str | bytes) -> JsonValue:
     """Parse JSON text strictly into a value inside the profile.
 
     Rejects invalid UTF-8, duplicate keys, NaN/Infinity, out-of-range
     numbers, lone surrogates and excessive nesting, all as ``InvalidInput``.
+    Numbers are range-checked by the walk over the parsed value (a number
+    past a double's range parses as infinity, which the walk refuses), so
+    only objects and the NaN/Infinity literals need parser hooks.
     """
     if isinstance(data, bytes | bytearray | memoryview):
         try:
@@ -171,13 +168,7 @@ def parse_json(data: str | bytes) -> JsonValue:
     else:
         raise InvalidInput(f"JSON text must be str or bytes, not {type(data).__name__}")
     try:
-        value = json.loads(
-            text,
-            object_pairs_hook=_pairs,
-            parse_constant=_constant,
-            parse_float=_float,
-            parse_int=_int,
-        )
+        value = json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant)
     except _Rejected as exc:
         raise InvalidInput(str(exc)) from None
     except RecursionError:
