@@ -282,6 +282,27 @@ def test_write_lock_held_past_the_timeout_is_store_busy(db_path: Path) -> None:
         assert store.load(NS, _digest("a")) is not None
 
 
+def test_a_commit_waits_for_a_lock_released_within_the_timeout(db_path: Path) -> None:
+    """The write lock freed while a commit waits lets it land; the busy timeout is restored.
+
+    Commits switch SQLite's busy handler off while they retry for the lock
+    themselves; every other statement must find it back at its setting.
+    """
+    with SQLiteSecureObjectStore.open(db_path, busy_timeout=5.0) as store:
+        blocker = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+        blocker.execute("BEGIN IMMEDIATE")
+        release = threading.Timer(0.2, lambda: blocker.execute("ROLLBACK"))
+        release.start()
+        try:
+            store.commit(UnitOfWork(upserts=[make_upsert(NS, "a")]))
+        finally:
+            release.join()
+            blocker.close()
+        assert store.load(NS, _digest("a")) is not None
+        timeout = store._writer.connection.execute("PRAGMA busy_timeout").fetchone()
+        assert timeout == (5000,)
+
+
 def test_readers_do_not_wait_for_a_writer(db_path: Path) -> None:
     """In WAL mode reads see the last commit while another connection holds the write lock."""
     with SQLiteSecureObjectStore.open(db_path, busy_timeout=0.2) as store:
