@@ -15,17 +15,16 @@ group, none of which then landed.
 from __future__ import annotations
 
 import copy
-import random
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from flowvault.adapters.sqlite._commit import PreparedUnit
 from flowvault.adapters.sqlite._connect import rollback_quietly
-from flowvault.adapters.sqlite._errors import is_busy, translate, translated
+from flowvault.adapters.sqlite._errors import translate, translated
+from flowvault.adapters.sqlite._locks import begin_immediate
 from flowvault.application import UnitOfWork
 from flowvault.domain import FlowvaultError, InvalidInput, StoreUnavailable
 
@@ -142,36 +141,6 @@ def _unit_error(exc: Exception, busy_timeout: float) -> FlowvaultError:
         error = InvalidInput("an integer argument is outside SQLite's 64-bit range")
     error.__cause__ = exc
     return error
-
-
-_FIRST_PAUSE = 0.0001
-_LONGEST_PAUSE = 0.002
-
-
-def begin_immediate(connection: sqlite3.Connection, busy_timeout: float) -> None:
-    """Take the write lock, retrying every fraction of a millisecond until ``busy_timeout``.
-
-    SQLite's own busy handler sleeps 1, 2, 5, 10, 15, 20 ms and more between
-    tries, so under contention from other processes a commit waits far
-    longer than the lock is held (a fraction of a millisecond). The handler
-    is switched off for this one statement, and short, jittered, growing
-    pauses stand in for it; every other statement keeps the handler.
-    """
-    connection.execute("PRAGMA busy_timeout = 0")
-    try:
-        deadline = time.monotonic() + busy_timeout
-        pause = _FIRST_PAUSE
-        while True:
-            try:
-                connection.execute("BEGIN IMMEDIATE")
-                return
-            except sqlite3.OperationalError as exc:
-                if not is_busy(exc) or time.monotonic() >= deadline:
-                    raise
-            time.sleep(random.uniform(0, pause))  # noqa: S311 - jitter only
-            pause = min(pause * 2, _LONGEST_PAUSE)
-    finally:
-        connection.execute(f"PRAGMA busy_timeout = {round(busy_timeout * 1000)}")
 
 
 @contextmanager

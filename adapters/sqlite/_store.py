@@ -45,6 +45,7 @@ from flowvault.adapters.sqlite._group import (
     commit_group,
     fail_group,
 )
+from flowvault.adapters.sqlite._locks import checkpoint_truncate
 from flowvault.adapters.sqlite._rows import metadata_from_row, record_from_row
 from flowvault.adapters.sqlite._schema import (
     SCHEMA_VERSION,
@@ -460,8 +461,7 @@ class SQLiteSecureObjectStore:
         """
         self._check_writable()
         with self._writing() as connection:
-            busy, _, _ = connection.execute(sql.CHECKPOINT_TRUNCATE).fetchone()
-        return int(busy) == 0
+            return checkpoint_truncate(connection, self._options.busy_timeout)
 
     # -- lifecycle ------------------------------------------------------------
 

@@ -494,3 +494,28 @@ def test_rewritten_labels_change_only_what_changed(store: SQLiteSecureObjectStor
     meta = store.peek_metadata(NS, _digest("r"))
     assert meta is not None
     assert dict(meta.labels) == {}
+
+
+def test_compact_truncates_the_wal_once_no_reader_holds_an_old_snapshot(db_path: Path) -> None:
+    """A reader on an older snapshot defers compaction (False); once it ends, the WAL empties.
+
+    The busy timeout is back at its setting afterwards, either way.
+    """
+    wal = _sidecar(db_path, "-wal")
+    with SQLiteSecureObjectStore.open(db_path, busy_timeout=0.3) as store:
+        store.commit(UnitOfWork(upserts=[make_upsert(NS, "a")]))
+        reader = sqlite3.connect(db_path, isolation_level=None)
+        try:
+            reader.execute("BEGIN")
+            reader.execute("SELECT COUNT(*) FROM records").fetchone()
+            store.commit(UnitOfWork(upserts=[make_upsert(NS, "b")]))
+            assert store.compact() is False
+            assert wal.stat().st_size > 0
+        finally:
+            reader.execute("ROLLBACK")
+            reader.close()
+        assert store.compact() is True
+        assert wal.stat().st_size == 0
+        timeout = store._writer.connection.execute("PRAGMA busy_timeout").fetchone()
+        assert timeout == (300,)
+        assert store.load(NS, _digest("b")) is not None
