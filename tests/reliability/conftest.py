@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -14,11 +16,35 @@ from flowvault.composition import Settings, bootstrap
 _HERE = Path(__file__).parent
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark this folder's tests ``reliability`` so ``make reliability`` can select them."""
+def _shard() -> tuple[int, int] | None:
+    """Return ``(k, n)`` from ``RELIABILITY_SHARD=k/n``, or ``None`` when it is unset."""
+    text = os.environ.get("RELIABILITY_SHARD", "").strip()
+    if not text:
+        return None
+    match = re.fullmatch(r"([1-9][0-9]*)/([1-9][0-9]*)", text)
+    if match is None or int(match[1]) > int(match[2]):
+        raise pytest.UsageError(f"RELIABILITY_SHARD must be k/n with 1 <= k <= n, not {text!r}")
+    return int(match[1]), int(match[2])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark this folder's tests ``reliability``; ``RELIABILITY_SHARD=k/n`` keeps every n-th of them.
+
+    Sharding splits a long run (hours of hostile input) into parts that can
+    run on several cores or on different days; the shards of one collection
+    are disjoint and together hold every test.
+    """
     for item in items:
         if _HERE in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.reliability)
+    shard = _shard()
+    if shard is None:
+        return
+    k, n = shard
+    ours = [item for item in items if _HERE in Path(str(item.path)).parents]
+    dropped = {id(item) for position, item in enumerate(ours) if position % n != k - 1}
+    config.hook.pytest_deselected(items=[item for item in items if id(item) in dropped])
+    items[:] = [item for item in items if id(item) not in dropped]
 
 
 @pytest.fixture
