@@ -19,6 +19,7 @@ import pytest
 
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.adapters.sqlite import _store as sqlite_store
+from flowvault.adapters.sqlite._group import MAX_GROUP
 from flowvault.application import UnitOfWork
 from flowvault.application.testing import make_event, make_upsert
 from flowvault.domain import (
@@ -211,3 +212,13 @@ def test_many_threads_lose_no_unit(store: SQLiteSecureObjectStore) -> None:
     counts = store.commit_counts
     assert counts.units == 8 * per_thread
     assert counts.transactions <= counts.units
+
+
+def test_a_group_holds_at_most_max_group_units(store: SQLiteSecureObjectStore) -> None:
+    """Seventy queued units commit as groups of 64 and 6, behind the leader's own."""
+    units = [UnitOfWork(upserts=[make_upsert(NS, f"k{n}")]) for n in range(70)]
+    callers = queue_behind_lock(store, units)
+    assert all(caller.error is None for caller in callers)
+    counts = store.commit_counts
+    assert MAX_GROUP == 64
+    assert (counts.transactions, counts.units, counts.grouped_units) == (3, 71, 70)
