@@ -39,11 +39,8 @@ SET_KEY_ID: Final = (
     "UPDATE records SET key_id = ? WHERE namespace = ? AND key_digest = ? AND key_id IS NOT ?"
 )
 """Only a record re-sealed under another key touches ``records_by_key_id``."""
-CLEAR_LABELS: Final = (
-    "DELETE FROM record_labels WHERE record_id = "
-    "(SELECT id FROM records WHERE namespace = ? AND key_digest = ?)"
-)
 _LABEL_RECORD: Final = "(SELECT id FROM records WHERE namespace = ? AND key_digest = ?)"
+CLEAR_LABELS: Final = f"DELETE FROM record_labels WHERE record_id = {_LABEL_RECORD}"  # noqa: S608
 
 
 def prune_labels(count: int) -> str:

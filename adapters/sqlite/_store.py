@@ -368,21 +368,28 @@ class SQLiteSecureObjectStore:
         ticket.settle()
 
     def _commit_next_group(self) -> None:
-        """Commit the queued units (the caller holds the writer lock)."""
+        """Commit the queued units (the caller holds the writer lock).
+
+        Every ticket taken off the queue is resolved before this returns or
+        raises, even if an interrupt lands between taking and committing;
+        otherwise its caller would wait for a group that no one commits.
+        """
         group = self._queue.take()
         try:
             self._check_usable()
+            commit_group(
+                self._writer.connection,
+                group,
+                check=check_guards,
+                apply=apply_writes,
+                busy_timeout=self._options.busy_timeout,
+            )
+            self._counts.add(group)
         except StoreUnavailable as exc:
             fail_group(group, exc)
-            return
-        commit_group(
-            self._writer.connection,
-            group,
-            check=check_guards,
-            apply=apply_writes,
-            busy_timeout=self._options.busy_timeout,
-        )
-        self._counts.add(group)
+        finally:
+            if not all(ticket.resolved for ticket in group):
+                fail_group(group, StoreUnavailable("the commit was interrupted before it began"))
 
     @property
     def queued_units(self) -> int:

@@ -222,3 +222,28 @@ def test_a_group_holds_at_most_max_group_units(store: SQLiteSecureObjectStore) -
     counts = store.commit_counts
     assert MAX_GROUP == 64
     assert (counts.transactions, counts.units, counts.grouped_units) == (3, 71, 70)
+
+
+def test_an_interrupted_leader_fails_its_group_instead_of_stranding_it(
+    store: SQLiteSecureObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupt in the thread committing a group reaches that thread; the rest fail typed."""
+    real = sqlite_store.commit_group
+    calls: list[int] = []
+
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(sqlite_store, "commit_group", interrupted)
+    units = [UnitOfWork(upserts=[make_upsert(NS, f"k{n}")]) for n in range(3)]
+    callers = queue_behind_lock(store, units)
+    errors = [caller.error for caller in callers]
+    assert sum(isinstance(error, KeyboardInterrupt) for error in errors) == 1
+    assert sum(isinstance(error, StoreUnavailable) for error in errors) == 2
+    assert all(_revision(store, f"k{n}") is None for n in range(3))
+    monkeypatch.setattr(sqlite_store, "commit_group", real)
+    store.commit(UnitOfWork(upserts=[make_upsert(NS, "k0")]))
+    assert _revision(store, "k0") == 1
