@@ -11,11 +11,12 @@ ROOT = Path(__file__).resolve().parents[2]
 TARGET = "tests/reliability/test_hostile_cli.py"
 
 
-def _collected(shard: str | None) -> list[str]:
+def _collect(shard: str | None) -> subprocess.CompletedProcess[str]:
+    """Run pytest's collection of ``TARGET`` under ``RELIABILITY_SHARD=shard`` (unset if None)."""
     env = {name: value for name, value in os.environ.items() if name != "RELIABILITY_SHARD"}
     if shard is not None:
         env["RELIABILITY_SHARD"] = shard
-    completed = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", TARGET],
         cwd=ROOT,
         env=env,
@@ -24,6 +25,10 @@ def _collected(shard: str | None) -> list[str]:
         timeout=120,
         check=False,
     )
+
+
+def _collected(shard: str | None) -> list[str]:
+    completed = _collect(shard)
     assert completed.returncode in (0, 5), completed.stdout + completed.stderr
     return [line for line in completed.stdout.splitlines() if "::" in line]
 
@@ -37,15 +42,6 @@ def test_shards_are_disjoint_and_cover_every_test() -> None:
     assert second
     assert not set(first) & set(second)
     assert sorted(first + second) == sorted(everything)
-    env = {**os.environ, "RELIABILITY_SHARD": "3/2"}
-    refused = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", TARGET],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    refused = _collect("3/2")
     assert refused.returncode != 0
     assert "RELIABILITY_SHARD must be k/n" in refused.stdout + refused.stderr
