@@ -158,3 +158,10 @@ def require_text(value: object, what: str) -> str:
     if not isinstance(value, str):
         raise InvalidInput(f"{what} must be text")
     return value
+
+
+def require_seal_count(count: object) -> int:
+    """Refuse a seal reservation that would leave a counter unchanged or move it back."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise InvalidInput("count must be a positive integer")
+    return count

@@ -16,15 +16,26 @@ def _describe(expected: ExpectedRevision) -> str | int:
 
 
 def check_upsert(
-    namespace: str, key_digest: str, expected: ExpectedRevision, stored: int | None, new: int
+    namespace: str,
+    key_digest: str,
+    expected: ExpectedRevision,
+    stored: int | None,
+    new: int,
+    *,
+    replaces: str | None = None,
+    stored_digest: str | None = None,
 ) -> None:
-    """Raise ``RevisionConflict`` unless an upsert may replace ``stored`` with ``new``."""
+    """Raise ``RevisionConflict`` unless an upsert may replace ``stored`` with ``new``.
+
+    A re-seal (``replaces`` set) also needs the stored payload digest to be
+    the one it replaces, so it never lands on a row deleted and re-created.
+    """
     if expected is Guard.ABSENT:
         ok = stored is None
     elif expected is Guard.ANY:
         ok = stored is None or new > stored
     else:
-        ok = stored == expected
+        ok = stored == expected and (replaces is None or stored_digest == replaces)
     if not ok:
         raise RevisionConflict(
             "record revision does not match the write's guard",

@@ -119,6 +119,21 @@ class Upsert:
     payload: bytes = field(repr=False)
     expected: ExpectedRevision
     labels: Mapping[str, LabelValue] = field(default_factory=dict)
+    replaces: str | None = None
+    """For a re-seal: the payload digest of the exact row this write replaces.
+
+    A re-seal (key rotation) rewrites the same content at the same revision
+    under another key, so readers holding the revision stay valid. The
+    revision alone cannot guard it: a record deleted and created again is
+    back at revision 1, and re-sealing the old row over it would revive
+    deleted content. The payload digest names one seal (its nonce is
+    random), so the write lands only on the very row that was read.
+    """
+
+    @property
+    def reseal(self) -> bool:
+        """Whether this write re-seals a row in place (``replaces`` is set)."""
+        return self.replaces is not None
 
     def __post_init__(self) -> None:
         if not isinstance(self.payload, bytes):
@@ -132,7 +147,12 @@ class Upsert:
         _check_expected(self.expected)
         if self.expected is Guard.ABSENT and self.header.revision != 1:
             raise InvalidInput("a create must write revision 1")
-        if isinstance(self.expected, int) and self.header.revision != self.expected + 1:
+        if self.replaces is not None:
+            if not isinstance(self.replaces, str):
+                raise InvalidInput("replaces must be the payload digest of the replaced row")
+            if not isinstance(self.expected, int) or self.header.revision != self.expected:
+                raise InvalidInput("a reseal keeps the revision its exact guard expects")
+        elif isinstance(self.expected, int) and self.header.revision != self.expected + 1:
             raise InvalidInput("an exact guard must write the next revision")
         object.__setattr__(self, "labels", _check_labels(self.labels))
 

@@ -26,7 +26,8 @@ from flowvault.application._records import (
     Upsert,
     _check_expected,
 )
-from flowvault.application.ports import Cipher, Clock, SecureObjectStore
+from flowvault.application._seal_budget import SealBudget
+from flowvault.application.ports import Cipher, Clock, SealCounter, SecureObjectStore
 from flowvault.domain import (
     EnvelopeHeader,
     IntegrityFailure,
@@ -79,10 +80,28 @@ def _tampered(what: str, metadata: RecordMetadata) -> IntegrityFailure:
 class SealedRepository:
     """Seals documents on write and opens and verifies them on read, over any store."""
 
-    def __init__(self, store: SecureObjectStore, cipher: Cipher, clock: Clock) -> None:
+    def __init__(
+        self,
+        store: SecureObjectStore,
+        cipher: Cipher,
+        clock: Clock,
+        *,
+        budget: SealBudget | None = None,
+    ) -> None:
         self._store = store
         self._cipher = cipher
         self._clock = clock
+        self._budget = budget or SealBudget(store if isinstance(store, SealCounter) else None)
+
+    @property
+    def cipher(self) -> Cipher:
+        """The cipher that seals and opens, whose primary key seals every write."""
+        return self._cipher
+
+    @property
+    def budget(self) -> SealBudget:
+        """The nonce budget every seal is charged against."""
+        return self._budget
 
     @property
     def clock(self) -> Clock:
@@ -149,8 +168,39 @@ class SealedRepository:
             fields = sorted({str(error["loc"][0]) for error in exc.errors() if error["loc"]})
             raise InvalidInput("invalid record header: " + ", ".join(fields)) from None
         body = {"v": SEALED_BODY_VERSION, "labels": dict(labels), "document": document}
-        sealed = self._cipher.seal(header.key_id, canonical_bytes(body), header.aad())
+        plaintext = canonical_bytes(body)
+        self._budget.charge(header.key_id)
+        sealed = self._cipher.seal(header.key_id, plaintext, header.aad())
         return Upsert(header=header, payload=sealed, expected=expected, labels=labels)
+
+    def reseal(self, record: StoredRecord) -> Upsert | None:
+        """Return an upsert re-sealing ``record`` under the primary key, or ``None`` if it is.
+
+        The record is verified and opened first, so a damaged row fails
+        closed instead of being laundered under a new key. The sealed body,
+        the revision and the write time stay as they were; only the key id
+        in the header, and so the associated data, changes.
+        """
+        if not isinstance(record, StoredRecord):
+            raise InvalidInput("a reseal takes a StoredRecord as loaded from the store")
+        metadata = record.metadata
+        primary = self._cipher.primary_key_id
+        if metadata.header.key_id == primary:
+            return None
+        plaintext = self._verified_plaintext(
+            record, namespace=metadata.namespace, key_digest=metadata.key_digest
+        )
+        self._unwrap(plaintext, metadata)
+        header = metadata.header.model_copy(update={"key_id": primary})
+        self._budget.charge(primary)
+        sealed = self._cipher.seal(primary, plaintext, header.aad())
+        return Upsert(
+            header=header,
+            payload=sealed,
+            expected=metadata.revision,
+            labels=metadata.labels,
+            replaces=metadata.payload_digest,
+        )
 
     def _next_revision(self, namespace: str, key_digest: str, expected: ExpectedRevision) -> int:
         if expected is Guard.ABSENT:
@@ -212,6 +262,13 @@ class SealedRepository:
 
     def open(self, record: StoredRecord, *, namespace: str, key_digest: str) -> SealedDocument:
         """Verify a loaded record against the row it was asked for, then decrypt it."""
+        plaintext = self._verified_plaintext(record, namespace=namespace, key_digest=key_digest)
+        metadata = record.metadata
+        return SealedDocument(document=self._unwrap(plaintext, metadata), metadata=metadata)
+
+    def _verified_plaintext(
+        self, record: StoredRecord, *, namespace: str, key_digest: str
+    ) -> bytes:
         metadata = record.metadata
         header = metadata.header
         if (header.namespace, header.key_digest) != (namespace, key_digest):
@@ -221,8 +278,7 @@ class SealedRepository:
             raise _tampered("payload length or digest differs from the row", metadata)
         if self._cipher.sealed_key_id(payload) != header.key_id:
             raise _tampered("sealed under another key than the row names", metadata)
-        plaintext = self._cipher.open(payload, header.aad())
-        return SealedDocument(document=self._unwrap(plaintext, metadata), metadata=metadata)
+        return self._cipher.open(payload, header.aad())
 
     @staticmethod
     def _unwrap(plaintext: bytes, metadata: RecordMetadata) -> JsonValue:

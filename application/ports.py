@@ -141,6 +141,35 @@ class StoreStats(Protocol):
 
 
 @runtime_checkable
+class SealCounter(Protocol):
+    """Optional capability: a durable count of seals per key id, for the nonce budget.
+
+    AES-GCM with random 96-bit nonces is safe for at most 2^32 seals under
+    one key, counted across every process and host sharing the store, so
+    the count lives with the data. Like a database sequence, a reservation
+    is its own small transaction: durable when it returns, and never undone
+    by a unit of work that fails later.
+    """
+
+    def reserve_seals(self, key_id: str, count: int) -> int:
+        """Add ``count`` to the counter of ``key_id`` and return the new total.
+
+        The total is durable (synced, where the backend syncs) before this
+        returns; concurrent reservations from any thread, process or host
+        add up exactly.
+
+        Raises:
+            StoreBusy / StoreUnavailable: the backend could not be written.
+
+        """
+        ...
+
+    def seal_counts(self) -> Mapping[str, int]:
+        """Return the reserved total per key id; ids never reserved are omitted."""
+        ...
+
+
+@runtime_checkable
 class StreamCatalog(Protocol):
     """Optional capability: enumerate the ledger streams, so an audit can verify every one."""
 

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from flowvault.adapters.cli import CommandIO, ResetRequest, reset_progress_command
-from flowvault.composition import _cli_browse, _cli_demo, _cli_ledger, _cli_store
+from flowvault.composition import _cli_browse, _cli_demo, _cli_keys, _cli_ledger, _cli_store
 from flowvault.composition._bootstrap import open_existing
 from flowvault.composition._cli_base import EXIT_CODES, Handler, Verbs, add_verb, settings_for
 from flowvault.composition._logging import configure_logging
@@ -54,6 +54,7 @@ REGISTRARS: tuple[Callable[[Verbs], None], ...] = (
     _cli_store.register,
     _cli_browse.register,
     _cli_ledger.register,
+    _cli_keys.register,
     _register_reset,
     _cli_demo.register,
 )

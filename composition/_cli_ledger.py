@@ -20,12 +20,13 @@ from flowvault.adapters.cli import (
     ledger_verify_command,
     purge_command,
 )
-from flowvault.adapters.crypto import AesGcmCipher, FileKeyStore
+from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.adapters.system import SystemClock
 from flowvault.application import (
     KEY_ENV,
+    KeyRing,
     LedgerAudit,
     RetentionPolicy,
     SealedRepository,
@@ -34,7 +35,7 @@ from flowvault.application import (
 )
 from flowvault.composition._bootstrap import open_existing
 from flowvault.composition._cli_base import Verbs, add_verb
-from flowvault.composition._container import open_postgres
+from flowvault.composition._container import key_file_store, open_postgres
 from flowvault.composition._settings import Settings
 from flowvault.domain import KeyRequired
 
@@ -52,16 +53,13 @@ def _open_read_only(settings: Settings) -> SecureObjectStore:
     return InMemorySecureObjectStore()
 
 
-def _existing_key(settings: Settings) -> bytes | None:
-    """Return the key from ``FLOWVAULT_KEY`` or the key file, never creating one."""
+def _existing_ring(settings: Settings) -> KeyRing | None:
+    """Return the keys from ``FLOWVAULT_KEY`` or the key file, never creating one."""
     if settings.key is not None:
-        return parse_master_key(settings.key.get_secret_value(), KEY_ENV)
-    if settings.backend != "sqlite":
+        return KeyRing(primary=parse_master_key(settings.key.get_secret_value(), KEY_ENV))
+    if settings.backend != "sqlite" and settings.key_file is None:
         return None
-    keys = FileKeyStore(
-        settings.keys_dir, allow_insecure_permissions=settings.allow_insecure_permissions
-    )
-    return keys.read()
+    return key_file_store(settings).read_ring()
 
 
 @contextmanager
@@ -73,9 +71,11 @@ def _audited(settings: Settings) -> Iterator[tuple[SecureObjectStore, SealedRepo
     """
     store = _open_read_only(settings)
     try:
-        key = _existing_key(settings)
+        ring = _existing_ring(settings)
         repository = (
-            None if key is None else SealedRepository(store, AesGcmCipher(key), SystemClock())
+            None
+            if ring is None
+            else SealedRepository(store, AesGcmCipher.from_ring(ring), SystemClock())
         )
         yield store, repository
     finally:

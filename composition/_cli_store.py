@@ -27,14 +27,20 @@ from flowvault.adapters.cli import (
     init_command,
     status_command,
 )
-from flowvault.adapters.crypto import AesGcmCipher, FileKeyStore
+from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.sqlite import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from flowvault.adapters.sqlite import ConnectOptions
-from flowvault.application import KEY_ENV, SecureObjectStore, StoreStats, parse_master_key
+from flowvault.application import (
+    KEY_ENV,
+    KeyRing,
+    SecureObjectStore,
+    StoreStats,
+    parse_master_key,
+)
 from flowvault.composition._bootstrap import bootstrap, is_cold_root
 from flowvault.composition._cli_base import Verbs, add_verb
-from flowvault.composition._container import build_container
-from flowvault.composition._settings import KEY_FILE, Settings
+from flowvault.composition._container import build_container, key_file_store
+from flowvault.composition._settings import Settings
 from flowvault.domain import FlowvaultError, InvalidInput, KeyRequired, StoreUnavailable
 
 _PRIVATE_DIR = 0o700
@@ -55,7 +61,7 @@ def _location(settings: Settings) -> str:
 
 
 def _key_file(settings: Settings) -> Path:
-    return settings.keys_dir / KEY_FILE
+    return settings.key_path
 
 
 def _sidecars(settings: Settings) -> tuple[Path, Path]:
@@ -333,23 +339,20 @@ def _pragma_checks(settings: Settings, connection: sqlite3.Connection) -> list[C
 # -- doctor: key ------------------------------------------------------------------
 
 
-def _configured_key(settings: Settings) -> tuple[bytes | None, Check]:
-    """Find the key the way opening would, without ever creating one."""
+def _configured_key(settings: Settings) -> tuple[KeyRing | None, Check]:
+    """Find the keys the way opening would, without ever creating one."""
     if settings.key is not None:
         try:
             key = parse_master_key(settings.key.get_secret_value(), KEY_ENV)
         except FlowvaultError as error:
             return None, Check("key.found", False, error.message, f"set {KEY_ENV} to the key")
-        return key, Check("key.found", True, f"the key comes from {KEY_ENV}")
-    if settings.backend == "postgres":
-        fix = f"set {KEY_ENV} to the key every host of this store uses"
+        return KeyRing(primary=key), Check("key.found", True, f"the key comes from {KEY_ENV}")
+    if settings.backend == "postgres" and settings.key_file is None:
+        fix = f"set {KEY_ENV} (or FLOWVAULT_KEY_FILE) to the key every host of this store uses"
         return None, Check("key.found", False, f"{KEY_ENV} is not set", fix)
     key_file = _key_file(settings)
-    store = FileKeyStore(
-        settings.keys_dir, allow_insecure_permissions=settings.allow_insecure_permissions
-    )
     try:
-        stored = store.read()
+        stored = key_file_store(settings).read_ring()
     except FlowvaultError as error:
         return None, Check(
             "key.found", False, error.message, "fix the key file as the finding says"
@@ -361,18 +364,19 @@ def _configured_key(settings: Settings) -> tuple[bytes | None, Check]:
     return stored, Check("key.found", True, f"the key comes from the key file {key_file}")
 
 
-def _ring_check(key: bytes | None, key_id_counts: Mapping[str, int]) -> Check:
+def _ring_check(ring: KeyRing | None, key_id_counts: Mapping[str, int]) -> Check:
     """Every record must be sealed under a key of the ring, or it cannot be read."""
     in_use = {key_id for key_id, count in key_id_counts.items() if count > 0}
-    if key is None:
+    if ring is None:
         return Check("key.matches", False, "not checked: no usable key", "see key.found", "warning")
-    ring = AesGcmCipher(key).key_ids()
-    missing = sorted(in_use - ring)
-    shown = ", ".join(sorted(ring))
+    ids = AesGcmCipher.from_ring(ring).key_ids()
+    missing = sorted(in_use - ids)
+    shown = ", ".join(sorted(ids))
+    noun = "key id" if len(ids) == 1 else "a key of the ring, ids"
     if not in_use:
         return Check("key.matches", True, f"no records yet; the key has id {shown}")
     if not missing:
-        return Check("key.matches", True, f"every record is sealed under key id {shown}")
+        return Check("key.matches", True, f"every record is sealed under {noun} {shown}")
     return Check(
         "key.matches",
         False,

@@ -11,13 +11,16 @@ from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.adapters.system import RandomIdFactory, SystemClock
 from flowvault.application import (
     KEY_ENV,
+    KeyRing,
     KeyStore,
+    SealBudget,
+    SealCounter,
     SealedRepository,
     SecureObjectStore,
     StoreStats,
     WorkflowService,
     check_key_matches,
-    resolve_master_key,
+    resolve_key_ring,
 )
 from flowvault.composition._settings import Settings
 from flowvault.domain import InvalidInput, KeyRequired, StoreUnavailable
@@ -62,58 +65,96 @@ def open_postgres(settings: Settings) -> SecureObjectStore:
     )
 
 
-class SharedStoreKeys:
-    """``KeyStore`` for a store several hosts share: it keeps no key and never creates one.
+NO_SHARED_KEY_FILE = (
+    "key rotation keeps the ring in a key file: set FLOWVAULT_KEY_FILE on every host to a "
+    f"copy of the same file (move the key from {KEY_ENV} into it and unset {KEY_ENV})"
+)
 
-    A key made up on one host would be unknown to the others, and a key
-    file on one host is no place for the key of a shared database; the key
-    comes from the host (explicit) or ``FLOWVAULT_KEY``, the same everywhere.
+
+class SharedStoreKeys:
+    """``KeyStore`` for a store several hosts share: it never creates a key.
+
+    A key made up on one host would be unknown to the others, so the key
+    comes from the host (explicit), ``FLOWVAULT_KEY``, or a key file named
+    by ``FLOWVAULT_KEY_FILE`` of which every host keeps the same copy; only
+    such a file can hold a ring for key rotation.
     """
+
+    def __init__(self, key_file: FileKeyStore | None = None) -> None:
+        self._file = key_file
 
     @property
     def location(self) -> str:
         """Where the key must come from."""
+        if self._file is not None:
+            return self._file.location
         return f"{KEY_ENV} (a PostgreSQL store keeps no key file; every host sets the same key)"
 
     def read(self) -> bytes | None:
-        """Return ``None``: there is nothing stored to read."""
-        return None
+        """Return the primary key of the shared key file, if one is configured."""
+        return None if self._file is None else self._file.read()
+
+    def read_ring(self) -> KeyRing | None:
+        """Return the ring of the shared key file, if one is configured."""
+        return None if self._file is None else self._file.read_ring()
+
+    def replace_ring(self, ring: KeyRing, *, expected: KeyRing) -> None:
+        """Rewrite the shared key file; copy it to every other host before they seal."""
+        if self._file is None:
+            raise KeyRequired(NO_SHARED_KEY_FILE)
+        self._file.replace_ring(ring, expected=expected)
 
     def create(self, key: bytes) -> bytes:
         """Refuse: a new key is never invented for a shared store, even an empty one."""
         raise KeyRequired(
-            f"a PostgreSQL store needs its key from {KEY_ENV} (or passed explicitly), "
+            f"a PostgreSQL store needs its key from {KEY_ENV}, FLOWVAULT_KEY_FILE or the host, "
             "the same on every host; generate one once and give it to all of them"
         )
 
 
-def _file_key_store(settings: Settings) -> FileKeyStore:
+def key_file_store(settings: Settings) -> FileKeyStore:
+    """Return the key file of ``settings``: ``FLOWVAULT_KEY_FILE`` or ``<home>/keys/store.key``."""
     return FileKeyStore(
-        settings.keys_dir, allow_insecure_permissions=settings.allow_insecure_permissions
+        settings.keys_dir,
+        file_name=settings.key_path.name,
+        allow_insecure_permissions=settings.allow_insecure_permissions,
     )
+
+
+def _shared_keys(settings: Settings) -> SharedStoreKeys:
+    return SharedStoreKeys(None if settings.key_file is None else key_file_store(settings))
 
 
 def build_cipher(
     settings: Settings, store: SecureObjectStore, key_store: KeyStore, explicit_key: bytes | None
 ) -> AesGcmCipher:
-    """Resolve the master key under the never-over-data rule and build the cipher.
+    """Resolve the key ring under the never-over-data rule and build the cipher.
 
     A store that cannot say whether it holds records is treated as holding
     some, so a key is never invented for it.
     """
     stats = store if isinstance(store, StoreStats) else None
     environ = {KEY_ENV: settings.key.get_secret_value()} if settings.key is not None else {}
-    master = resolve_master_key(
+    ring = resolve_key_ring(
         explicit=explicit_key,
         environ=environ,
         key_store=key_store,
         store_has_data=stats.has_records() if stats is not None else True,
         new_key=generate_master_key,
     )
-    cipher = AesGcmCipher(master)
+    cipher = AesGcmCipher.from_ring(ring)
     if stats is not None:
         check_key_matches(stats.key_id_counts(), cipher.key_ids())
     return cipher
+
+
+def build_budget(settings: Settings, store: SecureObjectStore) -> SealBudget:
+    """Count seals in the store when it can keep the count, with the configured limits."""
+    return SealBudget(
+        store if isinstance(store, SealCounter) else None,
+        limit=settings.seal_limit,
+        warn_at=settings.seal_warn_at,
+    )
 
 
 class Container(containers.DeclarativeContainer):
@@ -138,11 +179,12 @@ class Container(containers.DeclarativeContainer):
     key_store = providers.Selector(
         providers.Callable(_backend, settings),
         memory=providers.Singleton(InMemoryKeyStore),
-        sqlite=providers.Singleton(_file_key_store, settings),
-        postgres=providers.Singleton(SharedStoreKeys),
+        sqlite=providers.Singleton(key_file_store, settings),
+        postgres=providers.Singleton(_shared_keys, settings),
     )
     cipher = providers.Singleton(build_cipher, settings, store, key_store, explicit_key)
-    repository = providers.Singleton(SealedRepository, store, cipher, clock)
+    budget = providers.Singleton(build_budget, settings, store)
+    repository = providers.Singleton(SealedRepository, store, cipher, clock, budget=budget)
     workflows = providers.Singleton(WorkflowService, repository, clock, ids)
 
 

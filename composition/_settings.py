@@ -7,7 +7,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from flowvault.domain import InvalidInput
 
@@ -57,6 +65,9 @@ class Settings(BaseModel):
     allow_insecure_permissions: bool = False
     recover_runs_on_open: bool = False
     key: SecretStr | None = None
+    key_file: Path | None = None
+    seal_limit: int = Field(default=2**32, ge=1, le=2**32)
+    seal_warn_at: int = Field(default=2**31, ge=1, le=2**32)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
     postgres_dsn: SecretStr | None = None
@@ -70,6 +81,23 @@ class Settings(BaseModel):
     def _usable_home(cls, home: Path) -> Path:
         """Refuse a home no file operation could use."""
         return check_os_path(home)
+
+    @field_validator("key_file")
+    @classmethod
+    def _usable_key_file(cls, key_file: Path | None) -> Path | None:
+        """Refuse a key file path no file operation could use, or one naming a directory."""
+        if key_file is None:
+            return None
+        if not key_file.name or key_file.name in {".", ".."}:
+            raise ValueError("must name a file")
+        return check_os_path(key_file)
+
+    @model_validator(mode="after")
+    def _warning_before_limit(self) -> Settings:
+        """Refuse a warning that would come only after sealing is refused."""
+        if self.seal_warn_at > self.seal_limit:
+            raise ValueError("seal_warn_at must not exceed seal_limit")
+        return self
 
     @field_validator("postgres_schema")
     @classmethod
@@ -92,7 +120,12 @@ class Settings(BaseModel):
     @property
     def keys_dir(self) -> Path:
         """Directory of the key file, apart from the data so copying one does not copy the other."""
-        return self.home / "keys"
+        return self.home / "keys" if self.key_file is None else self.key_file.parent
+
+    @property
+    def key_path(self) -> Path:
+        """The key file (one key or a ring): ``FLOWVAULT_KEY_FILE``, else in ``keys_dir``."""
+        return self.home / "keys" / KEY_FILE if self.key_file is None else self.key_file
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -114,7 +147,9 @@ class Settings(BaseModel):
         try:
             return cls.model_validate(values)
         except ValidationError as exc:
-            fields = sorted({str(error["loc"][0]) for error in exc.errors() if error["loc"]})
+            fields = sorted(
+                {str(error["loc"][0]) if error["loc"] else "seal_warn_at" for error in exc.errors()}
+            )
             raise InvalidInput(
                 "invalid flowvault settings: " + ", ".join(ENV_PREFIX + f.upper() for f in fields)
             ) from None

@@ -160,3 +160,13 @@ class ApprovalAlreadyDecided(FlowvaultError):
     """Raised when an approval that was already decided or expired receives a decision."""
 
     code = "APPROVAL_ALREADY_DECIDED"
+
+
+class KeyExhausted(FlowvaultError):
+    """Raised instead of sealing once a key has used its budget of random nonces.
+
+    AES-GCM with random 96-bit nonces stays safe for 2^32 seals per key; past
+    that a nonce collision, which leaks plaintext, is no longer negligible.
+    """
+
+    code = "KEY_EXHAUSTED"

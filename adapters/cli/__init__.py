@@ -20,6 +20,14 @@ from flowvault.adapters.cli._demo import (
     short,
 )
 from flowvault.adapters.cli._io import CommandIO
+from flowvault.adapters.cli._keys import (
+    KeyEntry,
+    key_entries,
+    keys_add_command,
+    keys_list_command,
+    keys_retire_command,
+    rotate_key_command,
+)
 from flowvault.adapters.cli._ledger import (
     fingerprint_command,
     ledger_head_command,
@@ -44,6 +52,7 @@ __all__ = [
     "DemoNarrator",
     "DemoStep",
     "InitReport",
+    "KeyEntry",
     "ResetRequest",
     "Severity",
     "StepFailed",
@@ -57,10 +66,15 @@ __all__ = [
     "fingerprint_command",
     "fingerprint_lines",
     "init_command",
+    "key_entries",
+    "keys_add_command",
+    "keys_list_command",
+    "keys_retire_command",
     "ledger_head_command",
     "ledger_verify_command",
     "purge_command",
     "reset_progress_command",
+    "rotate_key_command",
     "runs_list_command",
     "runs_show_command",
     "short",

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TextIO, TypeVar
 
@@ -31,6 +32,7 @@ FIXES: dict[str, str] = {
     "NOT_FOUND": "check the id; list what exists with the matching 'list' verb",
     "INVALID_INPUT": "correct what the message names (see --help for the arguments)",
     "REVISION_CONFLICT": "someone changed it meanwhile; reload and retry",
+    "KEY_EXHAUSTED": "run 'flowvault keys add', then 'flowvault rotate-key'",
 }
 """One-line fixes printed under an error, by code; other codes print none."""
 
@@ -104,6 +106,28 @@ class CommandIO:
             for item in items:
                 yield item
                 bar.advance(task)
+
+    @contextmanager
+    def tracker(self, *, total: int, label: str) -> Iterator[Callable[[int], None]]:
+        """Yield ``update(done)`` for work measured in units: a bar on a terminal.
+
+        Off a terminal each update is one line on stderr, so a long job in a
+        log still shows it is moving; ``--json`` keeps stderr quiet too.
+        """
+        if self.rich:
+            with Progress(console=Console(file=self.err), transient=True) as bar:
+                task = bar.add_task(label, total=total)
+                yield lambda done: bar.update(task, completed=done)
+            return
+        if self.json_output:
+            yield lambda done: None
+            return
+
+        def line(done: int) -> None:
+            self.err.write(f"{label}: {done}/{total}\n")
+            self.err.flush()
+
+        yield line
 
     def fail(self, error: FlowvaultError) -> int:
         """Report a flowvault error with its code and a one-line fix; return exit status 1."""

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from flowvault.application import MASTER_KEY_BYTES
+from flowvault.application import MASTER_KEY_BYTES, KeyRing
 from flowvault.domain import IntegrityFailure, InvalidInput
 
 WIRE_VERSION = 0x01
@@ -46,26 +46,37 @@ def _derive(master_key: bytes, info: bytes, length: int) -> bytes:
     return HKDF(algorithm=hashes.SHA256(), length=length, salt=None, info=info).derive(master_key)
 
 
+def derive_integrity_key(master_key: bytes) -> bytes:
+    """Return the integrity key a single master key implies.
+
+    Written out into a ring when a second key joins, so the first key can
+    later be retired while every keyed digest stays the same.
+    """
+    return _RingKey(master_key).integrity
+
+
+def key_id_of(master_key: bytes) -> str:
+    """Return the key id of ``master_key``, as sealed values name it."""
+    return _RingKey(master_key).key_id
+
+
 class _RingKey:
     """One master key's derived material; its repr names only the key id."""
 
-    __slots__ = ("_aead", "_integrity", "key_id")
+    __slots__ = ("_aead", "integrity", "key_id")
 
     def __init__(self, master_key: bytes) -> None:
         if not isinstance(master_key, bytes) or len(master_key) != MASTER_KEY_BYTES:
             raise InvalidInput(f"a master key must be exactly {MASTER_KEY_BYTES} bytes")
         self.key_id = "k" + _derive(master_key, _KEY_ID_INFO, _KEY_ID_BYTES).hex()
         self._aead = AESGCM(_derive(master_key, _ENCRYPTION_INFO, MASTER_KEY_BYTES))
-        self._integrity = _derive(master_key, _INTEGRITY_INFO, MASTER_KEY_BYTES)
+        self.integrity = _derive(master_key, _INTEGRITY_INFO, MASTER_KEY_BYTES)
 
     def encrypt(self, nonce: bytes, plaintext: bytes, associated_data: bytes) -> bytes:
         return self._aead.encrypt(nonce, plaintext, associated_data)
 
     def decrypt(self, nonce: bytes, ciphertext: bytes, associated_data: bytes) -> bytes:
         return self._aead.decrypt(nonce, ciphertext, associated_data)
-
-    def digest(self, data: bytes) -> str:
-        return "sha256:" + hmac.new(self._integrity, data, hashlib.sha256).hexdigest()
 
     def __repr__(self) -> str:
         return f"_RingKey(key_id={self.key_id!r})"
@@ -100,16 +111,33 @@ class AesGcmCipher:
 
     Previous keys stay in the ring so values sealed before a rotation still
     open, but only the primary key seals, so nothing new lands under a key
-    that is being retired.
+    that is being retired. Keyed digests use the ring's integrity key, which
+    no rotation changes; without one it is derived from the primary key.
     """
 
-    def __init__(self, master_key: bytes, *, previous_keys: Sequence[bytes] = ()) -> None:
+    def __init__(
+        self,
+        master_key: bytes,
+        *,
+        previous_keys: Sequence[bytes] = (),
+        integrity_key: bytes | None = None,
+    ) -> None:
         primary = _RingKey(master_key)
         self._primary = primary
         self._ring: dict[str, _RingKey] = {primary.key_id: primary}
         for key in previous_keys:
             previous = _RingKey(key)
             self._ring.setdefault(previous.key_id, previous)
+        if integrity_key is not None and (
+            not isinstance(integrity_key, bytes) or len(integrity_key) != MASTER_KEY_BYTES
+        ):
+            raise InvalidInput(f"an integrity key must be exactly {MASTER_KEY_BYTES} bytes")
+        self._integrity = primary.integrity if integrity_key is None else integrity_key
+
+    @classmethod
+    def from_ring(cls, ring: KeyRing) -> AesGcmCipher:
+        """Build the cipher for a store's key ring."""
+        return cls(ring.primary, previous_keys=ring.previous, integrity_key=ring.integrity)
 
     @property
     def primary_key_id(self) -> str:
@@ -166,8 +194,8 @@ class AesGcmCipher:
             ) from None
 
     def keyed_digest(self, data: bytes) -> str:
-        """Return ``sha256:<hex>`` HMAC-SHA-256 of ``data`` under the primary integrity key."""
-        return self._primary.digest(data)
+        """Return ``sha256:<hex>`` HMAC-SHA-256 of ``data`` under the ring's integrity key."""
+        return "sha256:" + hmac.new(self._integrity, data, hashlib.sha256).hexdigest()
 
     def __repr__(self) -> str:
         previous = sorted(self._ring.keys() - {self._primary.key_id})

@@ -1,15 +1,18 @@
-"""The master key kept in a private file, created atomically and refused when exposed.
+"""The key ring kept in a private file, created atomically and refused when exposed.
 
 A key file is as secret as every record it seals: it must be a regular file
 owned by the current user, unreadable by anyone else, in a directory only
 its owner can change. Creation publishes a fully written, fsynced file with
 ``link`` so concurrent first starts agree on one key and a crash leaves
-either no key file or a complete one, never a torn one.
+either no key file or a complete one, never a torn one. Rewriting the ring
+(a key added or retired) renames a complete, fsynced file over the old one
+under an exclusive lock, so readers see the old ring or the new, whole.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import secrets
 import stat
@@ -17,14 +20,20 @@ from pathlib import Path
 
 import structlog
 
-from flowvault.application import MASTER_KEY_BYTES, encode_master_key, parse_master_key
-from flowvault.domain import InsecurePermissions, InvalidInput, StoreUnavailable
+from flowvault.application import (
+    MASTER_KEY_BYTES,
+    KeyRing,
+    encode_master_key,
+    format_key_ring,
+    parse_key_ring,
+)
+from flowvault.domain import InsecurePermissions, InvalidInput, RevisionConflict, StoreUnavailable
 
 _log = structlog.get_logger(__name__)
 
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
-_MAX_KEY_FILE_BYTES = 4096
+_MAX_KEY_FILE_BYTES = 64 * 1024
 _PUBLISH_ATTEMPTS = 3
 
 
@@ -55,7 +64,10 @@ def _read_capped(fd: int) -> bytes:
 
 
 class FileKeyStore:
-    """``KeyStore`` holding the master key as base64 text in a 0600 file in a 0700 directory.
+    """``KeyRingStore`` holding the key ring as base64 text in a 0600 file in a 0700 directory.
+
+    A single key is one line, as older builds wrote it; a ring of several
+    keys is the format of ``format_key_ring``.
 
     ``allow_insecure_permissions`` downgrades mode and ownership problems to
     a logged warning for hosts whose filesystem cannot express them; a
@@ -82,14 +94,60 @@ class FileKeyStore:
         return str(self._path)
 
     def read(self) -> bytes | None:
-        """Return the stored key, or ``None`` when the key file does not exist.
+        """Return the primary key of the stored ring, or ``None`` when there is no key file."""
+        ring = self.read_ring()
+        return None if ring is None else ring.primary
+
+    def read_ring(self) -> KeyRing | None:
+        """Return the stored ring, or ``None`` when the key file does not exist.
 
         Raises:
             InsecurePermissions: the file or its directory is exposed to
                 other users, or the file is a symlink or not a regular file.
-            InvalidInput: the file's content is not a key.
+            InvalidInput: the file's content is not a key or a key ring.
 
         """
+        content = self._read_content()
+        if content is None:
+            return None
+        if len(content) > _MAX_KEY_FILE_BYTES:
+            raise InvalidInput(f"key file {self._path} is too large to be a key ring")
+        return parse_key_ring(content, f"key file {self._path}")
+
+    def replace_ring(self, ring: KeyRing, *, expected: KeyRing) -> None:
+        """Write ``ring`` over the key file atomically, if the file still holds ``expected``.
+
+        Raises:
+            RevisionConflict: the key file changed since ``expected`` was read.
+            InsecurePermissions: the file or its directory is exposed.
+
+        """
+        if not isinstance(ring, KeyRing) or not isinstance(expected, KeyRing):
+            raise InvalidInput("a key ring must be a KeyRing")
+        self._ensure_dir()
+        lock = os.open(
+            self._dir / f".{self._path.name}.lock",
+            os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+            _FILE_MODE,
+        )
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self.read_ring() != expected:
+                raise RevisionConflict(
+                    f"key file {self._path} changed meanwhile; read it again and retry",
+                    guard="key ring",
+                )
+            temp = self._write_temp(format_key_ring(ring))
+            try:
+                os.replace(temp, self._path)
+            except BaseException:
+                os.unlink(temp)
+                raise
+            _fsync_dir(self._dir)
+        finally:
+            os.close(lock)
+
+    def _read_content(self) -> bytes | None:
         try:
             before = os.lstat(self._path)
         except FileNotFoundError:
@@ -111,10 +169,9 @@ class FileKeyStore:
             opened = os.fstat(fd)
             if (opened.st_dev, opened.st_ino) != (before.st_dev, before.st_ino):
                 self._check_file(opened)
-            content = _read_capped(fd)
+            return _read_capped(fd)
         finally:
             os.close(fd)
-        return parse_master_key(content, source=f"key file {self._path}")
 
     def create(self, key: bytes) -> bytes:
         """Store ``key`` atomically unless a key file appeared first; return the key that won.
@@ -138,7 +195,7 @@ class FileKeyStore:
 
     def _publish(self, key: bytes) -> bool:
         """Link a complete temporary key file into place; return whether this call won."""
-        temp = self._write_temp(key)
+        temp = self._write_temp(encode_master_key(key) + "\n")
         try:
             os.link(temp, self._path)
         except FileExistsError:
@@ -148,13 +205,13 @@ class FileKeyStore:
             _fsync_dir(self._dir)
         return True
 
-    def _write_temp(self, key: bytes) -> Path:
+    def _write_temp(self, text: str) -> Path:
         temp = self._dir / f".{self._path.name}.{secrets.token_hex(8)}.tmp"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(temp, flags, _FILE_MODE)
         try:
             os.fchmod(fd, _FILE_MODE)
-            _write_all(fd, (encode_master_key(key) + "\n").encode("ascii"))
+            _write_all(fd, text.encode("ascii"))
             os.fsync(fd)
         except BaseException:
             os.close(fd)

@@ -1,15 +1,18 @@
-"""A key store that lives as long as the process, for the in-memory backend."""
+"""A key store in process memory, for stores that keep nothing either."""
 
 from __future__ import annotations
 
 import threading
 
+from flowvault.application import KeyRing
+from flowvault.domain import InvalidInput, RevisionConflict
+
 
 class InMemoryKeyStore:
-    """``KeyStore`` for a store that keeps nothing either: the key dies with the process."""
+    """``KeyRingStore`` for a store that keeps nothing either: the keys die with the process."""
 
     def __init__(self) -> None:
-        self._key: bytes | None = None
+        self._ring: KeyRing | None = None
         self._lock = threading.Lock()
 
     @property
@@ -18,16 +21,30 @@ class InMemoryKeyStore:
         return "process memory (lost at exit)"
 
     def read(self) -> bytes | None:
-        """Return the key once created."""
+        """Return the primary key once created."""
         with self._lock:
-            return self._key
+            return None if self._ring is None else self._ring.primary
+
+    def read_ring(self) -> KeyRing | None:
+        """Return the ring once created."""
+        with self._lock:
+            return self._ring
 
     def create(self, key: bytes) -> bytes:
-        """Keep ``key`` unless one exists; return the key that is kept."""
+        """Keep ``key`` unless one exists; return the primary key that is kept."""
         with self._lock:
-            if self._key is None:
-                self._key = key
-            return self._key
+            if self._ring is None:
+                self._ring = KeyRing(primary=key)
+            return self._ring.primary
+
+    def replace_ring(self, ring: KeyRing, *, expected: KeyRing) -> None:
+        """Replace the ring if it is still ``expected``."""
+        if not isinstance(ring, KeyRing):
+            raise InvalidInput("a key ring must be a KeyRing")
+        with self._lock:
+            if self._ring != expected:
+                raise RevisionConflict("the key ring changed meanwhile", guard="key ring")
+            self._ring = ring
 
     def __repr__(self) -> str:
-        return f"InMemoryKeyStore(created={self._key is not None})"
+        return f"InMemoryKeyStore(created={self._ring is not None})"

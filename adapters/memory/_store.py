@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from flowvault.adapters._rows import require_text
+from flowvault.adapters._rows import require_seal_count, require_text
 from flowvault.application import (
     Delete,
     LabelFilter,
@@ -52,13 +52,15 @@ class InMemorySecureObjectStore:
     """Thread-safe ``SecureObjectStore`` held in dictionaries under one lock.
 
     It is the reference the durable adapters are held to, and the fast
-    backend for tests; everything is lost when the process ends.
+    backend for tests; everything is lost when the process ends, seal
+    counts included.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._records: dict[_Key, StoredRecord] = {}
         self._streams: dict[str, _Stream] = {}
+        self._seals: dict[str, int] = {}
         self._closed = False
 
     def __enter__(self) -> InMemorySecureObjectStore:
@@ -178,9 +180,15 @@ class InMemorySecureObjectStore:
         for upsert in unit.upserts:
             header = upsert.header
             current = self._records.get((header.namespace, header.key_digest))
-            stored = None if current is None else current.metadata.revision
+            stored = None if current is None else current.metadata
             check_upsert(
-                header.namespace, header.key_digest, upsert.expected, stored, header.revision
+                header.namespace,
+                header.key_digest,
+                upsert.expected,
+                None if stored is None else stored.revision,
+                header.revision,
+                replaces=upsert.replaces,
+                stored_digest=None if stored is None else stored.payload_digest,
             )
         removals = [key for delete in unit.deletes if (key := self._check_delete(delete))]
         heads: dict[str, tuple[int | None, str | None]] = {}
@@ -275,6 +283,26 @@ class InMemorySecureObjectStore:
         with self._lock:
             self._check_open()
             return dict(Counter(r.metadata.header.key_id for r in self._records.values()))
+
+    def reserve_seals(self, key_id: str, count: int) -> int:
+        """Add ``count`` seals to ``key_id``'s counter and return its new total.
+
+        The counter is outside every unit's undo log, so a commit that fails
+        later never takes a reservation back.
+        """
+        require_text(key_id, "key_id")
+        require_seal_count(count)
+        with self._lock:
+            self._check_open()
+            total = self._seals.get(key_id, 0) + count
+            self._seals[key_id] = total
+            return total
+
+    def seal_counts(self) -> dict[str, int]:
+        """Return the reserved total per key id."""
+        with self._lock:
+            self._check_open()
+            return dict(self._seals)
 
     def compact(self) -> bool:
         """Nothing is on disk, so nothing lingers; always complete."""

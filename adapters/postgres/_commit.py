@@ -89,6 +89,8 @@ class _RecordWrite:
             else sql.ADVANCE_RECORD
             if expected is Guard.ANY
             else sql.REPLACE_RECORD
+            if self.upsert.replaces is None
+            else sql.RESEAL_RECORD
         )
         row = connection.execute(statement, self.params).fetchone()
         if row is None:

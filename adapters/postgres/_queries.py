@@ -44,6 +44,10 @@ REPLACE_RECORD: Final = (
     "AND revision = %(expected)s RETURNING id"
 )
 """An exact guard: the row changes only while it still holds the expected revision."""
+RESEAL_RECORD: Final = REPLACE_RECORD.replace(
+    "AND revision = %(expected)s", "AND revision = %(expected)s AND payload_digest = %(replaces)s"
+)
+"""A re-seal's guard: the revision and the exact seal (payload digest) it replaces."""
 ADVANCE_RECORD: Final = (
     "INSERT INTO records AS stored (namespace, key_digest, revision, sensitivity, "
     "schema_version, key_id, written_at, labels, byte_length, payload_digest, payload) "
@@ -127,6 +131,18 @@ LIST_STREAMS: Final = (
 HAS_RECORDS: Final = "SELECT EXISTS (SELECT 1 FROM records) OR EXISTS (SELECT 1 FROM ledger_events)"
 NAMESPACE_COUNTS: Final = "SELECT namespace, count(*) FROM records GROUP BY namespace"
 KEY_ID_COUNTS: Final = "SELECT key_id, count(*) FROM records GROUP BY key_id"
+
+RESERVE_SEALS: Final = (
+    "INSERT INTO seal_counters AS stored (key_id, reserved) VALUES (%s, %s) "
+    "ON CONFLICT (key_id) DO UPDATE SET reserved = stored.reserved + excluded.reserved "
+    "RETURNING reserved"
+)
+"""Adds to a key's counter, creating it at the first reservation; returns the new total.
+
+Concurrent reservations of one key wait on its row lock, then add to the
+committed total, so at READ COMMITTED none is lost.
+"""
+SEAL_COUNTS: Final = "SELECT key_id, reserved FROM seal_counters"
 
 FilterShape = listing.FilterShape
 

@@ -44,6 +44,7 @@ def record_params(upsert: Upsert) -> dict[str, object]:
         "payload_digest": metadata.payload_digest,
         "payload": upsert.payload,
         "expected": None if isinstance(upsert.expected, Guard) else upsert.expected,
+        "replaces": upsert.replaces,
     }
 
 

@@ -92,7 +92,19 @@ payloads do not compress, so they are stored ``EXTERNAL`` (never tried).
 ``ledger_streams`` holds each stream's head, the row appends lock and guard.
 """
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1,)
+_SEAL_COUNTERS = """CREATE TABLE seal_counters (
+    key_id text COLLATE "C" PRIMARY KEY,
+    reserved bigint NOT NULL CHECK (reserved >= 0)
+)"""
+
+_V2: Final = (_SEAL_COUNTERS,)
+"""Version 2: seals reserved per key id, the nonce budget's durable count.
+
+Not records: no stats, listing or ledger reads this table, and no unit of
+work writes it; each reservation is its own transaction.
+"""
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2)
 """Step ``n`` (0-based) takes a schema from version n to n + 1."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)

@@ -16,6 +16,7 @@ from flowvault.adapters._listing import filter_shapes, list_params, page_of
 from flowvault.adapters._rows import (
     check_stream_page,
     event_from_row,
+    require_seal_count,
     require_text,
     stream_state,
 )
@@ -66,7 +67,7 @@ def _retryable(exc: psycopg.Error) -> bool:
 
 
 class PostgresSecureObjectStore:
-    """``SecureObjectStore``, ``StoreStats`` and ``Compactor`` over one PostgreSQL schema.
+    """``SecureObjectStore``, ``StoreStats``, ``Compactor`` and ``SealCounter`` over one schema.
 
     Several hosts may open the same schema at once: every unit of work is one
     READ COMMITTED transaction whose guards sit in the ``WHERE`` clauses of
@@ -304,6 +305,29 @@ class PostgresSecureObjectStore:
         """
         self._check_usable()
         return True
+
+    # -- seal counts ----------------------------------------------------------
+
+    def reserve_seals(self, key_id: str, count: int) -> int:
+        """Add ``count`` to ``key_id``'s counter in one statement and transaction of its own.
+
+        Errors map as a commit's do, and a serialization failure or deadlock
+        re-runs it, which is safe because the failed run was rolled back. A
+        lost connection raises ``StoreUnavailable`` without re-running: the
+        reservation may have landed, which only over-counts.
+        """
+        require_text(key_id, "key_id")
+        require_seal_count(count)
+        rows = self._run(
+            lambda connection: connection.execute(sql.RESERVE_SEALS, (key_id, count)).fetchall(),
+            transaction=True,
+        )
+        total: int = rows[0][0]
+        return total
+
+    def seal_counts(self) -> dict[str, int]:
+        """Return the reserved total per key id."""
+        return dict(self._fetch(sql.SEAL_COUNTS, ()))
 
     # -- lifecycle ------------------------------------------------------------
 

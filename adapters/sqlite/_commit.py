@@ -78,8 +78,23 @@ def check_guards(connection: sqlite3.Connection, unit: UnitOfWork) -> None:
     """Raise ``RevisionConflict`` at the first guard the stored state does not satisfy."""
     for upsert in unit.upserts:
         header = upsert.header
-        stored = _stored_revision(connection, header.namespace, header.key_digest)
-        check_upsert(header.namespace, header.key_digest, upsert.expected, stored, header.revision)
+        if upsert.replaces is None:
+            stored = _stored_revision(connection, header.namespace, header.key_digest)
+            digest = None
+        else:
+            rows = connection.execute(
+                sql.STORED_VERSION, (header.namespace, header.key_digest)
+            ).fetchall()
+            stored, digest = rows[0] if rows else (None, None)
+        check_upsert(
+            header.namespace,
+            header.key_digest,
+            upsert.expected,
+            stored,
+            header.revision,
+            replaces=upsert.replaces,
+            stored_digest=digest,
+        )
     for delete in unit.deletes:
         stored = _stored_revision(connection, delete.namespace, delete.key_digest)
         check_delete(delete.namespace, delete.key_digest, delete.expected, stored)

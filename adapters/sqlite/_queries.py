@@ -23,6 +23,11 @@ PEEK_METADATA: Final = (
 )
 STORED_REVISION: Final = "SELECT revision FROM records WHERE namespace = ? AND key_digest = ?"
 
+STORED_VERSION: Final = (
+    "SELECT revision, payload_digest FROM records WHERE namespace = ? AND key_digest = ?"
+)
+"""What a re-seal's guard compares: the revision and the exact seal it replaces."""
+
 UPSERT_RECORD: Final = (
     "INSERT INTO records (namespace, key_digest, revision, sensitivity, schema_version, "
     "key_id, written_at, labels, byte_length, payload_digest, payload) "
@@ -113,6 +118,19 @@ LIST_STREAMS: Final = "SELECT stream FROM ledger_streams WHERE stream > ? ORDER 
 HAS_RECORDS: Final = "SELECT EXISTS (SELECT 1 FROM records) OR EXISTS (SELECT 1 FROM ledger_events)"
 NAMESPACE_COUNTS: Final = "SELECT namespace, COUNT(*) FROM records GROUP BY namespace"
 KEY_ID_COUNTS: Final = "SELECT key_id, COUNT(*) FROM records GROUP BY key_id"
+
+RESERVE_SEALS: Final = (
+    "INSERT INTO seal_counters (key_id, reserved) VALUES (?, ?) "
+    "ON CONFLICT (key_id) DO UPDATE SET reserved = reserved + excluded.reserved"
+)
+"""Adds to a key's counter, creating it at the first reservation."""
+RESERVED_SEALS: Final = "SELECT reserved FROM seal_counters WHERE key_id = ?"
+"""The new total, read in the reservation's own write transaction.
+
+Not ``RETURNING`` on the upsert: that needs SQLite 3.35, and the adapter
+still runs on 3.31.
+"""
+SEAL_COUNTS: Final = "SELECT key_id, reserved FROM seal_counters"
 
 FilterShape = listing.FilterShape
 

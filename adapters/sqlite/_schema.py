@@ -77,7 +77,19 @@ _V1: Final = (
 no join; ``record_labels`` repeats each label typed, for filtering only.
 """
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1,)
+_SEAL_COUNTERS = """CREATE TABLE seal_counters (
+    key_id TEXT PRIMARY KEY,
+    reserved INTEGER NOT NULL CHECK (reserved >= 0)
+) WITHOUT ROWID"""
+
+_V2: Final = (_SEAL_COUNTERS,)
+"""Version 2: seals reserved per key id, the nonce budget's durable count.
+
+Not records: no stats, listing or ledger reads this table, and no unit of
+work writes it; each reservation is its own transaction.
+"""
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2)
 """Step ``n`` (0-based) takes a database from ``user_version`` n to n + 1."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)

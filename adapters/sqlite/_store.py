@@ -18,6 +18,7 @@ from flowvault.adapters._listing import filter_shapes, list_params, page_of
 from flowvault.adapters._rows import (
     check_stream_page,
     event_from_row,
+    require_seal_count,
     require_text,
     stream_state,
 )
@@ -34,6 +35,7 @@ from flowvault.adapters.sqlite._connect import (
     check_sqlite_version,
     configure,
     connect,
+    rollback_quietly,
     transaction,
 )
 from flowvault.adapters.sqlite._errors import translated
@@ -45,7 +47,7 @@ from flowvault.adapters.sqlite._group import (
     commit_group,
     fail_group,
 )
-from flowvault.adapters.sqlite._locks import checkpoint_truncate
+from flowvault.adapters.sqlite._locks import begin_immediate, checkpoint_truncate
 from flowvault.adapters.sqlite._rows import metadata_from_row, record_from_row
 from flowvault.adapters.sqlite._schema import (
     SCHEMA_VERSION,
@@ -148,7 +150,7 @@ def _read_only_options(path: Path, synchronous: Synchronous, busy_timeout: float
 
 
 class SQLiteSecureObjectStore:
-    """``SecureObjectStore`` and ``StoreStats`` over one SQLite database file in WAL mode.
+    """``SecureObjectStore``, ``StoreStats`` and ``SealCounter`` over one SQLite file in WAL mode.
 
     Commits go through a single writer connection under a lock, and take
     SQLite's write lock with ``BEGIN IMMEDIATE`` so other processes queue up
@@ -184,7 +186,7 @@ class SQLiteSecureObjectStore:
         is changed or checked, nothing is migrated, and no pragma that writes
         is set, so a copy of a database can be audited without changing a
         byte of it (or its modification time). ``commit`` and ``compact``
-        then raise ``StoreUnavailable``. A file with no ``-wal``/``-shm``
+        then raise ``StoreUnavailable``, as does ``reserve_seals``. A file with no ``-wal``/``-shm``
         beside it is read as immutable (see ``ConnectOptions.immutable``), so
         none are left behind; do not write to it meanwhile.
 
@@ -469,6 +471,36 @@ class SQLiteSecureObjectStore:
         self._check_writable()
         with self._writing() as connection:
             return checkpoint_truncate(connection, self._options.busy_timeout)
+
+    # -- seal counts ----------------------------------------------------------
+
+    def reserve_seals(self, key_id: str, count: int) -> int:
+        """Add ``count`` to ``key_id``'s counter in a transaction of its own; return the total.
+
+        It holds the writer lock as a group commit does, so it never lands
+        inside another unit's transaction and no unit's rollback undoes it;
+        it is as durable as a commit when it returns. Raises
+        ``StoreUnavailable`` on a store opened read-only.
+        """
+        require_text(key_id, "key_id")
+        require_seal_count(count)
+        self._check_writable()
+        with self._writing() as connection:
+            begin_immediate(connection, self._options.busy_timeout)
+            try:
+                connection.execute(sql.RESERVE_SEALS, (key_id, count))
+                rows = connection.execute(sql.RESERVED_SEALS, (key_id,)).fetchall()
+                connection.execute("COMMIT")
+            except BaseException:
+                rollback_quietly(connection)
+                raise
+        total: int = rows[0][0]
+        return total
+
+    def seal_counts(self) -> dict[str, int]:
+        """Return the reserved total per key id; a read-only store answers too."""
+        with self._reading() as connection:
+            return dict(connection.execute(sql.SEAL_COUNTS).fetchall())
 
     # -- lifecycle ------------------------------------------------------------
 

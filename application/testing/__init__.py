@@ -13,6 +13,7 @@ from flowvault.application.testing._fakes import (
     make_header,
     make_upsert,
 )
+from flowvault.application.testing._seal_counter_contract import SealCounterContract
 from flowvault.application.testing._sealed_contract import SealedRepositoryContract
 from flowvault.application.testing._store_contract import (
     SecureObjectStoreContract,
@@ -22,6 +23,7 @@ from flowvault.application.testing._store_contract import (
 __all__ = [
     "EPOCH",
     "FrozenClock",
+    "SealCounterContract",
     "SealedRepositoryContract",
     "SecureObjectStoreContract",
     "SequentialIds",

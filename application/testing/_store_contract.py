@@ -27,10 +27,12 @@ from flowvault.application import (
     SecureObjectStore,
     StoreStats,
     UnitOfWork,
+    Upsert,
 )
 from flowvault.application.testing._fakes import (
     EPOCH,
     make_event,
+    make_header,
     make_upsert,
 )
 from flowvault.domain import (
@@ -163,6 +165,48 @@ class SecureObjectStoreContract(StoreHarness):
         assert caught.value.details["actual"] == 2
         assert caught.value.details["key_digest"] == _digest("a")
         assert store.load(NS, _digest("a")) == before
+
+    def test_reseal_keeps_the_revision_of_the_row_it_replaces(
+        self, store: SecureObjectStore
+    ) -> None:
+        """A re-seal rewrites the row it read in place, at the same revision."""
+        store.commit(UnitOfWork(upserts=[make_upsert(NS, "a", b"old seal")]))
+        read = store.load(NS, _digest("a"))
+        assert read is not None
+        reseal = Upsert(
+            header=make_header(NS, "a", key_id="k2"),
+            payload=b"new seal",
+            expected=1,
+            replaces=read.metadata.payload_digest,
+        )
+        store.commit(UnitOfWork(upserts=[reseal]))
+        loaded = store.load(NS, _digest("a"))
+        assert loaded is not None
+        assert (loaded.metadata.revision, loaded.metadata.header.key_id) == (1, "k2")
+        assert loaded.payload == b"new seal"
+
+    def test_reseal_never_lands_on_a_recreated_row(self, store: SecureObjectStore) -> None:
+        """Deleted and created again, a record is back at revision 1: the re-seal must fail.
+
+        Otherwise key rotation would write a deleted document back over the
+        new one; the payload digest tells the two rows apart.
+        """
+        store.commit(UnitOfWork(upserts=[make_upsert(NS, "a", b"deleted content")]))
+        read = store.load(NS, _digest("a"))
+        assert read is not None
+        store.commit(UnitOfWork(deletes=[Delete(NS, _digest("a"), 1)]))
+        store.commit(UnitOfWork(upserts=[make_upsert(NS, "a", b"new content")]))
+        reseal = Upsert(
+            header=make_header(NS, "a", key_id="k2"),
+            payload=b"deleted content, re-sealed",
+            expected=1,
+            replaces=read.metadata.payload_digest,
+        )
+        with pytest.raises(RevisionConflict):
+            store.commit(UnitOfWork(upserts=[reseal]))
+        loaded = store.load(NS, _digest("a"))
+        assert loaded is not None
+        assert loaded.payload == b"new content"
 
     def test_exact_guard_on_absent_record_conflicts(self, store: SecureObjectStore) -> None:
         """An exact guard on a record that does not exist fails and creates nothing."""

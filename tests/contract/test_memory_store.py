@@ -1,10 +1,14 @@
 """The store contract, run against the in-memory reference adapter."""
 
 from flowvault.adapters.memory import InMemorySecureObjectStore
-from flowvault.application.testing import StoreStatsContract, StreamCatalogContract
+from flowvault.application.testing import (
+    SealCounterContract,
+    StoreStatsContract,
+    StreamCatalogContract,
+)
 
 
-class TestInMemorySecureObjectStore(StoreStatsContract, StreamCatalogContract):
+class TestInMemorySecureObjectStore(StoreStatsContract, StreamCatalogContract, SealCounterContract):
     """The memory adapter passes the whole store contract."""
 
     def make_store(self) -> InMemorySecureObjectStore:

@@ -4,12 +4,16 @@ import pytest
 
 from flowvault.adapters.postgres import PostgresSecureObjectStore
 from flowvault.application import SecureObjectStore
-from flowvault.application.testing import StoreStatsContract, StreamCatalogContract
+from flowvault.application.testing import (
+    SealCounterContract,
+    StoreStatsContract,
+    StreamCatalogContract,
+)
 
 pytestmark = pytest.mark.postgres
 
 
-class TestPostgresSecureObjectStore(StoreStatsContract, StreamCatalogContract):
+class TestPostgresSecureObjectStore(StoreStatsContract, StreamCatalogContract, SealCounterContract):
     """The PostgreSQL adapter passes the whole store contract."""
 
     @pytest.fixture(autouse=True)

@@ -1,10 +1,14 @@
 """The store contract, run against the SQLite adapter on a real file."""
 
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
-from flowvault.application.testing import StoreStatsContract, StreamCatalogContract
+from flowvault.application.testing import (
+    SealCounterContract,
+    StoreStatsContract,
+    StreamCatalogContract,
+)
 
 
-class TestSQLiteSecureObjectStore(StoreStatsContract, StreamCatalogContract):
+class TestSQLiteSecureObjectStore(StoreStatsContract, StreamCatalogContract, SealCounterContract):
     """The SQLite adapter passes the whole store contract."""
 
     def make_store(self) -> SQLiteSecureObjectStore:

@@ -35,6 +35,10 @@ UNICODE_NS = "工作流/ß"
 AUDIT = "audit/\N{GREEK SMALL LETTER ALPHA}"
 FIXTURE_TRIM = ("orders", 2)
 """The ``orders`` stream was trimmed before index 2, so the fixture holds a gap."""
+RELEASED = [f"schema_v{version}.sql" for version in range(1, SCHEMA_VERSION + 1)]
+"""Every fixture holds the v1 records and events; v2 on adds ``V2_SEAL_COUNTS``."""
+V2_SEAL_COUNTS = {"k1": 192, "k2": 64}
+ALL_VERSIONS = list(range(1, SCHEMA_VERSION + 1))
 
 
 # -- what the v1 fixture holds, rebuilt from first principles ------------------
@@ -162,9 +166,10 @@ def test_every_released_version_has_a_fixture() -> None:
         assert (FIXTURES / f"schema_v{version}.sql").is_file()
 
 
-def test_v1_fixture_reads_back(postgres_server, pg_schema: str) -> None:
-    """Every record and event of a v1 schema loads intact, with the trimmed stream's gap."""
-    load_fixture(postgres_server, "schema_v1.sql", pg_schema)
+@pytest.mark.parametrize("fixture", RELEASED)
+def test_released_fixture_reads_back(postgres_server, pg_schema: str, fixture: str) -> None:
+    """Every record and event of a released schema loads intact, with the trimmed stream's gap."""
+    load_fixture(postgres_server, fixture, pg_schema)
     events = fixture_events()
     stream, trimmed_before = FIXTURE_TRIM
     with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
@@ -184,12 +189,13 @@ def test_v1_fixture_reads_back(postgres_server, pg_schema: str) -> None:
         orders = store.read_ledger(stream)
         assert orders.gap
         assert list(orders.events) == events[stream][trimmed_before:]
-    assert versions(postgres_server, pg_schema) == [1]
+    assert versions(postgres_server, pg_schema) == ALL_VERSIONS
 
 
-def test_v1_fixture_accepts_new_writes(postgres_server, pg_schema: str) -> None:
-    """Guards on a v1 schema see its revisions and stream heads."""
-    load_fixture(postgres_server, "schema_v1.sql", pg_schema)
+@pytest.mark.parametrize("fixture", RELEASED)
+def test_released_fixture_accepts_new_writes(postgres_server, pg_schema: str, fixture: str) -> None:
+    """Guards on a released schema see its revisions and stream heads."""
+    load_fixture(postgres_server, fixture, pg_schema)
     head = fixture_events()["orders"][-1]
     with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
         store.commit(
@@ -201,17 +207,43 @@ def test_v1_fixture_accepts_new_writes(postgres_server, pg_schema: str) -> None:
         assert store.ledger_head("orders").previous_hash == head.event_hash
 
 
-def test_upgraded_fixture_matches_a_fresh_schema(postgres_server, pg_schema: str) -> None:
-    """Opening the oldest fixture yields exactly the tables, indexes and storage of a new store."""
-    load_fixture(postgres_server, "schema_v1.sql", pg_schema)
+@pytest.mark.parametrize("fixture", RELEASED)
+def test_upgraded_fixture_matches_a_fresh_schema(
+    postgres_server, pg_schema: str, fixture: str
+) -> None:
+    """Opening any released fixture yields exactly the tables, indexes and storage of a new one."""
+    load_fixture(postgres_server, fixture, pg_schema)
     PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema).close()
     fresh = postgres_server.new_schema()
     try:
         PostgresSecureObjectStore.open(postgres_server.dsn, schema=fresh).close()
         assert describe(postgres_server, pg_schema) == describe(postgres_server, fresh)
-        assert versions(postgres_server, fresh) == list(range(1, SCHEMA_VERSION + 1))
+        assert versions(postgres_server, fresh) == ALL_VERSIONS
     finally:
         postgres_server.drop_schema(fresh)
+
+
+def test_v1_upgrade_adds_empty_seal_counts_and_keeps_data(postgres_server, pg_schema: str) -> None:
+    """A v1 schema gains the seal counter table on open, empty, with its records and ledger kept.
+
+    The migration cannot know how many seals a v1 build made, so it invents no count.
+    """
+    load_fixture(postgres_server, "schema_v1.sql", pg_schema)
+    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+        assert store.seal_counts() == {}
+        assert store.key_id_counts() == {"k1": 2, "k2": 1}
+        assert store.ledger_head(AUDIT) == fixture_events()[AUDIT][-1]
+        assert store.reserve_seals("k1", 64) == 64
+    assert versions(postgres_server, pg_schema) == ALL_VERSIONS
+
+
+def test_v2_fixture_seal_counts_read_back_and_grow(postgres_server, pg_schema: str) -> None:
+    """A v2 schema's seal counts read back and the next reservation adds to them."""
+    load_fixture(postgres_server, "schema_v2.sql", pg_schema)
+    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+        assert store.seal_counts() == V2_SEAL_COUNTS
+        assert store.reserve_seals("k2", 64) == V2_SEAL_COUNTS["k2"] + 64
+        assert store.has_records() is True
 
 
 # -- newer schemas, failures, concurrency --------------------------------------
@@ -253,7 +285,24 @@ def test_failed_migration_changes_nothing(postgres_server, pg_schema: str, monke
         assert found.fetchone() is None
     monkeypatch.undo()
     PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema).close()
-    assert versions(postgres_server, pg_schema) == [1]
+    assert versions(postgres_server, pg_schema) == ALL_VERSIONS
+
+
+def test_failed_upgrade_leaves_a_v1_schema_as_it_was(
+    postgres_server, pg_schema: str, monkeypatch
+) -> None:
+    """A v2 step that fails rolls back to the v1 schema, data intact; the next open upgrades it."""
+    load_fixture(postgres_server, "schema_v1.sql", pg_schema)
+    before = (_contents(postgres_server, pg_schema), describe(postgres_server, pg_schema))
+    broken = (_schema.MIGRATIONS[0], (*_schema.MIGRATIONS[1], "CREATE TABLE broken ("))
+    monkeypatch.setattr(_schema, "MIGRATIONS", broken)
+    with pytest.raises(StoreUnavailable):
+        PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema)
+    assert (_contents(postgres_server, pg_schema), describe(postgres_server, pg_schema)) == before
+    monkeypatch.undo()
+    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+        assert store.seal_counts() == {}
+    assert versions(postgres_server, pg_schema) == ALL_VERSIONS
 
 
 def test_hosts_opening_at_once_migrate_once(postgres_server, pg_schema: str) -> None:
@@ -279,7 +328,7 @@ def test_hosts_opening_at_once_migrate_once(postgres_server, pg_schema: str) -> 
     try:
         assert failures == []
         assert len(opened) == 8
-        assert versions(postgres_server, pg_schema) == [1]
+        assert versions(postgres_server, pg_schema) == ALL_VERSIONS
         key = _schema.lock_key(pg_schema) & (2**64 - 1)
         with postgres_server.admin() as admin:
             held = admin.execute(
@@ -327,4 +376,4 @@ def test_migration_waits_for_the_advisory_lock(postgres_server, pg_schema: str) 
         admin.execute("SELECT pg_advisory_unlock(%s)", (_schema.lock_key(pg_schema),))
         opener.join(timeout=10)
     assert opened.is_set()
-    assert versions(postgres_server, pg_schema) == [1]
+    assert versions(postgres_server, pg_schema) == ALL_VERSIONS

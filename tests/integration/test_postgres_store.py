@@ -16,7 +16,7 @@ from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.postgres import PostgresSecureObjectStore, _queries
 from flowvault.application import FilterOp, LabelFilter, Order, UnitOfWork
 from flowvault.application.testing import EPOCH, make_upsert
-from flowvault.domain import InvalidInput, StoreUnavailable
+from flowvault.domain import InvalidInput, StoreBusy, StoreUnavailable
 
 pytestmark = pytest.mark.postgres
 
@@ -288,6 +288,8 @@ def test_close_is_idempotent_and_final(store) -> None:
     store.close()
     with pytest.raises(StoreUnavailable):
         store.has_records()
+    with pytest.raises(StoreUnavailable):
+        store.reserve_seals("k1", 1)
 
 
 def test_a_forked_child_must_open_its_own_store(store) -> None:
@@ -306,3 +308,53 @@ def test_a_forked_child_must_open_its_own_store(store) -> None:
     assert os.waitstatus_to_exitcode(status) == 0
     time.sleep(0.05)
     assert store.has_records() is False
+
+
+# -- seal counts -------------------------------------------------------------------
+
+
+def test_seal_counts_survive_close_and_reopen(postgres_server, pg_schema: str) -> None:
+    """Reserved totals are committed: a new store on the schema has them and counts on."""
+    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+        store.reserve_seals("k1", 64)
+        store.reserve_seals("k1", 128)
+        store.reserve_seals("k2", 64)
+    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+        assert store.seal_counts() == {"k1": 192, "k2": 64}
+        assert store.reserve_seals("k1", 1) == 193
+
+
+def test_reservation_held_off_past_the_lock_timeout_is_store_busy(
+    postgres_server, pg_schema: str
+) -> None:
+    """A reservation waiting on its row past ``lock_timeout`` is StoreBusy and adds nothing."""
+    with PostgresSecureObjectStore.open(
+        postgres_server.dsn, schema=pg_schema, lock_timeout=0.2
+    ) as store:
+        store.reserve_seals("k1", 5)
+        with postgres_server.admin() as admin, admin.transaction():
+            admin.execute(
+                sql.SQL("SELECT 1 FROM {}.seal_counters FOR UPDATE").format(
+                    sql.Identifier(pg_schema)
+                )
+            )
+            with pytest.raises(StoreBusy):
+                store.reserve_seals("k1", 1)
+        assert store.seal_counts() == {"k1": 5}
+        assert store.reserve_seals("k1", 1) == 6
+
+
+@pytest.mark.parametrize(
+    ("key_id", "count"),
+    [("k1", 0), ("k1", -3), ("k1", True), ("k1", 2.0), ("k1", 2**63), (None, 1)],
+)
+def test_reservations_that_would_not_count_up_are_invalid_input(
+    store, key_id: object, count: object
+) -> None:
+    """A count that is not a positive 64-bit integer, or a key id that is not text, adds nothing.
+
+    A zero or negative count would leave the budget unchanged or move it back.
+    """
+    with pytest.raises(InvalidInput):
+        store.reserve_seals(key_id, count)
+    assert store.seal_counts() == {}

@@ -103,6 +103,10 @@ def fixture_events() -> dict[str, list[LedgerEvent]]:
 FIXTURE_TRIM = ("orders", 2)
 """The ``orders`` stream was trimmed before index 2, so the fixture holds a gap."""
 
+RELEASED = [f"schema_v{version}.sql" for version in range(1, SCHEMA_VERSION + 1)]
+"""Every fixture holds the v1 records and events; v2 on adds ``V2_SEAL_COUNTS``."""
+V2_SEAL_COUNTS = {"k1": 192, "k2": 64}
+
 
 # -- loading SQL text fixtures -------------------------------------------------
 
@@ -159,9 +163,10 @@ def test_every_released_version_has_a_fixture() -> None:
         assert (FIXTURES / f"schema_v{version}.sql").is_file()
 
 
-def test_v1_fixture_records_read_back(tmp_path: Path) -> None:
-    """Every record of a v1 file loads with its header, labels and payload intact."""
-    path = load_fixture("schema_v1.sql", tmp_path / "data" / "store.db")
+@pytest.mark.parametrize("fixture", RELEASED)
+def test_released_fixture_records_read_back(tmp_path: Path, fixture: str) -> None:
+    """Every record of a released file loads with its header, labels and payload intact."""
+    path = load_fixture(fixture, tmp_path / "data" / "store.db")
     with SQLiteSecureObjectStore.open(path) as store:
         for upsert in fixture_upserts():
             header = upsert.header
@@ -175,9 +180,10 @@ def test_v1_fixture_records_read_back(tmp_path: Path) -> None:
         assert [meta.labels["status"] for meta in big] == ["closed"]
 
 
-def test_v1_fixture_ledger_reads_back(tmp_path: Path) -> None:
-    """A v1 file's streams read back hash for hash, with the trimmed stream's gap."""
-    path = load_fixture("schema_v1.sql", tmp_path / "data" / "store.db")
+@pytest.mark.parametrize("fixture", RELEASED)
+def test_released_fixture_ledger_reads_back(tmp_path: Path, fixture: str) -> None:
+    """A released file's streams read back hash for hash, with the trimmed stream's gap."""
+    path = load_fixture(fixture, tmp_path / "data" / "store.db")
     events = fixture_events()
     stream, trimmed_before = FIXTURE_TRIM
     with SQLiteSecureObjectStore.open(path) as store:
@@ -191,9 +197,10 @@ def test_v1_fixture_ledger_reads_back(tmp_path: Path) -> None:
         assert store.ledger_head(stream) == events[stream][-1]
 
 
-def test_v1_fixture_accepts_new_writes(tmp_path: Path) -> None:
-    """A v1 file can be written after opening: guards see its revisions and stream heads."""
-    path = load_fixture("schema_v1.sql", tmp_path / "data" / "store.db")
+@pytest.mark.parametrize("fixture", RELEASED)
+def test_released_fixture_accepts_new_writes(tmp_path: Path, fixture: str) -> None:
+    """A released file can be written after opening: guards see its revisions and stream heads."""
+    path = load_fixture(fixture, tmp_path / "data" / "store.db")
     head = fixture_events()["orders"][-1]
     with SQLiteSecureObjectStore.open(path) as store:
         store.commit(
@@ -207,13 +214,42 @@ def test_v1_fixture_accepts_new_writes(tmp_path: Path) -> None:
         )
 
 
-def test_upgraded_fixture_matches_a_fresh_store(tmp_path: Path) -> None:
-    """Migrating the oldest fixture yields exactly the schema a new store gets."""
-    old = load_fixture("schema_v1.sql", tmp_path / "old" / "store.db")
+@pytest.mark.parametrize("fixture", RELEASED)
+def test_upgraded_fixture_matches_a_fresh_store(tmp_path: Path, fixture: str) -> None:
+    """Opening any released fixture yields exactly the schema a new store gets."""
+    old = load_fixture(fixture, tmp_path / "old" / "store.db")
     SQLiteSecureObjectStore.open(old).close()
     fresh = tmp_path / "fresh" / "store.db"
     SQLiteSecureObjectStore.open(fresh).close()
     assert _schema_of(old) == _schema_of(fresh)
+
+
+def test_v1_upgrade_adds_empty_seal_counts_and_keeps_data(tmp_path: Path) -> None:
+    """A v1 file gains the seal counter table on open, empty, with its records and ledger kept.
+
+    The migration cannot know how many seals a v1 build made, so it invents no count.
+    """
+    path = load_fixture("schema_v1.sql", tmp_path / "data" / "store.db")
+    with SQLiteSecureObjectStore.open(path) as store:
+        assert store.seal_counts() == {}
+        assert store.key_id_counts() == {"k1": 2, "k2": 1}
+        assert store.ledger_head(AUDIT) == fixture_events()[AUDIT][-1]
+        assert store.reserve_seals("k1", 64) == 64
+    raw = sqlite3.connect(path)
+    try:
+        assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+        assert raw.execute("SELECT key_id, reserved FROM seal_counters").fetchall() == [("k1", 64)]
+    finally:
+        raw.close()
+
+
+def test_v2_fixture_seal_counts_read_back_and_grow(tmp_path: Path) -> None:
+    """A v2 file's seal counts read back and the next reservation adds to them."""
+    path = load_fixture("schema_v2.sql", tmp_path / "data" / "store.db")
+    with SQLiteSecureObjectStore.open(path) as store:
+        assert store.seal_counts() == V2_SEAL_COUNTS
+        assert store.reserve_seals("k2", 64) == V2_SEAL_COUNTS["k2"] + 64
+        assert store.has_records() is True
 
 
 def test_fresh_store_records_the_schema_version(tmp_path: Path) -> None:
@@ -263,6 +299,34 @@ def test_failed_migration_changes_nothing(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.undo()
     with SQLiteSecureObjectStore.open(path) as store:
         assert store.has_records() is False
+
+
+def _snapshot(path: Path) -> tuple[object, ...]:
+    """Return the file's schema, version and rows, read with plain sqlite3."""
+    raw = sqlite3.connect(path)
+    try:
+        rows = [
+            raw.execute(f"SELECT * FROM {table} ORDER BY 1, 2").fetchall()  # noqa: S608
+            for table in ("records", "record_labels", "ledger_events", "ledger_streams")
+        ]
+        return (raw.execute("PRAGMA user_version").fetchone(), *rows)
+    finally:
+        raw.close()
+
+
+def test_failed_upgrade_leaves_a_v1_file_as_it_was(tmp_path: Path, monkeypatch) -> None:
+    """A v2 step that fails rolls back to the v1 schema, data intact; the next open upgrades it."""
+    path = load_fixture("schema_v1.sql", tmp_path / "data" / "store.db")
+    before = (_schema_of(path), _snapshot(path))
+    broken = (_schema.MIGRATIONS[0], (*_schema.MIGRATIONS[1], "CREATE TABLE broken ("))
+    monkeypatch.setattr(_schema, "MIGRATIONS", broken)
+    with pytest.raises(StoreUnavailable):
+        SQLiteSecureObjectStore.open(path)
+    assert (_schema_of(path), _snapshot(path)) == before
+    monkeypatch.undo()
+    with SQLiteSecureObjectStore.open(path) as store:
+        assert store.seal_counts() == {}
+        assert store.namespace_counts() == {"orders": 2, UNICODE_NS: 1}
 
 
 def test_concurrent_first_opens_migrate_once(tmp_path: Path) -> None:

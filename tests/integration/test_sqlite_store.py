@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -196,6 +198,8 @@ def test_close_is_idempotent_and_every_call_is_refused(store: SQLiteSecureObject
         store.has_records,
         store.namespace_counts,
         store.key_id_counts,
+        lambda: store.reserve_seals("k1", 1),
+        store.seal_counts,
     ]
     for call in calls:
         with pytest.raises(StoreUnavailable):
@@ -519,3 +523,123 @@ def test_compact_truncates_the_wal_once_no_reader_holds_an_old_snapshot(db_path:
         timeout = store._writer.connection.execute("PRAGMA busy_timeout").fetchone()
         assert timeout == (300,)
         assert store.load(NS, _digest("b")) is not None
+
+
+# -- seal counts ---------------------------------------------------------------
+
+
+def test_seal_counts_survive_close_and_reopen(db_path: Path) -> None:
+    """Reserved totals are on disk: a reopened file has them and keeps counting from them."""
+    with SQLiteSecureObjectStore.open(db_path) as store:
+        store.reserve_seals("k1", 64)
+        store.reserve_seals("k1", 128)
+        store.reserve_seals("k2", 64)
+    with SQLiteSecureObjectStore.open(db_path) as store:
+        assert store.seal_counts() == {"k1": 192, "k2": 64}
+        assert store.reserve_seals("k1", 1) == 193
+
+
+_RESERVER = """
+import sys
+import time
+from pathlib import Path
+
+from flowvault.adapters.sqlite import SQLiteSecureObjectStore
+
+path, go, rounds, count = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+with SQLiteSecureObjectStore.open(path) as store:
+    print("ready", flush=True)
+    deadline = time.monotonic() + 60
+    while not go.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the go file never appeared")
+        time.sleep(0.005)
+    totals = [store.reserve_seals("k1", count) for _ in range(rounds)]
+print(" ".join(map(str, totals)), flush=True)
+"""
+"""Reserves ``rounds`` times once GO exists, so both processes overlap; prints each total."""
+
+
+def test_two_processes_reserving_at_once_add_up_exactly(db_path: Path, tmp_path: Path) -> None:
+    """Two processes reserving from one file lose nothing and never share a range of seals.
+
+    Each total ends a range no other reservation covers, so the totals of
+    both processes together are every multiple of ``count`` exactly once.
+    """
+    SQLiteSecureObjectStore.open(db_path).close()
+    go, rounds, count = tmp_path / "go", 200, 3
+    arguments = [str(db_path), str(go), str(rounds), str(count)]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RESERVER, *arguments],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        for worker in workers:
+            assert worker.stdout is not None
+            ready = worker.stdout.readline().strip()
+            assert ready == "ready", worker.communicate(timeout=60)[1]
+        go.touch()
+        results = [worker.communicate(timeout=300) for worker in workers]
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+    totals: list[int] = []
+    for worker, (out, err) in zip(workers, results, strict=True):
+        assert worker.returncode == 0, err
+        totals += [int(total) for total in out.split()]
+    expected = 2 * rounds * count
+    assert sorted(totals) == list(range(count, expected + 1, count))
+    with SQLiteSecureObjectStore.open(db_path) as store:
+        assert store.seal_counts() == {"k1": expected}
+
+
+def test_read_only_store_reads_counts_but_refuses_reservations(db_path: Path) -> None:
+    """A read-only open reports seal counts and refuses to add to them, as it refuses commits."""
+    with SQLiteSecureObjectStore.open(db_path) as store:
+        store.reserve_seals("k1", 64)
+    with SQLiteSecureObjectStore.open(db_path, read_only=True) as store:
+        assert store.seal_counts() == {"k1": 64}
+        with pytest.raises(StoreUnavailable, match="read-only"):
+            store.reserve_seals("k1", 1)
+    with SQLiteSecureObjectStore.open(db_path) as store:
+        assert store.seal_counts() == {"k1": 64}
+
+
+def test_reservation_held_off_past_the_timeout_is_store_busy(db_path: Path) -> None:
+    """A reservation that cannot get the write lock in time is StoreBusy and adds nothing."""
+    with SQLiteSecureObjectStore.open(db_path, busy_timeout=0.2) as store:
+        store.reserve_seals("k1", 5)
+        blocker = sqlite3.connect(db_path, isolation_level=None)
+        try:
+            blocker.execute("BEGIN IMMEDIATE")
+            with pytest.raises(StoreBusy) as caught:
+                store.reserve_seals("k1", 1)
+            assert isinstance(caught.value.__cause__, sqlite3.OperationalError)
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        assert store.seal_counts() == {"k1": 5}
+        assert store.reserve_seals("k1", 1) == 6
+
+
+@pytest.mark.parametrize(
+    ("key_id", "count"),
+    [("k1", 0), ("k1", -3), ("k1", True), ("k1", 2.0), ("k1", 2**63), (None, 1)],
+)
+def test_reservations_that_would_not_count_up_are_invalid_input(
+    store: SQLiteSecureObjectStore, key_id: object, count: object
+) -> None:
+    """A count that is not a positive 64-bit integer, or a key id that is not text, adds nothing.
+
+    A zero or negative count would leave the budget unchanged or move it back.
+    """
+    with pytest.raises(InvalidInput):
+        store.reserve_seals(key_id, count)  # type: ignore[arg-type]
+    assert store.seal_counts() == {}

@@ -349,6 +349,10 @@ def verbs(home: Home) -> st.SearchStrategy[list[str]]:
             _option("--finished-runs-older-than-days", number),
             json_flag,
         ),
+        _verb(_words("keys", "list"), json_flag),
+        _verb(_words("keys", "add"), json_flag),
+        _verb(_words("keys", "retire"), value.map(lambda v: [v]), json_flag),
+        _verb(_words("rotate-key"), _option("--batch-size", number), json_flag),
         _verb(_words("demo", "--home"), demo_homes.map(lambda v: [v]), json_flag),
     )
 
@@ -358,6 +362,7 @@ JUNK_TOKENS = (
     "status", "doctor", "list", "show", "decide", "verify", "head", "--json", "--limit",
     "--state", "--status", "--run", "--stream", "--all", "--scope", "--reason", "--actor",
     "--decision", "--yes", "--dry-run", "--older-than-days", "--backend", "memory", "-h",
+    "keys", "add", "retire", "rotate-key", "--batch-size",
 )  # fmt: skip
 """Words the parser knows, shuffled into junk argv (never ``demo``, which would run in full)."""
 

@@ -20,6 +20,7 @@ CODES = {
     "StoreBusy": "STORE_BUSY",
     "StoreUnavailable": "STORE_UNAVAILABLE",
     "KeyRequired": "KEY_REQUIRED",
+    "KeyExhausted": "KEY_EXHAUSTED",
     "InsecurePermissions": "INSECURE_PERMISSIONS",
     "SchemaTooNew": "SCHEMA_TOO_NEW",
     "NotBound": "NOT_BOUND",
