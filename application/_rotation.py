@@ -20,7 +20,7 @@ from flowvault.application._records import (
     Upsert,
 )
 from flowvault.application._sealed import SealedRepository
-from flowvault.application.ports import StoreStats
+from flowvault.application.ports import Compactor, StoreStats
 from flowvault.domain import InvalidInput, RevisionConflict
 
 DEFAULT_BATCH = 200
@@ -40,6 +40,8 @@ class RotationReport:
     resealed: int
     changed_meanwhile: int
     by_key: Mapping[str, int]
+    compacted: bool | None = None
+    """Whether the old seals were also dropped from disk; ``None`` if the store cannot."""
 
     @property
     def remaining(self) -> int:
@@ -48,7 +50,13 @@ class RotationReport:
 
 
 class KeyRotation:
-    """Re-seals records under older keys in bounded batches; safe to run beside writers."""
+    """Re-seals records under older keys in bounded batches; safe to run beside writers.
+
+    A re-seal overwrites the old seal in place, but a store's files may keep
+    copies (a write-ahead log, free pages) until compacted, and those are
+    what retiring a key is meant to make useless; so a rotation that
+    re-sealed anything ends by compacting a store that can.
+    """
 
     def __init__(self, repository: SealedRepository, *, batch_size: int = DEFAULT_BATCH) -> None:
         if type(batch_size) is not int or not 1 <= batch_size <= MAX_BATCH:
@@ -78,11 +86,14 @@ class KeyRotation:
                 changed += skipped
                 if progress is not None:
                     progress(resealed, total)
+        store = self._repo.store
+        compacted = store.compact() if resealed and isinstance(store, Compactor) else None
         return RotationReport(
             primary_key_id=self._repo.cipher.primary_key_id,
             resealed=resealed,
             changed_meanwhile=changed,
             by_key=dict(self._stats.key_id_counts()),
+            compacted=compacted,
         )
 
     def _stale_batches(self, namespace: str) -> Iterator[list[RecordMetadata]]:

@@ -5,6 +5,9 @@ prefix on purpose: ``Settings.from_env()`` refuses any ``FLOWVAULT_*`` name it
 does not know). When it cannot be reached the marked tests are skipped with
 a one-line reason, except under ``CI=true``, where they fail: CI must never
 pass by skipping them.
+
+Every test also runs under the key-leak plugin (``key_leak_plugin``), which
+fails the session if any key appears in output, logs or error messages.
 """
 
 from __future__ import annotations
@@ -17,10 +20,24 @@ from pathlib import Path
 
 import pytest
 import structlog
+from key_leak_plugin import (
+    pytest_configure,
+    pytest_runtest_logreport,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)
 
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.application import SecureObjectStore
+
+__all__ = [
+    "pytest_configure",
+    "pytest_runtest_logreport",
+    "pytest_sessionfinish",
+    "pytest_terminal_summary",
+]
+"""The key-leak plugin's hooks, run for every test in the session."""
 
 DSN_ENV = "TEST_POSTGRES_DSN"
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"

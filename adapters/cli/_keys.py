@@ -108,6 +108,8 @@ def _report_lines(report: RotationReport) -> list[str]:
     lines.extend(
         f"  {key_id}: {count} record(s)" for key_id, count in sorted(report.by_key.items())
     )
+    if report.compacted is False:
+        lines.append("old seals may remain in the database files: run 'flowvault purge' later")
     if report.remaining:
         lines.append(f"{report.remaining} record(s) still under older keys: run it again")
     return lines
@@ -124,6 +126,7 @@ def rotate_key_command(rotation: KeyRotation, io: CommandIO) -> int:
             "changed_meanwhile": report.changed_meanwhile,
             "remaining": report.remaining,
             "by_key": dict(report.by_key),
+            "compacted": report.compacted,
         },
         _report_lines(report),
     )

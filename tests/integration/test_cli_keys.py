@@ -245,6 +245,7 @@ def test_keys_retire_waits_until_no_record_uses_the_key(cli: KeyWatch) -> None:
         "changed_meanwhile": 0,
         "remaining": 0,
         "by_key": {new_id: 7},
+        "compacted": True,
     }
     warning = cli.outputs[-1]
     assert "seal_budget_low" in warning

@@ -1,4 +1,4 @@
-"""Scrubbed parameters and purged results leave no sealed bytes behind in SQLite's files."""
+"""Scrubbed parameters, purged results and re-sealed records leave no old seal in SQLite's files."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from flowvault.application import ACTION_RESULTS, WORKFLOWS
+from flowvault.adapters.crypto import FileKeyStore, derive_integrity_key, generate_master_key
+from flowvault.application import ACTION_RESULTS, WORKFLOWS, Guard, KeyRotation
 from flowvault.application.testing import FrozenClock
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import WorkOrder
@@ -178,3 +179,30 @@ def test_purge_removes_sealed_result_and_leaves_tombstone(
     runtime.close()
     assert _leaks(settings, needles) == []
     assert _leaks(settings, [marker.encode()]) == []
+
+
+def test_rotation_leaves_no_seal_of_the_old_key_on_disk(
+    settings: Settings, runtime: Runtime
+) -> None:
+    """Retiring a key only helps if no copy of what it sealed survives in the files.
+
+    A re-seal overwrites its row, but the write-ahead log keeps the old page
+    until a checkpoint; rotation compacts when it is done.
+    """
+    names = [f"rotated-{n}" for n in range(20)]
+    for name in names:
+        runtime.repository.write("things", name, {"note": uuid.uuid4().hex}, expected=Guard.ABSENT)
+    needles = [needle for name in names for needle in _needles(_sealed(runtime, "things", name))]
+    assert _unseen(settings, needles) == [], "the scan cannot see sealed bytes before rotating"
+    runtime.close()
+
+    keys = FileKeyStore(settings.keys_dir)
+    ring = keys.read_ring()
+    assert ring is not None
+    rotated = ring.promote(generate_master_key(), integrity=derive_integrity_key(ring.primary))
+    keys.replace_ring(rotated, expected=ring)
+    with bootstrap(settings) as reopened:
+        report = KeyRotation(reopened.repository).run()
+        assert (report.resealed, report.remaining, report.compacted) == (len(names), 0, True)
+        assert _leaks(settings, needles) == []
+    assert _leaks(settings, needles) == []

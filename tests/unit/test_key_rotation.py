@@ -120,6 +120,8 @@ def test_rotation_moves_every_namespace_and_workflows_still_read() -> None:
     report = rotation.run(progress=lambda done, of: seen.append((done, of)))
     assert report.remaining == 0
     assert report.resealed == total
+    assert report.compacted is True
+    assert KeyRotation(old.after).run().compacted is None
     assert dict(report.by_key) == {key_id_of(NEW): total}
     assert seen[-1] == (total, total)
     assert [done for done, _ in seen] == sorted(done for done, _ in seen)
