@@ -160,8 +160,14 @@ def require_text(value: object, what: str) -> str:
     return value
 
 
+MAX_SEAL_RESERVATION = 2**32
+"""No reservation is larger than a key's whole nonce budget."""
+
+
 def require_seal_count(count: object) -> int:
-    """Refuse a seal reservation that would leave a counter unchanged or move it back."""
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise InvalidInput("count must be a positive integer")
+    """Refuse a seal reservation that would leave a counter unchanged, move it back or overflow."""
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise InvalidInput("count must be an integer")
+    if not 1 <= count <= MAX_SEAL_RESERVATION:
+        raise InvalidInput(f"count must be between 1 and {MAX_SEAL_RESERVATION}")
     return count

@@ -19,7 +19,7 @@ from flowvault.application import (
 )
 from flowvault.application.testing._fakes import make_upsert
 from flowvault.application.testing._store_contract import StoreHarness
-from flowvault.domain import RevisionConflict, StoreUnavailable
+from flowvault.domain import InvalidInput, RevisionConflict, StoreUnavailable
 
 NS = "contract"
 THREADS = 4
@@ -58,6 +58,22 @@ class SealCounterContract(StoreHarness):
         assert counter.reserve_seals("k2", 1) == 1
         assert counter.reserve_seals("k1", 64) == 69
         assert dict(counter.seal_counts()) == {"k1": 69, "k2": 1}
+
+    @pytest.mark.parametrize(
+        ("key_id", "count"),
+        [("k1", 0), ("k1", -3), ("k1", True), ("k1", 2.0), ("k1", 2**32 + 1), (None, 1)],
+    )
+    def test_reservations_that_would_not_count_up_are_invalid_input(
+        self, store: SecureObjectStore, key_id: object, count: object
+    ) -> None:
+        """A count outside 1..2^32, or a key id that is not text, adds nothing.
+
+        A zero or negative count would leave the budget unchanged or move it
+        back; no block of seals is ever larger than the whole budget.
+        """
+        with pytest.raises(InvalidInput):
+            _counter(store).reserve_seals(key_id, count)  # type: ignore[arg-type]
+        assert dict(_counter(store).seal_counts()) == {}
 
     def test_reservations_are_not_records(self, store: SecureObjectStore) -> None:
         """Counts show in no stats, listing or ledger read, so a key may still be made.

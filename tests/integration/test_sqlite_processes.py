@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
+
+from processes import run_together
 
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.application import UnitOfWork
@@ -20,32 +21,15 @@ def _race(tmp_path: Path, mode: str) -> None:
     """Run two workers against one file and require both to finish every write cleanly."""
     path, go = tmp_path / "data" / "store.db", tmp_path / "go"
     count = str(PER_PROCESS[mode])
-    workers = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), mode, str(path), str(go), count, f"w{n}"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for n in range(2)
-    ]
-    try:
-        for worker in workers:
-            assert worker.stdout is not None
-            ready = worker.stdout.readline().strip()
-            assert ready == "ready", worker.communicate(timeout=60)[1]
-        go.touch()
-        results = [worker.communicate(timeout=300) for worker in workers]
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
-    for worker, (out, err) in zip(workers, results, strict=True):
-        assert worker.returncode == 0, err
-        assert "OperationalError" not in err
-        assert "StoreBusy" not in err
-        assert out.startswith("conflicts "), out
+    finished = run_together(
+        [[sys.executable, str(WORKER), mode, str(path), str(go), count, f"w{n}"] for n in range(2)],
+        go,
+    )
+    for worker in finished:
+        assert worker.returncode == 0, worker.stderr
+        assert "OperationalError" not in worker.stderr
+        assert "StoreBusy" not in worker.stderr
+        assert worker.stdout.startswith("conflicts "), worker.stdout
 
 
 def test_two_processes_increment_without_losing_an_update(tmp_path: Path) -> None:

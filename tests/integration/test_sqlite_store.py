@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from processes import run_together
 from structlog.testing import capture_logs
 
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
@@ -569,31 +569,11 @@ def test_two_processes_reserving_at_once_add_up_exactly(db_path: Path, tmp_path:
     SQLiteSecureObjectStore.open(db_path).close()
     go, rounds, count = tmp_path / "go", 200, 3
     arguments = [str(db_path), str(go), str(rounds), str(count)]
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-c", _RESERVER, *arguments],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(2)
-    ]
-    try:
-        for worker in workers:
-            assert worker.stdout is not None
-            ready = worker.stdout.readline().strip()
-            assert ready == "ready", worker.communicate(timeout=60)[1]
-        go.touch()
-        results = [worker.communicate(timeout=300) for worker in workers]
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
+    finished = run_together([[sys.executable, "-c", _RESERVER, *arguments]] * 2, go)
     totals: list[int] = []
-    for worker, (out, err) in zip(workers, results, strict=True):
-        assert worker.returncode == 0, err
-        totals += [int(total) for total in out.split()]
+    for worker in finished:
+        assert worker.returncode == 0, worker.stderr
+        totals += [int(total) for total in worker.stdout.split()]
     expected = 2 * rounds * count
     assert sorted(totals) == list(range(count, expected + 1, count))
     with SQLiteSecureObjectStore.open(db_path) as store:
@@ -627,19 +607,3 @@ def test_reservation_held_off_past_the_timeout_is_store_busy(db_path: Path) -> N
             blocker.close()
         assert store.seal_counts() == {"k1": 5}
         assert store.reserve_seals("k1", 1) == 6
-
-
-@pytest.mark.parametrize(
-    ("key_id", "count"),
-    [("k1", 0), ("k1", -3), ("k1", True), ("k1", 2.0), ("k1", 2**63), (None, 1)],
-)
-def test_reservations_that_would_not_count_up_are_invalid_input(
-    store: SQLiteSecureObjectStore, key_id: object, count: object
-) -> None:
-    """A count that is not a positive 64-bit integer, or a key id that is not text, adds nothing.
-
-    A zero or negative count would leave the budget unchanged or move it back.
-    """
-    with pytest.raises(InvalidInput):
-        store.reserve_seals(key_id, count)  # type: ignore[arg-type]
-    assert store.seal_counts() == {}

@@ -13,6 +13,7 @@ from key_scan import KeyScanner
 
 KEY = bytes(range(100, 132))
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
+PYTEST = (sys.executable, "-m", "pytest", "-q", "-p", "key_leak_plugin", "-p", "no:cacheprovider")
 
 
 def _scanner() -> KeyScanner:
@@ -76,41 +77,25 @@ def test_a_leaking_session_fails(tmp_path: Path) -> None:
         "from flowvault.adapters.crypto import AesGcmCipher\n\n"
         "def test_uses_a_key():\n    AesGcmCipher(bytes(range(7, 39)))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(SUPPORT)}
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "key_leak_plugin",
-        "-p",
-        "no:cacheprovider",
-    ]
-    caught = subprocess.run(
-        [*command, str(leaking)],
-        check=False,
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=120,
-    )
+    caught = _pytest_with_the_plugin(leaking)
     assert caught.returncode == 1, caught.stdout + caught.stderr
     assert "key material seen" in caught.stdout
     assert "a master key in" in caught.stdout
     assert "test_prints_its_key" in caught.stdout
-    assert (
-        base64.b64encode(bytes(range(7, 39))).decode()
-        not in caught.stdout.split("key material seen")[1]
-    )
-    clean = subprocess.run(
-        [*command, str(quiet)],
+    summary = caught.stdout.split("key material seen")[1]
+    assert base64.b64encode(bytes(range(7, 39))).decode() not in summary
+    clean = _pytest_with_the_plugin(quiet)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+
+
+def _pytest_with_the_plugin(test_file: Path) -> subprocess.CompletedProcess[str]:
+    """Run one test file in a child pytest with only the key-leak plugin loaded."""
+    return subprocess.run(
+        [*PYTEST, str(test_file)],
         check=False,
         capture_output=True,
         text=True,
-        env=env,
-        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(SUPPORT)},
+        cwd=test_file.parent,
         timeout=120,
     )
-    assert clean.returncode == 0, clean.stdout + clean.stderr
