@@ -3,8 +3,8 @@
 Rotation keeps no state of its own: a record still under an older key id
 is by definition not yet done, so a rotation stopped by a crash resumes by
 running again. Each batch is one unit of work whose upserts are guarded by
-the revision they read; a record changed meanwhile fails its guard and is
-re-read, never overwritten. Writers seal under the primary key already, so
+the revision and the exact seal they read; a record changed meanwhile fails
+its guard and is re-read, never overwritten. Writers seal under the primary key already, so
 a record they changed is usually done by the time it is re-read.
 """
 
@@ -46,7 +46,11 @@ class RotationReport:
     @property
     def remaining(self) -> int:
         """Records still sealed under a key other than the primary."""
-        return sum(count for key_id, count in self.by_key.items() if key_id != self.primary_key_id)
+        return _under_older_keys(self.by_key, self.primary_key_id)
+
+
+def _under_older_keys(by_key: Mapping[str, int], primary_key_id: str) -> int:
+    return sum(count for key_id, count in by_key.items() if key_id != primary_key_id)
 
 
 class KeyRotation:
@@ -70,8 +74,7 @@ class KeyRotation:
 
     def pending(self) -> int:
         """Return the number of records sealed under a key other than the primary."""
-        primary = self._repo.cipher.primary_key_id
-        return sum(n for key_id, n in self._stats.key_id_counts().items() if key_id != primary)
+        return _under_older_keys(self._stats.key_id_counts(), self._repo.cipher.primary_key_id)
 
     def run(self, progress: Progress | None = None) -> RotationReport:
         """Re-seal every record under an older key; return the counts per key id after."""

@@ -31,10 +31,10 @@ from flowvault.application import (
     KeyRingStore,
     KeyRotation,
     StoreStats,
-    parse_master_key,
 )
 from flowvault.composition._bootstrap import Runtime, open_existing
 from flowvault.composition._cli_base import Verbs, add_verb
+from flowvault.composition._cli_ledger import existing_ring
 from flowvault.composition._container import NO_SHARED_KEY_FILE, key_file_store
 from flowvault.composition._settings import Settings
 from flowvault.domain import InvalidInput, KeyRequired, StoreUnavailable
@@ -56,13 +56,10 @@ def _ring_store(settings: Settings) -> KeyRingStore:
 
 def _current_ring(settings: Settings) -> KeyRing:
     """Return the ring opening uses: ``FLOWVAULT_KEY`` as a single key, else the key file."""
-    if settings.key is not None:
-        return KeyRing(primary=parse_master_key(settings.key.get_secret_value(), KEY_ENV))
-    if settings.backend != "memory":
-        ring = key_file_store(settings).read_ring()
-        if ring is not None:
-            return ring
-    raise KeyRequired(f"no key: {KEY_ENV} is unset and there is no key file")
+    ring = None if settings.backend == "memory" else existing_ring(settings)
+    if ring is None:
+        raise KeyRequired(f"no key: {KEY_ENV} is unset and there is no key file")
+    return ring
 
 
 @contextmanager

@@ -53,7 +53,7 @@ def _open_read_only(settings: Settings) -> SecureObjectStore:
     return InMemorySecureObjectStore()
 
 
-def _existing_ring(settings: Settings) -> KeyRing | None:
+def existing_ring(settings: Settings) -> KeyRing | None:
     """Return the keys from ``FLOWVAULT_KEY`` or the key file, never creating one."""
     if settings.key is not None:
         return KeyRing(primary=parse_master_key(settings.key.get_secret_value(), KEY_ENV))
@@ -71,7 +71,7 @@ def _audited(settings: Settings) -> Iterator[tuple[SecureObjectStore, SealedRepo
     """
     store = _open_read_only(settings)
     try:
-        ring = _existing_ring(settings)
+        ring = existing_ring(settings)
         repository = (
             None
             if ring is None
