@@ -16,7 +16,7 @@ from enum import StrEnum
 from typing import Final, Protocol, TypeVar
 
 from flowvault.application._compaction import compact_after_commit
-from flowvault.application._graph import KeyedDigester
+from flowvault.application._receipts import ReceiptDefect, compare_with_receipt
 from flowvault.application._retention import RetentionJob, RetentionReport
 from flowvault.application._sealed import SealedRepository
 from flowvault.application._streams import read_stream
@@ -29,19 +29,16 @@ from flowvault.domain import (
     GENESIS_HASH,
     ChainDefect,
     FlowvaultError,
+    HeadReceipt,
     IntegrityFailure,
     InvalidInput,
     LedgerEvent,
     NotFound,
     StoreUnavailable,
-    canonical_bytes,
     verify_chain,
 )
 
 T = TypeVar("T")
-
-HEAD_RECEIPT_TAG: Final = "flowvault.ledger-head/1"
-"""Purpose tag of the keyed digest over a stream's head receipt."""
 
 MAX_LISTED_UNREADABLE: Final = 100
 """An audit names at most this many unreadable records; it counts all of them."""
@@ -76,11 +73,11 @@ class RecordReadability(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class StreamFailure:
-    """Where and why a stream's chain is broken."""
+    """Where and why a stream's chain is broken, or departs from a kept receipt."""
 
     stream: str
     index: int | None
-    defect: ChainDefect
+    defect: ChainDefect | ReceiptDefect
     reason: str
 
 
@@ -284,6 +281,34 @@ class LedgerAudit:
                 unreadable.append(record)
         return AuditReport(verified, dict(counts), tuple(unreadable[:MAX_LISTED_UNREADABLE]))
 
+    def against(
+        self, receipts: Iterable[HeadReceipt], *, progress: Progress = no_progress
+    ) -> AuditReport:
+        """Verify each receipt's stream, then check it still holds the receipt's head there.
+
+        Authenticate the receipts first (``authenticate``): this compares
+        positions, and a forged receipt would compare as well as a real one.
+        """
+        kept = list(receipts)
+        if not all(isinstance(receipt, HeadReceipt) for receipt in kept):
+            raise InvalidInput("receipts must be HeadReceipt values, as parse_receipt returns")
+        checks = progress(kept, total=len(kept), label="checking receipts")
+        return AuditReport(tuple(self._against(receipt) for receipt in checks))
+
+    def _against(self, receipt: HeadReceipt) -> StreamAudit:
+        note = receipt.note
+        try:
+            audit = verify_stream(self._store, note.stream)
+        except NotFound:
+            audit = StreamAudit(note.stream, 0, None)
+        if not audit.ok:
+            return audit
+        mismatch = compare_with_receipt(self._store, note)
+        if mismatch is None:
+            return audit
+        failure = StreamFailure(note.stream, mismatch.index, mismatch.defect, mismatch.reason)
+        return StreamAudit(audit.stream, audit.events, audit.first_index, failure)
+
     def _namespaces(self) -> Mapping[str, int]:
         return self._store.namespace_counts() if isinstance(self._store, StoreStats) else {}
 
@@ -315,47 +340,6 @@ class LedgerAudit:
         except FlowvaultError:
             return RecordReadability.UNREADABLE
         return RecordReadability.READABLE
-
-
-@dataclass(frozen=True, slots=True)
-class HeadReceipt:
-    """A stream's head, and a keyed digest binding it: a comparable, plaintext-free receipt."""
-
-    stream: str
-    head_index: int
-    head_hash: str
-    events: int
-    first_index: int
-    digest: str
-
-
-def head_receipt(store: SecureObjectStore, digester: KeyedDigester, stream: str) -> HeadReceipt:
-    """Return the head receipt of ``stream``.
-
-    ``events`` counts the retained events, from the first retained index to
-    the head (retention trims only from the front, so they are contiguous).
-    ``digest`` is a keyed digest (tag ``flowvault.ledger-head/1``) over the
-    other fields, so two receipts can be compared, and forged only with the key.
-
-    Raises:
-        NotFound: the stream holds no events.
-
-    """
-    head = store.ledger_head(stream)
-    first_page = store.read_ledger(stream, from_index=0, limit=1)
-    if head is None or not first_page.events:
-        raise NotFound(f"no ledger stream named {stream!r}", stream=stream)
-    first_index = first_page.events[0].index
-    events = head.index - first_index + 1
-    body = canonical_bytes([stream, head.index, head.event_hash, events, first_index])
-    return HeadReceipt(
-        stream=stream,
-        head_index=head.index,
-        head_hash=head.event_hash,
-        events=events,
-        first_index=first_index,
-        digest=digester.keyed_digest(HEAD_RECEIPT_TAG, body),
-    )
 
 
 @dataclass(frozen=True, slots=True)

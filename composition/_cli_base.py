@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TypeAlias
 
 from flowvault.adapters.cli import CommandIO
-from flowvault.composition._settings import Settings
+from flowvault.composition._settings import Settings, check_os_path
 from flowvault.domain import InvalidInput
 
 EXIT_CODES = """exit codes:
@@ -56,6 +56,14 @@ def expanded(path: str, option: str) -> str:
         return str(Path(path).expanduser())
     except (RuntimeError, ValueError):
         raise InvalidInput(f"{option} names a home directory that cannot be found") from None
+
+
+def file_path(text: str) -> Path:
+    """Parse a file option: expand ``~`` and refuse text no file operation could take."""
+    try:
+        return check_os_path(Path(text).expanduser())
+    except (RuntimeError, ValueError) as error:
+        raise argparse.ArgumentTypeError(f"not a usable path: {error}") from None
 
 
 def settings_for(args: argparse.Namespace) -> Settings:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from flowvault.adapters.cli import (
     CommandIO,
@@ -21,8 +22,14 @@ from flowvault.adapters.cli import (
     keys_list_command,
     keys_retire_command,
     rotate_key_command,
+    signing_key_command,
 )
-from flowvault.adapters.crypto import derive_integrity_key, generate_master_key, key_id_of
+from flowvault.adapters.crypto import (
+    create_signing_key,
+    derive_integrity_key,
+    generate_master_key,
+    key_id_of,
+)
 from flowvault.application import (
     DEFAULT_BATCH,
     KEY_ENV,
@@ -33,7 +40,7 @@ from flowvault.application import (
     StoreStats,
 )
 from flowvault.composition._bootstrap import Runtime, open_existing
-from flowvault.composition._cli_base import Verbs, add_verb
+from flowvault.composition._cli_base import Verbs, add_verb, file_path
 from flowvault.composition._cli_ledger import existing_ring
 from flowvault.composition._container import NO_SHARED_KEY_FILE, key_file_store
 from flowvault.composition._settings import Settings
@@ -126,6 +133,17 @@ def _rotate_key(args: argparse.Namespace, settings: Settings, io: CommandIO) -> 
         return rotate_key_command(KeyRotation(runtime.repository, batch_size=args.batch_size), io)
 
 
+def _signing_key(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
+    path: Path = args.out
+    if str(path) == "-":
+        raise InvalidInput("--out needs a file path: a signing key is never printed")
+    signer = create_signing_key(
+        path, allow_insecure_permissions=settings.allow_insecure_permissions
+    )
+    public_path = path.with_name(path.name + ".pub")
+    return signing_key_command(str(path), str(public_path), signer.hint, io)
+
+
 def _batch_size(text: str) -> int:
     try:
         value = int(text)
@@ -178,6 +196,21 @@ def register(verbs: Verbs) -> None:
         handler=_keys_retire,
     )
     retire.add_argument("key_id", metavar="KEY_ID", help="the key id, as 'keys list' shows it")
+    signing = add_verb(
+        leaves,
+        "signing-key",
+        help="create an Ed25519 key pair for signing ledger head receipts",
+        description=(
+            "Create a new Ed25519 signing key at FILE (0600, PEM) and its public key at "
+            "FILE.pub. Neither is ever overwritten. Point FLOWVAULT_SIGNING_KEY_FILE at FILE "
+            "so 'ledger head' signs receipts, and hand FILE.pub to whoever checks them with "
+            "'ledger check-receipt'. Needs no store."
+        ),
+        handler=_signing_key,
+    )
+    signing.add_argument(
+        "--out", type=file_path, required=True, metavar="FILE", help="where to write the key"
+    )
     rotate = add_verb(
         verbs,
         "rotate-key",

@@ -1,9 +1,10 @@
-"""The ``flowvault`` verbs ledger verify and head, fingerprint and purge: audit and retention.
+"""The ``flowvault`` verbs ledger verify, head and check-receipt, fingerprint and purge.
 
 ``ledger verify`` and ``ledger head`` open the store for reading only (on
 SQLite with ``mode=ro``: nothing is created, chmod-ed or migrated), so they
 can audit a copy of a database file without changing it. They need the key
-only to open records and to key the head digest; they never create one.
+only to open records and to MAC receipts; they never create one.
+``ledger check-receipt`` opens no store at all: a public key is enough.
 """
 
 from __future__ import annotations
@@ -15,12 +16,19 @@ from datetime import timedelta
 
 from flowvault.adapters.cli import (
     CommandIO,
+    check_receipt_command,
     fingerprint_command,
     ledger_head_command,
     ledger_verify_command,
     purge_command,
+    read_receipt_file,
 )
-from flowvault.adapters.crypto import AesGcmCipher
+from flowvault.adapters.crypto import (
+    AesGcmCipher,
+    Ed25519ReceiptSigner,
+    load_public_key,
+    load_signing_key,
+)
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.adapters.system import SystemClock
@@ -28,16 +36,19 @@ from flowvault.application import (
     KEY_ENV,
     KeyRing,
     LedgerAudit,
+    ReceiptMac,
+    ReceiptVerifier,
     RetentionPolicy,
     SealedRepository,
     SecureObjectStore,
+    authenticate,
     parse_master_key,
 )
 from flowvault.composition._bootstrap import open_existing
-from flowvault.composition._cli_base import Verbs, add_verb
+from flowvault.composition._cli_base import Verbs, add_verb, file_path
 from flowvault.composition._container import key_file_store, open_postgres
 from flowvault.composition._settings import Settings
-from flowvault.domain import KeyRequired
+from flowvault.domain import InvalidInput, KeyRequired
 
 MAX_DAYS = 36500
 
@@ -83,19 +94,57 @@ def _audited(settings: Settings) -> Iterator[tuple[SecureObjectStore, SealedRepo
 
 
 def _ledger_verify(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
+    receipts = [read_receipt_file(path, io.stdin) for path in args.against or ()]
+    if args.public_key is not None and not receipts:
+        raise InvalidInput("--public-key checks receipts: give them with --against")
     with _audited(settings) as (store, repository):
+        if receipts:
+            if repository is None and args.public_key is None:
+                raise KeyRequired(
+                    "a receipt is trusted only once authenticated: set the store key (its "
+                    "MAC line) or give --public-key (its signature line)"
+                )
+            verifiers: list[ReceiptVerifier] = []
+            if repository is not None:
+                verifiers.append(ReceiptMac(repository))
+            if args.public_key is not None:
+                verifiers.append(load_public_key(args.public_key))
+            for receipt in receipts:
+                for verifier in verifiers:
+                    authenticate(receipt, verifier)
         streams = None if args.all else [args.stream]
-        return ledger_verify_command(LedgerAudit(store, repository), streams, io)
+        audit = LedgerAudit(store, repository)
+        return ledger_verify_command(audit, streams, io, receipts=receipts)
+
+
+def receipt_signers(settings: Settings) -> tuple[Ed25519ReceiptSigner, ...]:
+    """Return the configured Ed25519 signer, if ``FLOWVAULT_SIGNING_KEY_FILE`` names one."""
+    if settings.signing_key_file is None:
+        return ()
+    signer = load_signing_key(
+        settings.signing_key_file, allow_insecure_permissions=settings.allow_insecure_permissions
+    )
+    return (signer,)
 
 
 def _ledger_head(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
+    signers = receipt_signers(settings)
     with _audited(settings) as (store, repository):
         if repository is None:
             raise KeyRequired(
-                f"ledger head keys its digest with the store key: set {KEY_ENV} "
+                f"ledger head MACs its receipt with the store key: set {KEY_ENV} "
                 "or restore the key file"
             )
-        return ledger_head_command(store, repository, args.stream, io)
+        now = SystemClock().now()
+        return ledger_head_command(
+            store, repository, args.stream, io, issued_at=now, signers=signers
+        )
+
+
+def _check_receipt(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
+    del settings
+    receipt = read_receipt_file(args.receipt, io.stdin)
+    return check_receipt_command(receipt, load_public_key(args.public_key), io)
 
 
 def _fingerprint(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
@@ -127,6 +176,10 @@ def _purge(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
         return purge_command(runtime.retention(policy), runtime.store, io)
 
 
+def _receipt_path(text: str) -> str:
+    return text if text == "-" else str(file_path(text))
+
+
 def _days(text: str) -> int:
     try:
         days = int(text)
@@ -152,6 +205,10 @@ def _register_ledger(verbs: Verbs) -> None:
             "Verify ledger hash chains from each stream's first retained event to its head. "
             "With --all, every stream is verified and every record is opened with the key "
             "and counted readable or unreadable (unverified when no key is available). "
+            "With --against, each receipt is authenticated (its MAC under the store key, "
+            "and its signature when --public-key is given), its stream verified, and the "
+            "stream must still hold the receipt's head at the receipt's index: deleted "
+            "events, a restored older copy and rewritten history all fail. "
             "The store is opened read-only: on SQLite nothing is created, migrated or "
             "written, so a copy of a database file can be audited unchanged. Exits 1 "
             "(INTEGRITY_FAILURE) when any stream fails."
@@ -161,18 +218,50 @@ def _register_ledger(verbs: Verbs) -> None:
     target = verify.add_mutually_exclusive_group(required=True)
     target.add_argument("--stream", metavar="NAME", help="verify this stream only")
     target.add_argument("--all", action="store_true", help="verify every stream and record")
+    target.add_argument(
+        "--against",
+        metavar="RECEIPT",
+        type=_receipt_path,
+        action="append",
+        help="a receipt file from 'ledger head' ('-' for stdin); repeat for several",
+    )
+    verify.add_argument(
+        "--public-key",
+        type=file_path,
+        metavar="FILE",
+        help="also check each receipt's Ed25519 signature with this public key",
+    )
     head = add_verb(
         leaves,
         "head",
-        help="print a stream's head receipt with a keyed digest",
+        help="print a stream's head receipt, MAC'd and optionally signed",
         description=(
-            "Print a stream's head index and hash, the number of retained events, the "
-            "first retained index, and a keyed digest over these (tag "
-            "flowvault.ledger-head/1). Read-only; needs the store key."
+            "Print a head receipt of a stream: its origin line, size, base64 head hash, "
+            "first retained index and time, then a MAC line under the store key and, when "
+            "FLOWVAULT_SIGNING_KEY_FILE is set, an Ed25519 signature line. Keep it outside "
+            "the store and check the store against it later with 'ledger verify --against'. "
+            "Read-only; needs the store key."
         ),
         handler=_ledger_head,
     )
     head.add_argument("--stream", metavar="NAME", required=True, help="the stream")
+    check = add_verb(
+        leaves,
+        "check-receipt",
+        help="check a receipt's Ed25519 signature with a public key alone",
+        description=(
+            "Check that a receipt was signed by the holder of the signing key, using only "
+            "its public key: no store and no store key are needed. Exits 1 "
+            "(INTEGRITY_FAILURE) when no valid signature by that key is on it."
+        ),
+        handler=_check_receipt,
+    )
+    check.add_argument(
+        "receipt", type=_receipt_path, metavar="RECEIPT", help="the receipt file ('-' for stdin)"
+    )
+    check.add_argument(
+        "--public-key", type=file_path, metavar="FILE", required=True, help="the public key (PEM)"
+    )
 
 
 def _register_fingerprint(verbs: Verbs) -> None:

@@ -66,6 +66,7 @@ class Settings(BaseModel):
     recover_runs_on_open: bool = False
     key: SecretStr | None = None
     key_file: Path | None = None
+    signing_key_file: Path | None = None
     seal_limit: int = Field(default=2**32, ge=1, le=2**32)
     seal_warn_at: int = Field(default=2**31, ge=1, le=2**32)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -82,7 +83,7 @@ class Settings(BaseModel):
         """Refuse a home no file operation could use."""
         return check_os_path(home)
 
-    @field_validator("key_file")
+    @field_validator("key_file", "signing_key_file")
     @classmethod
     def _usable_key_file(cls, key_file: Path | None) -> Path | None:
         """Refuse a key file path no file operation could use, or one naming a directory."""

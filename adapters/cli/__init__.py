@@ -27,12 +27,15 @@ from flowvault.adapters.cli._keys import (
     keys_list_command,
     keys_retire_command,
     rotate_key_command,
+    signing_key_command,
 )
 from flowvault.adapters.cli._ledger import (
+    check_receipt_command,
     fingerprint_command,
     ledger_head_command,
     ledger_verify_command,
     purge_command,
+    read_receipt_file,
 )
 from flowvault.adapters.cli._reset import ResetRequest, reset_progress_command
 from flowvault.adapters.cli._store import (
@@ -61,6 +64,7 @@ __all__ = [
     "approvals_decide_command",
     "approvals_list_command",
     "approvals_show_command",
+    "check_receipt_command",
     "doctor_command",
     "expect",
     "fingerprint_command",
@@ -73,11 +77,13 @@ __all__ = [
     "ledger_head_command",
     "ledger_verify_command",
     "purge_command",
+    "read_receipt_file",
     "reset_progress_command",
     "rotate_key_command",
     "runs_list_command",
     "runs_show_command",
     "short",
+    "signing_key_command",
     "status_command",
     "workflows_list_command",
     "workflows_show_command",

@@ -92,6 +92,19 @@ def keys_add_command(entries: Sequence[KeyEntry], io: CommandIO) -> int:
     return 0
 
 
+def signing_key_command(path: str, public_path: str, hint: bytes, io: CommandIO) -> int:
+    """Report where the new signing key and its public key were written."""
+    io.emit(
+        {"signing_key": path, "public_key": public_path, "key_hint": hint.hex()},
+        [
+            f"wrote signing key {path} (0600) and public key {public_path} (key hint {hint.hex()})",
+            f"set FLOWVAULT_SIGNING_KEY_FILE={path} so 'ledger head' signs its receipts; "
+            f"give {public_path} to whoever checks them",
+        ],
+    )
+    return 0
+
+
 def keys_retire_command(key_id: str, entries: Sequence[KeyEntry], io: CommandIO) -> int:
     """Report a retired key and the keys left in the ring."""
     io.emit(

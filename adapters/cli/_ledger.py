@@ -1,4 +1,4 @@
-"""``flowvault ledger verify``/``head``, ``fingerprint`` and ``purge``: audit and retention output.
+"""``flowvault ledger verify``/``head``/``check-receipt``, ``fingerprint``, ``purge``: audit output.
 
 The use cases live in the application layer; these functions only run them
 and format what they return, as text, tables or one JSON document.
@@ -7,25 +7,39 @@ and format what they return, as text, tables or one JSON document.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import TextIO
 
 from flowvault.adapters.cli._io import FIXES, CommandIO
 from flowvault.application import (
-    HEAD_RECEIPT_TAG,
     AuditReport,
     KeyedDigester,
     LedgerAudit,
     PurgeOutcome,
+    ReceiptSigner,
+    ReceiptVerifier,
     RecordReadability,
     RetentionJob,
     RetentionReport,
     SecureObjectStore,
     StateRepository,
     StreamFailure,
+    authenticate,
     cold_fingerprint,
-    head_receipt,
+    issue_receipt,
     purge,
 )
-from flowvault.domain import IntegrityFailure, ResetFingerprint, WorkflowState
+from flowvault.domain import (
+    MAX_RECEIPT_BYTES,
+    HeadReceipt,
+    IntegrityFailure,
+    InvalidInput,
+    ResetFingerprint,
+    WorkflowState,
+    format_instant,
+    parse_receipt,
+)
 
 _KINDS = (
     "action_results",
@@ -91,9 +105,22 @@ def _summary_rows(report: AuditReport) -> list[tuple[str, object]]:
     return rows
 
 
-def ledger_verify_command(audit: LedgerAudit, streams: Sequence[str] | None, io: CommandIO) -> int:
-    """Verify ``streams`` (every stream and record when ``None``); 1 if any chain is broken."""
-    report = audit.run(streams, progress=io.progress)
+def ledger_verify_command(
+    audit: LedgerAudit,
+    streams: Sequence[str] | None,
+    io: CommandIO,
+    *,
+    receipts: Sequence[HeadReceipt] = (),
+) -> int:
+    """Verify ``streams`` (every stream and record when ``None``); 1 if any chain is broken.
+
+    With ``receipts`` (already authenticated), verify each receipt's stream
+    instead and check it still holds the receipt's head at its index.
+    """
+    if receipts:
+        report = audit.against(receipts, progress=io.progress)
+    else:
+        report = audit.run(streams, progress=io.progress)
     if io.json_output:
         io.emit(_verify_document(report, keyed=audit.keyed), [])
         return 0 if report.ok else 1
@@ -112,21 +139,80 @@ def ledger_verify_command(audit: LedgerAudit, streams: Sequence[str] | None, io:
 # -- ledger head --------------------------------------------------------------
 
 
-def ledger_head_command(
-    store: SecureObjectStore, digester: KeyedDigester, stream: str, io: CommandIO
-) -> int:
-    """Print the head receipt of ``stream``: its head and a keyed digest over it."""
-    receipt = head_receipt(store, digester, stream)
-    document: dict[str, object] = {
-        "stream": receipt.stream,
-        "head_index": receipt.head_index,
-        "head_hash": receipt.head_hash,
-        "events": receipt.events,
-        "first_index": receipt.first_index,
-        "digest": receipt.digest,
-        "digest_tag": HEAD_RECEIPT_TAG,
+def _read_stdin(stdin: TextIO) -> bytes:
+    buffer = getattr(stdin, "buffer", None)
+    if buffer is not None:
+        data: bytes = buffer.read(MAX_RECEIPT_BYTES + 1)
+        return data
+    return stdin.read(MAX_RECEIPT_BYTES + 1).encode("utf-8", "surrogateescape")
+
+
+def read_receipt_file(path: str, stdin: TextIO) -> HeadReceipt:
+    """Read and parse a receipt file, or ``stdin`` for ``-``; ``InvalidInput`` otherwise."""
+    try:
+        if path == "-":
+            content = _read_stdin(stdin)
+        else:
+            with Path(path).open("rb") as file:
+                content = file.read(MAX_RECEIPT_BYTES + 1)
+    except OSError as error:
+        raise InvalidInput(f"cannot read receipt {path}: {error.strerror}", path=path) from None
+    except ValueError:
+        raise InvalidInput("a receipt path must not contain a NUL byte") from None
+    if len(content) > MAX_RECEIPT_BYTES:
+        raise InvalidInput(f"receipt {path} is larger than {MAX_RECEIPT_BYTES} bytes", path=path)
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInput(f"receipt {path} is not UTF-8 text", path=path) from None
+    return parse_receipt(text)
+
+
+def _receipt_document(receipt: HeadReceipt) -> dict[str, object]:
+    note = receipt.note
+    return {
+        "stream": note.stream,
+        "size": note.size,
+        "head_index": note.head_index,
+        "head_hash": note.head_hash,
+        "first_index": note.first_index,
+        "issued_at": format_instant(note.issued_at),
+        "signers": [signature.name for signature in receipt.signatures],
+        "receipt": receipt.text(),
     }
-    io.emit(document, [f"{name}: {value}" for name, value in document.items()])
+
+
+def ledger_head_command(
+    store: SecureObjectStore,
+    digester: KeyedDigester,
+    stream: str,
+    io: CommandIO,
+    *,
+    issued_at: datetime,
+    signers: tuple[ReceiptSigner, ...] = (),
+) -> int:
+    """Print a head receipt of ``stream``: the note, its MAC line and any signature lines."""
+    receipt = issue_receipt(store, digester, stream, issued_at=issued_at, signers=signers)
+    io.emit(_receipt_document(receipt), receipt.text().split("\n")[:-1])
+    return 0
+
+
+def check_receipt_command(receipt: HeadReceipt, verifier: ReceiptVerifier, io: CommandIO) -> int:
+    """Check a receipt's signature with a public key alone; ``IntegrityFailure`` if it fails."""
+    authenticate(receipt, verifier)
+    document = {"ok": True, "signer": verifier.name, **_receipt_document(receipt)}
+    note = receipt.note
+    io.emit(
+        document,
+        [
+            f"receipt: ok, signed by {verifier.name} key {verifier.hint.hex()}",
+            f"stream: {note.stream}",
+            f"size: {note.size}",
+            f"head_hash: {note.head_hash}",
+            f"first_index: {note.first_index}",
+            f"issued_at: {format_instant(note.issued_at)}",
+        ],
+    )
     return 0
 
 

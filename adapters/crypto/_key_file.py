@@ -114,6 +114,20 @@ class FileKeyStore:
             raise InvalidInput(f"key file {self._path} is too large to be a key ring")
         return parse_key_ring(content, f"key file {self._path}")
 
+    def read_bytes(self) -> bytes | None:
+        """Return the file's raw content under the key file's checks, or ``None`` if absent.
+
+        For other secrets kept the same way, such as the receipt signing key.
+        """
+        return self._read_content()
+
+    def create_bytes(self, content: bytes) -> bool:
+        """Publish ``content`` as the file, complete and fsynced; ``False`` if one exists."""
+        if not isinstance(content, bytes) or len(content) > _MAX_KEY_FILE_BYTES:
+            raise InvalidInput("a secret file's content must be bytes of a bounded size")
+        self._ensure_dir()
+        return self._publish_bytes(content)
+
     def replace_ring(self, ring: KeyRing, *, expected: KeyRing) -> None:
         """Write ``ring`` over the key file atomically, if the file still holds ``expected``.
 
@@ -137,7 +151,7 @@ class FileKeyStore:
                     f"key file {self._path} changed meanwhile; read it again and retry",
                     guard="key ring",
                 )
-            temp = self._write_temp(format_key_ring(ring))
+            temp = self._write_temp(format_key_ring(ring).encode("ascii"))
             try:
                 os.replace(temp, self._path)
             except BaseException:
@@ -195,7 +209,10 @@ class FileKeyStore:
 
     def _publish(self, key: bytes) -> bool:
         """Link a complete temporary key file into place; return whether this call won."""
-        temp = self._write_temp(encode_master_key(key) + "\n")
+        return self._publish_bytes((encode_master_key(key) + "\n").encode("ascii"))
+
+    def _publish_bytes(self, content: bytes) -> bool:
+        temp = self._write_temp(content)
         try:
             os.link(temp, self._path)
         except FileExistsError:
@@ -205,13 +222,13 @@ class FileKeyStore:
             _fsync_dir(self._dir)
         return True
 
-    def _write_temp(self, text: str) -> Path:
+    def _write_temp(self, content: bytes) -> Path:
         temp = self._dir / f".{self._path.name}.{secrets.token_hex(8)}.tmp"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(temp, flags, _FILE_MODE)
         try:
             os.fchmod(fd, _FILE_MODE)
-            _write_all(fd, text.encode("ascii"))
+            _write_all(fd, content)
             os.fsync(fd)
         except BaseException:
             os.close(fd)

@@ -275,7 +275,7 @@ def test_verify_on_a_missing_database_fails_and_creates_nothing(tmp_path: Path) 
 
 
 def test_head_prints_a_keyed_receipt(tmp_path: Path, home: Path) -> None:
-    """The receipt names the head and a stable keyed digest, and no payload."""
+    """The receipt names the head, carries a MAC over it, and no payload."""
     stream = history_stream("main")
     result = _run(tmp_path, "ledger", "head", "--stream", stream, "--json", home=home)
     assert result.returncode == 0, result.stderr
@@ -286,18 +286,17 @@ def test_head_prints_a_keyed_receipt(tmp_path: Path, home: Path) -> None:
     assert receipt["stream"] == stream
     assert receipt["head_index"] == head.index
     assert receipt["head_hash"] == head.event_hash
-    assert receipt["events"] == head.index + 1
+    assert receipt["size"] == head.index + 1
     assert receipt["first_index"] == 0
-    assert str(receipt["digest"]).startswith("sha256:")
-    assert receipt["digest_tag"] == "flowvault.ledger-head/1"
-    again = _document(_run(tmp_path, "ledger", "head", "--stream", stream, "--json", home=home))
-    assert again == receipt
+    assert receipt["signers"] == ["flowvault-mac"]
+    text = str(receipt["receipt"])
+    assert MARKER not in text
+    human = _run(tmp_path, "ledger", "head", "--stream", stream, home=home)
+    assert human.stdout.splitlines()[:4] == text.splitlines()[:4]
     other = _run(
         tmp_path, "ledger", "head", "--stream", history_stream("other"), "--json", home=home
     )
-    assert _document(other)["digest"] != receipt["digest"]
-    human = _run(tmp_path, "ledger", "head", "--stream", stream, home=home)
-    assert f"digest: {receipt['digest']}" in human.stdout.splitlines()
+    assert _document(other)["head_hash"] != receipt["head_hash"]
 
 
 # -- fingerprint ---------------------------------------------------------------

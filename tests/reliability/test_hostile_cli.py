@@ -285,6 +285,19 @@ def verbs(home: Home) -> st.SearchStrategy[list[str]]:
     """Every verb with its options filled from hostile values."""
     value, number, json_flag = values(home), numbers(), _flag("--json")
     ids = st.one_of(st.sampled_from(home.ids()), value)
+    files = st.one_of(
+        hostile.hostile_text(allow_non_text=False).map(lambda t: str(home.scratch / _name(t))),
+        st.sampled_from(
+            (
+                "-",
+                str(home.scratch / "a-file"),
+                str(home.scratch / "a\x00b"),
+                str(home.scratch / ("n" * 300)),
+                str(home.root / "data"),
+                str(home.root / "keys" / "store.key"),
+            )
+        ),
+    )
     demo_homes = st.sampled_from(
         (str(home.root), str(home.scratch / "a-file"), str(home.scratch / "a\x00b"))
     )
@@ -329,6 +342,23 @@ def verbs(home: Home) -> st.SearchStrategy[list[str]]:
         ),
         _verb(_words("ledger", "head", "--stream"), ids.map(lambda v: [v]), json_flag),
         _verb(
+            _words("ledger", "verify"),
+            files.map(lambda v: ["--against", v]),
+            _option("--public-key", files),
+            json_flag,
+        ),
+        _verb(
+            _words("ledger", "check-receipt"),
+            files.map(lambda v: [v]),
+            files.map(lambda v: ["--public-key", v]),
+            json_flag,
+        ),
+        _verb(
+            _words("keys", "signing-key", "--out"),
+            files.map(lambda v: [str(home.scratch / "out")] if v == "-" else [v]),
+            json_flag,
+        ),
+        _verb(
             _words("fingerprint", "--scope"),
             ids.map(lambda v: [v]),
             _option("--reason", value),
@@ -362,7 +392,8 @@ JUNK_TOKENS = (
     "status", "doctor", "list", "show", "decide", "verify", "head", "--json", "--limit",
     "--state", "--status", "--run", "--stream", "--all", "--scope", "--reason", "--actor",
     "--decision", "--yes", "--dry-run", "--older-than-days", "--backend", "memory", "-h",
-    "keys", "add", "retire", "rotate-key", "--batch-size",
+    "keys", "add", "retire", "rotate-key", "--batch-size", "check-receipt", "--against",
+    "--public-key", "signing-key", "--out",
 )  # fmt: skip
 """Words the parser knows, shuffled into junk argv (never ``demo``, which would run in full)."""
 

@@ -80,9 +80,10 @@ from flowvault.application import (
     check_run_id,
     check_scope,
     cold_fingerprint,
+    compare_with_receipt,
     effective_limit,
-    head_receipt,
     history_stream,
+    issue_receipt,
     parse_master_key,
     read_stream,
     reset_progress,
@@ -93,13 +94,17 @@ from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
     DEFAULT_LIFECYCLE,
     GENESIS_HASH,
+    MAX_SAFE_INTEGER,
     RUN_LIFECYCLE,
     Approval,
     ApprovalExpired,
     ApprovalStatus,
     Checkpoint,
     FlowvaultError,
+    HeadNote,
+    HeadReceipt,
     LedgerEvent,
+    ReceiptSignature,
     RevisionConflict,
     Sensitivity,
     StateMachine,
@@ -113,6 +118,7 @@ from flowvault.domain import (
     format_instant,
     natural_key_digest,
     parse_json,
+    parse_receipt,
     sanitise_payload,
     validate_json,
     verify_chain,
@@ -1240,6 +1246,48 @@ def _approval_rows() -> list[EntryPoint]:
     ]
 
 
+_GENUINE_RECEIPT = HeadReceipt(
+    HeadNote(
+        stream="workflow/0a",
+        size=3,
+        head_hash="sha256:" + "ab" * 32,
+        first_index=0,
+        issued_at=EPOCH,
+    ),
+    (ReceiptSignature("flowvault-mac", b"\x01\x02\x03\x04", b"\x00" * 32),),
+).text()
+
+
+def _receipt_texts() -> st.SearchStrategy[Any]:
+    """Hostile text, and a genuine receipt with a few characters replaced, inserted or cut."""
+    cut = st.tuples(
+        st.integers(0, len(_GENUINE_RECEIPT)), st.integers(0, 4), hostile.hostile_text()
+    )
+    edited = cut.map(
+        lambda c: c[2] if not isinstance(c[2], str) else
+        _GENUINE_RECEIPT[: c[0]] + c[2][:3] + _GENUINE_RECEIPT[c[0] + c[1] :]
+    )  # fmt: skip
+    return st.one_of(hostile.hostile_text(), st.just(_GENUINE_RECEIPT), edited)
+
+
+def _receipts(k: Known) -> st.SearchStrategy[Any]:
+    """Receipts for streams the world holds or not, at hostile sizes, and non-receipts."""
+    notes = st.builds(
+        lambda stream, size, first: HeadNote(
+            stream=stream,
+            size=size,
+            head_hash=GENESIS_HASH,
+            first_index=min(first, size - 1),
+            issued_at=EPOCH,
+        ),
+        st.sampled_from([*k.streams, "workflow/none"]) if k.streams else st.just("workflow/none"),
+        st.sampled_from((1, 2, 3, 1000, MAX_SAFE_INTEGER + 1)),
+        st.sampled_from((0, 1)),
+    )
+    genuine = notes.map(lambda n: HeadReceipt(n, ()))
+    return st.one_of(genuine, st.sampled_from((None, "receipt", _GENUINE_RECEIPT, 3)))
+
+
 def _audit_rows() -> list[EntryPoint]:
     return [
         EntryPoint(
@@ -1254,9 +1302,26 @@ def _audit_rows() -> list[EntryPoint]:
             sqlite=True,
         ),
         EntryPoint(
-            "head_receipt",
-            lambda k: args(stream=_streams(k)),
-            lambda w, a: head_receipt(w.store, _repo(w), a["stream"]),
+            "issue_receipt",
+            lambda k: args(stream=_streams(k), issued_at=TIMES),
+            lambda w, a: issue_receipt(w.store, _repo(w), a["stream"], issued_at=a["issued_at"]),
+            sqlite=True,
+        ),
+        EntryPoint(
+            "parse_receipt",
+            lambda k: args(text=_receipt_texts()),
+            lambda w, a: parse_receipt(a["text"]),
+        ),
+        EntryPoint(
+            "LedgerAudit.against",
+            lambda k: args(receipts=st.lists(_receipts(k), max_size=2)),
+            lambda w, a: LedgerAudit(w.store, _repo(w)).against(a["receipts"]),
+            sqlite=True,
+        ),
+        EntryPoint(
+            "compare_with_receipt",
+            lambda k: args(note=_receipts(k).map(lambda r: getattr(r, "note", r))),
+            lambda w, a: compare_with_receipt(w.store, a["note"]),
         ),
     ]
 

@@ -44,16 +44,17 @@ from flowvault.application import (
     STATE_NAMESPACE,
     WORKFLOWS,
     HistoryEvent,
+    KeyedDigester,
     LedgerAudit,
     SecureObjectStore,
     encode_master_key,
-    head_receipt,
+    issue_receipt,
     list_all_streams,
     read_stream,
     run_stream,
     stream_of,
 )
-from flowvault.application.testing import FrozenClock, SequentialIds
+from flowvault.application.testing import EPOCH, FrozenClock, SequentialIds
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
     ApprovalStatus,
@@ -305,6 +306,11 @@ def _default(value: object) -> Any:
     raise TypeError(type(value).__name__)
 
 
+def _receipt(store: SecureObjectStore, repository: KeyedDigester, stream: str) -> str:
+    """Return a head receipt issued at a fixed instant, so equal heads give equal text."""
+    return issue_receipt(store, repository, stream, issued_at=EPOCH).text()
+
+
 def canonical(value: object) -> str:
     """Return ``value`` as canonical JSON text, so equal values compare byte for byte."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_default)
@@ -360,7 +366,7 @@ def _store_readers(runtime: Runtime, streams: Sequence[str]) -> Iterator[Reader]
         yield Reader(f"events {name}", lambda name=name: list(read_stream(store, name)))
         yield Reader(
             f"head receipt {name}",
-            lambda name=name: [head_receipt(store, runtime.repository, name)],
+            lambda name=name: [_receipt(store, runtime.repository, name)],
         )
 
 
@@ -1370,7 +1376,7 @@ class Verdict:
 def _receipts_differ(world: World, kept: Mapping[str, str]) -> bool:
     for stream, receipt in kept.items():
         try:
-            now = canonical(head_receipt(world.runtime.store, world.runtime.repository, stream))
+            now = canonical(_receipt(world.runtime.store, world.runtime.repository, stream))
         except FlowvaultError:
             return True
         if now != receipt:

@@ -1,9 +1,10 @@
 """A pytest plugin that fails the session if any key shows up where people or logs look.
 
 It watches the cipher derive keys (every master key and every 32-byte key
-derived from one is registered), then scans the captured stdout, stderr and
-log output of every test phase, failure reports, and the message and repr of
-every flowvault error constructed during the session. Keys made in child
+derived from one is registered) and receipt signers take Ed25519 keys, then
+scans the captured stdout, stderr and log output of every test phase,
+failure reports, and the message and repr of every flowvault error
+constructed during the session. Keys made in child
 processes are not seen; the tests that start them scan their output.
 """
 
@@ -13,9 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from key_scan import KEY_BYTES, KeyScanner
 
-from flowvault.adapters.crypto import _cipher
+from flowvault.adapters.crypto import Ed25519ReceiptSigner, _cipher
 from flowvault.domain import FlowvaultError
 
 SCANNER = KeyScanner()
@@ -35,6 +37,16 @@ def _watch_derivations() -> None:
     _cipher._derive = registering
 
 
+def _watch_signers() -> None:
+    init = Ed25519ReceiptSigner.__init__
+
+    def registering(self: Ed25519ReceiptSigner, private_key: Ed25519PrivateKey) -> None:
+        init(self, private_key)
+        SCANNER.register(private_key.private_bytes_raw(), "a receipt signing key")
+
+    Ed25519ReceiptSigner.__init__ = registering  # type: ignore[method-assign]
+
+
 def _watch_errors() -> None:
     init = FlowvaultError.__init__
 
@@ -48,6 +60,7 @@ def _watch_errors() -> None:
 def pytest_configure(config: pytest.Config) -> None:
     """Start watching before any test derives a key or raises an error."""
     _watch_derivations()
+    _watch_signers()
     _watch_errors()
 
 
