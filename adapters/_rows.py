@@ -85,14 +85,15 @@ def event_params(event: LedgerEvent) -> Params:
         event.previous_hash,
         event.event_hash,
         event.event_key,
+        event.chain_mac,
     )
 
 
 def event_from_row(row: Row) -> LedgerEvent:
-    """Rebuild an event exactly as stored, hash included, so verification sees any edit."""
+    """Rebuild an event exactly as stored, hash and MAC included, so verification sees any edit."""
     try:
         stream, index, type_, from_state, to_state, occurred, payload = row[:7]
-        previous_hash, event_hash, event_key = row[7:10]
+        previous_hash, event_hash, event_key, chain_mac = row[7:11]
         return LedgerEvent.restore(
             stream=stream,
             index=index,
@@ -104,6 +105,7 @@ def event_from_row(row: Row) -> LedgerEvent:
             previous_hash=previous_hash,
             event_hash=event_hash,
             event_key=event_key,
+            chain_mac=chain_mac,
         )
     except MALFORMED:
         raise malformed("ledger_events") from None

@@ -134,7 +134,14 @@ from flowvault.application._state import (
     history_stream,
     reset_progress,
 )
-from flowvault.application._streams import next_position, read_stream
+from flowvault.application._streams import (
+    LEDGER_MAC_TAG,
+    chain_mac,
+    keyed,
+    mac_matches,
+    next_position,
+    read_stream,
+)
 from flowvault.application._workflows import (
     ACTION_RESULTS,
     DECISION_STATE,
@@ -177,6 +184,7 @@ __all__ = [
     "IDEMPOTENCY",
     "IDEMPOTENCY_STREAM",
     "KEY_ENV",
+    "LEDGER_MAC_TAG",
     "MASTER_KEY_BYTES",
     "MAX_BATCH",
     "MAX_LABELS",
@@ -266,6 +274,7 @@ __all__ = [
     "Upsert",
     "WorkflowService",
     "authenticate",
+    "chain_mac",
     "check_append",
     "check_delete",
     "check_key_matches",
@@ -280,7 +289,9 @@ __all__ = [
     "head_note",
     "history_stream",
     "issue_receipt",
+    "keyed",
     "list_all_streams",
+    "mac_matches",
     "next_position",
     "no_progress",
     "parse_key_ring",

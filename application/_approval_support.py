@@ -30,7 +30,7 @@ from flowvault.application._records import (
     UnitOfWork,
 )
 from flowvault.application._sealed import SealedDocument, SealedRepository
-from flowvault.application._streams import next_position
+from flowvault.application._streams import keyed, next_position
 from flowvault.application.ports import Clock, SecureObjectStore
 from flowvault.domain import (
     GENESIS_HASH,
@@ -170,7 +170,7 @@ class _Doomed:
 
 
 def _purge(
-    store: SecureObjectStore,
+    repository: SealedRepository,
     clock: Clock,
     namespace: str,
     *,
@@ -180,6 +180,7 @@ def _purge(
 ) -> int:
     """Delete matching records a bounded batch per unit, each unit with its tombstones."""
     limit = _batch(batch_size)
+    store = repository.store
     purged = stalled = 0
     while stalled < RETRIES:
         page = store.list(namespace, filters=filters, limit=limit)
@@ -187,7 +188,7 @@ def _purge(
         if not doomed:
             break
         try:
-            store.commit(_purge_unit(store, clock.now(), doomed))
+            store.commit(_purge_unit(repository, clock.now(), doomed))
         except RevisionConflict:
             stalled += 1
             continue
@@ -197,16 +198,18 @@ def _purge(
     return purged
 
 
-def _purge_unit(store: SecureObjectStore, now: datetime, doomed: Sequence[_Doomed]) -> UnitOfWork:
+def _purge_unit(
+    repository: SealedRepository, now: datetime, doomed: Sequence[_Doomed]
+) -> UnitOfWork:
     """Chain each stream's tombstones consecutively onto its head, deletions alongside."""
     heads: dict[str, tuple[int, str]] = {}
     deletes: list[Delete] = []
     appends: list[LedgerEvent] = []
     for item in doomed:
         if item.stream not in heads:
-            heads[item.stream] = next_position(store, item.stream)
+            heads[item.stream] = next_position(repository.store, item.stream)
         index, previous = heads[item.stream]
-        event = LedgerEvent.create(
+        draft = LedgerEvent.create(
             stream=item.stream,
             index=index,
             type=RETENTION_TOMBSTONE,
@@ -214,6 +217,7 @@ def _purge_unit(store: SecureObjectStore, now: datetime, doomed: Sequence[_Doome
             payload=sanitise_payload({**item.tombstone, "purged_at": format_instant(now)}),
             previous_hash=previous,
         )
+        event = keyed(draft, repository)
         heads[item.stream] = (event.index + 1, event.event_hash)
         deletes.extend(item.deletes)
         appends.append(event)

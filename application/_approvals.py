@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
@@ -46,7 +47,7 @@ from flowvault.application._records import (
 )
 from flowvault.application._runs import RUNS, check_run_id
 from flowvault.application._sealed import SealedDocument, SealedRepository
-from flowvault.application._streams import next_position
+from flowvault.application._streams import keyed, next_position
 from flowvault.application.ports import Clock, IdFactory
 from flowvault.domain import (
     Approval,
@@ -305,7 +306,7 @@ class ApprovalService:
         """
         stream = run_stream(approval.run_id)
         index, previous = next_position(self._store, stream)
-        return LedgerEvent.create(
+        event = LedgerEvent.create(
             stream=stream,
             index=index,
             type=f"approval.{approval.status.value}",
@@ -313,13 +314,14 @@ class ApprovalService:
             payload=self.approval_receipt(approval).body(),
             previous_hash=previous,
         )
+        return keyed(event, self._repo)
 
     def _pending_checkpoint(self, approval: Approval) -> tuple[Checkpoint, int] | None:
         """Return the approval's checkpoint while it is pending; ``None`` once used or purged."""
         found = self._checkpoints._find(approval.checkpoint_id)
         if found is None or found[0].status is not CheckpointStatus.PENDING:
             return None
-        if found[0].integrity_digest != approval.checkpoint_digest:
+        if not hmac.compare_digest(found[0].integrity_digest, approval.checkpoint_digest):
             raise CheckpointIntegrityFailure(
                 "checkpoint differs from the one the approval was requested for",
                 checkpoint_id=approval.checkpoint_id,
@@ -400,7 +402,7 @@ class ApprovalService:
         integrity key, so no receipt is issued for an altered approval.
         """
         key = require_integrity(self._integrity)
-        if _digest(key, APPROVAL_TAG, approval) != approval.integrity_digest:
+        if not hmac.compare_digest(_digest(key, APPROVAL_TAG, approval), approval.integrity_digest):
             raise IntegrityFailure("approval does not verify under the integrity key")
 
         def keyed(tag: str, value: str | None) -> str | None:
@@ -433,7 +435,7 @@ class ApprovalService:
         key = require_integrity(self._integrity)
         filters = [LabelFilter("settled_at", _horizon(now, older_than), FilterOp.LT)]
         return _purge(
-            self._store,
+            self._repo,
             self._clock,
             APPROVALS,
             filters=filters,
@@ -491,7 +493,7 @@ class ApprovalService:
             raise IntegrityFailure(
                 "approval is stored under another key", key_digest=opened.metadata.key_digest
             )
-        if _digest(key, APPROVAL_TAG, approval) != approval.integrity_digest:
+        if not hmac.compare_digest(_digest(key, APPROVAL_TAG, approval), approval.integrity_digest):
             raise IntegrityFailure(
                 "approval failed its keyed integrity check",
                 key_digest=opened.metadata.key_digest,

@@ -16,10 +16,16 @@ from enum import StrEnum
 from typing import Final, Protocol, TypeVar
 
 from flowvault.application._compaction import compact_after_commit
-from flowvault.application._receipts import ReceiptDefect, compare_with_receipt
+from flowvault.application._graph import KeyedDigester
+from flowvault.application._receipts import (
+    ReceiptDefect,
+    ReceiptSigner,
+    compare_with_receipt,
+    issue_receipt,
+)
 from flowvault.application._retention import RetentionJob, RetentionReport
 from flowvault.application._sealed import SealedRepository
-from flowvault.application._streams import read_stream
+from flowvault.application._streams import mac_matches, read_stream
 from flowvault.application.ports import (
     SecureObjectStore,
     StoreStats,
@@ -32,6 +38,7 @@ from flowvault.domain import (
     HeadReceipt,
     IntegrityFailure,
     InvalidInput,
+    KeyRequired,
     LedgerEvent,
     NotFound,
     StoreUnavailable,
@@ -83,12 +90,17 @@ class StreamFailure:
 
 @dataclass(frozen=True, slots=True)
 class StreamAudit:
-    """One stream's verification: the events that verified, and the first defect if any."""
+    """One stream's verification: the events that verified, and the first defect if any.
+
+    ``unkeyed`` counts the events a keyed audit accepted on the plain chain
+    alone, because they were written before events carried a ``chain_mac``.
+    """
 
     stream: str
     events: int
     first_index: int | None
     failure: StreamFailure | None = None
+    unkeyed: int = 0
 
     @property
     def ok(self) -> bool:
@@ -123,6 +135,11 @@ class AuditReport:
         return sum(stream.events for stream in self.streams)
 
     @property
+    def unkeyed(self) -> int:
+        """Events of keyed audits that carry no ``chain_mac`` (written before events had one)."""
+        return sum(stream.unkeyed for stream in self.streams)
+
+    @property
     def failures(self) -> tuple[StreamFailure, ...]:
         """The first defect of every broken stream."""
         return tuple(s.failure for s in self.streams if s.failure is not None)
@@ -140,6 +157,41 @@ class _Tracked:
         for event in self.events:
             self.last_index = event.index
             self.count += 1
+            yield event
+
+
+@dataclass(slots=True)
+class _Keyed:
+    """Checks each event's ``chain_mac`` as it passes, and ends the stream at the first bad one.
+
+    Events without a MAC are accepted only before the stream's first keyed
+    event: those were written before events were keyed. One missing after
+    a keyed event means a MAC was stripped.
+    """
+
+    events: Iterator[LedgerEvent]
+    digester: KeyedDigester
+    unkeyed: int = 0
+    keyed_seen: bool = False
+    failure: tuple[int, ChainDefect, str] | None = None
+
+    def __iter__(self) -> Iterator[LedgerEvent]:
+        for event in self.events:
+            if event.chain_mac is None:
+                if self.keyed_seen:
+                    reason = "event has no chain MAC although earlier events of its stream do"
+                    self.failure = (event.index, ChainDefect.UNKEYED, reason)
+                    return
+                self.unkeyed += 1
+            elif not mac_matches(event, self.digester):
+                reason = (
+                    "event's chain MAC does not verify under this key: it was written "
+                    "or rewritten without the key (or the key is not this store's)"
+                )
+                self.failure = (event.index, ChainDefect.FORGED, reason)
+                return
+            else:
+                self.keyed_seen = True
             yield event
 
 
@@ -175,9 +227,14 @@ def _unreadable_failure(store: SecureObjectStore, stream: str, start: int) -> St
     return StreamFailure(stream, index, ChainDefect.EDITED, "a stored event row is malformed")
 
 
-def verify_stream(store: SecureObjectStore, stream: str) -> StreamAudit:
+def verify_stream(
+    store: SecureObjectStore, stream: str, digester: KeyedDigester | None = None
+) -> StreamAudit:
     """Verify one stream's retained events from the first retained one to the head.
 
+    With ``digester`` (the store's integrity key) each event's ``chain_mac``
+    is checked too (``forged``, ``unkeyed``); without it, only the plain
+    chain, which anyone who can write the store could have recomputed.
     A row that no longer decodes is reported as ``edited`` at its index.
     ``events`` counts the events that verified before the first defect.
 
@@ -194,7 +251,8 @@ def verify_stream(store: SecureObjectStore, stream: str) -> StreamAudit:
         raise NotFound(f"no ledger stream named {stream!r}", stream=stream)
     first = opening.events[0]
     start_index, previous = _start(first)
-    tracked = _Tracked(read_stream(store, stream))
+    keyed = None if digester is None else _Keyed(read_stream(store, stream), digester)
+    tracked = _Tracked(read_stream(store, stream) if keyed is None else iter(keyed))
     try:
         verdict = verify_chain(tracked, start_index=start_index, previous_hash=previous)
     except InvalidInput:
@@ -205,21 +263,27 @@ def verify_stream(store: SecureObjectStore, stream: str) -> StreamAudit:
         start = first.index if tracked.last_index is None else tracked.last_index + 1
         failure = _unreadable_failure(store, stream, start)
         return StreamAudit(stream, tracked.count, first.index, failure)
-    if verdict.ok or verdict.defect is None:
-        return StreamAudit(stream, verdict.checked, first.index)
-    failure = StreamFailure(
-        stream, verdict.first_bad_index, verdict.defect, verdict.reason or verdict.defect.value
-    )
-    return StreamAudit(stream, verdict.checked, first.index, failure)
+    unkeyed = 0 if keyed is None else keyed.unkeyed
+    if not verdict.ok and verdict.defect is not None:
+        reason = verdict.reason or verdict.defect.value
+        failure = StreamFailure(stream, verdict.first_bad_index, verdict.defect, reason)
+        return StreamAudit(stream, verdict.checked, first.index, failure, unkeyed)
+    if keyed is not None and keyed.failure is not None:
+        index, defect, reason = keyed.failure
+        failure = StreamFailure(stream, index, defect, reason)
+        return StreamAudit(stream, verdict.checked, first.index, failure, unkeyed)
+    return StreamAudit(stream, verdict.checked, first.index, unkeyed=unkeyed)
 
 
-def _verify_listed(store: SecureObjectStore, stream: str) -> StreamAudit:
+def _verify_listed(
+    store: SecureObjectStore, stream: str, digester: KeyedDigester | None
+) -> StreamAudit:
     """Verify a stream the catalog lists; one with no events means the catalog was altered.
 
     Retention never removes a stream's head event, so no listed stream is empty.
     """
     try:
-        return verify_stream(store, stream)
+        return verify_stream(store, stream, digester)
     except NotFound:
         reason = "the stream catalog lists a stream that holds no events"
         return StreamAudit(stream, 0, None, StreamFailure(stream, None, ChainDefect.GAP, reason))
@@ -245,8 +309,8 @@ class LedgerAudit:
 
     ``repository`` is the sealed repository over ``store`` under the store's
     key, or ``None`` when no key is at hand: then records are counted as
-    ``unverified`` instead of opened, and the chains are verified all the
-    same (they need no key).
+    ``unverified`` instead of opened, and only the plain chains are verified
+    (they need no key); with the key, every event's ``chain_mac`` is too.
     """
 
     def __init__(self, store: SecureObjectStore, repository: SealedRepository | None) -> None:
@@ -268,10 +332,12 @@ class LedgerAudit:
         if streams is not None:
             names = list(streams)
             audits = progress(names, total=len(names), label="verifying streams")
-            return AuditReport(tuple(verify_stream(self._store, name) for name in audits))
+            return AuditReport(
+                tuple(verify_stream(self._store, name, self._repository) for name in audits)
+            )
         names = list_all_streams(self._store)
         audits = progress(names, total=len(names), label="verifying streams")
-        verified = tuple(_verify_listed(self._store, name) for name in audits)
+        verified = tuple(_verify_listed(self._store, name, self._repository) for name in audits)
         counts: Counter[RecordReadability] = Counter(dict.fromkeys(RecordReadability, 0))
         unreadable: list[UnreadableRecord] = []
         checks = progress(self._records(), total=self._record_total(), label="opening records")
@@ -280,6 +346,40 @@ class LedgerAudit:
             if readability is RecordReadability.UNREADABLE:
                 unreadable.append(record)
         return AuditReport(verified, dict(counts), tuple(unreadable[:MAX_LISTED_UNREADABLE]))
+
+    def issue(
+        self,
+        stream: str,
+        *,
+        issued_at: datetime,
+        signers: tuple[ReceiptSigner, ...] = (),
+    ) -> HeadReceipt:
+        """Verify ``stream`` with the key, then return a receipt of its head.
+
+        A receipt anchors what it names, so none is issued for a chain that
+        fails: that would vouch for a forgery.
+
+        Raises:
+            KeyRequired: the audit has no key (receipts carry a MAC under it).
+            NotFound: the stream holds no events.
+            IntegrityFailure: the stream fails verification.
+
+        """
+        if self._repository is None:
+            raise KeyRequired("a receipt carries a MAC under the store key, and none is at hand")
+        audit = verify_stream(self._store, stream, self._repository)
+        if audit.failure is not None:
+            failure = audit.failure
+            raise IntegrityFailure(
+                f"no receipt for stream {stream!r}: it fails verification at index "
+                f"{failure.index} ({failure.defect.value})",
+                stream=stream,
+                index=failure.index,
+                defect=failure.defect.value,
+            )
+        return issue_receipt(
+            self._store, self._repository, stream, issued_at=issued_at, signers=signers
+        )
 
     def against(
         self, receipts: Iterable[HeadReceipt], *, progress: Progress = no_progress
@@ -298,7 +398,7 @@ class LedgerAudit:
     def _against(self, receipt: HeadReceipt) -> StreamAudit:
         note = receipt.note
         try:
-            audit = verify_stream(self._store, note.stream)
+            audit = verify_stream(self._store, note.stream, self._repository)
         except NotFound:
             audit = StreamAudit(note.stream, 0, None)
         if not audit.ok:
@@ -307,7 +407,7 @@ class LedgerAudit:
         if mismatch is None:
             return audit
         failure = StreamFailure(note.stream, mismatch.index, mismatch.defect, mismatch.reason)
-        return StreamAudit(audit.stream, audit.events, audit.first_index, failure)
+        return StreamAudit(audit.stream, audit.events, audit.first_index, failure, audit.unkeyed)
 
     def _namespaces(self) -> Mapping[str, int]:
         return self._store.namespace_counts() if isinstance(self._store, StoreStats) else {}

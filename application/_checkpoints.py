@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from functools import partial
@@ -206,7 +207,7 @@ class CheckpointService:
         key = require_integrity(self._integrity)
         filters = [LabelFilter("consumed_at", _horizon(now, older_than), FilterOp.LT)]
         return _purge(
-            self._store,
+            self._repo,
             self._clock,
             CHECKPOINTS,
             filters=filters,
@@ -276,8 +277,9 @@ class CheckpointService:
             "state_digest": content_hash(checkpoint.state) == checkpoint.state_digest,
             "dependency_digest": content_hash(checkpoint.dependency_summary)
             == checkpoint.dependency_digest,
-            "integrity_digest": _digest(key, CHECKPOINT_TAG, checkpoint)
-            == checkpoint.integrity_digest,
+            "integrity_digest": hmac.compare_digest(
+                _digest(key, CHECKPOINT_TAG, checkpoint), checkpoint.integrity_digest
+            ),
         }
         failed = [name for name, ok in checks.items() if not ok]
         if failed:

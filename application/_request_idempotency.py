@@ -123,7 +123,7 @@ class IdempotencyService:
         """
         filters = [LabelFilter("created_at", _horizon(now, older_than), FilterOp.LT)]
         return _purge(
-            self._store,
+            self._repo,
             self._clock,
             REQUEST_IDEMPOTENCY,
             filters=filters,

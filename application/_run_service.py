@@ -36,7 +36,7 @@ from flowvault.application._records import (
     Upsert,
 )
 from flowvault.application._sealed import SealedDocument, SealedRepository
-from flowvault.application._streams import next_position
+from flowvault.application._streams import keyed, next_position
 from flowvault.application.ports import Clock, Compactor, IdFactory
 from flowvault.domain import (
     DEFINITION_ID_PATTERN,
@@ -620,7 +620,7 @@ class RunService:
         index, previous = next_position(self._store, run_stream(run_id))
         chained = []
         for draft in drafts:
-            event = LedgerEvent.create(
+            draft_event = LedgerEvent.create(
                 stream=run_stream(run_id),
                 index=index,
                 type=draft.type,
@@ -630,6 +630,7 @@ class RunService:
                 from_state=draft.from_state,
                 to_state=draft.to_state,
             )
+            event = keyed(draft_event, self._repo)
             chained.append(event)
             index, previous = index + 1, event.event_hash
         return chained

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from flowvault.application._backoff import pause_after_conflict
 from flowvault.application._records import Delete, Guard, RecordMetadata, UnitOfWork, Upsert
 from flowvault.application._sealed import SealedRepository
-from flowvault.application._streams import next_position, read_stream
+from flowvault.application._streams import keyed, next_position, read_stream
 from flowvault.domain import (
     REASON_PATTERN,
     SCOPE_PATTERN,
@@ -293,13 +293,16 @@ class StateRepository(Generic[M]):
         now = self._repo.clock.now()
         events = []
         for draft in drafts:
-            event = LedgerEvent.create(
-                stream=stream,
-                index=index,
-                type=draft.type,
-                occurred_at=now,
-                payload=sanitise_payload(draft.payload),
-                previous_hash=previous,
+            event = keyed(
+                LedgerEvent.create(
+                    stream=stream,
+                    index=index,
+                    type=draft.type,
+                    occurred_at=now,
+                    payload=sanitise_payload(draft.payload),
+                    previous_hash=previous,
+                ),
+                self._repo,
             )
             events.append(event)
             index, previous = index + 1, event.event_hash

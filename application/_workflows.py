@@ -28,7 +28,7 @@ from flowvault.application._records import (
     Upsert,
 )
 from flowvault.application._sealed import SealedDocument, SealedRepository
-from flowvault.application._streams import read_stream
+from flowvault.application._streams import keyed, read_stream
 from flowvault.application.ports import Clock, Compactor, IdFactory
 from flowvault.domain import (
     DECISION_TYPES,
@@ -284,7 +284,7 @@ class WorkflowService:
         payload: object,
         event_key: str | None = None,
     ) -> LedgerEvent:
-        return LedgerEvent.create(
+        event = LedgerEvent.create(
             stream=stream_of(record.workflow_id),
             index=index,
             type=event_type,
@@ -295,6 +295,7 @@ class WorkflowService:
             to_state=record.state,
             event_key=event_key,
         )
+        return keyed(event, self._repo)
 
     def _next_position(self, workflow_id: str) -> tuple[int, str]:
         head = self._store.ledger_head(stream_of(workflow_id))
@@ -655,7 +656,7 @@ class WorkflowService:
 
     def _tombstone(self, stored: ActionResult, index: int, previous_hash: str) -> LedgerEvent:
         """Build the record that a result was removed: digests and times, never the body."""
-        return LedgerEvent.create(
+        event = LedgerEvent.create(
             stream=stream_of(stored.workflow_id),
             index=index,
             type="action_result.purged",
@@ -663,6 +664,7 @@ class WorkflowService:
             payload=stored.model_dump(mode="json", exclude={"result", "workflow_id"}),
             previous_hash=previous_hash,
         )
+        return keyed(event, self._repo)
 
     def _purge_unit(self, expired: tuple[RecordMetadata, ...]) -> UnitOfWork:
         deletes, appends = [], []

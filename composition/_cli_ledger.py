@@ -136,9 +136,8 @@ def _ledger_head(args: argparse.Namespace, settings: Settings, io: CommandIO) ->
                 "or restore the key file"
             )
         now = SystemClock().now()
-        return ledger_head_command(
-            store, repository, args.stream, io, issued_at=now, signers=signers
-        )
+        audit = LedgerAudit(store, repository)
+        return ledger_head_command(audit, args.stream, io, issued_at=now, signers=signers)
 
 
 def _check_receipt(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:

@@ -3,6 +3,11 @@
 Every event commits, through ``event_hash``, to all of its fields including
 the hash of the event before it, so editing, dropping, reordering or forking
 any stored event is detectable by replaying the chain from a trusted point.
+That plain chain needs no key, so anyone can verify it, and anyone who can
+write the store can also recompute it. ``chain_mac`` closes that gap: an
+HMAC-SHA-256 under the integrity key over the event's hash, which links it
+to every event before it, so only a key holder can extend or rewrite the
+chain. The application computes and checks it; the domain only carries it.
 """
 
 from __future__ import annotations
@@ -109,6 +114,8 @@ class LedgerEvent(BaseModel):
     previous_hash: Digest
     event_hash: Digest
     event_key: _Name | None = None
+    chain_mac: Digest | None = None
+    """Keyed MAC over ``event_hash``; outside the hashed body, ``None`` before it is keyed."""
 
     @classmethod
     def create(
@@ -161,8 +168,9 @@ class LedgerEvent(BaseModel):
         previous_hash: object,
         event_hash: object,
         event_key: object,
+        chain_mac: object = None,
     ) -> Self:
-        """Rebuild a stored event from its columns exactly as stored, hash included.
+        """Rebuild a stored event from its columns exactly as stored, hash and MAC included.
 
         The payload is parsed strictly from its stored text, and that parse is
         its only copy. Nothing is rehashed: ``verify_chain`` sees any edit.
@@ -183,11 +191,12 @@ class LedgerEvent(BaseModel):
             "previous_hash": previous_hash,
             "event_hash": event_hash,
             "event_key": event_key,
+            "chain_mac": chain_mac,
         }
         return cls.model_validate(fields, context={_RESTORED_PAYLOAD: payload})
 
     def body(self) -> dict[str, JsonValue]:
-        """Return exactly what ``event_hash`` commits to: every other field, versioned."""
+        """Return exactly what ``event_hash`` commits to: every field but it and the MAC."""
         return {
             "v": EVENT_FORMAT_VERSION,
             "stream": self.stream,
@@ -223,6 +232,10 @@ class ChainDefect(StrEnum):
     """A different event reuses the previous event's index."""
     WRONG_STREAM = "wrong_stream"
     """The event belongs to another stream than the first event."""
+    FORGED = "forged"
+    """The event's ``chain_mac`` does not verify under the integrity key."""
+    UNKEYED = "unkeyed"
+    """The event has no ``chain_mac`` although an earlier event of its stream has one."""
 
 
 @dataclass(frozen=True, slots=True)

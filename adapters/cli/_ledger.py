@@ -14,7 +14,6 @@ from typing import TextIO
 from flowvault.adapters.cli._io import FIXES, CommandIO
 from flowvault.application import (
     AuditReport,
-    KeyedDigester,
     LedgerAudit,
     PurgeOutcome,
     ReceiptSigner,
@@ -27,7 +26,6 @@ from flowvault.application import (
     StreamFailure,
     authenticate,
     cold_fingerprint,
-    issue_receipt,
     purge,
 )
 from flowvault.domain import (
@@ -77,6 +75,7 @@ def _verify_document(report: AuditReport, *, keyed: bool) -> dict[str, object]:
         "ok": report.ok,
         "streams_checked": len(report.streams),
         "events": report.events,
+        "unkeyed_events": report.unkeyed if keyed else None,
         "failures": [_failure(failure) for failure in report.failures],
         "records": records,
         "unreadable_records": [
@@ -94,12 +93,14 @@ def _verify_document(report: AuditReport, *, keyed: bool) -> dict[str, object]:
     return document
 
 
-def _summary_rows(report: AuditReport) -> list[tuple[str, object]]:
+def _summary_rows(report: AuditReport, *, keyed: bool) -> list[tuple[str, object]]:
     rows: list[tuple[str, object]] = [
         ("streams checked", len(report.streams)),
         ("events verified", report.events),
         ("streams failed", len(report.failures)),
     ]
+    if keyed:
+        rows.append(("events without a chain MAC", report.unkeyed))
     if report.records is not None:
         rows += [(f"records {kind.value}", report.records[kind]) for kind in RecordReadability]
     return rows
@@ -125,7 +126,7 @@ def ledger_verify_command(
         io.emit(_verify_document(report, keyed=audit.keyed), [])
         return 0 if report.ok else 1
     io.say("ledger verify: " + ("ok" if report.ok else "INTEGRITY_FAILURE"))
-    io.table("ledger verify", ("check", "count"), _summary_rows(report))
+    io.table("ledger verify", ("check", "count"), _summary_rows(report, keyed=audit.keyed))
     if report.failures:
         rows = [(f.stream, f.index, f.defect.value, f.reason) for f in report.failures]
         io.table("broken streams", ("stream", "index", "defect", "reason"), rows)
@@ -133,6 +134,8 @@ def ledger_verify_command(
         io.say(f"unreadable record: {record.namespace} {record.key_digest}")
     if report.records is not None and not audit.keyed:
         io.say("no key available: records were counted as unverified, not opened")
+    if not audit.keyed:
+        io.say("no key available: chain MACs were not checked, only the plain hash chains")
     return 0 if report.ok else io.fail(_integrity_error(report))
 
 
@@ -183,16 +186,15 @@ def _receipt_document(receipt: HeadReceipt) -> dict[str, object]:
 
 
 def ledger_head_command(
-    store: SecureObjectStore,
-    digester: KeyedDigester,
+    audit: LedgerAudit,
     stream: str,
     io: CommandIO,
     *,
     issued_at: datetime,
     signers: tuple[ReceiptSigner, ...] = (),
 ) -> int:
-    """Print a head receipt of ``stream``: the note, its MAC line and any signature lines."""
-    receipt = issue_receipt(store, digester, stream, issued_at=issued_at, signers=signers)
+    """Verify ``stream``, then print a head receipt: the note, its MAC and signature lines."""
+    receipt = audit.issue(stream, issued_at=issued_at, signers=signers)
     io.emit(_receipt_document(receipt), receipt.text().split("\n")[:-1])
     return 0
 

@@ -93,8 +93,8 @@ serialise, and the loser re-checks the moved head and matches nothing.
 HEAD_INDEX: Final = "SELECT head_index FROM ledger_streams WHERE stream = %s"
 INSERT_EVENT: Final = (
     "INSERT INTO ledger_events (stream, idx, type, from_state, to_state, occurred_at, "
-    "payload, previous_hash, event_hash, event_key) "
-    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    "payload, previous_hash, event_hash, event_key, chain_mac) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
 TRIM_STREAM: Final = (
     "UPDATE ledger_streams SET first_index = GREATEST(first_index, LEAST(%s, head_index)) "
@@ -105,13 +105,13 @@ TRIM_EVENTS: Final = "DELETE FROM ledger_events WHERE stream = %s AND idx < %s"
 
 LEDGER_HEAD: Final = (
     "SELECT stream, idx, type, from_state, to_state, occurred_at, payload, "
-    "previous_hash, event_hash, event_key "
+    "previous_hash, event_hash, event_key, chain_mac "
     "FROM ledger_events WHERE stream = %s ORDER BY idx DESC LIMIT 1"
 )
 LEDGER_PAGE: Final = (
     "SELECT s.first_index, s.head_index, s.head_hash, "
     "e.stream, e.idx, e.type, e.from_state, e.to_state, e.occurred_at, e.payload, "
-    "e.previous_hash, e.event_hash, e.event_key "
+    "e.previous_hash, e.event_hash, e.event_key, e.chain_mac "
     "FROM (SELECT 1) AS one "
     "LEFT JOIN ledger_streams AS s ON s.stream = %s "
     "LEFT JOIN LATERAL (SELECT * FROM ledger_events WHERE stream = %s AND idx >= %s "

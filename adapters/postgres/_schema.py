@@ -104,7 +104,14 @@ Not records: no stats, listing or ledger reads this table, and no unit of
 work writes it; each reservation is its own transaction.
 """
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2)
+_V3: Final = ("ALTER TABLE ledger_events ADD COLUMN chain_mac text",)
+"""Version 3: each ledger event's keyed chain MAC, kept outside ``event_hash``.
+
+Nullable: events written before version 3 were never keyed, so they keep
+none, and no migration can compute one without the integrity key.
+"""
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2, _V3)
 """Step ``n`` (0-based) takes a schema from version n to n + 1."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)

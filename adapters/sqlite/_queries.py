@@ -84,7 +84,8 @@ DELETE_RECORD: Final = "DELETE FROM records WHERE namespace = ? AND key_digest =
 
 INSERT_EVENT: Final = (
     "INSERT INTO ledger_events (stream, idx, type, from_state, to_state, occurred_at, "
-    "payload, previous_hash, event_hash, event_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "payload, previous_hash, event_hash, event_key, chain_mac) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 STREAM_STATE: Final = (
     "SELECT first_index, head_index, head_hash FROM ledger_streams WHERE stream = ?"
@@ -104,12 +105,12 @@ TRIM_EVENTS: Final = (
 )
 LEDGER_HEAD: Final = (
     "SELECT stream, idx, type, from_state, to_state, occurred_at, payload, "
-    "previous_hash, event_hash, event_key "
+    "previous_hash, event_hash, event_key, chain_mac "
     "FROM ledger_events WHERE stream = ? ORDER BY idx DESC LIMIT 1"
 )
 LEDGER_PAGE: Final = (
     "SELECT stream, idx, type, from_state, to_state, occurred_at, payload, "
-    "previous_hash, event_hash, event_key "
+    "previous_hash, event_hash, event_key, chain_mac "
     "FROM ledger_events WHERE stream = ? AND idx >= ? ORDER BY idx LIMIT ?"
 )
 

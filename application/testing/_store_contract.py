@@ -526,6 +526,22 @@ class SecureObjectStoreContract(StoreHarness):
         assert store.ledger_head("s") == events[-1]
         assert verify_chain(page.events).ok
 
+    def test_chain_mac_reads_back_set_and_unset(self, store: SecureObjectStore) -> None:
+        """An event's ``chain_mac`` is stored as given, or as none: it is outside the hash.
+
+        A store that dropped it would still pass ``verify_chain`` and leave a
+        keyed audit nothing to check, so it is checked on its own.
+        """
+        plain = make_event("s", 0)
+        keyed = make_event("s", 1, plain).model_copy(update={"chain_mac": "sha256:" + "ab" * 32})
+        store.commit(UnitOfWork(appends=[plain]))
+        assert store.ledger_head("s") == plain
+        store.commit(UnitOfWork(appends=[keyed]))
+        events = store.read_ledger("s").events
+        assert events == (plain, keyed)
+        assert [event.chain_mac for event in events] == [None, keyed.chain_mac]
+        assert store.ledger_head("s") == keyed
+
     def test_empty_stream(self, store: SecureObjectStore) -> None:
         """An unknown stream has no head and reads as an empty page without a gap."""
         assert store.ledger_head("none") is None

@@ -1,9 +1,11 @@
 """Head receipts through the installed command, against attacks on a real SQLite file.
 
-Each attack leaves a chain that ``ledger verify`` alone accepts (the
-negative control): deleting the last events and moving the head row back,
-restoring an older copy of the database, and rewriting history with
-recomputed plain hashes. A receipt kept from before catches every one.
+Each attack leaves a chain that ``ledger verify`` accepts (the negative
+control): deleting the last events and moving the head row back, and
+restoring an older copy of the database, pass even with the key, since every
+event left is genuine; rewriting history with recomputed plain hashes passes
+without the key and fails its chain MACs with it. A receipt kept from before
+catches every one.
 """
 
 from __future__ import annotations
@@ -65,9 +67,19 @@ def _head(tmp_path: Path, home: Path, stream: str, name: str = "receipt", **env:
 
 
 def _verify_stream(tmp_path: Path, home: Path, stream: str) -> None:
-    """Check the negative control: the chain alone shows nothing wrong."""
+    """Check the negative control: the chain, MACs included, shows nothing wrong."""
     result = _run(tmp_path, "ledger", "verify", "--stream", stream, home=home)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _verify_keyless(tmp_path: Path, home: Path, stream: str) -> dict[str, object]:
+    """Verify a copy of the database with no key at hand: the plain chain only."""
+    copy_home = tmp_path / "keyless"
+    shutil.rmtree(copy_home, ignore_errors=True)
+    shutil.copytree(_database(home).parent, _database(copy_home).parent)
+    result = _run(tmp_path, "ledger", "verify", "--stream", stream, "--json", home=copy_home)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return _document(result)
 
 
 def _against(tmp_path: Path, home: Path, *receipts: Path, **env: str) -> dict[str, object]:
@@ -88,13 +100,13 @@ def _rows(home: Path, stream: str) -> list[LedgerEvent]:
     with sqlite3.connect(_database(home)) as connection:
         rows = connection.execute(
             "SELECT stream, idx, type, from_state, to_state, occurred_at, payload, "
-            "previous_hash, event_hash, event_key FROM ledger_events WHERE stream = ? "
+            "previous_hash, event_hash, event_key, chain_mac FROM ledger_events WHERE stream = ? "
             "ORDER BY idx",
             (stream,),
         ).fetchall()
     connection.close()
     names = ("stream", "index", "type", "from_state", "to_state", "occurred_at")
-    names += ("payload_text", "previous_hash", "event_hash", "event_key")
+    names += ("payload_text", "previous_hash", "event_hash", "event_key", "chain_mac")
     return [LedgerEvent.restore(**dict(zip(names, row, strict=True))) for row in rows]
 
 
@@ -106,11 +118,13 @@ def _write(home: Path, stream: str, events: list[LedgerEvent], drop_after: int) 
         )
         for e in events:
             connection.execute(
-                "INSERT INTO ledger_events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO ledger_events (stream, idx, type, from_state, to_state, "
+                "occurred_at, payload, previous_hash, event_hash, event_key, chain_mac) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     e.stream, e.index, e.type, e.from_state, e.to_state,
                     format_instant(e.occurred_at), canonical_json(e.payload),
-                    e.previous_hash, e.event_hash, e.event_key,
+                    e.previous_hash, e.event_hash, e.event_key, e.chain_mac,
                 ),
             )  # fmt: skip
         connection.execute(
@@ -172,10 +186,15 @@ def test_restoring_an_older_copy_is_caught(tmp_path: Path, store: tuple[Path, st
     assert _defects(_against(tmp_path, home, receipt)) == [("rewritten", 7)]
 
 
+@pytest.mark.parametrize("macs", ["dropped", "kept"])
 def test_history_rewritten_with_recomputed_hashes_is_caught(
-    tmp_path: Path, store: tuple[Path, str]
+    tmp_path: Path, store: tuple[Path, str], macs: str
 ) -> None:
-    """An event's payload edited and every later plain hash and the head row recomputed."""
+    """An event's payload edited and every later plain hash and the head row recomputed.
+
+    Without the integrity key the forger can only drop the chain MACs or keep
+    the old ones; either fails a keyed verify, and the receipt catches it too.
+    """
     home, stream = store
     receipt = _head(tmp_path, home, stream)
     events = _rows(home, stream)
@@ -183,24 +202,33 @@ def test_history_rewritten_with_recomputed_hashes_is_caught(
     forged: list[LedgerEvent] = []
     for event in events[2:]:
         payload = {"note": "forged"} if event.index == 2 else event.payload
-        forged.append(
-            LedgerEvent.create(
-                stream=event.stream,
-                index=event.index,
-                type=event.type,
-                occurred_at=event.occurred_at,
-                payload=payload,
-                previous_hash=previous,
-                from_state=event.from_state,
-                to_state=event.to_state,
-                event_key=event.event_key,
-            )
+        rehashed = LedgerEvent.create(
+            stream=event.stream,
+            index=event.index,
+            type=event.type,
+            occurred_at=event.occurred_at,
+            payload=payload,
+            previous_hash=previous,
+            from_state=event.from_state,
+            to_state=event.to_state,
+            event_key=event.event_key,
         )
+        assert event.chain_mac is not None
+        kept = event.chain_mac if macs == "kept" else None
+        forged.append(rehashed.model_copy(update={"chain_mac": kept}))
         previous = forged[-1].event_hash
     _write(home, stream, forged, drop_after=5)
     assert MARKER not in [e.payload for e in _rows(home, stream)]
-    _verify_stream(tmp_path, home, stream)
-    assert _defects(_against(tmp_path, home, receipt)) == [("rewritten", 5)]
+    assert _verify_keyless(tmp_path, home, stream)["ok"] is True
+    keyed = _run(tmp_path, "ledger", "verify", "--stream", stream, "--json", home=home)
+    assert keyed.returncode == 1
+    defect = "unkeyed" if macs == "dropped" else "forged"
+    assert _defects(_document(keyed)) == [(defect, 2)]
+    assert _defects(_against(tmp_path, home, receipt)) == [(defect, 2)]
+    refused = _run(tmp_path, "ledger", "head", "--stream", stream, home=home)
+    assert refused.returncode == 1
+    assert f"fails verification at index 2 ({defect})" in refused.stderr
+    assert refused.stdout == "", "no receipt is printed for a forged chain"
 
 
 def test_a_signed_receipt_checks_with_the_public_key_alone(

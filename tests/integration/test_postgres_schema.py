@@ -246,6 +246,31 @@ def test_v2_fixture_seal_counts_read_back_and_grow(postgres_server, pg_schema: s
         assert store.has_records() is True
 
 
+def test_v2_upgrade_adds_chain_mac_null_for_old_events(postgres_server, pg_schema: str) -> None:
+    """A v2 schema gains ``chain_mac`` on open: its events keep none, new ones keep theirs."""
+    load_fixture(postgres_server, "schema_v2.sql", pg_schema)
+    head = fixture_events()["orders"][-1]
+    keyed = make_event("orders", 4, head).model_copy(update={"chain_mac": "sha256:" + "ab" * 32})
+    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+        assert [event.chain_mac for event in store.read_ledger(AUDIT).events] == [None, None]
+        store.commit(UnitOfWork(appends=[keyed]))
+        assert store.ledger_head("orders") == keyed
+        assert store.read_ledger("orders", from_index=4).events == (keyed,)
+    assert versions(postgres_server, pg_schema) == ALL_VERSIONS
+    with postgres_server.admin() as admin:
+        admin.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(pg_schema)))
+        stored = admin.execute(
+            "SELECT stream, idx, chain_mac FROM ledger_events ORDER BY stream, idx"
+        ).fetchall()
+    assert stored == [
+        (AUDIT, 0, None),
+        (AUDIT, 1, None),
+        ("orders", 2, None),
+        ("orders", 3, None),
+        ("orders", 4, keyed.chain_mac),
+    ]
+
+
 # -- newer schemas, failures, concurrency --------------------------------------
 
 

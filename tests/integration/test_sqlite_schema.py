@@ -252,6 +252,31 @@ def test_v2_fixture_seal_counts_read_back_and_grow(tmp_path: Path) -> None:
         assert store.has_records() is True
 
 
+def test_v2_upgrade_adds_chain_mac_null_for_old_events(tmp_path: Path) -> None:
+    """A v2 file gains ``chain_mac`` on open: its events keep none, new ones keep theirs."""
+    path = load_fixture("schema_v2.sql", tmp_path / "data" / "store.db")
+    head = fixture_events()["orders"][-1]
+    keyed = make_event("orders", 4, head).model_copy(update={"chain_mac": "sha256:" + "ab" * 32})
+    with SQLiteSecureObjectStore.open(path) as store:
+        assert [event.chain_mac for event in store.read_ledger(AUDIT).events] == [None, None]
+        store.commit(UnitOfWork(appends=[keyed]))
+        assert store.ledger_head("orders") == keyed
+        assert store.read_ledger("orders", from_index=4).events == (keyed,)
+    raw = sqlite3.connect(path)
+    try:
+        assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+        stored = raw.execute("SELECT stream, idx, chain_mac FROM ledger_events ORDER BY 1, 2")
+        assert stored.fetchall() == [
+            (AUDIT, 0, None),
+            (AUDIT, 1, None),
+            ("orders", 2, None),
+            ("orders", 3, None),
+            ("orders", 4, keyed.chain_mac),
+        ]
+    finally:
+        raw.close()
+
+
 def test_fresh_store_records_the_schema_version(tmp_path: Path) -> None:
     """A new file is stamped with SCHEMA_VERSION."""
     path = tmp_path / "data" / "store.db"

@@ -14,8 +14,9 @@ Two outcomes are counted apart, not as anomalies, because they are the
 design's stated limits (see ``KNOWN_LIMITS``): an altered label index can
 drop a record from a filtered listing, and on PostgreSQL a cut-off ledger
 head is visible only against a kept ``ledger head`` receipt. What a single-node store
-cannot detect at all (a row replayed with its revision, a ledger rewritten
-with recomputed plain hashes) is asserted as such in the structured attacks.
+cannot detect at all (a row replayed with its revision, a whole stream
+rewritten with recomputed plain hashes and its chain MACs dropped) is
+asserted as such in the structured attacks.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from flowvault.application import (
     HistoryEvent,
     KeyedDigester,
     LedgerAudit,
+    SealedRepository,
     SecureObjectStore,
     encode_master_key,
     issue_receipt,
@@ -316,12 +318,13 @@ def canonical(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_default)
 
 
-def ledger_verify(store: SecureObjectStore) -> list[object]:
-    """Run what ``flowvault ledger verify --all`` runs; fail as it does.
+def ledger_verify(store: SecureObjectStore, repository: SealedRepository) -> list[object]:
+    """Run what ``flowvault ledger verify --all`` runs with the store's key; fail as it does.
 
-    Records are opened by the ``records`` reader, so the audit only counts them.
+    With the key every event's ``chain_mac`` is checked too: no other reader
+    checks it, so without the key a flipped MAC would pass unnoticed.
     """
-    report = LedgerAudit(store, None).run()
+    report = LedgerAudit(store, repository).run()
     if report.failures:
         first = report.failures[0]
         raise IntegrityFailure(
@@ -360,7 +363,7 @@ def _store_readers(runtime: Runtime, streams: Sequence[str]) -> Iterator[Reader]
         lambda: [store.namespace_counts(), store.key_id_counts(), store.has_records()],
     )
     yield Reader("records", lambda: _open_everything(runtime))
-    yield Reader("ledger verify", lambda: ledger_verify(store))
+    yield Reader("ledger verify", lambda: ledger_verify(store, runtime.repository))
     yield Reader("streams", lambda: list_all_streams(store))
     for name in streams:
         yield Reader(f"events {name}", lambda name=name: list(read_stream(store, name)))
@@ -1289,13 +1292,18 @@ def write_event(world: World, event: LedgerEvent) -> None:
     values = (
         event.stream, event.index, event.type, event.from_state, event.to_state,
         format_instant(event.occurred_at), canonical_json(event.payload),
-        event.previous_hash, event.event_hash, event.event_key,
+        event.previous_hash, event.event_hash, event.event_key, event.chain_mac,
     )  # fmt: skip
     raw = world.cells.raw
     raw.execute(
         "DELETE FROM ledger_events WHERE stream = ? AND idx = ?", (event.stream, event.index)
     )
-    raw.execute(f"INSERT INTO ledger_events VALUES ({', '.join('?' * 10)})", values)  # noqa: S608
+    raw.execute(
+        "INSERT INTO ledger_events (stream, idx, type, from_state, to_state, occurred_at, "
+        "payload, previous_hash, event_hash, event_key, chain_mac) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        values,
+    )
 
 
 def set_head(world: World, stream: str, event: LedgerEvent) -> None:
@@ -1593,10 +1601,13 @@ def test_ledger_row_edits(world: World) -> None:
 
     The hash chain shows any change inside it; the stream's head row (first
     and head index, head hash) shows a cut-off or extended head or a missing
-    front, on SQLite, as long as it was not edited too. An attacker who also
-    rewrites the head row (or forges a retention trim) is not detected by the
-    store: that is a known limit of a single-node store without an external
-    anchor, and a ``ledger head`` receipt kept from before shows it.
+    front, on SQLite, as long as it was not edited too. An edited or forged
+    event lacks a valid ``chain_mac``, which needs the integrity key, so a
+    keyed ``ledger verify`` shows it even with the head row rewritten. An
+    attacker who removes genuine events and rewrites the head row (or forges
+    a retention trim) is not detected by the store: that is a known limit of
+    a single-node store without an external anchor, and a ``ledger head``
+    receipt kept from before shows it.
     """
     watch = reliability.Stopwatch()
     attacks = [
@@ -1614,8 +1625,7 @@ def test_ledger_row_edits(world: World) -> None:
         Attack(
             "edit the newest event, recompute its hash and the head row",
             _rehash_at(-1, move_head=True),
-            None,
-            receipt=True,
+            "INTEGRITY_FAILURE",
         ),
         Attack("delete a middle event", _delete(3), "INTEGRITY_FAILURE"),
         Attack("delete the newest event", _delete(-1), "INTEGRITY_FAILURE"),
@@ -1641,8 +1651,7 @@ def test_ledger_row_edits(world: World) -> None:
         Attack(
             "append a forged event and advance the head row",
             _append(move_head=True),
-            None,
-            receipt=True,
+            "INTEGRITY_FAILURE",
         ),
         Attack("swap the indexes of two events", _reorder, "INTEGRITY_FAILURE"),
         Attack("move a middle event to another stream", _move_to_other_stream, "INTEGRITY_FAILURE"),
@@ -1867,13 +1876,15 @@ def test_replayed_rows(world: World) -> None:
 
 
 def test_recomputed_ledger_chain(world: World, tmp_path: Path) -> None:
-    """A ledger rewritten with recomputed plain hashes and head row passes every check.
+    """A ledger rewritten with recomputed plain hashes and head row: what still sees it.
 
     The chain is plain SHA-256, so anyone who can write the file can rebuild
-    it: ``ledger verify`` (in process and the CLI) and the workflow service's
-    own verification accept it. A known limit of a single-node store without
-    an external anchor; what shows it is a ``ledger head`` receipt kept from
-    before, whose keyed digest the rewritten head no longer matches.
+    it, and a keyless ``ledger verify`` accepts it. The rebuilt events lack
+    a valid ``chain_mac``, which needs the integrity key, so a keyed verify
+    fails at the first of them after a keyed event. A stream rewritten from
+    its first event with every MAC dropped reads as one written before
+    events were keyed: a known limit of a single-node store without an
+    external anchor, shown by a ``ledger head`` receipt kept from before.
     """
     watch = reliability.Stopwatch()
     key = encode_master_key(KEY)
@@ -1891,12 +1902,17 @@ def test_recomputed_ledger_chain(world: World, tmp_path: Path) -> None:
         )
     )
 
-    def cli_still_trusts(w: World) -> None:
-        verified = run_cli(
+    def cli_needs_the_key(w: World) -> None:
+        keyless = run_cli(tmp_path, "ledger", "verify", "--all", "--json", home=w.home)
+        assert keyless.returncode == 0, keyless.stdout + keyless.stderr
+        assert json_document(keyless)["ok"] is True
+        keyed = run_cli(
             tmp_path, "ledger", "verify", "--all", "--json", home=w.home, FLOWVAULT_KEY=key
         )
-        assert verified.returncode == 0, verified.stdout + verified.stderr
-        assert json_document(verified)["ok"] is True
+        assert keyed.returncode == 1, keyed.stdout + keyed.stderr
+        failures = json_document(keyed)["failures"]
+        assert isinstance(failures, list)
+        assert [(f["stream"], f["defect"], f["index"]) for f in failures] == [(run, "unkeyed", 1)]
         head = json_document(
             run_cli(
                 tmp_path,
@@ -1909,7 +1925,7 @@ def test_recomputed_ledger_chain(world: World, tmp_path: Path) -> None:
                 FLOWVAULT_KEY=key,
             )
         )
-        assert head["digest"] != kept["digest"]
+        assert head["head_hash"] != kept["head_hash"]
         assert head["head_index"] == kept["head_index"]
 
     def insert_forged(w: World) -> None:
@@ -1936,18 +1952,17 @@ def test_recomputed_ledger_chain(world: World, tmp_path: Path) -> None:
         Attack(
             "rewrite a run's chain from one event on, hashes and head row recomputed",
             lambda w: rewrite_chain(w, run, 1, {"definition_version": "forged"}),
-            None,
-            receipt=True,
-            probe=cli_still_trusts,
+            "INTEGRITY_FAILURE",
+            probe=cli_needs_the_key,
         ),
         Attack(
             "rewrite a workflow's chain, hashes and head row recomputed",
             lambda w: rewrite_chain(w, stream_of(w.catalog.workflows[0]), 1, {"forged": True}),
-            None,
-            receipt=True,
+            "INTEGRITY_FAILURE",
         ),
         Attack(
-            "rewrite a scope history chain, hashes and head row recomputed",
+            "rewrite a scope history chain from its first event, MACs dropped, hashes and "
+            "head row recomputed",
             lambda w: rewrite_chain(w, "scope/main", 0, {"step": 99}),
             None,
             receipt=True,
@@ -1955,8 +1970,7 @@ def test_recomputed_ledger_chain(world: World, tmp_path: Path) -> None:
         Attack(
             "insert a forged event mid-chain, renumber and rehash the rest and the head row",
             insert_forged,
-            None,
-            receipt=True,
+            "INTEGRITY_FAILURE",
         ),
     ]
     report("Tamper: recomputed ledger chain (SQLite)", run_attacks(world, attacks), watch.seconds)

@@ -1,0 +1,168 @@
+"""Every appended event carries a chain MAC under the integrity key, and a keyed audit checks it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from flowvault.adapters.memory import InMemorySecureObjectStore
+from flowvault.application import (
+    HistoryEvent,
+    LedgerAudit,
+    RetentionPolicy,
+    UnitOfWork,
+    chain_mac,
+    keyed,
+    list_all_streams,
+    read_stream,
+    verify_stream,
+)
+from flowvault.application.testing import FrozenClock, make_event
+from flowvault.composition import Runtime, Settings, bootstrap
+from flowvault.domain import ChainDefect, LedgerEvent, WorkflowState, WorkOrder, content_hash
+
+KEY = bytes(range(32))
+
+
+@pytest.fixture
+def runtime() -> Runtime:
+    """Provide a memory runtime that has written every kind of event there is."""
+    clock = FrozenClock()
+    built = bootstrap(Settings(backend="memory"), key=KEY, clock=clock)
+    workflows = built.workflows
+    record, _ = workflows.create(WorkOrder(kind="demo", requester="a", idempotency_key="k"))
+    workflows.append_event(
+        record.workflow_id,
+        "workflow.noted",
+        expected_state=record.state,
+        expected_version=record.state_version,
+        payload={"note": 1},
+    )
+    workflows.put_action_result(
+        record.workflow_id, content_hash("x"), {"r": 1}, retention=timedelta(minutes=1)
+    )
+    built.state("main").update_with_events(
+        lambda _: (WorkflowState(step=1), [HistoryEvent("state.stepped")])
+    )
+    runs = built.graph_runs
+    runs.register_definition("graph.demo", {"nodes": ["a"]})
+    run, _ = runs.start_run("graph.demo", {"t": 1})
+    runs.set_status(run.run_id, "running", expected_status="accepted")
+    checkpoint = built.checkpoints.create_checkpoint(
+        run.run_id,
+        {"node": 1},
+        state={"s": 1},
+        budgets={"tokens": 10},
+        counters={"nodes": 1},
+        dependency_summary={"tools": []},
+        terminal_cursor=None,
+        event_cursor=1,
+    )
+    approval = built.approvals.request_approval(
+        checkpoint.checkpoint_id,
+        expected_state_digest=checkpoint.state_digest,
+        expected_budgets=checkpoint.budgets,
+        expected_counters=checkpoint.counters,
+        expected_dependency_digest=checkpoint.dependency_digest,
+        audience="ops",
+        prompt_digest=content_hash("go?"),
+        allowed_decisions=["approve"],
+        expires_at=clock.now() + timedelta(hours=1),
+    )
+    built.approvals.decide(approval.approval_id, "approve", "someone")
+    runs.finish_run(run.run_id, "completed", expected_status="running", final_state={"ok": 1})
+    built.idempotency.remember("req", {"op": 1}, {"ok": 1})
+    clock.advance(timedelta(days=400))
+    built.retention(RetentionPolicy()).run()
+    return built
+
+
+def _events(runtime: Runtime) -> list[LedgerEvent]:
+    store = runtime.store
+    return [event for name in list_all_streams(store) for event in read_stream(store, name)]
+
+
+def test_every_event_the_services_append_carries_its_mac(runtime: Runtime) -> None:
+    """Workflow, state, run, approval and retention events alike: none is left unkeyed."""
+    events = _events(runtime)
+    types = {event.type for event in events}
+    assert {
+        "workflow.created",
+        "workflow.noted",
+        "state.stepped",
+        "run.completed",
+        "approval.decided",
+        "action_result.purged",
+        "retention.purged",
+    } <= types
+    for event in events:
+        assert event.chain_mac == chain_mac(event, runtime.repository), event.type
+    report = LedgerAudit(runtime.store, runtime.repository).run()
+    assert report.ok
+    assert report.unkeyed == 0
+    assert report.events == len(events)
+
+
+def test_the_mac_depends_on_the_key_and_on_the_event() -> None:
+    """Another key or another event gives another MAC; the MAC is not part of the hash."""
+    first = make_event("s", 0)
+    second = make_event("s", 1, first)
+    with (
+        bootstrap(Settings(backend="memory"), key=KEY) as one,
+        bootstrap(Settings(backend="memory"), key=bytes(32)) as other,
+    ):
+        macs = {
+            chain_mac(first, one.repository),
+            chain_mac(second, one.repository),
+            chain_mac(first, other.repository),
+        }
+        assert len(macs) == 3
+        marked = keyed(first, one.repository)
+        assert marked.event_hash == first.event_hash == marked.computed_hash()
+
+
+def _store_with(*events: LedgerEvent) -> InMemorySecureObjectStore:
+    store = InMemorySecureObjectStore()
+    store.commit(UnitOfWork(appends=events))
+    return store
+
+
+def test_a_forged_or_stripped_mac_fails_a_keyed_audit_only() -> None:
+    """An event appended without the key fails with the key and passes the plain chain."""
+    with bootstrap(Settings(backend="memory"), key=KEY) as runtime:
+        repo = runtime.repository
+        first = keyed(make_event("s", 0), repo)
+        second = make_event("s", 1, first)
+        forged = second.model_copy(update={"chain_mac": "sha256:" + "ab" * 32})
+        cases = {
+            ChainDefect.UNKEYED: second,
+            ChainDefect.FORGED: forged,
+        }
+        for defect, appended in cases.items():
+            store = _store_with(first, appended)
+            assert verify_stream(store, "s").ok, "the plain chain alone sees nothing"
+            audit = verify_stream(store, "s", repo)
+            assert audit.failure is not None
+            assert (audit.failure.defect, audit.failure.index, audit.events) == (defect, 1, 1)
+        wrong_key = bootstrap(Settings(backend="memory"), key=bytes(32))
+        with wrong_key:
+            audit = verify_stream(_store_with(first), "s", wrong_key.repository)
+            assert audit.failure is not None
+            assert audit.failure.defect is ChainDefect.FORGED
+            assert "key is not this store's" in audit.failure.reason
+
+
+def test_unkeyed_events_before_the_first_keyed_one_are_counted_not_failed() -> None:
+    """Events written before events were keyed verify on the plain chain and are counted."""
+    with bootstrap(Settings(backend="memory"), key=KEY) as runtime:
+        repo = runtime.repository
+        old = make_event("s", 0)
+        older = make_event("s", 1, old)
+        new = keyed(make_event("s", 2, older), repo)
+        store = _store_with(old, older, new)
+        audit = verify_stream(store, "s", repo)
+        assert audit.ok
+        assert (audit.events, audit.unkeyed) == (3, 2)
+        report = LedgerAudit(store, repo).run(["s"])
+        assert report.unkeyed == 2
