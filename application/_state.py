@@ -15,6 +15,7 @@ from typing import Generic, TypeVar, overload
 from pydantic import BaseModel, ValidationError
 
 from flowvault.application._backoff import pause_after_conflict
+from flowvault.application._compaction import compact_after_commit
 from flowvault.application._records import Delete, Guard, RecordMetadata, UnitOfWork, Upsert
 from flowvault.application._sealed import SealedRepository
 from flowvault.application._streams import keyed, next_position, read_stream
@@ -322,7 +323,8 @@ class StateRepository(Generic[M]):
         The event is committed before the delete: if the process dies in
         between, the trail exists and the state is still there, and running
         the reset again completes it. Resetting an absent state succeeds and
-        records that it was absent.
+        records that it was absent. A reset that deleted compacts the store
+        afterwards, so the state's old seals leave the write-ahead log too.
         """
         fingerprint = self.fingerprint(reason_class)
         payload: dict[str, JsonValue] = {
@@ -338,6 +340,7 @@ class StateRepository(Generic[M]):
                     deletes=[Delete(STATE_NAMESPACE, fingerprint.key_digest, fingerprint.revision)]
                 )
             )
+            compact_after_commit(self._store)
         return fingerprint
 
     def _append_reset(self, payload: JsonValue) -> None:

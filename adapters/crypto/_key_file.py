@@ -238,14 +238,23 @@ class FileKeyStore:
         return temp
 
     def _ensure_dir(self) -> None:
-        """Create the keys directory private to its owner if missing, then vet it."""
-        try:
-            os.makedirs(self._dir, mode=_DIR_MODE)
-        except FileExistsError:
-            pass
-        else:
-            os.chmod(self._dir, _DIR_MODE)
-            _fsync_dir(self._dir.parent)
+        """Create the keys directory, and any missing parents, private to their owner; vet it.
+
+        Parents made by ``makedirs`` would get the umask's mode, and a parent
+        others can write lets them swap the keys directory for their own.
+        """
+        missing: list[Path] = []
+        current = self._dir
+        while not current.exists():
+            missing.append(current)
+            current = current.parent
+        for created in reversed(missing):
+            try:
+                os.mkdir(created, _DIR_MODE)
+            except FileExistsError:
+                continue
+            os.chmod(created, _DIR_MODE)
+            _fsync_dir(created.parent)
         self._check_dir()
 
     def _check_dir(self) -> None:

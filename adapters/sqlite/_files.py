@@ -37,11 +37,24 @@ def prepare(path: Path, *, allow_insecure: bool) -> None:
 
 
 def _ensure_directory(directory: Path) -> None:
-    """Create the directory; ``chmod`` afterwards because the umask trims ``mkdir``'s mode."""
-    if directory.exists():
-        return
-    directory.mkdir(mode=_DIRECTORY_MODE, parents=True, exist_ok=True)
-    directory.chmod(_DIRECTORY_MODE)
+    """Create the directory and any missing parents private to their owner.
+
+    ``mkdir(parents=True)`` would give the parents it creates the umask's
+    mode, and a parent others can write lets them rename the data directory
+    away and put their own in its place. ``chmod`` follows each ``mkdir``
+    because the umask trims its mode.
+    """
+    missing: list[Path] = []
+    current = directory
+    while not current.exists():
+        missing.append(current)
+        current = current.parent
+    for created in reversed(missing):
+        try:
+            created.mkdir(mode=_DIRECTORY_MODE)
+        except FileExistsError:
+            continue
+        created.chmod(_DIRECTORY_MODE)
 
 
 def _ensure_file(path: Path) -> None:
