@@ -29,6 +29,7 @@ from flowvault.application._audit import (
     verify_stream,
 )
 from flowvault.application._checkpoints import CheckpointService
+from flowvault.application._compaction import compact_after_commit, compact_fully
 from flowvault.application._cursor import ListCursor, effective_limit
 from flowvault.application._evidence import EvidenceService
 from flowvault.application._graph import (
@@ -163,6 +164,7 @@ from flowvault.application.ports import (
     SecureObjectStore,
     StoreStats,
     StreamCatalog,
+    Vacuumer,
 )
 
 __all__ = [
@@ -272,6 +274,7 @@ __all__ = [
     "UnitOfWork",
     "UnreadableRecord",
     "Upsert",
+    "Vacuumer",
     "WorkflowService",
     "authenticate",
     "chain_mac",
@@ -282,6 +285,8 @@ __all__ = [
     "check_scope",
     "check_upsert",
     "cold_fingerprint",
+    "compact_after_commit",
+    "compact_fully",
     "compare_with_receipt",
     "effective_limit",
     "encode_master_key",

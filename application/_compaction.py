@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import structlog
 
-from flowvault.application.ports import Compactor, SecureObjectStore
+from flowvault.application.ports import Compactor, SecureObjectStore, Vacuumer
 from flowvault.domain import StoreBusy, StoreUnavailable
 
 _log = structlog.get_logger("flowvault.compaction")
@@ -27,3 +27,17 @@ def compact_after_commit(store: SecureObjectStore) -> bool:
     except (StoreBusy, StoreUnavailable) as exc:
         _log.warning("compaction_deferred", code=exc.code)
         return False
+
+
+def compact_fully(store: SecureObjectStore) -> bool:
+    """Rebuild the store's files if it can, else compact them; return whether it completed.
+
+    The explicit ``flowvault compact``: unlike ``compact_after_commit`` it
+    lets a busy store's error through, because an operator asked for it and
+    should hear that it did not happen.
+    """
+    if isinstance(store, Vacuumer):
+        return store.vacuum()
+    if isinstance(store, Compactor):
+        return store.compact()
+    return True

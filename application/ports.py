@@ -242,6 +242,20 @@ class Cipher(Protocol):
 
 
 @runtime_checkable
+class Vacuumer(Protocol):
+    """Optional capability: rebuild the store's files so no free page is left in them."""
+
+    def vacuum(self) -> bool:
+        """Rewrite the whole store compactly, then compact (see ``Compactor``).
+
+        Costs in proportion to the whole store and blocks writers meanwhile:
+        an operator's explicit step (``flowvault compact``), never a use
+        case's. Returns whether the compaction after it completed.
+        """
+        ...
+
+
+@runtime_checkable
 class Compactor(Protocol):
     """Optional capability: make deleted and overwritten bytes unrecoverable from disk."""
 

@@ -13,10 +13,12 @@ import argparse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 
 from flowvault.adapters.cli import (
     CommandIO,
     check_receipt_command,
+    compact_command,
     fingerprint_command,
     ledger_head_command,
     ledger_verify_command,
@@ -42,6 +44,7 @@ from flowvault.application import (
     SealedRepository,
     SecureObjectStore,
     authenticate,
+    compact_fully,
     parse_master_key,
 )
 from flowvault.composition._bootstrap import open_existing
@@ -179,6 +182,30 @@ def _receipt_path(text: str) -> str:
     return text if text == "-" else str(file_path(text))
 
 
+def _file_size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return None
+
+
+def _compact(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
+    if settings.backend == "postgres":
+        raise InvalidInput(
+            "compact rewrites SQLite files; on PostgreSQL the server reclaims deleted rows "
+            "with (auto)vacuum (see docs/postgres.md)"
+        )
+    files = [settings.database_path, *settings.database_sidecars]
+    runtime = open_existing(settings)
+    if runtime is None:
+        return compact_command(None, [], io)
+    before = [_file_size(path) for path in files] if settings.backend == "sqlite" else []
+    with runtime:
+        complete = compact_fully(runtime.store)
+    sizes = [(str(path), size, _file_size(path)) for path, size in zip(files, before, strict=False)]
+    return compact_command(complete, sizes, io)
+
+
 def _days(text: str) -> int:
     try:
         days = int(text)
@@ -309,8 +336,26 @@ def _register_purge(verbs: Verbs) -> None:
     )
 
 
+def _register_compact(verbs: Verbs) -> None:
+    add_verb(
+        verbs,
+        "compact",
+        help="rebuild the SQLite file so no free page or stale log remains",
+        description=(
+            "Rebuild the database file with VACUUM, which rewrites every page and gives "
+            "free pages back to the file system, then checkpoint and truncate the "
+            "write-ahead log. Deletions already zero what they free and truncate the log; "
+            "this also shrinks the file. It rewrites the whole file and blocks writers "
+            "meanwhile: run it when the store is quiet. SQLite only. Prints each file's "
+            "size before and after. On a cold root it creates nothing."
+        ),
+        handler=_compact,
+    )
+
+
 def register(verbs: Verbs) -> None:
     """Add this group's verbs to the parser."""
     _register_ledger(verbs)
     _register_fingerprint(verbs)
     _register_purge(verbs)
+    _register_compact(verbs)

@@ -64,11 +64,6 @@ def _key_file(settings: Settings) -> Path:
     return settings.key_path
 
 
-def _sidecars(settings: Settings) -> tuple[Path, Path]:
-    path = settings.database_path
-    return path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")
-
-
 @contextlib.contextmanager
 def _open_store(settings: Settings) -> Iterator[SecureObjectStore]:
     """Open the store alone: no cipher, so no key is read, resolved or created."""
@@ -182,7 +177,7 @@ def _init(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
 
 
 def _file_sizes(settings: Settings) -> dict[str, int | None]:
-    paths = [settings.database_path, *_sidecars(settings), _key_file(settings)]
+    paths = [settings.database_path, *settings.database_sidecars, _key_file(settings)]
     sizes: dict[str, int | None] = {}
     for path in paths:
         try:
@@ -282,7 +277,7 @@ def _mode_check(name: str, path: Path, *, directory: bool, settings: Settings) -
 
 
 def _permission_checks(settings: Settings) -> list[Check]:
-    wal, shm = _sidecars(settings)
+    wal, shm = settings.database_sidecars
     files = [
         ("permissions.data_dir", settings.data_dir, True),
         ("permissions.database", settings.database_path, False),

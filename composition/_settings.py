@@ -119,6 +119,12 @@ class Settings(BaseModel):
         return self.data_dir / DATABASE_FILE
 
     @property
+    def database_sidecars(self) -> tuple[Path, Path]:
+        """SQLite's write-ahead log and shared-memory files beside the database."""
+        path = self.database_path
+        return path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")
+
+    @property
     def keys_dir(self) -> Path:
         """Directory of the key file, apart from the data so copying one does not copy the other."""
         return self.home / "keys" if self.key_file is None else self.key_file.parent

@@ -31,6 +31,7 @@ from flowvault.adapters.cli._keys import (
 )
 from flowvault.adapters.cli._ledger import (
     check_receipt_command,
+    compact_command,
     fingerprint_command,
     ledger_head_command,
     ledger_verify_command,
@@ -65,6 +66,7 @@ __all__ = [
     "approvals_list_command",
     "approvals_show_command",
     "check_receipt_command",
+    "compact_command",
     "doctor_command",
     "expect",
     "fingerprint_command",

@@ -34,6 +34,7 @@ from flowvault.domain import (
     IntegrityFailure,
     InvalidInput,
     ResetFingerprint,
+    StoreBusy,
     WorkflowState,
     format_instant,
     parse_receipt,
@@ -241,6 +242,42 @@ def fingerprint_command(
     document = {"cold_root": cold_root, "fingerprint": fingerprint.model_dump(mode="json")}
     io.emit(document, _fingerprint_lines(fingerprint, cold_root))
     return 0
+
+
+# -- compact ------------------------------------------------------------------
+
+
+def compact_command(
+    complete: bool | None, sizes: Sequence[tuple[str, int | None, int | None]], io: CommandIO
+) -> int:
+    """Report an explicit compaction: each file's size around it; 1 if it did not finish.
+
+    ``complete`` is ``None`` on a cold root, where nothing was opened.
+    """
+    if complete is False:
+        return io.fail(
+            StoreBusy(
+                "other connections kept the write-ahead log from being truncated; "
+                "run compact again when they are idle"
+            )
+        )
+    document = {
+        "cold_root": complete is None,
+        "files": [{"path": p, "before": b, "after": a} for p, b, a in sizes],
+    }
+    if io.json_output:
+        io.emit(document, [])
+    elif complete is None:
+        io.say("cold root: no store exists, nothing to compact")
+    else:
+        io.say("compact: complete")
+        rows = [(p, _bytes(b), _bytes(a)) for p, b, a in sizes]
+        io.table("files", ("file", "before", "after"), rows)
+    return 0
+
+
+def _bytes(size: int | None) -> str:
+    return "absent" if size is None else f"{size} bytes"
 
 
 # -- purge --------------------------------------------------------------------

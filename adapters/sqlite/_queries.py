@@ -114,6 +114,9 @@ LEDGER_PAGE: Final = (
     "FROM ledger_events WHERE stream = ? AND idx >= ? ORDER BY idx LIMIT ?"
 )
 
+VACUUM: Final = "VACUUM"
+"""Rebuilds the file; outside any transaction, on the writer connection."""
+
 LIST_STREAMS: Final = "SELECT stream FROM ledger_streams WHERE stream > ? ORDER BY stream LIMIT ?"
 """Stream names after a mark, in ``BINARY`` collation: UTF-8 byte order, i.e. code-point order."""
 HAS_RECORDS: Final = "SELECT EXISTS (SELECT 1 FROM records) OR EXISTS (SELECT 1 FROM ledger_events)"

@@ -472,6 +472,21 @@ class SQLiteSecureObjectStore:
         with self._writing() as connection:
             return checkpoint_truncate(connection, self._options.busy_timeout)
 
+    def vacuum(self) -> bool:
+        """Rebuild the database file without free pages, then compact.
+
+        ``secure_delete`` already zeroes freed rows; ``VACUUM`` also rewrites
+        every page and gives free pages back to the file system, so the file
+        shrinks and keeps no trace of an earlier layout. It rewrites the
+        whole file and holds the write lock meanwhile, so only the explicit
+        ``flowvault compact`` calls it. Raises ``StoreUnavailable`` on a
+        store opened read-only, ``StoreBusy`` when writers kept it out.
+        """
+        self._check_writable()
+        with self._writing() as connection:
+            connection.execute(sql.VACUUM)
+            return checkpoint_truncate(connection, self._options.busy_timeout)
+
     # -- seal counts ----------------------------------------------------------
 
     def reserve_seals(self, key_id: str, count: int) -> int:
