@@ -27,7 +27,7 @@ from flowvault.adapters.cli import (
     init_command,
     status_command,
 )
-from flowvault.adapters.crypto import AesGcmCipher
+from flowvault.adapters.crypto import AesGcmCipher, load_signing_key
 from flowvault.adapters.sqlite import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from flowvault.adapters.sqlite import ConnectOptions
 from flowvault.application import (
@@ -292,6 +292,21 @@ def _permission_checks(settings: Settings) -> list[Check]:
     ]
 
 
+def _signing_checks(settings: Settings) -> list[Check]:
+    """Check the receipt signing key, when one is configured, as strictly as the store key."""
+    path = settings.signing_key_file
+    if path is None:
+        return []
+    mode = _mode_check("permissions.signing_key", path, directory=False, settings=settings)
+    try:
+        signer = load_signing_key(path, allow_insecure_permissions=True)
+    except FlowvaultError as error:
+        fix = "point FLOWVAULT_SIGNING_KEY_FILE at a key 'flowvault keys signing-key' made"
+        return [mode, Check("signing_key.loads", False, error.message, fix)]
+    hint = signer.hint.hex()
+    return [mode, Check("signing_key.loads", True, f"receipts are signed by key hint {hint}")]
+
+
 # -- doctor: pragmas --------------------------------------------------------------
 
 
@@ -420,14 +435,15 @@ def _sqlite_checks(settings: Settings) -> list[Check]:
     with _open_store(_diagnosed(settings)) as store, _read_only(settings) as connection:
         checks += _pragma_checks(settings, connection)
         counts = _stats(store).key_id_counts()
-    return [*checks, found, _ring_check(key, counts), _apart_check(settings)]
+    checks += [found, _ring_check(key, counts), _apart_check(settings)]
+    return [*checks, *_signing_checks(settings)]
 
 
 def _postgres_checks(settings: Settings) -> list[Check]:
     key, found = _configured_key(settings)
     with _open_store(settings) as store:
         counts = _stats(store).key_id_counts()
-    return [found, _ring_check(key, counts)]
+    return [found, _ring_check(key, counts), *_signing_checks(settings)]
 
 
 def _doctor(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:

@@ -362,3 +362,32 @@ def test_malformed_receipt_files_are_invalid_input(
     missing = _run(tmp_path, "ledger", "verify", "--against", str(tmp_path / "none"), home=home)
     assert missing.returncode == 1
     assert "cannot read receipt" in missing.stderr
+
+
+def test_doctor_checks_the_signing_key(tmp_path: Path, store: tuple[Path, str]) -> None:
+    """A configured signing key is checked like the store key: mode, type and that it loads."""
+    home, _ = store
+    key = tmp_path / "receipts.pem"
+    assert _run(tmp_path, "keys", "signing-key", "--out", str(key)).returncode == 0
+
+    def doctor(path: Path) -> tuple[int, dict[str, dict[str, object]]]:
+        result = _run(tmp_path, "doctor", "--json", home=home, FLOWVAULT_SIGNING_KEY_FILE=str(path))
+        checks = _document(result)["checks"]
+        assert isinstance(checks, list)
+        return result.returncode, {str(c["name"]): c for c in checks}
+
+    code, checks = doctor(key)
+    assert code == 0
+    assert checks["permissions.signing_key"]["ok"] is True
+    assert "receipts are signed by key hint" in str(checks["signing_key.loads"]["finding"])
+    os.chmod(key, 0o644)
+    code, checks = doctor(key)
+    assert code == 1
+    assert checks["permissions.signing_key"]["fix"] == f"chmod 600 {key}"
+    code, checks = doctor(tmp_path / "missing.pem")
+    assert code == 1
+    assert checks["signing_key.loads"]["ok"] is False
+    assert "no signing key file" in str(checks["signing_key.loads"]["finding"])
+    plain = _run(tmp_path, "doctor", "--json", home=home)
+    names = [str(c["name"]) for c in _document(plain)["checks"]]  # type: ignore[union-attr]
+    assert not any(name.startswith(("signing_key", "permissions.signing")) for name in names)
