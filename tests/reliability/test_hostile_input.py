@@ -1313,6 +1313,14 @@ def _audit_rows() -> list[EntryPoint]:
             lambda w, a: parse_receipt(a["text"]),
         ),
         EntryPoint(
+            "LedgerAudit.issue",
+            lambda k: args(stream=_streams(k), issued_at=TIMES),
+            lambda w, a: LedgerAudit(w.store, _repo(w)).issue(
+                a["stream"], issued_at=a["issued_at"]
+            ),
+            sqlite=True,
+        ),
+        EntryPoint(
             "LedgerAudit.against",
             lambda k: args(receipts=st.lists(_receipts(k), max_size=2)),
             lambda w, a: LedgerAudit(w.store, _repo(w)).against(a["receipts"]),

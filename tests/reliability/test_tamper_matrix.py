@@ -1913,20 +1913,26 @@ def test_recomputed_ledger_chain(world: World, tmp_path: Path) -> None:
         failures = json_document(keyed)["failures"]
         assert isinstance(failures, list)
         assert [(f["stream"], f["defect"], f["index"]) for f in failures] == [(run, "unkeyed", 1)]
-        head = json_document(
-            run_cli(
-                tmp_path,
-                "ledger",
-                "head",
-                "--stream",
-                run,
-                "--json",
-                home=w.home,
-                FLOWVAULT_KEY=key,
-            )
+        refused = run_cli(
+            tmp_path, "ledger", "head", "--stream", run, "--json", home=w.home, FLOWVAULT_KEY=key
         )
-        assert head["head_hash"] != kept["head_hash"]
-        assert head["head_index"] == kept["head_index"]
+        assert refused.returncode == 1, "no receipt vouches for a forged chain"
+        error = json_document(refused)["error"]
+        assert isinstance(error, dict)
+        assert error["code"] == "INTEGRITY_FAILURE"
+        receipt = tmp_path / "kept-receipt"
+        receipt.write_text(str(kept["receipt"]))
+        against = run_cli(
+            tmp_path,
+            "ledger",
+            "verify",
+            "--against",
+            str(receipt),
+            "--json",
+            home=w.home,
+            FLOWVAULT_KEY=key,
+        )
+        assert against.returncode == 1, against.stdout + against.stderr
 
     def insert_forged(w: World) -> None:
         events = stored_events(w, run)
