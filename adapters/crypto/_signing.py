@@ -31,16 +31,13 @@ def _raw_public(key: Ed25519PublicKey) -> bytes:
     return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
-class Ed25519ReceiptSigner:
-    """Signs receipt bodies with an Ed25519 private key (a ``ReceiptSigner``)."""
+class _Named:
+    """The signer name and signed-note key hint both ends of a key pair show."""
 
-    __slots__ = ("_hint", "_key")
+    __slots__ = ("_hint",)
 
-    def __init__(self, private_key: Ed25519PrivateKey) -> None:
-        if not isinstance(private_key, Ed25519PrivateKey):
-            raise InvalidInput("a receipt signer needs an Ed25519 private key")
-        self._key = private_key
-        self._hint = key_hint(SIGNER_NAME, ED25519_ALGORITHM, _raw_public(private_key.public_key()))
+    def __init__(self, public_key: Ed25519PublicKey) -> None:
+        self._hint = key_hint(SIGNER_NAME, ED25519_ALGORITHM, _raw_public(public_key))
 
     @property
     def name(self) -> str:
@@ -51,6 +48,21 @@ class Ed25519ReceiptSigner:
     def hint(self) -> bytes:
         """The signed-note key hint of the public key."""
         return self._hint
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(hint={self._hint.hex()})"
+
+
+class Ed25519ReceiptSigner(_Named):
+    """Signs receipt bodies with an Ed25519 private key (a ``ReceiptSigner``)."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self, private_key: Ed25519PrivateKey) -> None:
+        if not isinstance(private_key, Ed25519PrivateKey):
+            raise InvalidInput("a receipt signer needs an Ed25519 private key")
+        super().__init__(private_key.public_key())
+        self._key = private_key
 
     def sign(self, message: bytes) -> bytes:
         """Return the 64-byte Ed25519 signature of ``message``."""
@@ -66,30 +78,17 @@ class Ed25519ReceiptSigner:
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
 
-    def __repr__(self) -> str:
-        return f"Ed25519ReceiptSigner(hint={self._hint.hex()})"
 
-
-class Ed25519ReceiptVerifier:
+class Ed25519ReceiptVerifier(_Named):
     """Checks Ed25519 signature lines with a public key alone (a ``ReceiptVerifier``)."""
 
-    __slots__ = ("_hint", "_key")
+    __slots__ = ("_key",)
 
     def __init__(self, public_key: Ed25519PublicKey) -> None:
         if not isinstance(public_key, Ed25519PublicKey):
             raise InvalidInput("a receipt verifier needs an Ed25519 public key")
+        super().__init__(public_key)
         self._key = public_key
-        self._hint = key_hint(SIGNER_NAME, ED25519_ALGORITHM, _raw_public(public_key))
-
-    @property
-    def name(self) -> str:
-        """Always ``flowvault-ed25519``."""
-        return SIGNER_NAME
-
-    @property
-    def hint(self) -> bytes:
-        """The signed-note key hint of this public key."""
-        return self._hint
 
     def verify(self, message: bytes, signature: bytes) -> bool:
         """Return whether ``signature`` is this key's signature of ``message``."""
@@ -98,9 +97,6 @@ class Ed25519ReceiptVerifier:
         except InvalidSignature:
             return False
         return True
-
-    def __repr__(self) -> str:
-        return f"Ed25519ReceiptVerifier(hint={self._hint.hex()})"
 
 
 def _file_store(path: Path, allow_insecure_permissions: bool) -> FileKeyStore:
