@@ -151,6 +151,20 @@ def check_stream_page(
         )
 
 
+def stored_epoch(rows: Sequence[Row]) -> int:
+    """Return the commit count from its single stored row.
+
+    A missing row, or one that is not a count, is ``IntegrityFailure``:
+    reading it as 0 would pass a rolled-back copy off as a fresh store.
+    """
+    if len(rows) != 1:
+        raise malformed("store_epoch")
+    epoch = rows[0][0]
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise malformed("store_epoch")
+    return epoch
+
+
 def require_text(value: object, what: str) -> str:
     """Refuse a name that is not text with ``InvalidInput``, before a driver sees it.
 

@@ -77,6 +77,28 @@ def _tampered(what: str, metadata: RecordMetadata) -> IntegrityFailure:
     )
 
 
+def tagged_digest(cipher: Cipher, tag: str, data: bytes | str) -> str:
+    """Return the cipher's keyed digest of ``data`` under a purpose ``tag``."""
+    if not isinstance(tag, str) or not isinstance(data, str | bytes):
+        raise InvalidInput("a keyed digest takes a text tag and text or bytes data")
+    try:
+        raw = data.encode("utf-8") if isinstance(data, str) else data
+        return cipher.keyed_digest(tag.encode("utf-8") + b"\x00" + raw)
+    except UnicodeEncodeError:
+        raise InvalidInput("text to digest contains a lone surrogate") from None
+
+
+class CipherDigester:
+    """A ``KeyedDigester`` over a cipher alone, for checks that run before any repository."""
+
+    def __init__(self, cipher: Cipher) -> None:
+        self._cipher = cipher
+
+    def keyed_digest(self, tag: str, data: bytes | str) -> str:
+        """Return the keyed digest of ``data`` under ``tag``, as ``SealedRepository`` does."""
+        return tagged_digest(self._cipher, tag, data)
+
+
 class SealedRepository:
     """Seals documents on write and opens and verifies them on read, over any store."""
 
@@ -133,13 +155,7 @@ class SealedRepository:
         or the ledger (result contents, who decided); the tag keeps digests
         made for one purpose from matching those made for another.
         """
-        if not isinstance(tag, str) or not isinstance(data, str | bytes):
-            raise InvalidInput("a keyed digest takes a text tag and text or bytes data")
-        try:
-            raw = data.encode("utf-8") if isinstance(data, str) else data
-            return self._cipher.keyed_digest(tag.encode("utf-8") + b"\x00" + raw)
-        except UnicodeEncodeError:
-            raise InvalidInput("text to digest contains a lone surrogate") from None
+        return tagged_digest(self._cipher, tag, data)
 
     def prepare(
         self,

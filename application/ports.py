@@ -242,6 +242,21 @@ class Cipher(Protocol):
 
 
 @runtime_checkable
+class StoreEpoch(Protocol):
+    """Optional capability: a durable count of commits, so an older copy can be told apart."""
+
+    def epoch(self) -> int:
+        """Return the store's commit count as stored in it now.
+
+        Every commit of a non-empty unit of work that returns leaves it
+        higher than it was before that commit began; nothing lowers it (a
+        commit that fails may or may not raise it). A restored older copy
+        of the store therefore shows a lower count than the live one had.
+        """
+        ...
+
+
+@runtime_checkable
 class Vacuumer(Protocol):
     """Optional capability: rebuild the store's files so no free page is left in them."""
 

@@ -83,11 +83,14 @@ def bootstrap(
 
     ``key`` is a 32-byte master key the host manages itself; without it the
     key comes from ``FLOWVAULT_KEY`` or the key file, and is created only
-    for a store that holds no data yet.
+    for a store that holds no data yet. The store settings select is
+    checked against its high-water mark (``StoreRolledBack`` if older); a
+    store the host passes in is the host's to guard.
     """
     container = build_container(settings, key=key)
     if store is not None:
         container.store.override(store)
+        container.guard_enabled.override(False)
     if clock is not None:
         container.clock.override(clock)
     if ids is not None:
@@ -125,7 +128,7 @@ def _assemble(container: Container) -> Runtime:
     checkpoints = CheckpointService(repository, clock, integrity=repository)
     return Runtime(
         settings=container.settings(),
-        store=container.store(),
+        store=container.guarded_store(),
         cipher=container.cipher(),
         repository=repository,
         workflows=container.workflows(),

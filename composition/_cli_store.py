@@ -23,6 +23,7 @@ from flowvault.adapters.cli import (
     InitReport,
     Severity,
     StoreStatus,
+    accept_restore_command,
     doctor_command,
     init_command,
     status_command,
@@ -30,10 +31,14 @@ from flowvault.adapters.cli import (
 from flowvault.adapters.crypto import AesGcmCipher, load_signing_key
 from flowvault.adapters.sqlite import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from flowvault.adapters.sqlite import ConnectOptions
+from flowvault.adapters.system import MarkFileStore
 from flowvault.application import (
     KEY_ENV,
+    AntiRollback,
+    CipherDigester,
     KeyRing,
     SecureObjectStore,
+    StoreEpoch,
     StoreStats,
     parse_master_key,
 )
@@ -286,6 +291,8 @@ def _permission_checks(settings: Settings) -> list[Check]:
         ("permissions.keys_dir", settings.keys_dir, True),
         ("permissions.key_file", _key_file(settings), False),
     ]
+    if settings.high_water_path is not None:
+        files.append(("permissions.high_water", settings.high_water_path, False))
     return [
         _mode_check(name, path, directory=directory, settings=settings)
         for name, path, directory in files
@@ -455,6 +462,41 @@ def _doctor(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
     return doctor_command(_sqlite_checks(settings), io)
 
 
+# -- accept-restore ---------------------------------------------------------------
+
+
+def _accept_restore(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
+    if is_cold_root(settings):
+        return accept_restore_command(None, io)
+    path = settings.high_water_path
+    if path is None:
+        raise InvalidInput(
+            f"no high-water mark is kept for the {settings.backend} backend: set "
+            "FLOWVAULT_HIGH_WATER_FILE to keep one"
+        )
+    if not args.yes:
+        question = (
+            "Accept this store as it is? Commits made after the restored copy was taken "
+            "stay lost, and the store will no longer be refused as older"
+        )
+        if not io.interactive:
+            raise InvalidInput("accepting a restore needs --yes off a terminal")
+        if not io.confirm(question):
+            io.err.write("aborted: the high-water mark is unchanged\n")
+            return 1
+    container = build_container(settings)
+    opened = container.store()
+    try:
+        counted = opened
+        if not isinstance(counted, StoreEpoch):
+            raise InvalidInput("this store keeps no commit count (no StoreEpoch)")
+        guard = AntiRollback(counted, MarkFileStore(path), CipherDigester(container.cipher()))
+        previous, current = guard.accept()
+    finally:
+        opened.close()
+    return accept_restore_command((previous, current, str(path)), io)
+
+
 # -- registration -----------------------------------------------------------------
 
 
@@ -495,3 +537,18 @@ def register(verbs: Verbs) -> None:
         ),
         handler=_doctor,
     )
+    accept = add_verb(
+        verbs,
+        "accept-restore",
+        help="accept a deliberately restored older copy of the store",
+        description=(
+            "A store opened below its high-water mark (the highest commit count this host "
+            "saw, kept beside the key file or at FLOWVAULT_HIGH_WATER_FILE) is refused with "
+            "STORE_ROLLED_BACK, because an older copy of the database was put back over it. "
+            "When that restore was deliberate, this sets the mark to the store's current "
+            "count so it opens again. The commits made after the copy was taken stay lost. "
+            "Asks for confirmation on a terminal; elsewhere needs --yes."
+        ),
+        handler=_accept_restore,
+    )
+    accept.add_argument("--yes", action="store_true", help="do not ask for confirmation")

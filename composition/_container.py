@@ -8,15 +8,20 @@ from pydantic import SecretStr
 from flowvault.adapters.crypto import AesGcmCipher, FileKeyStore, generate_master_key
 from flowvault.adapters.memory import InMemoryKeyStore, InMemorySecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
-from flowvault.adapters.system import RandomIdFactory, SystemClock
+from flowvault.adapters.system import MarkFileStore, RandomIdFactory, SystemClock
 from flowvault.application import (
     KEY_ENV,
+    AntiRollback,
+    Cipher,
+    CipherDigester,
+    HighWaterStore,
     KeyRing,
     KeyStore,
     SealBudget,
     SealCounter,
     SealedRepository,
     SecureObjectStore,
+    StoreEpoch,
     StoreStats,
     WorkflowService,
     check_key_matches,
@@ -148,6 +153,30 @@ def build_cipher(
     return cipher
 
 
+def anti_rollback(
+    settings: Settings, store: SecureObjectStore, cipher: Cipher
+) -> AntiRollback | None:
+    """Return the mark guarding ``store``, or ``None`` where none is kept."""
+    path = settings.high_water_path
+    if path is None or not isinstance(store, StoreEpoch):
+        return None
+    return AntiRollback(store, MarkFileStore(path), CipherDigester(cipher))
+
+
+def guard_store(
+    store: SecureObjectStore, guard: AntiRollback | None, enabled: bool
+) -> SecureObjectStore:
+    """Refuse a store older than its high-water mark, else return it advancing the mark.
+
+    ``enabled`` is off when a host passed its own store: its mark, if any,
+    is the host's to keep.
+    """
+    if guard is None or not enabled:
+        return store
+    guard.check()
+    return HighWaterStore(store, guard)
+
+
 def build_budget(settings: Settings, store: SecureObjectStore) -> SealBudget:
     """Count seals in the store when it can keep the count, with the configured limits."""
     return SealBudget(
@@ -184,7 +213,10 @@ class Container(containers.DeclarativeContainer):
     )
     cipher = providers.Singleton(build_cipher, settings, store, key_store, explicit_key)
     budget = providers.Singleton(build_budget, settings, store)
-    repository = providers.Singleton(SealedRepository, store, cipher, clock, budget=budget)
+    guard_enabled: providers.Object[bool] = providers.Object(True)
+    rollback_guard = providers.Singleton(anti_rollback, settings, store, cipher)
+    guarded_store = providers.Singleton(guard_store, store, rollback_guard, guard_enabled)
+    repository = providers.Singleton(SealedRepository, guarded_store, cipher, clock, budget=budget)
     workflows = providers.Singleton(WorkflowService, repository, clock, ids)
 
 

@@ -22,6 +22,7 @@ from flowvault.domain import InvalidInput
 ENV_PREFIX = "FLOWVAULT_"
 DATABASE_FILE = "flowvault.db"
 KEY_FILE = "store.key"
+HIGH_WATER_FILE = "store.high-water"
 
 Backend = Literal["sqlite", "memory", "postgres"]
 """Backends this build can select; ``postgres`` needs the ``postgres`` extra."""
@@ -67,6 +68,7 @@ class Settings(BaseModel):
     key: SecretStr | None = None
     key_file: Path | None = None
     signing_key_file: Path | None = None
+    high_water_file: Path | None = None
     seal_limit: int = Field(default=2**32, ge=1, le=2**32)
     seal_warn_at: int = Field(default=2**31, ge=1, le=2**32)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -83,7 +85,7 @@ class Settings(BaseModel):
         """Refuse a home no file operation could use."""
         return check_os_path(home)
 
-    @field_validator("key_file", "signing_key_file")
+    @field_validator("key_file", "signing_key_file", "high_water_file")
     @classmethod
     def _usable_key_file(cls, key_file: Path | None) -> Path | None:
         """Refuse a key file path no file operation could use, or one naming a directory."""
@@ -117,6 +119,18 @@ class Settings(BaseModel):
     def database_path(self) -> Path:
         """The SQLite database file."""
         return self.data_dir / DATABASE_FILE
+
+    @property
+    def high_water_path(self) -> Path | None:
+        """The anti-rollback mark: ``FLOWVAULT_HIGH_WATER_FILE``, else beside SQLite's key file.
+
+        Outside the data directory, so restoring a copy of it does not
+        restore the mark. PostgreSQL keeps one only where a host names it:
+        each host's mark guards what that host has seen.
+        """
+        if self.high_water_file is not None:
+            return self.high_water_file
+        return self.keys_dir / HIGH_WATER_FILE if self.backend == "sqlite" else None
 
     @property
     def database_sidecars(self) -> tuple[Path, Path]:

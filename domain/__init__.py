@@ -59,6 +59,7 @@ from flowvault.domain._errors import (
     RevisionConflict,
     SchemaTooNew,
     StoreBusy,
+    StoreRolledBack,
     StoreUnavailable,
 )
 from flowvault.domain._fingerprint import Fingerprint, Readability, Receipt
@@ -175,6 +176,7 @@ __all__ = [
     "StateMachine",
     "StateMachineJson",
     "StoreBusy",
+    "StoreRolledBack",
     "StoreUnavailable",
     "TerminalReceipt",
     "UtcDatetime",

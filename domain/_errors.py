@@ -162,6 +162,17 @@ class ApprovalAlreadyDecided(FlowvaultError):
     code = "APPROVAL_ALREADY_DECIDED"
 
 
+class StoreRolledBack(FlowvaultError):
+    """Raised on opening a store older than this host has already seen it.
+
+    Its commit count is below the high-water mark kept outside the store:
+    an older copy of the database was put back over the live one, which
+    silently loses every commit made since that copy.
+    """
+
+    code = "STORE_ROLLED_BACK"
+
+
 class KeyExhausted(FlowvaultError):
     """Raised instead of sealing once a key has used its budget of random nonces.
 

@@ -33,6 +33,10 @@ FIXES: dict[str, str] = {
     "INVALID_INPUT": "correct what the message names (see --help for the arguments)",
     "REVISION_CONFLICT": "someone changed it meanwhile; reload and retry",
     "KEY_EXHAUSTED": "run 'flowvault keys add', then 'flowvault rotate-key'",
+    "STORE_ROLLED_BACK": (
+        "put the newest copy of the database back; if this older copy was restored on "
+        "purpose, run 'flowvault accept-restore'"
+    ),
 }
 """One-line fixes printed under an error, by code; other codes print none."""
 

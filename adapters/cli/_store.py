@@ -177,3 +177,25 @@ def doctor_command(checks: Sequence[Check], io: CommandIO) -> int:
     lines.append("healthy" if errors == 0 else f"{errors} error(s) found")
     io.emit(document, lines)
     return 0 if errors == 0 else 1
+
+
+# -- accept-restore -----------------------------------------------------------
+
+
+def accept_restore_command(accepted: tuple[int | None, int, str] | None, io: CommandIO) -> int:
+    """Report the high-water mark reset after a deliberate restore; ``None`` on a cold root."""
+    if accepted is None:
+        io.emit({"cold_root": True}, ["cold root: no store exists, nothing to accept"])
+        return 0
+    previous, current, location = accepted
+    document = {"cold_root": False, "previous": previous, "epoch": current, "mark": location}
+    shown = "none" if previous is None else f"commit {previous}"
+    io.emit(
+        document,
+        [
+            f"accepted the store as it is: high-water mark {location} now at commit "
+            f"{current} (it was {shown})",
+            "commits made after the restored copy was taken are not in this store",
+        ],
+    )
+    return 0

@@ -51,9 +51,11 @@ def _sort_key(order: Order) -> Callable[[RecordMetadata], tuple[str, str]]:
 class InMemorySecureObjectStore:
     """Thread-safe ``SecureObjectStore`` held in dictionaries under one lock.
 
+    Also ``StoreStats``, ``StreamCatalog``, ``Compactor``, ``SealCounter``
+    and ``StoreEpoch``.
     It is the reference the durable adapters are held to, and the fast
     backend for tests; everything is lost when the process ends, seal
-    counts included.
+    counts and the epoch included.
     """
 
     def __init__(self) -> None:
@@ -61,6 +63,7 @@ class InMemorySecureObjectStore:
         self._records: dict[_Key, StoredRecord] = {}
         self._streams: dict[str, _Stream] = {}
         self._seals: dict[str, int] = {}
+        self._epoch = 0
         self._closed = False
 
     def __enter__(self) -> InMemorySecureObjectStore:
@@ -142,6 +145,8 @@ class InMemorySecureObjectStore:
             except BaseException:
                 undo()
                 raise
+            if not unit.empty:
+                self._epoch += 1
 
     def _undo_log(self, unit: UnitOfWork) -> Callable[[], None]:
         """Return what puts back every record and stream ``unit`` touches, as they are now.
@@ -303,6 +308,12 @@ class InMemorySecureObjectStore:
         with self._lock:
             self._check_open()
             return dict(self._seals)
+
+    def epoch(self) -> int:
+        """Return the count of units committed; it lives and dies with the store object."""
+        with self._lock:
+            self._check_open()
+            return self._epoch
 
     def compact(self) -> bool:
         """Nothing is on disk, so nothing lingers; always complete."""

@@ -201,8 +201,9 @@ class PreparedUnit:
         return cls(records=records, streams=_streams(unit.appends, unit.trims))
 
     def apply(self, connection: Connection) -> None:
-        """Run every guarded write; the caller's transaction commits or rolls back all of them."""
+        """Run every guarded write, then raise the epoch; the caller's transaction commits all."""
         for write in self.records:
             write.apply(connection)
         for stream in self.streams:
             stream.apply(connection)
+        connection.execute(sql.RAISE_EPOCH)

@@ -144,6 +144,11 @@ committed total, so at READ COMMITTED none is lost.
 """
 SEAL_COUNTS: Final = "SELECT key_id, reserved FROM seal_counters"
 
+RAISE_EPOCH: Final = "SELECT nextval('store_epoch')"
+"""Run once in every transaction that commits a unit, after its guards held."""
+STORE_EPOCH: Final = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM store_epoch"
+"""The last value handed out; 0 before the first ``nextval``."""
+
 FilterShape = listing.FilterShape
 
 

@@ -111,7 +111,19 @@ Nullable: events written before version 3 were never keyed, so they keep
 none, and no migration can compute one without the integrity key.
 """
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2, _V3)
+_V4: Final = ("CREATE SEQUENCE store_epoch AS bigint MINVALUE 0 START WITH 1",)
+"""Version 4: the store's commit count, a sequence every committing unit advances.
+
+A restored older dump carries the sequence's value at its time, lower than
+the live one had, so a high-water mark kept elsewhere can refuse it.
+Upgraded schemas start at 0: no count of their earlier commits exists. The
+first ``nextval`` returns 1, so the last value is the count (0 before any).
+A sequence, not a row: ``nextval`` never waits for another transaction, so
+concurrent units do not serialise on it; it is not rolled back, which only
+over-counts.
+"""
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2, _V3, _V4)
 """Step ``n`` (0-based) takes a schema from version n to n + 1."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)

@@ -18,6 +18,7 @@ from flowvault.adapters._rows import (
     event_from_row,
     require_seal_count,
     require_text,
+    stored_epoch,
     stream_state,
 )
 from flowvault.adapters.postgres import _queries as sql
@@ -67,8 +68,9 @@ def _retryable(exc: psycopg.Error) -> bool:
 
 
 class PostgresSecureObjectStore:
-    """``SecureObjectStore``, ``StoreStats``, ``Compactor`` and ``SealCounter`` over one schema.
+    """``SecureObjectStore`` over one schema of a PostgreSQL database.
 
+    Also ``StoreStats``, ``Compactor``, ``SealCounter`` and ``StoreEpoch``.
     Several hosts may open the same schema at once: every unit of work is one
     READ COMMITTED transaction whose guards sit in the ``WHERE`` clauses of
     its writes, and ledger appends lock the stream's head row, so no update
@@ -328,6 +330,17 @@ class PostgresSecureObjectStore:
     def seal_counts(self) -> dict[str, int]:
         """Return the reserved total per key id."""
         return dict(self._fetch(sql.SEAL_COUNTS, ()))
+
+    # -- epoch ----------------------------------------------------------------
+
+    def epoch(self) -> int:
+        """Return the schema's commit count: the ``store_epoch`` sequence's last value.
+
+        Every committing unit calls ``nextval`` in its transaction; a unit
+        that then fails or is re-run after a serialization failure may have
+        raised it too, which the port allows.
+        """
+        return stored_epoch(self._fetch(sql.STORE_EPOCH, ()))
 
     # -- lifecycle ------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from flowvault.adapters.sqlite import _queries as sql
 from flowvault.adapters.sqlite._commit import PreparedUnit
 from flowvault.adapters.sqlite._connect import rollback_quietly
 from flowvault.adapters.sqlite._errors import translate, translated
@@ -178,6 +179,8 @@ def commit_group(
 ) -> None:
     """Commit ``group`` in one transaction and resolve every ticket; raise only interrupts.
 
+    A transaction that carries at least one unit raises the store's epoch
+    once, inside it, so a group that rolls back leaves the count alone.
     A group of one runs without a savepoint, exactly as a lone commit: any
     error rolls the transaction back and becomes that unit's error.
     """
@@ -195,7 +198,11 @@ def commit_group(
                         for ticket in group
                         if _apply_in_group(connection, ticket, check, apply, busy_timeout)
                     ]
-                connection.execute("COMMIT" if landed else "ROLLBACK")
+                if landed:
+                    connection.execute(sql.RAISE_EPOCH)
+                    connection.execute("COMMIT")
+                else:
+                    connection.execute("ROLLBACK")
             except BaseException:
                 rollback_quietly(connection)
                 raise

@@ -96,7 +96,20 @@ Nullable: events written before version 3 were never keyed, so they keep
 none, and no migration can compute one without the integrity key.
 """
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2, _V3)
+_STORE_EPOCH = """CREATE TABLE store_epoch (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    epoch INTEGER NOT NULL CHECK (epoch >= 0)
+) WITHOUT ROWID"""
+
+_V4: Final = (_STORE_EPOCH, "INSERT INTO store_epoch (id, epoch) VALUES (1, 0)")
+"""Version 4: the store's commit count, one row, raised by every unit that commits.
+
+A restored older copy of the file shows a lower count than the live one had,
+so a high-water mark kept elsewhere can refuse it. Upgraded stores start at
+0: no count of their earlier commits exists.
+"""
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2, _V3, _V4)
 """Step ``n`` (0-based) takes a database from ``user_version`` n to n + 1."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)

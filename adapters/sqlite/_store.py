@@ -20,6 +20,7 @@ from flowvault.adapters._rows import (
     event_from_row,
     require_seal_count,
     require_text,
+    stored_epoch,
     stream_state,
 )
 from flowvault.adapters.sqlite import _queries as sql
@@ -150,12 +151,13 @@ def _read_only_options(path: Path, synchronous: Synchronous, busy_timeout: float
 
 
 class SQLiteSecureObjectStore:
-    """``SecureObjectStore``, ``StoreStats`` and ``SealCounter`` over one SQLite file in WAL mode.
+    """``SecureObjectStore`` over one SQLite file in WAL mode.
 
-    Commits go through a single writer connection under a lock, and take
-    SQLite's write lock with ``BEGIN IMMEDIATE`` so other processes queue up
-    to the busy timeout; each thread reads through its own connection, and in
-    WAL mode reads never wait for writes. A store does not survive ``fork``:
+    Also ``StoreStats``, ``SealCounter`` and ``StoreEpoch``. Commits go
+    through a single writer connection under a lock, and take SQLite's write
+    lock with ``BEGIN IMMEDIATE`` so other processes queue up to the busy
+    timeout; each thread reads through its own connection, and in WAL mode
+    reads never wait for writes. A store does not survive ``fork``:
     a child process must open its own.
     """
 
@@ -516,6 +518,17 @@ class SQLiteSecureObjectStore:
         """Return the reserved total per key id; a read-only store answers too."""
         with self._reading() as connection:
             return dict(connection.execute(sql.SEAL_COUNTS).fetchall())
+
+    # -- epoch ----------------------------------------------------------------
+
+    def epoch(self) -> int:
+        """Return the commit count stored in the file; a read-only store answers too.
+
+        Every transaction that commits a unit raises it once (see ``_group``),
+        so a restored older copy of the file shows a lower count.
+        """
+        with self._reading() as connection:
+            return stored_epoch(connection.execute(sql.STORE_EPOCH).fetchall())
 
     # -- lifecycle ------------------------------------------------------------
 

@@ -1,5 +1,6 @@
-"""Adapters for the process environment: the system clock and random ids."""
+"""Adapters for the process environment: the clock, random ids, the high-water mark file."""
 
 from flowvault.adapters.system._clock import RandomIdFactory, SystemClock
+from flowvault.adapters.system._mark_file import SLOT_BYTES, MarkFileStore
 
-__all__ = ["RandomIdFactory", "SystemClock"]
+__all__ = ["SLOT_BYTES", "MarkFileStore", "RandomIdFactory", "SystemClock"]

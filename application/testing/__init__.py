@@ -19,6 +19,7 @@ from flowvault.application.testing._store_contract import (
     SecureObjectStoreContract,
     StoreStatsContract,
 )
+from flowvault.application.testing._store_epoch_contract import StoreEpochContract
 
 __all__ = [
     "EPOCH",
@@ -27,6 +28,7 @@ __all__ = [
     "SealedRepositoryContract",
     "SecureObjectStoreContract",
     "SequentialIds",
+    "StoreEpochContract",
     "StoreStatsContract",
     "StreamCatalogContract",
     "make_event",

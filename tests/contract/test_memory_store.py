@@ -3,12 +3,15 @@
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.application.testing import (
     SealCounterContract,
+    StoreEpochContract,
     StoreStatsContract,
     StreamCatalogContract,
 )
 
 
-class TestInMemorySecureObjectStore(StoreStatsContract, StreamCatalogContract, SealCounterContract):
+class TestInMemorySecureObjectStore(
+    StoreStatsContract, StreamCatalogContract, SealCounterContract, StoreEpochContract
+):
     """The memory adapter passes the whole store contract."""
 
     def make_store(self) -> InMemorySecureObjectStore:

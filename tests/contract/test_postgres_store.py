@@ -6,6 +6,7 @@ from flowvault.adapters.postgres import PostgresSecureObjectStore
 from flowvault.application import SecureObjectStore
 from flowvault.application.testing import (
     SealCounterContract,
+    StoreEpochContract,
     StoreStatsContract,
     StreamCatalogContract,
 )
@@ -13,7 +14,9 @@ from flowvault.application.testing import (
 pytestmark = pytest.mark.postgres
 
 
-class TestPostgresSecureObjectStore(StoreStatsContract, StreamCatalogContract, SealCounterContract):
+class TestPostgresSecureObjectStore(
+    StoreStatsContract, StreamCatalogContract, SealCounterContract, StoreEpochContract
+):
     """The PostgreSQL adapter passes the whole store contract."""
 
     @pytest.fixture(autouse=True)
@@ -23,6 +26,9 @@ class TestPostgresSecureObjectStore(StoreStatsContract, StreamCatalogContract, S
     def make_store(self) -> PostgresSecureObjectStore:
         self.schema = self.server.new_schema()
         return PostgresSecureObjectStore.open(self.server.dsn, schema=self.schema, pool_size=2)
+
+    def reopen_store(self, store: SecureObjectStore) -> PostgresSecureObjectStore:
+        return PostgresSecureObjectStore.open(self.server.dsn, schema=self.schema, pool_size=1)
 
     def close_store(self, store: SecureObjectStore) -> None:
         store.close()

@@ -1,15 +1,23 @@
 """The store contract, run against the SQLite adapter on a real file."""
 
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
+from flowvault.application import SecureObjectStore
 from flowvault.application.testing import (
     SealCounterContract,
+    StoreEpochContract,
     StoreStatsContract,
     StreamCatalogContract,
 )
 
 
-class TestSQLiteSecureObjectStore(StoreStatsContract, StreamCatalogContract, SealCounterContract):
+class TestSQLiteSecureObjectStore(
+    StoreStatsContract, StreamCatalogContract, SealCounterContract, StoreEpochContract
+):
     """The SQLite adapter passes the whole store contract."""
 
     def make_store(self) -> SQLiteSecureObjectStore:
         return SQLiteSecureObjectStore.open(self.tmp_path / "data" / "store.db")
+
+    def reopen_store(self, store: SecureObjectStore) -> SQLiteSecureObjectStore:
+        assert isinstance(store, SQLiteSecureObjectStore)
+        return SQLiteSecureObjectStore.open(store.path)

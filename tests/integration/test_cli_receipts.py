@@ -22,7 +22,13 @@ from cli_helpers import run_cli as _run
 
 from flowvault.application import stream_of
 from flowvault.composition import Settings, bootstrap
-from flowvault.domain import LedgerEvent, WorkOrder, canonical_json, format_instant
+from flowvault.domain import (
+    LedgerEvent,
+    StoreRolledBack,
+    WorkOrder,
+    canonical_json,
+    format_instant,
+)
 
 MARKER = "receipt-marker-8c1f"
 
@@ -169,7 +175,11 @@ def test_deleting_the_last_events_is_caught(tmp_path: Path, store: tuple[Path, s
 
 
 def test_restoring_an_older_copy_is_caught(tmp_path: Path, store: tuple[Path, str]) -> None:
-    """An older database file put back: truncated; and once written to again: rewritten."""
+    """An older database file put back: truncated; and once accepted and written to: rewritten.
+
+    Writing to it needs ``accept-restore`` first: the high-water mark
+    refuses the older copy on its own (``test_anti_rollback.py``).
+    """
     home, stream = store
     data = _database(home).parent
     older = tmp_path / "older"
@@ -181,6 +191,9 @@ def test_restoring_an_older_copy_is_caught(tmp_path: Path, store: tuple[Path, st
     shutil.copytree(older, data)
     _verify_stream(tmp_path, home, stream)
     assert _defects(_against(tmp_path, home, receipt)) == [("truncated", 7)]
+    with pytest.raises(StoreRolledBack):
+        _append_notes(home, workflow_id, ["refused"])
+    assert _run(tmp_path, "accept-restore", "--yes", home=home).returncode == 0
     _append_notes(home, workflow_id, ["other six", "other seven", "other eight"])
     _verify_stream(tmp_path, home, stream)
     assert _defects(_against(tmp_path, home, receipt)) == [("rewritten", 7)]

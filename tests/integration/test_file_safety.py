@@ -97,11 +97,12 @@ def test_every_file_stays_private_under_an_open_umask(tmp_path: Path) -> None:
         "data/flowvault.db-wal": 0o600,
         "keys": 0o700,
         "keys/.store.key.lock": 0o600,
+        "keys/store.high-water": 0o600,
         "keys/store.key": 0o600,
     }
     assert code == 0
     permissions = {name: check for name, check in checks.items() if name.startswith("permissions.")}
-    assert len(permissions) == 6
+    assert len(permissions) == 7
     assert all(check["ok"] for check in permissions.values()), permissions
     assert "has mode 0600" in str(permissions["permissions.wal"]["finding"])
 

@@ -14,7 +14,7 @@ import pytest
 from psycopg import sql
 
 from flowvault.adapters.postgres import SCHEMA_VERSION, PostgresSecureObjectStore, _schema
-from flowvault.application import FilterOp, Guard, LabelFilter, UnitOfWork, Upsert
+from flowvault.application import Delete, FilterOp, Guard, LabelFilter, UnitOfWork, Upsert
 from flowvault.application.testing import make_event, make_upsert
 from flowvault.domain import (
     GENESIS_HASH,
@@ -36,8 +36,9 @@ AUDIT = "audit/\N{GREEK SMALL LETTER ALPHA}"
 FIXTURE_TRIM = ("orders", 2)
 """The ``orders`` stream was trimmed before index 2, so the fixture holds a gap."""
 RELEASED = [f"schema_v{version}.sql" for version in range(1, SCHEMA_VERSION + 1)]
-"""Every fixture holds the v1 records and events; v2 on adds ``V2_SEAL_COUNTS``."""
+"""Every fixture holds the v1 records and events; v2 on adds ``V2_SEAL_COUNTS``, v4 ``V4_EPOCH``."""
 V2_SEAL_COUNTS = {"k1": 192, "k2": 64}
+V4_EPOCH = 7
 ALL_VERSIONS = list(range(1, SCHEMA_VERSION + 1))
 
 
@@ -135,6 +136,10 @@ UNION ALL
 SELECT 'index', indexname, regexp_replace(indexdef, ' ON \\S+\\.', ' ON ')
 FROM pg_indexes WHERE schemaname = %(s)s
 UNION ALL
+SELECT 'sequence', sequence_name,
+       concat_ws(' ', data_type, start_value, minimum_value, maximum_value, increment, cycle_option)
+FROM information_schema.sequences WHERE sequence_schema = %(s)s
+UNION ALL
 SELECT 'storage', attrelid::regclass::text || '.' || attname, attstorage::text
 FROM pg_attribute WHERE attrelid = (%(s)s || '.records')::regclass AND attnum > 0
 ORDER BY 1, 2, 3
@@ -142,7 +147,7 @@ ORDER BY 1, 2, 3
 
 
 def describe(server, schema: str) -> list[tuple[str, str, str]]:
-    """Return the schema's columns, constraints, indexes and storage, without its name."""
+    """Return the schema's columns, constraints, indexes, sequences and storage, nameless."""
     with server.admin() as admin:
         admin.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
         return [tuple(row) for row in admin.execute(CATALOG, {"s": schema}).fetchall()]
@@ -198,6 +203,7 @@ def test_released_fixture_accepts_new_writes(postgres_server, pg_schema: str, fi
     load_fixture(postgres_server, fixture, pg_schema)
     head = fixture_events()["orders"][-1]
     with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+        epoch = store.epoch()
         store.commit(
             UnitOfWork(
                 upserts=[make_upsert("orders", "order-1", b"v3", expected=2)],
@@ -205,6 +211,7 @@ def test_released_fixture_accepts_new_writes(postgres_server, pg_schema: str, fi
             )
         )
         assert store.ledger_head("orders").previous_hash == head.event_hash
+        assert store.epoch() == epoch + 1
 
 
 @pytest.mark.parametrize("fixture", RELEASED)
@@ -269,6 +276,35 @@ def test_v2_upgrade_adds_chain_mac_null_for_old_events(postgres_server, pg_schem
         ("orders", 3, None),
         ("orders", 4, keyed.chain_mac),
     ]
+
+
+def test_v3_upgrade_starts_the_epoch_at_zero_and_counts(postgres_server, pg_schema: str) -> None:
+    """A v3 schema gains the ``store_epoch`` sequence on open at 0; each commit raises it by one.
+
+    No count of the commits made before v4 exists, so the migration starts
+    at 0 rather than invent one.
+    """
+    load_fixture(postgres_server, "schema_v3.sql", pg_schema)
+    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+        assert store.epoch() == 0
+        store.commit(UnitOfWork(upserts=[make_upsert("orders", "order-9")]))
+        store.commit(
+            UnitOfWork(deletes=[Delete("orders", natural_key_digest("orders", "order-9"), 1)])
+        )
+        assert store.epoch() == 2
+        assert store.namespace_counts() == {"orders": 2, UNICODE_NS: 1}
+    assert versions(postgres_server, pg_schema) == ALL_VERSIONS
+
+
+def test_v4_fixture_epoch_reads_back_and_grows(postgres_server, pg_schema: str) -> None:
+    """A v4 schema's epoch reads back and the next commit raises it; reservations do not."""
+    load_fixture(postgres_server, "schema_v4.sql", pg_schema)
+    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+        assert store.epoch() == V4_EPOCH
+        assert store.reserve_seals("k1", 1) == V2_SEAL_COUNTS["k1"] + 1
+        assert store.epoch() == V4_EPOCH
+        store.commit(UnitOfWork(upserts=[make_upsert("orders", "order-9")]))
+        assert store.epoch() == V4_EPOCH + 1
 
 
 # -- newer schemas, failures, concurrency --------------------------------------

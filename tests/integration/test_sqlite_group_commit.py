@@ -121,6 +121,7 @@ def test_units_queued_together_commit_in_one_transaction(store: SQLiteSecureObje
     counts = store.commit_counts
     assert (counts.transactions, counts.units, counts.grouped_units) == (2, 8, 7)
     assert all(_revision(store, f"k{n}") == 1 for n in range(7))
+    assert store.epoch() == counts.transactions
 
 
 def test_a_failing_guard_fails_only_its_own_unit(store: SQLiteSecureObjectStore) -> None:
@@ -144,6 +145,15 @@ def test_a_failing_guard_fails_only_its_own_unit(store: SQLiteSecureObjectStore)
     assert store.ledger_head("t") is None
     assert store.ledger_head("s") == first
     assert store.commit_counts.grouped_units == 2
+    assert store.epoch() == store.commit_counts.transactions
+
+
+def test_a_group_whose_every_unit_fails_leaves_the_epoch(store: SQLiteSecureObjectStore) -> None:
+    """A group that rolls back commits nothing, so its transaction does not count."""
+    units = [UnitOfWork(upserts=[make_upsert(NS, f"k{n}", expected=4)]) for n in range(3)]
+    callers = queue_behind_lock(store, units)
+    assert all(isinstance(caller.error, RevisionConflict) for caller in callers)
+    assert store.epoch() == store.commit_counts.transactions == 1
 
 
 def test_units_of_one_group_see_each_others_writes(store: SQLiteSecureObjectStore) -> None:
@@ -182,8 +192,10 @@ def test_a_failed_transaction_fails_every_unit_of_its_group(
     assert len({id(error) for error in errors}) == 4, "threads must not share one exception"
     assert all(_revision(store, f"k{n}") is None for n in range(4))
     assert _revision(store, "leader") == 1
+    assert store.epoch() == 1, "the lost group's transaction must not have raised the epoch"
     store.commit(UnitOfWork(upserts=[make_upsert(NS, "k0")]))
     assert _revision(store, "k0") == 1
+    assert store.epoch() == 2
 
 
 def test_many_threads_lose_no_unit(store: SQLiteSecureObjectStore) -> None:

@@ -52,6 +52,7 @@ def test_reads_everything_and_changes_no_byte(database: Path) -> None:
         assert isinstance(store, StreamCatalog)
         assert store.list_streams() == ["s", "t"]
         assert store.namespace_counts() == {NS: 2}
+        assert store.epoch() == 1
     assert _fingerprint(database) == before
     assert _sidecars(database) == []
 
@@ -119,7 +120,10 @@ def test_reads_a_live_store_through_its_write_ahead_log(database: Path) -> None:
         writer.commit(UnitOfWork(upserts=[make_upsert(NS, "c")]))
         with SQLiteSecureObjectStore.open(database, read_only=True) as reader:
             assert reader.namespace_counts() == {NS: 3}
+            assert reader.epoch() == 2
             writer.commit(UnitOfWork(upserts=[make_upsert(NS, "d")]))
             assert reader.namespace_counts() == {NS: 4}
+            assert reader.epoch() == writer.epoch() == 3
             with pytest.raises(StoreUnavailable, match="read-only"):
                 reader.commit(UnitOfWork(upserts=[make_upsert(NS, "e")]))
+            assert reader.epoch() == 3

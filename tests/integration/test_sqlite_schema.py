@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from flowvault.adapters.sqlite import SCHEMA_VERSION, SQLiteSecureObjectStore, _schema
-from flowvault.application import FilterOp, Guard, LabelFilter, UnitOfWork, Upsert
+from flowvault.application import Delete, FilterOp, Guard, LabelFilter, UnitOfWork, Upsert
 from flowvault.application.testing import make_event, make_upsert
 from flowvault.domain import (
     GENESIS_HASH,
@@ -104,8 +104,9 @@ FIXTURE_TRIM = ("orders", 2)
 """The ``orders`` stream was trimmed before index 2, so the fixture holds a gap."""
 
 RELEASED = [f"schema_v{version}.sql" for version in range(1, SCHEMA_VERSION + 1)]
-"""Every fixture holds the v1 records and events; v2 on adds ``V2_SEAL_COUNTS``."""
+"""Every fixture holds the v1 records and events; v2 on adds ``V2_SEAL_COUNTS``, v4 ``V4_EPOCH``."""
 V2_SEAL_COUNTS = {"k1": 192, "k2": 64}
+V4_EPOCH = 7
 
 
 # -- loading SQL text fixtures -------------------------------------------------
@@ -203,6 +204,7 @@ def test_released_fixture_accepts_new_writes(tmp_path: Path, fixture: str) -> No
     path = load_fixture(fixture, tmp_path / "data" / "store.db")
     head = fixture_events()["orders"][-1]
     with SQLiteSecureObjectStore.open(path) as store:
+        epoch = store.epoch()
         store.commit(
             UnitOfWork(
                 upserts=[make_upsert("orders", "order-1", b"v3", expected=2)],
@@ -212,6 +214,7 @@ def test_released_fixture_accepts_new_writes(tmp_path: Path, fixture: str) -> No
         assert store.read_ledger("orders", from_index=4).events[0].previous_hash == (
             head.event_hash
         )
+        assert store.epoch() == epoch + 1
 
 
 @pytest.mark.parametrize("fixture", RELEASED)
@@ -275,6 +278,44 @@ def test_v2_upgrade_adds_chain_mac_null_for_old_events(tmp_path: Path) -> None:
         ]
     finally:
         raw.close()
+
+
+def test_v3_upgrade_starts_the_epoch_at_zero_and_counts(tmp_path: Path) -> None:
+    """A v3 file gains ``store_epoch`` on open at 0; each commit then raises it by one.
+
+    No count of the commits made before v4 exists, so the migration starts
+    at 0 rather than invent one.
+    """
+    path = load_fixture("schema_v3.sql", tmp_path / "data" / "store.db")
+    with SQLiteSecureObjectStore.open(path) as store:
+        assert store.epoch() == 0
+        store.commit(UnitOfWork(upserts=[make_upsert("orders", "order-9")]))
+        store.commit(
+            UnitOfWork(deletes=[Delete("orders", natural_key_digest("orders", "order-9"), 1)])
+        )
+        assert store.epoch() == 2
+        assert store.namespace_counts() == {"orders": 2, UNICODE_NS: 1}
+    raw = sqlite3.connect(path)
+    try:
+        assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+        assert raw.execute("SELECT id, epoch FROM store_epoch").fetchall() == [(1, 2)]
+    finally:
+        raw.close()
+
+
+def test_v4_fixture_epoch_reads_back_and_grows(tmp_path: Path) -> None:
+    """A v4 file's epoch reads back, read-only too, and the next commit raises it."""
+    path = load_fixture("schema_v4.sql", tmp_path / "data" / "store.db")
+    with SQLiteSecureObjectStore.open(path, read_only=True) as store:
+        assert store.epoch() == V4_EPOCH
+    with SQLiteSecureObjectStore.open(path) as store:
+        assert store.epoch() == V4_EPOCH
+        assert store.reserve_seals("k1", 1) == V2_SEAL_COUNTS["k1"] + 1
+        store.compact()
+        store.vacuum()
+        assert store.epoch() == V4_EPOCH
+        store.commit(UnitOfWork(upserts=[make_upsert("orders", "order-9")]))
+        assert store.epoch() == V4_EPOCH + 1
 
 
 def test_fresh_store_records_the_schema_version(tmp_path: Path) -> None:

@@ -345,6 +345,8 @@ def test_peek_and_list_never_read_the_payload_column(store: SQLiteSecureObjectSt
 
 _QUERIES = {
     "load": (sql.LOAD_RECORD, (NS, "k")),
+    "raise epoch": (sql.RAISE_EPOCH, ()),
+    "read epoch": (sql.STORE_EPOCH, ()),
     "peek": (sql.PEEK_METADATA, (NS, "k")),
     "revision": (sql.STORED_REVISION, (NS, "k")),
     "clear labels": (sql.CLEAR_LABELS, (NS, "k")),
@@ -394,7 +396,7 @@ def test_queries_use_indexes(store: SQLiteSecureObjectStore, name: str) -> None:
         any(marker in step for marker in ("USING INDEX", "USING COVERING INDEX", "PRIMARY KEY"))
         for step in searches
     ), plan
-    for table in ("records", "ledger_events", "record_labels", "ledger_streams"):
+    for table in ("records", "ledger_events", "record_labels", "ledger_streams", "store_epoch"):
         assert not any(step.startswith(f"SCAN {table}") for step in plan), plan
     assert not any(step.startswith(("SCAN r", "SCAN l")) for step in plan), plan
 

@@ -144,7 +144,7 @@ def test_concurrent_first_opens_agree_on_one_key(tmp_path: Path, round_: int) ->
     outputs = [racer.communicate(timeout=60) for racer in racers]
     assert [racer.returncode for racer in racers] == [0] * 4, [err for _, err in outputs]
     assert len({out for out, _ in outputs}) == 1
-    assert sorted(os.listdir(home / "keys")) == ["store.key"]
+    assert sorted(os.listdir(home / "keys")) == ["store.high-water", "store.key"]
     with bootstrap(_settings(home)) as vault:
         for n in range(4):
             opened = vault.repository.read("race", f"p{n}")

@@ -380,6 +380,7 @@ def verbs(home: Home) -> st.SearchStrategy[list[str]]:
             json_flag,
         ),
         _verb(_words("compact"), json_flag),
+        _verb(_words("accept-restore"), _flag("--yes"), json_flag),
         _verb(_words("keys", "list"), json_flag),
         _verb(_words("keys", "add"), json_flag),
         _verb(_words("keys", "retire"), value.map(lambda v: [v]), json_flag),
@@ -394,7 +395,7 @@ JUNK_TOKENS = (
     "--state", "--status", "--run", "--stream", "--all", "--scope", "--reason", "--actor",
     "--decision", "--yes", "--dry-run", "--older-than-days", "--backend", "memory", "-h",
     "keys", "add", "retire", "rotate-key", "--batch-size", "check-receipt", "--against",
-    "--public-key", "signing-key", "--out", "compact",
+    "--public-key", "signing-key", "--out", "compact", "accept-restore",
 )  # fmt: skip
 """Words the parser knows, shuffled into junk argv (never ``demo``, which would run in full)."""
 

@@ -84,6 +84,7 @@ from flowvault.application import (
     effective_limit,
     history_stream,
     issue_receipt,
+    parse_mark,
     parse_master_key,
     read_stream,
     reset_progress,
@@ -1270,6 +1271,14 @@ def _receipt_texts() -> st.SearchStrategy[Any]:
     return st.one_of(hostile.hostile_text(), st.just(_GENUINE_RECEIPT), edited)
 
 
+def _mark_texts() -> st.SearchStrategy[Any]:
+    """Draw a well-formed mark under some key with a few bytes replaced, inserted or cut."""
+    genuine = b"flowvault high-water mark 1\nepoch 12\nmac sha256:" + b"ab" * 32 + b"\n"
+    return st.tuples(st.integers(0, len(genuine)), st.integers(0, 4), st.binary(max_size=3)).map(
+        lambda c: genuine[: c[0]] + c[2] + genuine[c[0] + c[1] :]
+    )
+
+
 def _receipts(k: Known) -> st.SearchStrategy[Any]:
     """Receipts for streams the world holds or not, at hostile sizes, and non-receipts."""
     notes = st.builds(
@@ -1311,6 +1320,11 @@ def _audit_rows() -> list[EntryPoint]:
             "parse_receipt",
             lambda k: args(text=_receipt_texts()),
             lambda w, a: parse_receipt(a["text"]),
+        ),
+        EntryPoint(
+            "parse_mark",
+            lambda k: args(content=st.one_of(hostile.hostile_bytes(), _mark_texts())),
+            lambda w, a: parse_mark(a["content"], _repo(w), "mark"),
         ),
         EntryPoint(
             "LedgerAudit.issue",

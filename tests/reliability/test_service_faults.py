@@ -325,7 +325,7 @@ class SqliteInjector(Injector):
         self.monkeypatch.setattr(sqlite_store, "apply_writes", apply_writes)
 
     def raw(self) -> dict[str, object]:
-        tables = ("records", "record_labels", "ledger_events", "ledger_streams")
+        tables = ("records", "record_labels", "ledger_events", "ledger_streams", "store_epoch")
         return {
             table: sorted(self._reader.execute(f"SELECT * FROM {table}").fetchall(), key=repr)  # noqa: S608
             for table in tables

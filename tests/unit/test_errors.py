@@ -21,6 +21,7 @@ CODES = {
     "StoreUnavailable": "STORE_UNAVAILABLE",
     "KeyRequired": "KEY_REQUIRED",
     "KeyExhausted": "KEY_EXHAUSTED",
+    "StoreRolledBack": "STORE_ROLLED_BACK",
     "InsecurePermissions": "INSECURE_PERMISSIONS",
     "SchemaTooNew": "SCHEMA_TOO_NEW",
     "NotBound": "NOT_BOUND",
