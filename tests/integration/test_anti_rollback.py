@@ -19,7 +19,7 @@ from cli_helpers import run_cli as _run
 from structlog.testing import capture_logs
 
 from flowvault.adapters.system import MarkFileStore
-from flowvault.application import StoreEpoch, parse_mark
+from flowvault.application import StoreEpoch, encode_master_key, parse_mark
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import IntegrityFailure, StoreRolledBack, WorkflowState
 
@@ -142,7 +142,7 @@ def test_postgres_keeps_a_mark_where_the_host_names_it(
         home=tmp_path / "home",
         postgres_dsn=postgres_server.dsn,
         postgres_schema=pg_schema,
-        key="A" * 43 + "=",
+        key=encode_master_key(bytes(range(64, 96))),
         high_water_file=mark,
     )
     assert settings.high_water_path == mark

@@ -21,7 +21,7 @@ from flowvault.application import (
 from flowvault.domain import InsecurePermissions, IntegrityFailure, StoreRolledBack
 
 KEY = CipherDigester(AesGcmCipher.from_ring(KeyRing(primary=bytes(range(32)))))
-OTHER = CipherDigester(AesGcmCipher.from_ring(KeyRing(primary=bytes(32))))
+OTHER = CipherDigester(AesGcmCipher.from_ring(KeyRing(primary=bytes(range(64, 96)))))
 
 
 class Counter:

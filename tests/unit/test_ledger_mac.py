@@ -110,7 +110,7 @@ def test_the_mac_depends_on_the_key_and_on_the_event() -> None:
     second = make_event("s", 1, first)
     with (
         bootstrap(Settings(backend="memory"), key=KEY) as one,
-        bootstrap(Settings(backend="memory"), key=bytes(32)) as other,
+        bootstrap(Settings(backend="memory"), key=bytes(range(64, 96))) as other,
     ):
         macs = {
             chain_mac(first, one.repository),
@@ -145,7 +145,7 @@ def test_a_forged_or_stripped_mac_fails_a_keyed_audit_only() -> None:
             audit = verify_stream(store, "s", repo)
             assert audit.failure is not None
             assert (audit.failure.defect, audit.failure.index, audit.events) == (defect, 1, 1)
-        wrong_key = bootstrap(Settings(backend="memory"), key=bytes(32))
+        wrong_key = bootstrap(Settings(backend="memory"), key=bytes(range(64, 96)))
         with wrong_key:
             audit = verify_stream(_store_with(first), "s", wrong_key.repository)
             assert audit.failure is not None
