@@ -12,6 +12,7 @@ integrity key keeps someone without the key from lowering or forging it.
 from __future__ import annotations
 
 import hmac
+import threading
 from collections.abc import Callable, Sequence
 from typing import Final, Protocol
 
@@ -109,6 +110,7 @@ class AntiRollback:
         self._marks = marks
         self._digester = digester
         self._written = -1
+        self._lock = threading.Lock()
 
     @property
     def location(self) -> str:
@@ -151,9 +153,14 @@ class AntiRollback:
         """Raise the mark to the store's count if it is higher; never lower it.
 
         The file is shared by every process of this host, so the new mark
-        is the higher of the one found and this store's count.
+        is the higher of the one found and this store's count. Threads of
+        one process take turns, so the units of one group commit, which
+        share a count, write the mark once.
         """
-        current = self._store.epoch()
+        with self._lock:
+            self._advance_to(self._store.epoch())
+
+    def _advance_to(self, current: int) -> None:
         if current <= self._written:
             return
 
@@ -185,8 +192,9 @@ class AntiRollback:
                     found[0] = None
             return format_mark(current, self._digester)
 
-        self._marks.update(replaced)
-        self._written = current
+        with self._lock:
+            self._marks.update(replaced)
+            self._written = current
         _log.warning(
             "high_water_mark_accepted", location=self.location, previous=found[0], epoch=current
         )
