@@ -20,6 +20,7 @@ from pathlib import Path
 
 import structlog
 
+from flowvault.adapters._paths import create_private_directories
 from flowvault.application import (
     MASTER_KEY_BYTES,
     KeyRing,
@@ -243,17 +244,7 @@ class FileKeyStore:
         Parents made by ``makedirs`` would get the umask's mode, and a parent
         others can write lets them swap the keys directory for their own.
         """
-        missing: list[Path] = []
-        current = self._dir
-        while not current.exists():
-            missing.append(current)
-            current = current.parent
-        for created in reversed(missing):
-            try:
-                os.mkdir(created, _DIR_MODE)
-            except FileExistsError:
-                continue
-            os.chmod(created, _DIR_MODE)
+        for created in create_private_directories(self._dir, _DIR_MODE):
             _fsync_dir(created.parent)
         self._check_dir()
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import structlog
 
+from flowvault.adapters._paths import create_private_directories
 from flowvault.domain import InsecurePermissions
 
 log = structlog.get_logger(__name__)
@@ -37,24 +38,8 @@ def prepare(path: Path, *, allow_insecure: bool) -> None:
 
 
 def _ensure_directory(directory: Path) -> None:
-    """Create the directory and any missing parents private to their owner.
-
-    ``mkdir(parents=True)`` would give the parents it creates the umask's
-    mode, and a parent others can write lets them rename the data directory
-    away and put their own in its place. ``chmod`` follows each ``mkdir``
-    because the umask trims its mode.
-    """
-    missing: list[Path] = []
-    current = directory
-    while not current.exists():
-        missing.append(current)
-        current = current.parent
-    for created in reversed(missing):
-        try:
-            created.mkdir(mode=_DIRECTORY_MODE)
-        except FileExistsError:
-            continue
-        created.chmod(_DIRECTORY_MODE)
+    """Create the directory and any missing parents private to their owner."""
+    create_private_directories(directory, _DIRECTORY_MODE)
 
 
 def _ensure_file(path: Path) -> None:

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
 
+from flowvault.adapters._paths import create_private_directories
 from flowvault.domain import InsecurePermissions, InvalidInput, StoreUnavailable
 
 SLOT_BYTES: Final = 512
@@ -137,10 +138,7 @@ class MarkFileStore:
             )
 
     def _ensure_directory(self) -> None:
-        directory = self._path.parent
-        if not directory.exists():
-            directory.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
-            directory.chmod(_DIR_MODE)
+        create_private_directories(self._path.parent, _DIR_MODE)
 
     def _sync_directory(self) -> None:
         fd = os.open(self._path.parent, os.O_RDONLY | os.O_CLOEXEC)
