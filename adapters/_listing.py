@@ -26,7 +26,7 @@ FilterShape: TypeAlias = tuple[FilterOp, bool]
 
 _HEAD: Final = (
     "SELECT r.namespace, r.key_digest, r.revision, r.sensitivity, r.schema_version, r.key_id, "
-    "r.written_at, r.labels, r.byte_length, r.payload_digest "
+    "r.written_at, r.ledger_index, r.labels, r.byte_length, r.payload_digest "
     "FROM records r WHERE r.namespace = {p}"
 )
 _SYMBOLS: Final = {

@@ -36,11 +36,27 @@ def malformed(table: str) -> IntegrityFailure:
     return IntegrityFailure(f"stored row is malformed ({table})", table=table)
 
 
+def _ledger_index(value: object) -> int | None:
+    """Return a stored ledger index as it was written: NULL or a non-negative integer.
+
+    Checked here rather than left to the header's validation, which in lax
+    mode would read text such as ``"5"`` (or a boolean) as a number.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TypeError("ledger index")
+    return value
+
+
 def metadata_from_row(row: Row, decode_labels: LabelDecoder) -> RecordMetadata:
-    """Build metadata from the ten metadata columns, in ``PEEK_METADATA`` order."""
+    """Build metadata from the eleven metadata columns, in ``PEEK_METADATA`` order.
+
+    ``ledger_index`` follows ``written_at``; NULL reads as a header without one.
+    """
     try:
         namespace, key_digest, revision, sensitivity, schema, key_id, written = row[:7]
-        labels, byte_length, payload_digest = row[7:10]
+        ledger_index, labels, byte_length, payload_digest = row[7:11]
         header = EnvelopeHeader.model_validate(
             {
                 "namespace": namespace,
@@ -50,6 +66,7 @@ def metadata_from_row(row: Row, decode_labels: LabelDecoder) -> RecordMetadata:
                 "schema_version": schema,
                 "key_id": key_id,
                 "written_at": written,
+                "ledger_index": _ledger_index(ledger_index),
             }
         )
         if not isinstance(byte_length, int) or not isinstance(payload_digest, str):
@@ -60,9 +77,12 @@ def metadata_from_row(row: Row, decode_labels: LabelDecoder) -> RecordMetadata:
 
 
 def record_from_row(row: Row, decode_labels: LabelDecoder) -> StoredRecord:
-    """Build a stored record from ``LOAD_RECORD``'s columns: metadata, then the payload."""
+    """Build a stored record from ``LOAD_RECORD``'s columns: metadata, then the payload.
+
+    The eleven metadata columns come first, as in ``PEEK_METADATA``; the payload is at index 11.
+    """
     metadata = metadata_from_row(row, decode_labels)
-    payload = row[10]
+    payload = row[11]
     if not isinstance(payload, bytes):
         raise malformed("records")
     return StoredRecord(metadata=metadata, payload=payload)

@@ -50,6 +50,7 @@ class SealOptions(TypedDict, total=False):
     sensitivity: Sensitivity
     schema_version: int
     labels: Mapping[str, LabelValue] | None
+    ledger_index: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +180,7 @@ class SealedRepository:
                 key_id=self._cipher.primary_key_id,
                 revision=self._next_revision(namespace, key_digest, expected),
                 written_at=self._clock.now(),
+                ledger_index=options.get("ledger_index"),
             )
         except ValidationError as exc:
             fields = sorted({str(error["loc"][0]) for error in exc.errors() if error["loc"]})

@@ -111,21 +111,33 @@ class EnvelopeHeader(BaseModel):
     key_id: KeyId
     revision: int = Field(ge=1, le=2**53 - 1)
     written_at: UtcDatetime
+    ledger_index: int | None = Field(default=None, ge=0, le=2**53 - 1, strict=True)
+    """Index of the ledger event committed with this write, when the record has a stream.
+
+    Bound into the associated data, so a row replayed from an older revision
+    names an older event, and a reader that finds a newer writing event in
+    the record's stream knows the row is stale.
+    """
 
     def aad(self) -> bytes:
-        """Return the canonical, versioned associated data for this header."""
-        return canonical_bytes(
-            {
-                "format": AAD_FORMAT,
-                "namespace": self.namespace,
-                "key_digest": self.key_digest,
-                "sensitivity": self.sensitivity.value,
-                "schema_version": self.schema_version,
-                "key_id": self.key_id,
-                "revision": self.revision,
-                "written_at": format_instant(self.written_at),
-            }
-        )
+        """Return the canonical, versioned associated data for this header.
+
+        ``ledger_index`` joins only when set, so headers written before it
+        existed keep their exact associated data.
+        """
+        fields: dict[str, str | int] = {
+            "format": AAD_FORMAT,
+            "namespace": self.namespace,
+            "key_digest": self.key_digest,
+            "sensitivity": self.sensitivity.value,
+            "schema_version": self.schema_version,
+            "key_id": self.key_id,
+            "revision": self.revision,
+            "written_at": format_instant(self.written_at),
+        }
+        if self.ledger_index is not None:
+            fields["ledger_index"] = self.ledger_index
+        return canonical_bytes(fields)
 
 
 def natural_key_digest(namespace: str, natural_key: str) -> str:

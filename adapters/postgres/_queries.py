@@ -15,12 +15,12 @@ from flowvault.application import Order
 
 LOAD_RECORD: Final = (
     "SELECT r.namespace, r.key_digest, r.revision, r.sensitivity, r.schema_version, r.key_id, "
-    "r.written_at, r.labels, r.byte_length, r.payload_digest, r.payload "
+    "r.written_at, r.ledger_index, r.labels, r.byte_length, r.payload_digest, r.payload "
     "FROM records r WHERE r.namespace = %s AND r.key_digest = %s"
 )
 PEEK_METADATA: Final = (
     "SELECT r.namespace, r.key_digest, r.revision, r.sensitivity, r.schema_version, r.key_id, "
-    "r.written_at, r.labels, r.byte_length, r.payload_digest "
+    "r.written_at, r.ledger_index, r.labels, r.byte_length, r.payload_digest "
     "FROM records r WHERE r.namespace = %s AND r.key_digest = %s"
 )
 STORED_REVISION: Final = "SELECT revision FROM records WHERE namespace = %s AND key_digest = %s"
@@ -28,17 +28,17 @@ STORED_REVISION: Final = "SELECT revision FROM records WHERE namespace = %s AND 
 
 CREATE_RECORD: Final = (
     "INSERT INTO records (namespace, key_digest, revision, sensitivity, schema_version, "
-    "key_id, written_at, labels, byte_length, payload_digest, payload) "
+    "key_id, written_at, ledger_index, labels, byte_length, payload_digest, payload) "
     "VALUES (%(namespace)s, %(key_digest)s, %(revision)s, %(sensitivity)s, "
-    "%(schema_version)s, %(key_id)s, %(written_at)s, %(labels)s, %(byte_length)s, "
-    "%(payload_digest)s, %(payload)s) "
+    "%(schema_version)s, %(key_id)s, %(written_at)s, %(ledger_index)s, %(labels)s, "
+    "%(byte_length)s, %(payload_digest)s, %(payload)s) "
     "ON CONFLICT (namespace, key_digest) DO NOTHING RETURNING id"
 )
 """``Guard.ABSENT``: no row comes back when the record exists (or a racing insert committed)."""
 REPLACE_RECORD: Final = (
     "UPDATE records SET revision = %(revision)s, sensitivity = %(sensitivity)s, "
     "schema_version = %(schema_version)s, key_id = %(key_id)s, written_at = %(written_at)s, "
-    "labels = %(labels)s, byte_length = %(byte_length)s, "
+    "ledger_index = %(ledger_index)s, labels = %(labels)s, byte_length = %(byte_length)s, "
     "payload_digest = %(payload_digest)s, payload = %(payload)s "
     "WHERE namespace = %(namespace)s AND key_digest = %(key_digest)s "
     "AND revision = %(expected)s RETURNING id"
@@ -50,14 +50,16 @@ RESEAL_RECORD: Final = REPLACE_RECORD.replace(
 """A re-seal's guard: the revision and the exact seal (payload digest) it replaces."""
 ADVANCE_RECORD: Final = (
     "INSERT INTO records AS stored (namespace, key_digest, revision, sensitivity, "
-    "schema_version, key_id, written_at, labels, byte_length, payload_digest, payload) "
+    "schema_version, key_id, written_at, ledger_index, labels, byte_length, payload_digest, "
+    "payload) "
     "VALUES (%(namespace)s, %(key_digest)s, %(revision)s, %(sensitivity)s, "
-    "%(schema_version)s, %(key_id)s, %(written_at)s, %(labels)s, %(byte_length)s, "
-    "%(payload_digest)s, %(payload)s) "
+    "%(schema_version)s, %(key_id)s, %(written_at)s, %(ledger_index)s, %(labels)s, "
+    "%(byte_length)s, %(payload_digest)s, %(payload)s) "
     "ON CONFLICT (namespace, key_digest) DO UPDATE SET "
     "revision = excluded.revision, sensitivity = excluded.sensitivity, "
     "schema_version = excluded.schema_version, key_id = excluded.key_id, "
-    "written_at = excluded.written_at, labels = excluded.labels, "
+    "written_at = excluded.written_at, ledger_index = excluded.ledger_index, "
+    "labels = excluded.labels, "
     "byte_length = excluded.byte_length, payload_digest = excluded.payload_digest, "
     "payload = excluded.payload "
     "WHERE stored.revision < excluded.revision RETURNING stored.id"

@@ -39,6 +39,7 @@ def record_params(upsert: Upsert) -> dict[str, object]:
         "schema_version": header.schema_version,
         "key_id": header.key_id,
         "written_at": format_instant(header.written_at),
+        "ledger_index": header.ledger_index,
         "labels": Jsonb(dict(upsert.labels)),
         "byte_length": metadata.byte_length,
         "payload_digest": metadata.payload_digest,

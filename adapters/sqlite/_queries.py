@@ -13,12 +13,12 @@ from flowvault.application import Order
 
 LOAD_RECORD: Final = (
     "SELECT r.namespace, r.key_digest, r.revision, r.sensitivity, r.schema_version, r.key_id, "
-    "r.written_at, r.labels, r.byte_length, r.payload_digest, r.payload "
+    "r.written_at, r.ledger_index, r.labels, r.byte_length, r.payload_digest, r.payload "
     "FROM records r WHERE r.namespace = ? AND r.key_digest = ?"
 )
 PEEK_METADATA: Final = (
     "SELECT r.namespace, r.key_digest, r.revision, r.sensitivity, r.schema_version, r.key_id, "
-    "r.written_at, r.labels, r.byte_length, r.payload_digest "
+    "r.written_at, r.ledger_index, r.labels, r.byte_length, r.payload_digest "
     "FROM records r WHERE r.namespace = ? AND r.key_digest = ?"
 )
 STORED_REVISION: Final = "SELECT revision FROM records WHERE namespace = ? AND key_digest = ?"
@@ -30,12 +30,13 @@ STORED_VERSION: Final = (
 
 UPSERT_RECORD: Final = (
     "INSERT INTO records (namespace, key_digest, revision, sensitivity, schema_version, "
-    "key_id, written_at, labels, byte_length, payload_digest, payload) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "key_id, written_at, ledger_index, labels, byte_length, payload_digest, payload) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (namespace, key_digest) DO UPDATE SET "
     "revision = excluded.revision, sensitivity = excluded.sensitivity, "
     "schema_version = excluded.schema_version, "
-    "written_at = excluded.written_at, labels = excluded.labels, "
+    "written_at = excluded.written_at, ledger_index = excluded.ledger_index, "
+    "labels = excluded.labels, "
     "byte_length = excluded.byte_length, payload_digest = excluded.payload_digest, "
     "payload = excluded.payload"
 )

@@ -101,6 +101,7 @@ def record_params(upsert: Upsert) -> Params:
         header.schema_version,
         header.key_id,
         format_instant(header.written_at),
+        header.ledger_index,
         encode_labels(upsert.labels),
         metadata.byte_length,
         metadata.payload_digest,

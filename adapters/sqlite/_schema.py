@@ -109,7 +109,14 @@ so a high-water mark kept elsewhere can refuse it. Upgraded stores start at
 0: no count of their earlier commits exists.
 """
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2, _V3, _V4)
+_V5: Final = ("ALTER TABLE records ADD COLUMN ledger_index INTEGER CHECK (ledger_index >= 0)",)
+"""Version 5: the index of the ledger event committed with each record's write.
+
+Nullable: rows written before version 5 had no ledger link, so they keep
+none, and a record without a stream never gets one.
+"""
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2, _V3, _V4, _V5)
 """Step ``n`` (0-based) takes a database from ``user_version`` n to n + 1."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)

@@ -62,6 +62,7 @@ def make_header(
     schema_version: int = 1,
     key_id: str = "k1",
     sensitivity: Sensitivity = Sensitivity.CONFIDENTIAL,
+    ledger_index: int | None = None,
 ) -> EnvelopeHeader:
     """Build a header for the record with natural key ``key``."""
     return EnvelopeHeader(
@@ -72,6 +73,7 @@ def make_header(
         key_id=key_id,
         revision=revision,
         written_at=written_at,
+        ledger_index=ledger_index,
     )
 
 
@@ -84,11 +86,14 @@ def make_upsert(
     revision: int | None = None,
     labels: Mapping[str, LabelValue] | None = None,
     written_at: datetime = EPOCH,
+    ledger_index: int | None = None,
 ) -> Upsert:
     """Build an upsert whose revision follows from ``expected`` unless given."""
     if revision is None:
         revision = expected + 1 if isinstance(expected, int) else 1
-    header = make_header(namespace, key, revision=revision, written_at=written_at)
+    header = make_header(
+        namespace, key, revision=revision, written_at=written_at, ledger_index=ledger_index
+    )
     return Upsert(header=header, payload=payload, expected=expected, labels=labels or {})
 
 

@@ -178,7 +178,9 @@ class SealedRepositoryContract(StoreHarness):
         self._plant(repo, "a", old, expected=2)
         self._assert_fails_closed(lambda: repo.read(NS, "a"), store)
 
-    @pytest.mark.parametrize("field", ["sensitivity", "schema_version", "written_at", "key_id"])
+    @pytest.mark.parametrize(
+        "field", ["sensitivity", "schema_version", "written_at", "key_id", "ledger_index"]
+    )
     def test_header_rewritten_around_the_same_ciphertext_fails(
         self, store: SecureObjectStore, field: str
     ) -> None:
@@ -192,6 +194,7 @@ class SealedRepositoryContract(StoreHarness):
             "schema_version": header.schema_version + 1,
             "written_at": header.written_at + timedelta(seconds=1),
             "key_id": "k-forged",
+            "ledger_index": 0 if header.ledger_index is None else header.ledger_index + 1,
         }[field]
         forged = replace(
             record,

@@ -36,6 +36,7 @@ from flowvault.application.testing._fakes import (
     make_upsert,
 )
 from flowvault.domain import (
+    EnvelopeHeader,
     InvalidInput,
     LedgerEvent,
     PayloadTooLarge,
@@ -131,6 +132,75 @@ class SecureObjectStoreContract(StoreHarness):
         assert peeked == loaded.metadata
         assert peeked.byte_length == 5
         assert peeked.payload_digest.startswith("sha256:")
+
+    @pytest.mark.parametrize("ledger_index", [None, 0, 2**40, 2**53 - 1])
+    def test_ledger_index_reads_back_from_every_read(
+        self, store: SecureObjectStore, ledger_index: int | None
+    ) -> None:
+        """A header's ``ledger_index`` comes back from load, peek and list as written.
+
+        It is part of the sealed payload's associated data, so a store that
+        drops or changes it leaves the record unopenable; ``None`` stays ``None``.
+        """
+        upsert = make_upsert(NS, "a", labels={"n": 1}, ledger_index=ledger_index)
+        bystander = make_upsert(NS, "b", labels={"n": 2}, written_at=EPOCH + timedelta(seconds=1))
+        store.commit(UnitOfWork(upserts=[upsert, bystander], appends=[make_event("s", 0)]))
+        loaded = store.load(NS, _digest("a"))
+        assert loaded is not None
+        assert loaded.metadata.header == upsert.header
+        assert loaded.metadata.header.ledger_index == ledger_index
+        assert store.peek_metadata(NS, _digest("a")) == upsert.metadata
+        for order in Order:
+            for filters in ((), (LabelFilter("n", 1),), (LabelFilter("n", 2, FilterOp.LT),)):
+                listed = store.list(NS, order=order, filters=filters).items
+                found = [meta for meta in listed if meta.key_digest == _digest("a")]
+                assert found == [upsert.metadata], (order, filters)
+            paged = store.list(NS, order=order, limit=1)
+            rest = store.list(NS, order=order, cursor=paged.next_cursor, limit=1)
+            headers = {meta.key_digest: meta.header for meta in paged.items + rest.items}
+            assert headers == {_digest("a"): upsert.header, _digest("b"): bystander.header}
+
+    def test_ledger_index_follows_every_kind_of_write(self, store: SecureObjectStore) -> None:
+        """Each write replaces the stored ``ledger_index`` with its own header's, ``None`` too.
+
+        Created, replaced under an exact guard, advanced under ``Guard.ANY``,
+        re-sealed and replaced again: every read returns the last header written.
+        """
+
+        def check(header: EnvelopeHeader) -> None:
+            loaded = store.load(NS, _digest("a"))
+            assert loaded is not None
+            assert loaded.metadata.header == header
+            peeked = store.peek_metadata(NS, _digest("a"))
+            assert peeked is not None
+            assert peeked.header == header
+            assert [meta.header for meta in store.list(NS).items] == [header]
+
+        created = make_upsert(NS, "a", b"v1", ledger_index=3)
+        store.commit(UnitOfWork(upserts=[created]))
+        check(created.header)
+        replaced = make_upsert(NS, "a", b"v2", expected=1, ledger_index=7)
+        store.commit(UnitOfWork(upserts=[replaced]))
+        check(replaced.header)
+        advanced = make_upsert(NS, "a", b"v5", expected=Guard.ANY, revision=5, ledger_index=2**40)
+        store.commit(UnitOfWork(upserts=[advanced]))
+        check(advanced.header)
+        read = store.load(NS, _digest("a"))
+        assert read is not None
+        reseal = Upsert(
+            header=make_header(NS, "a", revision=5, key_id="k2", ledger_index=2**40),
+            payload=b"v5, re-sealed",
+            expected=5,
+            replaces=read.metadata.payload_digest,
+        )
+        store.commit(UnitOfWork(upserts=[reseal]))
+        check(reseal.header)
+        unlinked = make_upsert(NS, "a", b"v6", expected=5)
+        store.commit(UnitOfWork(upserts=[unlinked]))
+        check(unlinked.header)
+        relinked = make_upsert(NS, "a", b"v7", expected=6, ledger_index=0)
+        store.commit(UnitOfWork(upserts=[relinked]))
+        check(relinked.header)
 
     def test_create_of_existing_record_conflicts(self, store: SecureObjectStore) -> None:
         """A must-be-absent guard on an existing record fails and changes nothing."""

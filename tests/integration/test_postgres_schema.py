@@ -14,7 +14,16 @@ import pytest
 from psycopg import sql
 
 from flowvault.adapters.postgres import SCHEMA_VERSION, PostgresSecureObjectStore, _schema
-from flowvault.application import Delete, FilterOp, Guard, LabelFilter, UnitOfWork, Upsert
+from flowvault.application import (
+    Delete,
+    FilterOp,
+    Guard,
+    LabelFilter,
+    Order,
+    RecordMetadata,
+    UnitOfWork,
+    Upsert,
+)
 from flowvault.application.testing import make_event, make_upsert
 from flowvault.domain import (
     GENESIS_HASH,
@@ -36,10 +45,20 @@ AUDIT = "audit/\N{GREEK SMALL LETTER ALPHA}"
 FIXTURE_TRIM = ("orders", 2)
 """The ``orders`` stream was trimmed before index 2, so the fixture holds a gap."""
 RELEASED = [f"schema_v{version}.sql" for version in range(1, SCHEMA_VERSION + 1)]
-"""Every fixture holds the v1 records and events; v2 on adds ``V2_SEAL_COUNTS``, v4 ``V4_EPOCH``."""
+"""Every fixture holds the v1 records and events; v2 on adds ``V2_SEAL_COUNTS``, v4 ``V4_EPOCH``.
+
+From v5 on, two of its records carry ``V5_LEDGER_INDEXES``.
+"""
 V2_SEAL_COUNTS = {"k1": 192, "k2": 64}
 V4_EPOCH = 7
+V5_LEDGER_INDEXES = {"order-1": 3, "run-1": 2**53 - 1}
+"""The ledger index each v5 record was written with, by natural key; ``order-2`` has none."""
 ALL_VERSIONS = list(range(1, SCHEMA_VERSION + 1))
+
+
+def fixture_version(fixture: str) -> int:
+    """Return the schema version of a ``schema_v<n>.sql`` fixture."""
+    return int(fixture.removeprefix("schema_v").removesuffix(".sql"))
 
 
 # -- what the v1 fixture holds, rebuilt from first principles ------------------
@@ -56,14 +75,15 @@ def _upsert(namespace: str, key: str, payload: bytes, **fields) -> Upsert:
     return Upsert(header=header, payload=payload, expected=Guard.ANY, labels=labels)
 
 
-def fixture_upserts() -> list[Upsert]:
-    """Return the records the v1 fixture was written from."""
+def fixture_upserts(version: int = 1) -> list[Upsert]:
+    """Return the records the fixture of ``version`` holds: v1's, with ledger indexes from v5."""
     confidential, restricted = Sensitivity.CONFIDENTIAL, Sensitivity.RESTRICTED
+    linked = V5_LEDGER_INDEXES if version >= 5 else {}
     return [
         _upsert(
             "orders", "order-1", b"\x00sealed-order-1\xff", sensitivity=confidential,
             key_id="k1", revision=2, written_at=T0 + timedelta(seconds=1),
-            labels={"status": "open", "n": 3},
+            labels={"status": "open", "n": 3}, ledger_index=linked.get("order-1"),
         ),
         _upsert(
             "orders", "order-2", b"sealed-order-2", sensitivity=restricted,
@@ -72,7 +92,8 @@ def fixture_upserts() -> list[Upsert]:
         ),
         _upsert(
             UNICODE_NS, "run-1", b"", sensitivity=Sensitivity.PUBLIC,
-            key_id="k1", revision=7, written_at=T0 + timedelta(seconds=2), labels={"who": "ü😀"},
+            key_id="k1", revision=7, written_at=T0 + timedelta(seconds=2),
+            ledger_index=linked.get("run-1"), labels={"who": "ü😀"},
         ),
     ]  # fmt: skip
 
@@ -111,6 +132,10 @@ def fixture_events() -> dict[str, list[LedgerEvent]]:
         ],
     )
     return {"orders": orders, AUDIT: audit}
+
+
+def _identity(metadata: RecordMetadata) -> tuple[str, str]:
+    return metadata.namespace, metadata.key_digest
 
 
 # -- loading and describing schemas --------------------------------------------
@@ -173,17 +198,27 @@ def test_every_released_version_has_a_fixture() -> None:
 
 @pytest.mark.parametrize("fixture", RELEASED)
 def test_released_fixture_reads_back(postgres_server, pg_schema: str, fixture: str) -> None:
-    """Every record and event of a released schema loads intact, with the trimmed stream's gap."""
+    """Every record and event of a released schema loads intact, with the trimmed stream's gap.
+
+    Records peeked and listed in every order have the same header too.
+    """
     load_fixture(postgres_server, fixture, pg_schema)
     events = fixture_events()
     stream, trimmed_before = FIXTURE_TRIM
+    upserts = fixture_upserts(fixture_version(fixture))
     with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
-        for upsert in fixture_upserts():
+        for upsert in upserts:
             header = upsert.header
             loaded = store.load(header.namespace, header.key_digest)
             assert loaded is not None
             assert loaded.metadata == upsert.metadata
             assert loaded.payload == upsert.payload
+            assert store.peek_metadata(header.namespace, header.key_digest) == upsert.metadata
+        for order in Order:
+            listed = [*store.list("orders", order=order).items, *store.list(UNICODE_NS).items]
+            assert sorted(listed, key=_identity) == sorted(
+                (upsert.metadata for upsert in upserts), key=_identity
+            )
         assert dict(store.namespace_counts()) == {"orders": 2, UNICODE_NS: 1}
         assert dict(store.key_id_counts()) == {"k1": 2, "k2": 1}
         big = store.list("orders", filters=[LabelFilter("n", 2**53, FilterOp.GT)]).items
@@ -305,6 +340,75 @@ def test_v4_fixture_epoch_reads_back_and_grows(postgres_server, pg_schema: str) 
         assert store.epoch() == V4_EPOCH
         store.commit(UnitOfWork(upserts=[make_upsert("orders", "order-9")]))
         assert store.epoch() == V4_EPOCH + 1
+
+
+def _stored_ledger_indexes(server, schema: str) -> list[tuple[str, str, int, int | None]]:
+    with server.admin() as admin:
+        admin.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        return [
+            tuple(row)
+            for row in admin.execute(
+                "SELECT namespace, key_digest, revision, ledger_index FROM records "
+                "ORDER BY namespace, key_digest"
+            ).fetchall()
+        ]
+
+
+def test_v4_upgrade_adds_ledger_index_null_for_old_rows(postgres_server, pg_schema: str) -> None:
+    """A v4 schema gains ``ledger_index`` on open: its records keep none, new writes keep theirs.
+
+    Rows written before v5 had no ledger link, and no migration can invent
+    one: it is bound into each sealed payload's associated data.
+    """
+    load_fixture(postgres_server, "schema_v4.sql", pg_schema)
+    linked = make_upsert("orders", "order-1", b"v3", expected=2, ledger_index=4)
+    large = make_upsert("orders", "order-9", ledger_index=2**40)
+    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+        assert [meta.header.ledger_index for meta in store.list("orders").items] == [None, None]
+        store.commit(UnitOfWork(upserts=[linked, large]))
+        for upsert in (linked, large):
+            digest = upsert.header.key_digest
+            assert store.peek_metadata("orders", digest) == upsert.metadata
+        newest_first = store.list("orders", order=Order.WRITTEN_AT_DESC).items
+        assert {meta.key_digest: meta.header.ledger_index for meta in newest_first} == {
+            linked.header.key_digest: 4,
+            large.header.key_digest: 2**40,
+            natural_key_digest("orders", "order-2"): None,
+        }
+    assert versions(postgres_server, pg_schema) == ALL_VERSIONS
+    digest = {key: natural_key_digest("orders", key) for key in ("order-1", "order-2", "order-9")}
+    assert sorted(_stored_ledger_indexes(postgres_server, pg_schema)) == sorted(
+        [
+            ("orders", digest["order-1"], 3, 4),
+            ("orders", digest["order-2"], 1, None),
+            ("orders", digest["order-9"], 1, 2**40),
+            (UNICODE_NS, natural_key_digest(UNICODE_NS, "run-1"), 7, None),
+        ]
+    )
+
+
+def test_v5_fixture_ledger_indexes_read_back_and_change(postgres_server, pg_schema: str) -> None:
+    """A v5 schema's ledger indexes read back; a new revision replaces or drops one."""
+    load_fixture(postgres_server, "schema_v5.sql", pg_schema)
+    digests = {key: natural_key_digest("orders", key) for key in ("order-1", "order-2")}
+    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+        assert store.epoch() == V4_EPOCH
+        run = store.peek_metadata(UNICODE_NS, natural_key_digest(UNICODE_NS, "run-1"))
+        assert run is not None
+        assert run.header.ledger_index == V5_LEDGER_INDEXES["run-1"]
+        listed = {meta.key_digest: meta.header.ledger_index for meta in store.list("orders").items}
+        assert listed == {digests["order-1"]: 3, digests["order-2"]: None}
+        store.commit(
+            UnitOfWork(
+                upserts=[
+                    make_upsert("orders", "order-1", b"v3", expected=2),
+                    make_upsert("orders", "order-2", b"v2", expected=1, ledger_index=0),
+                ]
+            )
+        )
+        listed = {meta.key_digest: meta.header.ledger_index for meta in store.list("orders").items}
+        assert listed == {digests["order-1"]: None, digests["order-2"]: 0}
+    assert versions(postgres_server, pg_schema) == ALL_VERSIONS
 
 
 # -- newer schemas, failures, concurrency --------------------------------------

@@ -11,7 +11,16 @@ from pathlib import Path
 import pytest
 
 from flowvault.adapters.sqlite import SCHEMA_VERSION, SQLiteSecureObjectStore, _schema
-from flowvault.application import Delete, FilterOp, Guard, LabelFilter, UnitOfWork, Upsert
+from flowvault.application import (
+    Delete,
+    FilterOp,
+    Guard,
+    LabelFilter,
+    Order,
+    RecordMetadata,
+    UnitOfWork,
+    Upsert,
+)
 from flowvault.application.testing import make_event, make_upsert
 from flowvault.domain import (
     GENESIS_HASH,
@@ -44,14 +53,15 @@ def _upsert(namespace: str, key: str, payload: bytes, **fields) -> Upsert:
     return Upsert(header=header, payload=payload, expected=Guard.ANY, labels=labels)
 
 
-def fixture_upserts() -> list[Upsert]:
-    """Return the records the v1 fixture was written from."""
+def fixture_upserts(version: int = 1) -> list[Upsert]:
+    """Return the records the fixture of ``version`` holds: v1's, with ledger indexes from v5."""
     confidential, restricted = Sensitivity.CONFIDENTIAL, Sensitivity.RESTRICTED
+    linked = V5_LEDGER_INDEXES if version >= 5 else {}
     return [
         _upsert(
             "orders", "order-1", b"\x00sealed-order-1\xff", sensitivity=confidential,
             key_id="k1", revision=2, written_at=T0 + timedelta(seconds=1),
-            labels={"status": "open", "n": 3},
+            labels={"status": "open", "n": 3}, ledger_index=linked.get("order-1"),
         ),
         _upsert(
             "orders", "order-2", b"sealed-order-2", sensitivity=restricted,
@@ -59,7 +69,8 @@ def fixture_upserts() -> list[Upsert]:
         ),
         _upsert(
             UNICODE_NS, "run-1", b"", sensitivity=Sensitivity.PUBLIC,
-            key_id="k1", revision=7, written_at=T0 + timedelta(seconds=2), labels={},
+            key_id="k1", revision=7, written_at=T0 + timedelta(seconds=2),
+            ledger_index=linked.get("run-1"), labels={},
         ),
     ]  # fmt: skip
 
@@ -104,9 +115,19 @@ FIXTURE_TRIM = ("orders", 2)
 """The ``orders`` stream was trimmed before index 2, so the fixture holds a gap."""
 
 RELEASED = [f"schema_v{version}.sql" for version in range(1, SCHEMA_VERSION + 1)]
-"""Every fixture holds the v1 records and events; v2 on adds ``V2_SEAL_COUNTS``, v4 ``V4_EPOCH``."""
+"""Every fixture holds the v1 records and events; v2 on adds ``V2_SEAL_COUNTS``, v4 ``V4_EPOCH``.
+
+From v5 on, two of its records carry ``V5_LEDGER_INDEXES``.
+"""
 V2_SEAL_COUNTS = {"k1": 192, "k2": 64}
 V4_EPOCH = 7
+V5_LEDGER_INDEXES = {"order-1": 3, "run-1": 2**53 - 1}
+"""The ledger index each v5 record was written with, by natural key; ``order-2`` has none."""
+
+
+def fixture_version(fixture: str) -> int:
+    """Return the schema version of a ``schema_v<n>.sql`` fixture."""
+    return int(fixture.removeprefix("schema_v").removesuffix(".sql"))
 
 
 # -- loading SQL text fixtures -------------------------------------------------
@@ -147,6 +168,10 @@ def _schema_of(path: Path) -> list[tuple[str, str, str | None]]:
         raw.close()
 
 
+def _identity(metadata: RecordMetadata) -> tuple[str, str]:
+    return metadata.namespace, metadata.key_digest
+
+
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -166,15 +191,25 @@ def test_every_released_version_has_a_fixture() -> None:
 
 @pytest.mark.parametrize("fixture", RELEASED)
 def test_released_fixture_records_read_back(tmp_path: Path, fixture: str) -> None:
-    """Every record of a released file loads with its header, labels and payload intact."""
+    """Every record of a released file loads with its header, labels and payload intact.
+
+    Peeked and listed in every order, it has the same header too.
+    """
     path = load_fixture(fixture, tmp_path / "data" / "store.db")
+    upserts = fixture_upserts(fixture_version(fixture))
     with SQLiteSecureObjectStore.open(path) as store:
-        for upsert in fixture_upserts():
+        for upsert in upserts:
             header = upsert.header
             loaded = store.load(header.namespace, header.key_digest)
             assert loaded is not None
             assert loaded.metadata == upsert.metadata
             assert loaded.payload == upsert.payload
+            assert store.peek_metadata(header.namespace, header.key_digest) == upsert.metadata
+        for order in Order:
+            listed = [*store.list("orders", order=order).items, *store.list(UNICODE_NS).items]
+            assert sorted(listed, key=_identity) == sorted(
+                (upsert.metadata for upsert in upserts), key=_identity
+            )
         assert dict(store.namespace_counts()) == {"orders": 2, UNICODE_NS: 1}
         assert dict(store.key_id_counts()) == {"k1": 2, "k2": 1}
         big = store.list("orders", filters=[LabelFilter("n", 2**53, FilterOp.GT)]).items
@@ -304,10 +339,14 @@ def test_v3_upgrade_starts_the_epoch_at_zero_and_counts(tmp_path: Path) -> None:
 
 
 def test_v4_fixture_epoch_reads_back_and_grows(tmp_path: Path) -> None:
-    """A v4 file's epoch reads back, read-only too, and the next commit raises it."""
+    """A v4 file's epoch reads back through the upgrade, and the next commit raises it.
+
+    A read-only open refuses the v4 file now (it cannot migrate it); the v5
+    fixture shows the epoch read-only.
+    """
     path = load_fixture("schema_v4.sql", tmp_path / "data" / "store.db")
-    with SQLiteSecureObjectStore.open(path, read_only=True) as store:
-        assert store.epoch() == V4_EPOCH
+    with pytest.raises(StoreUnavailable):
+        SQLiteSecureObjectStore.open(path, read_only=True)
     with SQLiteSecureObjectStore.open(path) as store:
         assert store.epoch() == V4_EPOCH
         assert store.reserve_seals("k1", 1) == V2_SEAL_COUNTS["k1"] + 1
@@ -316,6 +355,63 @@ def test_v4_fixture_epoch_reads_back_and_grows(tmp_path: Path) -> None:
         assert store.epoch() == V4_EPOCH
         store.commit(UnitOfWork(upserts=[make_upsert("orders", "order-9")]))
         assert store.epoch() == V4_EPOCH + 1
+
+
+def test_v4_upgrade_adds_ledger_index_null_for_old_rows(tmp_path: Path) -> None:
+    """A v4 file gains ``ledger_index`` on open: its records keep none, new writes keep theirs.
+
+    Rows written before v5 had no ledger link, and no migration can invent
+    one: it is bound into each sealed payload's associated data.
+    """
+    path = load_fixture("schema_v4.sql", tmp_path / "data" / "store.db")
+    linked = make_upsert("orders", "order-1", b"v3", expected=2, ledger_index=4)
+    large = make_upsert("orders", "order-9", ledger_index=2**40)
+    with SQLiteSecureObjectStore.open(path) as store:
+        assert [meta.header.ledger_index for meta in store.list("orders").items] == [None, None]
+        store.commit(UnitOfWork(upserts=[linked, large]))
+        for upsert in (linked, large):
+            digest = upsert.header.key_digest
+            assert store.peek_metadata("orders", digest) == upsert.metadata
+        newest_first = store.list("orders", order=Order.WRITTEN_AT_DESC).items
+        assert {meta.key_digest: meta.header.ledger_index for meta in newest_first} == {
+            linked.header.key_digest: 4,
+            large.header.key_digest: 2**40,
+            natural_key_digest("orders", "order-2"): None,
+        }
+    raw = sqlite3.connect(path)
+    try:
+        assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+        stored = raw.execute("SELECT id, revision, ledger_index FROM records ORDER BY id")
+        assert stored.fetchall() == [(1, 1, None), (2, 7, None), (3, 3, 4), (4, 1, 2**40)]
+    finally:
+        raw.close()
+
+
+def test_v5_fixture_ledger_indexes_read_back_and_change(tmp_path: Path) -> None:
+    """A v5 file's ledger indexes read back, read-only too; a new revision replaces or drops one.
+
+    It holds v4's epoch, which a read-only open reads as well.
+    """
+    path = load_fixture("schema_v5.sql", tmp_path / "data" / "store.db")
+    digests = {key: natural_key_digest("orders", key) for key in ("order-1", "order-2")}
+    with SQLiteSecureObjectStore.open(path, read_only=True) as store:
+        assert store.epoch() == V4_EPOCH
+        run = store.peek_metadata(UNICODE_NS, natural_key_digest(UNICODE_NS, "run-1"))
+        assert run is not None
+        assert run.header.ledger_index == V5_LEDGER_INDEXES["run-1"]
+        listed = {meta.key_digest: meta.header.ledger_index for meta in store.list("orders").items}
+        assert listed == {digests["order-1"]: 3, digests["order-2"]: None}
+    with SQLiteSecureObjectStore.open(path) as store:
+        store.commit(
+            UnitOfWork(
+                upserts=[
+                    make_upsert("orders", "order-1", b"v3", expected=2),
+                    make_upsert("orders", "order-2", b"v2", expected=1, ledger_index=0),
+                ]
+            )
+        )
+        listed = {meta.key_digest: meta.header.ledger_index for meta in store.list("orders").items}
+        assert listed == {digests["order-1"]: None, digests["order-2"]: 0}
 
 
 def test_fresh_store_records_the_schema_version(tmp_path: Path) -> None:

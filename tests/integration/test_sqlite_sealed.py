@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from flowvault.adapters.sqlite._rows import metadata_from_row
 from flowvault.application import Guard, LabelFilter
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import FlowvaultError, IntegrityFailure
@@ -66,6 +67,8 @@ def _write_victim(vault: Runtime, key: str = "victim") -> None:
 
 
 def _flip(value: object) -> object:
+    if value is None:
+        return 0
     if isinstance(value, bytes):
         middle = len(value) // 2
         return value[:middle] + bytes([value[middle] ^ 0x01]) + value[middle + 1 :]
@@ -88,7 +91,7 @@ def test_every_record_column_is_covered(vault: Runtime) -> None:
     """The tamper matrix below knows every column of the records table."""
     known = IDENTITY_COLUMNS | INTERNAL_COLUMNS | {
         "revision", "sensitivity", "schema_version", "key_id", "written_at",
-        "labels", "byte_length", "payload_digest", "payload",
+        "ledger_index", "labels", "byte_length", "payload_digest", "payload",
     }  # fmt: skip
     assert set(_record_columns(vault)) == known
 
@@ -101,6 +104,7 @@ def test_every_record_column_is_covered(vault: Runtime) -> None:
         "schema_version",
         "key_id",
         "written_at",
+        "ledger_index",
         "labels",
         "byte_length",
         "payload_digest",
@@ -108,7 +112,10 @@ def test_every_record_column_is_covered(vault: Runtime) -> None:
     ],
 )
 def test_flipped_byte_in_a_sealed_column_fails_closed(vault: Runtime, column: str) -> None:
-    """Changing any stored field of a sealed record with raw SQL fails its read closed."""
+    """Changing any stored field of a sealed record with raw SQL fails its read closed.
+
+    The victim has no ledger index, so that column is flipped from NULL to 0.
+    """
     _write_victim(vault)
     _write_victim(vault, "bystander")
     digest = vault.repository.key_digest(NS, "victim")
@@ -194,3 +201,49 @@ def test_malformed_row_is_a_typed_error(vault: Runtime) -> None:
         raw.execute("UPDATE records SET sensitivity = 'top-secret', written_at = 'yesterday'")
     with pytest.raises(FlowvaultError):
         vault.repository.read(NS, "victim")
+
+
+@pytest.mark.parametrize(
+    ("stored", "kind"),
+    [("5_000", "text"), ("0x5", "text"), (b"\x05", "blob"), (2.5, "real"), (2**53, "integer")],
+)
+def test_ledger_index_that_is_not_an_index_is_a_malformed_row(
+    vault: Runtime, stored: object, kind: str
+) -> None:
+    """A ``ledger_index`` cell holding anything but NULL or an index in range is malformed.
+
+    Text such as ``5_000`` stays text in an INTEGER column, and lax validation
+    would read it as 5000; every read of the row refuses it instead.
+    """
+    _write_victim(vault)
+    digest = vault.repository.key_digest(NS, "victim")
+    with _raw(vault) as raw:
+        raw.execute("UPDATE records SET ledger_index = ? WHERE key_digest = ?", (stored, digest))
+        found = raw.execute(
+            "SELECT typeof(ledger_index) FROM records WHERE key_digest = ?", (digest,)
+        )
+        assert found.fetchone() == (kind,)
+    reads = (
+        lambda: vault.store.load(NS, digest),
+        lambda: vault.store.peek_metadata(NS, digest),
+        lambda: vault.store.list(NS),
+    )
+    for read in reads:
+        with pytest.raises(IntegrityFailure) as caught:
+            read()
+        assert caught.value.details == {"table": "records"}
+
+
+@pytest.mark.parametrize("stored", [True, "5", -1])
+def test_row_codec_refuses_a_ledger_index_a_driver_could_hand_back(stored: object) -> None:
+    """A boolean, numeric text or a negative number is refused by the row codec itself.
+
+    No bundled driver returns them for the column, but lax validation would take them.
+    """
+    row = (
+        NS, "sha256:" + "ab" * 32, 1, "confidential", 1, "k1", "2026-01-01T00:00:00.000000Z",
+        stored, "{}", 0, "sha256:" + "cd" * 32,
+    )  # fmt: skip
+    with pytest.raises(IntegrityFailure):
+        metadata_from_row(row)
+    assert metadata_from_row((*row[:7], 5, *row[8:])).header.ledger_index == 5
