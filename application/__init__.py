@@ -135,6 +135,7 @@ from flowvault.application._sealed import (
 from flowvault.application._state import (
     RESET_EVENT,
     STATE_NAMESPACE,
+    STATE_WRITTEN_EVENT,
     HistoryEvent,
     ResetOutcome,
     StateProbe,
@@ -222,6 +223,7 @@ __all__ = [
     "RUNS",
     "SEALED_BODY_VERSION",
     "STATE_NAMESPACE",
+    "STATE_WRITTEN_EVENT",
     "WITNESSES",
     "WORKFLOWS",
     "AntiRollback",

@@ -1,9 +1,12 @@
 """The workflow state repository: one sealed state document per scope, under CAS.
 
 Each scope (a host's bucket or profile) has one state row and one history
-stream in the ledger. Updates re-run a pure function from a fresh load when
-another writer got there first; resets write their audit event before they
-delete, so a crash in between leaves the trail and the data, never neither.
+stream in the ledger. Every write appends a ``workflow_state.written`` event
+in the same unit, and the row's header names that event's index, so a row
+replayed from an older revision is caught against the history. Updates
+re-run a pure function from a fresh load when another writer got there
+first; resets write their audit event before they delete, so a crash in
+between leaves the trail and the data, never neither.
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ from pydantic import BaseModel, ValidationError
 
 from flowvault.application._backoff import pause_after_conflict
 from flowvault.application._compaction import compact_after_commit
+from flowvault.application._freshness import StreamPolicy
 from flowvault.application._records import Delete, Guard, RecordMetadata, UnitOfWork, Upsert
-from flowvault.application._sealed import SealedRepository
+from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application._streams import keyed, next_position, read_stream
 from flowvault.domain import (
     REASON_PATTERN,
     SCOPE_PATTERN,
+    EnvelopeHeader,
     FlowvaultError,
     IntegrityFailure,
     InvalidInput,
@@ -37,6 +42,8 @@ from flowvault.domain import (
 
 STATE_NAMESPACE = "flowvault.workflow-state"
 RESET_EVENT = "workflow_state.reset"
+STATE_WRITTEN_EVENT = "workflow_state.written"
+"""Appended with every state write, last in its unit; its payload is the revision written."""
 DEFAULT_RETRIES = 8
 
 M = TypeVar("M", bound=BaseModel)
@@ -69,6 +76,27 @@ def _reason(reason_class: str | None, derived: Readability) -> str:
     if not isinstance(reason_class, str) or not REASON_PATTERN.fullmatch(reason_class):
         raise InvalidInput("a reason class is a short lowercase token such as 'corrupt'")
     return reason_class
+
+
+def _reset_of(event: LedgerEvent, header: EnvelopeHeader) -> bool:
+    """Whether ``event`` is a reset of exactly this row, interrupted before its delete."""
+    payload = event.payload
+    if event.type != RESET_EVENT or not isinstance(payload, dict):
+        return False
+    fingerprint = payload.get("fingerprint")
+    if not isinstance(fingerprint, dict):
+        return False
+    revision = fingerprint.get("revision")
+    return (
+        type(revision) is int
+        and revision == header.revision
+        and fingerprint.get("key_digest") == header.key_digest
+    )
+
+
+def _unbound_stale(head: LedgerEvent, _opened: SealedDocument) -> bool:
+    """Call a row without a ledger index stale once a write that names its event followed."""
+    return head.type == STATE_WRITTEN_EVENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +168,9 @@ class StateRepository(Generic[M]):
         self._sensitivity = sensitivity
         self._schema_version = schema_version
         self._retries = max_retries
+        self._fresh = StreamPolicy[SealedDocument](
+            "workflow state", repository, leaves_record=_reset_of, unbound_stale=_unbound_stale
+        )
 
     @property
     def scope(self) -> str:
@@ -152,24 +183,33 @@ class StateRepository(Generic[M]):
         """Return the state and the revision read, or an empty default when absent.
 
         Raises:
-            IntegrityFailure: the row does not verify, or was written under
-                another sensitivity class.
+            IntegrityFailure: the row does not verify, was written under
+                another sensitivity class, or is older than its history (a
+                later write or reset of the scope follows the event it names).
             SchemaTooNew: it was written under a newer schema than this repository's.
 
         """
-        opened = self._repo.read(
+        snapshot, _ = self._load()
+        return snapshot
+
+    def _load(self) -> tuple[StateSnapshot[M], LedgerEvent | None]:
+        """Return the state and the history head it was checked against."""
+        opened, head = self._fresh.read(self._store, history_stream(self._scope), self._read_row)
+        if opened is None:
+            return StateSnapshot(self._model(), None), head
+        try:
+            state = self._model.model_validate(opened.document)
+        except ValidationError:
+            raise IntegrityFailure("stored state does not match its model") from None
+        return StateSnapshot(state, opened.revision), head
+
+    def _read_row(self) -> SealedDocument | None:
+        return self._repo.read(
             STATE_NAMESPACE,
             self._scope,
             sensitivity=self._sensitivity,
             max_schema_version=self._schema_version,
         )
-        if opened is None:
-            return StateSnapshot(self._model(), None)
-        try:
-            state = self._model.model_validate(opened.document)
-        except ValidationError:
-            raise IntegrityFailure("stored state does not match its model") from None
-        return StateSnapshot(state, opened.revision)
 
     def probe(self) -> StateProbe[M]:
         """Return metadata, the state when it opens, and its readability class."""
@@ -208,8 +248,34 @@ class StateRepository(Generic[M]):
 
     # -- writing ---------------------------------------------------------------
 
-    def to_write(self, state: M, expected_revision: int | None) -> Upsert:
-        """Prepare (seal, do not commit) a state write guarded by ``expected_revision``."""
+    def to_write(self, state: M, expected_revision: int | None) -> UnitOfWork:
+        """Prepare (seal, do not commit) a state write guarded by ``expected_revision``.
+
+        The unit holds the sealed row and its ``workflow_state.written``
+        event; commit it as it is, or with its upserts and appends joined to
+        the host's own writes. The event's position is read now, so a unit
+        committed after another write of the scope fails as a conflict.
+        """
+        return self._unit(state, expected_revision, (), None)
+
+    def _unit(
+        self,
+        state: M,
+        expected_revision: int | None,
+        drafts: Sequence[HistoryEvent],
+        head: LedgerEvent | None,
+    ) -> UnitOfWork:
+        """Seal ``state`` bound to its written event, which follows ``drafts`` on ``head``."""
+        index, previous = _after(head) if head is not None else self._position()
+        upsert = self._seal(state, expected_revision, index + len(drafts))
+        written = HistoryEvent(STATE_WRITTEN_EVENT, {"revision": upsert.header.revision})
+        appends = self._events([*drafts, written], (index, previous))
+        return UnitOfWork(upserts=[upsert], appends=appends)
+
+    def _position(self) -> tuple[int, str]:
+        return next_position(self._store, history_stream(self._scope))
+
+    def _seal(self, state: M, expected_revision: int | None, ledger_index: int) -> Upsert:
         if not isinstance(state, self._model):
             raise InvalidInput(f"state must be a {self._model.__name__}")
         try:
@@ -223,6 +289,7 @@ class StateRepository(Generic[M]):
             expected=Guard.ABSENT if expected_revision is None else expected_revision,
             sensitivity=self._sensitivity,
             schema_version=self._schema_version,
+            ledger_index=ledger_index,
         )
 
     def save(self, state: M) -> int:
@@ -268,29 +335,29 @@ class StateRepository(Generic[M]):
         for attempt in range(self._retries):
             if attempt:
                 pause_after_conflict(attempt)
-            snapshot = self.load()
+            snapshot, head = self._load()
             new, writes, events = step(snapshot.state)
-            upsert = self.to_write(new, snapshot.revision)
+            own = self._unit(new, snapshot.revision, events, head)
             unit = UnitOfWork(
-                upserts=[upsert, *(w for w in writes if isinstance(w, Upsert))],
+                upserts=[*own.upserts, *(w for w in writes if isinstance(w, Upsert))],
                 deletes=[w for w in writes if isinstance(w, Delete)],
-                appends=self._events(events),
+                appends=own.appends,
             )
             try:
                 self._store.commit(unit)
             except RevisionConflict:
                 continue
-            return new, upsert.header.revision
+            return new, own.upserts[0].header.revision
         raise RevisionConflict(
             f"state of scope {self._scope!r} kept changing; gave up after {self._retries} tries",
             scope=self._scope,
         )
 
-    def _events(self, drafts: Sequence[HistoryEvent]) -> list[LedgerEvent]:
-        if not drafts:
-            return []
+    def _events(
+        self, drafts: Sequence[HistoryEvent], position: tuple[int, str]
+    ) -> list[LedgerEvent]:
         stream = history_stream(self._scope)
-        index, previous = next_position(self._store, stream)
+        index, previous = position
         now = self._repo.clock.now()
         events = []
         for draft in drafts:
@@ -346,7 +413,7 @@ class StateRepository(Generic[M]):
     def _append_reset(self, payload: JsonValue) -> None:
         for _ in range(self._retries):
             try:
-                appends = self._events([HistoryEvent(RESET_EVENT, payload)])
+                appends = self._events([HistoryEvent(RESET_EVENT, payload)], self._position())
                 self._store.commit(UnitOfWork(appends=appends))
             except RevisionConflict:
                 continue
@@ -356,6 +423,10 @@ class StateRepository(Generic[M]):
     def history(self) -> list[LedgerEvent]:
         """Return the scope's history stream, oldest first (retained events only)."""
         return list(read_stream(self._store, history_stream(self._scope)))
+
+
+def _after(head: LedgerEvent) -> tuple[int, str]:
+    return head.index + 1, head.event_hash
 
 
 @dataclass(frozen=True, slots=True)

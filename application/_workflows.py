@@ -9,12 +9,14 @@ or not at all.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
 
 from flowvault.application._compaction import compact_after_commit
+from flowvault.application._freshness import StreamPolicy
 from flowvault.application._records import (
     MAX_LIST_LIMIT,
     Delete,
@@ -95,6 +97,31 @@ def _ledger_only(conflict: RevisionConflict) -> bool:
     return conflict.details.get("guard") == "append"
 
 
+@dataclass(frozen=True, slots=True)
+class _Loaded:
+    """A workflow record as read, with the row it came from."""
+
+    record: WorkflowRecord
+    metadata: RecordMetadata
+
+
+def _leaves_record(event: LedgerEvent, _header: object) -> bool:
+    """Only events that name no state (tombstones) follow a record's own event."""
+    return event.to_state is None
+
+
+def _unbound_stale(head: LedgerEvent, loaded: _Loaded) -> bool:
+    """Hold a row without a ledger index to the newest event that wrote a record.
+
+    Every write committed its record and its event together, the event
+    stamped with the record's ``updated_at``.
+    """
+    if head.to_state is None:
+        return False
+    record = loaded.record
+    return (head.to_state, head.occurred_at) != (record.state, record.updated_at)
+
+
 class WorkflowService:
     """Create workflows, move them through their state machine, keep their evidence."""
 
@@ -111,6 +138,12 @@ class WorkflowService:
         self._clock = clock
         self._ids = ids
         self._machine = machine
+        self._fresh = StreamPolicy[_Loaded](
+            "workflow record",
+            repository,
+            leaves_record=_leaves_record,
+            unbound_stale=_unbound_stale,
+        )
 
     @property
     def machine(self) -> StateMachine:
@@ -155,7 +188,7 @@ class WorkflowService:
         marker = {"workflow_id": record.workflow_id, "fingerprint": fingerprint}
         unit = UnitOfWork(
             upserts=[
-                self._record_upsert(record, Guard.ABSENT),
+                self._record_upsert(record, Guard.ABSENT, event.index),
                 self._repo.prepare(
                     IDEMPOTENCY, order.idempotency_key, marker, expected=Guard.ABSENT
                 ),
@@ -179,8 +212,7 @@ class WorkflowService:
 
     def get(self, workflow_id: str) -> WorkflowRecord:
         """Return the workflow's current record; ``NotFound`` if there is none."""
-        record, _ = self._load(workflow_id)
-        return record
+        return self._load(workflow_id)
 
     def list_workflows(self, state: str | None = None, limit: int = 50) -> list[WorkflowRecord]:
         """Return workflows, optionally only those in ``state``, most recently written first.
@@ -204,28 +236,58 @@ class WorkflowService:
         )
         records = []
         for metadata in page.items:
-            stored = self._store.load(metadata.namespace, metadata.key_digest)
-            if stored is None:
-                continue
-            opened = self._repo.open(
-                stored, namespace=metadata.namespace, key_digest=metadata.key_digest
-            )
-            record = self._verified(opened)
-            if self._repo.key_digest(WORKFLOWS, record.workflow_id) != metadata.key_digest:
-                raise IntegrityFailure("workflow record names another workflow than its row")
-            records.append(record)
+            listed = self._listed(metadata)
+            loaded = None if listed is None else self._checked(listed)
+            if loaded is not None:
+                records.append(loaded.record)
         return records
 
-    def _load(self, workflow_id: str) -> tuple[WorkflowRecord, RecordMetadata]:
+    def _checked(self, listed: _Loaded) -> _Loaded | None:
+        """Check a listed row against its stream, reading it again only if it looked stale."""
+        workflow_id = listed.record.workflow_id
+        pending = [listed]
+
+        def read() -> _Loaded | None:
+            return pending.pop() if pending else self._read_row(workflow_id)
+
+        loaded, _ = self._fresh.read(self._store, stream_of(workflow_id), read)
+        return loaded
+
+    def _listed(self, metadata: RecordMetadata) -> _Loaded | None:
+        stored = self._store.load(metadata.namespace, metadata.key_digest)
+        if stored is None:
+            return None
+        opened = self._repo.open(
+            stored, namespace=metadata.namespace, key_digest=metadata.key_digest
+        )
+        record = self._verified(opened)
+        if self._repo.key_digest(WORKFLOWS, record.workflow_id) != metadata.key_digest:
+            raise IntegrityFailure("workflow record names another workflow than its row")
+        return _Loaded(record, opened.metadata)
+
+    def _read_row(self, workflow_id: str) -> _Loaded | None:
         opened = self._repo.read(WORKFLOWS, workflow_id)
         if opened is None:
-            raise NotFound("no such workflow", workflow_id=workflow_id)
+            return None
         record = self._verified(opened)
         if record.workflow_id != workflow_id:
             raise IntegrityFailure(
                 "workflow record disagrees with its row", workflow_id=workflow_id
             )
-        return record, opened.metadata
+        return _Loaded(record, opened.metadata)
+
+    def _read(self, workflow_id: str) -> tuple[WorkflowRecord, LedgerEvent | None]:
+        """Read the current record, checked against its stream, and the head it was checked on."""
+        loaded, head = self._fresh.read(
+            self._store, stream_of(workflow_id), lambda: self._read_row(workflow_id)
+        )
+        if loaded is None:
+            raise NotFound("no such workflow", workflow_id=workflow_id)
+        return loaded.record, head
+
+    def _load(self, workflow_id: str) -> WorkflowRecord:
+        record, _ = self._read(workflow_id)
+        return record
 
     @staticmethod
     def _verified(opened: SealedDocument) -> WorkflowRecord:
@@ -239,7 +301,10 @@ class WorkflowService:
             raise IntegrityFailure("workflow record disagrees with its row")
         return record
 
-    def _record_upsert(self, record: WorkflowRecord, expected: int | Guard) -> Upsert:
+    def _record_upsert(
+        self, record: WorkflowRecord, expected: int | Guard, ledger_index: int
+    ) -> Upsert:
+        """Seal a record bound to the index of the event committed with it."""
         document = {"record": record.model_dump(mode="json")}
         return self._repo.prepare(
             WORKFLOWS,
@@ -247,6 +312,7 @@ class WorkflowService:
             document,
             expected=expected,
             labels={"state": record.state},
+            ledger_index=ledger_index,
         )
 
     def _check_expected(
@@ -298,10 +364,7 @@ class WorkflowService:
         return keyed(event, self._repo)
 
     def _next_position(self, workflow_id: str) -> tuple[int, str]:
-        head = self._store.ledger_head(stream_of(workflow_id))
-        if head is None:
-            raise IntegrityFailure("workflow ledger is empty", workflow_id=workflow_id)
-        return head.index + 1, head.event_hash
+        return _position_after(self._store.ledger_head(stream_of(workflow_id)), workflow_id)
 
     def transition(
         self,
@@ -330,7 +393,7 @@ class WorkflowService:
         if event_type in DECISION_TYPES:
             raise InvalidInput("decision receipts are written with append_event, not transition")
         for _ in range(LEDGER_RETRIES):
-            current, _meta = self._load(workflow_id)
+            current, head = self._read(workflow_id)
             self._check_expected(current, expected_state, expected_version)
             self._machine.assert_transition(current.state, target)
             terminal = self._machine.is_terminal(target)
@@ -343,7 +406,7 @@ class WorkflowService:
                 output_content_hash=output_content_hash or current.output_content_hash,
                 stop_reason=stop_reason or current.stop_reason,
             )
-            index, previous = self._next_position(workflow_id)
+            index, previous = _position_after(head, workflow_id)
             event = self._event(
                 updated,
                 index=index,
@@ -353,7 +416,8 @@ class WorkflowService:
                 payload=payload or {},
             )
             unit = UnitOfWork(
-                upserts=[self._record_upsert(updated, current.state_version)], appends=[event]
+                upserts=[self._record_upsert(updated, current.state_version, index)],
+                appends=[event],
             )
             if self._commit_or_retry(unit, workflow_id, expected_state, expected_version):
                 if terminal:
@@ -370,7 +434,7 @@ class WorkflowService:
         except RevisionConflict as conflict:
             if _ledger_only(conflict):
                 return False
-            current, _ = self._load(workflow_id)
+            current = self._load(workflow_id)
             self._check_expected(current, expected_state, expected_version)
             raise
         return True
@@ -402,7 +466,7 @@ class WorkflowService:
             if replayed is not None:
                 return replayed
         for _ in range(LEDGER_RETRIES):
-            current, _meta = self._load(workflow_id)
+            current, head = self._read(workflow_id)
             self._check_expected(current, expected_state, expected_version)
             if event_type in DECISION_TYPES and current.state != DECISION_STATE:
                 raise InvalidTransition(
@@ -413,7 +477,7 @@ class WorkflowService:
             updated = current.model_copy(
                 update={"state_version": current.state_version + 1, "updated_at": self._clock.now()}
             )
-            index, previous = self._next_position(workflow_id)
+            index, previous = _position_after(head, workflow_id)
             key_digest = (
                 None if event_key is None else self._event_key_digest(workflow_id, event_key)
             )
@@ -426,7 +490,7 @@ class WorkflowService:
                 payload=body,
                 event_key=key_digest,
             )
-            upserts = [self._record_upsert(updated, current.state_version)]
+            upserts = [self._record_upsert(updated, current.state_version, index)]
             if event_key is not None:
                 marker = {"index": index}
                 upserts.append(
@@ -683,6 +747,12 @@ class WorkflowService:
     def compact(self) -> bool:
         """Ask the store to drop stale copies of scrubbed or purged bytes, if it can."""
         return self._store.compact() if isinstance(self._store, Compactor) else True
+
+
+def _position_after(head: LedgerEvent | None, workflow_id: str) -> tuple[int, str]:
+    if head is None:
+        raise IntegrityFailure("workflow ledger is empty", workflow_id=workflow_id)
+    return head.index + 1, head.event_hash
 
 
 def _mapping(document: JsonValue, metadata: RecordMetadata) -> dict[str, JsonValue]:

@@ -26,7 +26,7 @@ from flowvault.adapters.cli import (
     fingerprint_lines,
     short,
 )
-from flowvault.application import reset_progress
+from flowvault.application import RESET_EVENT, STATE_WRITTEN_EVENT, reset_progress
 from flowvault.composition._bootstrap import Runtime, bootstrap
 from flowvault.composition._cli_base import Verbs, add_verb, expanded
 from flowvault.composition._settings import Settings, check_os_path
@@ -417,9 +417,11 @@ def _recovery(s: _Scenario) -> StepReport:
     expect(outcome.fingerprint == s.fingerprint, "the reset fingerprinted another state")
     expect(state.load().revision is None, "the state is still there after the reset")
     history = state.history()
+    revision = s.fingerprint.revision if s.fingerprint is not None else None
+    writes = [STATE_WRITTEN_EVENT] * (revision or 0)
     expect(
-        [event.type for event in history] == ["workflow_state.reset"] and verify_chain(history).ok,
-        "the scope's history does not show one verified reset event",
+        [event.type for event in history] == [*writes, RESET_EVENT] and verify_chain(history).ok,
+        "the scope's history does not show each state write, then the reset, verified",
     )
     intact = verify_chain(s.runtime.workflows.events(s.workflow_id)).ok
     expect(intact, "the workflow ledger no longer verifies after the reset")

@@ -15,7 +15,7 @@ from cli_helpers import cli_env as _env
 from cli_helpers import json_document as _document
 from cli_helpers import run_cli as _run
 
-from flowvault.application import RESET_EVENT
+from flowvault.application import RESET_EVENT, STATE_WRITTEN_EVENT
 from flowvault.composition import Settings, bootstrap
 from flowvault.domain import WorkflowState
 
@@ -94,7 +94,7 @@ def test_dry_run_fingerprints_without_deleting(tmp_path: Path) -> None:
         snapshot = runtime.state("main").load()
         assert snapshot.revision == 1
         assert snapshot.state.model_dump() == {"step": 3, "note": MARKER}
-        assert runtime.state("main").history() == []
+        assert [e.type for e in runtime.state("main").history()] == [STATE_WRITTEN_EVENT]
 
 
 def test_reset_deletes_state_and_records_a_plaintext_free_event(tmp_path: Path) -> None:
@@ -130,9 +130,10 @@ def test_reset_deletes_state_and_records_a_plaintext_free_event(tmp_path: Path) 
         assert main.load().revision is None
         events = main.history()
         other = runtime.state("other").load()
-        assert runtime.state("other").history() == []
-    assert [event.type for event in events] == [RESET_EVENT]
-    payload = events[0].payload
+        other_history = runtime.state("other").history()
+    assert [event.type for event in other_history] == [STATE_WRITTEN_EVENT]
+    assert [event.type for event in events] == [STATE_WRITTEN_EVENT, RESET_EVENT]
+    payload = events[1].payload
     assert isinstance(payload, dict)
     assert payload["fingerprint"] == fingerprint
     assert payload["actor"] == "ops"
@@ -246,7 +247,7 @@ def test_tty_declined_confirmation_keeps_the_state(tmp_path: Path) -> None:
     assert MARKER not in shown
     assert _revision(home) == 1
     with bootstrap(_settings(home)) as runtime:
-        assert runtime.state("main").history() == []
+        assert [e.type for e in runtime.state("main").history()] == [STATE_WRITTEN_EVENT]
 
 
 def test_tty_accepted_confirmation_resets(tmp_path: Path) -> None:

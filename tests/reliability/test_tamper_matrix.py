@@ -1235,7 +1235,7 @@ def restore_tables(raw: sqlite3.Connection, dump: Sequence[Sequence[tuple[object
 
 
 RECORD_COLUMNS: Final = (
-    "revision", "sensitivity", "schema_version", "key_id", "written_at",
+    "revision", "sensitivity", "schema_version", "key_id", "written_at", "ledger_index",
     "labels", "byte_length", "payload_digest", "payload",
 )  # fmt: skip
 """A record row's stored fields besides its id and identity (namespace, key digest)."""
@@ -1800,17 +1800,17 @@ def _refused_decision(world: World) -> None:
 
 
 def test_replayed_rows(world: World) -> None:
-    """An older row replayed whole (ciphertext with its own revision) reads back as valid.
+    """An older row replayed whole (ciphertext with its own revision): what still sees it.
 
-    This is the rollback a single-node store cannot see: the older row is
-    authentic, so it opens, and nothing on the node remembers that a newer
-    revision existed. Replayed checkpoints and approvals even accept a second
-    consumption or decision; a deleted row (rolled back to absent) reads as
-    never written. Only the ciphertext of an older revision under the newer
-    header fails. Known limit, until rows are anchored outside the
-    store (anti-rollback anchors and MAC'd heads are a later issue); a kept
-    ``ledger head`` receipt shows a rollback only when the ledger was rolled
-    back with the row.
+    The older row is authentic, so it opens. State rows and workflow records
+    name the ledger event that wrote them, and their streams hold a later
+    writer, so reading them fails. Graph runs, checkpoints and approvals
+    have no such link: they read back as valid, and replayed checkpoints and
+    approvals even accept a second consumption or decision. A deleted row
+    (rolled back to absent) reads as never written, and a state row rolled
+    back together with its stream is a truncation, shown only by a kept
+    ``ledger head`` receipt. The ciphertext of an older revision under the
+    newer header fails on open.
     """
     watch = reliability.Stopwatch()
     old = _advance(world)
@@ -1819,7 +1819,7 @@ def test_replayed_rows(world: World) -> None:
         Attack(
             "replay an older state row (ciphertext and revision together)",
             _replay(_state_row("main"), old.state),
-            None,
+            "INTEGRITY_FAILURE",
         ),
         Attack(
             "replay an older state row and roll its history ledger and head row back",
@@ -1830,7 +1830,7 @@ def test_replayed_rows(world: World) -> None:
         Attack(
             "replay an older workflow record (an earlier state and version)",
             _replay(_workflow_row(1), old.workflow),
-            None,
+            "INTEGRITY_FAILURE",
         ),
         Attack(
             "replay an older workflow record but leave its label index rows newer",

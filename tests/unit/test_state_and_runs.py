@@ -16,6 +16,7 @@ from flowvault.application import (
     RESET_EVENT,
     RUNS,
     STATE_NAMESPACE,
+    STATE_WRITTEN_EVENT,
     Guard,
     HistoryEvent,
     RunRepository,
@@ -217,21 +218,23 @@ def test_update_with_events_appends_to_history(world: World) -> None:
     state.update_with_events(fn)
     state.update_with_events(fn)
     history = state.history()
-    assert [e.type for e in history] == ["step.done", "note.added"] * 2
-    assert [e.index for e in history] == [0, 1, 2, 3]
+    assert [e.type for e in history] == ["step.done", "note.added", STATE_WRITTEN_EVENT] * 2
+    assert [e.index for e in history] == [0, 1, 2, 3, 4, 5]
     assert history[0].payload == {"step": 0, "password": "[REDACTED]"}
-    assert history[2].payload == {"step": 1, "password": "[REDACTED]"}
+    assert history[3].payload == {"step": 1, "password": "[REDACTED]"}
+    assert [history[2].payload, history[5].payload] == [{"revision": 1}, {"revision": 2}]
 
 
 def test_to_write_lets_hosts_compose_units(world: World) -> None:
     """A prepared state write commits in a host's own unit of work, with its own guard."""
     state = world.state()
-    upsert = state.to_write(Counter(count=3), expected_revision=None)
+    unit = state.to_write(Counter(count=3), expected_revision=None)
     other = world.repository.prepare("host", "thing", {"ok": True}, expected=Guard.ABSENT)
-    world.store.commit(UnitOfWork(upserts=[upsert, other]))
+    world.store.commit(UnitOfWork(upserts=[*unit.upserts, other], appends=unit.appends))
     assert state.load().revision == 1
+    assert [e.type for e in state.history()] == [STATE_WRITTEN_EVENT]
     with pytest.raises(RevisionConflict):
-        world.store.commit(UnitOfWork(upserts=[state.to_write(Counter(), expected_revision=None)]))
+        world.store.commit(state.to_write(Counter(), expected_revision=None))
     with pytest.raises(InvalidInput):
         state.to_write(WorkflowState(), expected_revision=1)  # type: ignore[arg-type]
 
@@ -307,8 +310,8 @@ def test_reset_records_then_deletes_only_the_state(world: World) -> None:
     assert fingerprint.reason_class == "corrupt"
     assert world.state().load().revision is None
     assert world.state("other").load().state.count == 9
-    (event,) = world.state().history()
-    assert event.type == RESET_EVENT
+    written, event = world.state().history()
+    assert (written.type, event.type) == (STATE_WRITTEN_EVENT, RESET_EVENT)
     assert isinstance(event.payload, dict)
     assert event.payload["actor"] == "ops"
     assert event.payload["source"] == "test"
@@ -338,10 +341,14 @@ def test_crash_between_event_and_delete_is_recoverable(world: World) -> None:
     crashing = SealedRepository(CrashOnDelete(world.store), AesGcmCipher(KEY), world.clock)  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match="injected crash"):
         StateRepository(crashing, "main", model=Counter).reset(actor="ops", source="test")
-    assert [e.type for e in world.state().history()] == [RESET_EVENT]
+    assert [e.type for e in world.state().history()] == [STATE_WRITTEN_EVENT, RESET_EVENT]
     assert world.state().load().state.count == 1
     world.state().reset(actor="ops", source="retry")
-    assert [e.type for e in world.state().history()] == [RESET_EVENT, RESET_EVENT]
+    assert [e.type for e in world.state().history()] == [
+        STATE_WRITTEN_EVENT,
+        RESET_EVENT,
+        RESET_EVENT,
+    ]
     assert world.state().load().revision is None
 
 
@@ -351,7 +358,7 @@ def test_reset_progress_dry_run_and_cold_root(world: World) -> None:
     dry = reset_progress(world.state(), "main", actor="ops", source="t", dry_run=True)
     assert (dry.applied, dry.cold_root) == (False, False)
     assert world.state().load().revision == 1
-    assert world.state().history() == []
+    assert [e.type for e in world.state().history()] == [STATE_WRITTEN_EVENT]
     cold = reset_progress(None, "main", actor="ops", source="t")
     assert cold.cold_root
     assert cold.fingerprint.readability is Readability.ABSENT
