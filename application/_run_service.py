@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from flowvault.application._approval_support import _horizon
 from flowvault.application._compaction import compact_after_commit
+from flowvault.application._freshness import StreamPolicy
 from flowvault.application._graph import (
     RETENTION_TOMBSTONE,
     KeyedDigester,
@@ -108,6 +109,24 @@ class GraphRunPage:
 
 
 @dataclass(frozen=True, slots=True)
+class _LoadedRun:
+    """A run as read, with the row it came from."""
+
+    run: GraphRun
+    metadata: RecordMetadata
+
+
+def _leaves_run(event: LedgerEvent, _header: object) -> bool:
+    """Caller, approval and retention events follow a run's own ``run.*`` event freely."""
+    return not event.type.startswith("run.")
+
+
+def _unbound_run_stale(head: LedgerEvent, loaded: _LoadedRun) -> bool:
+    """Hold a run row without a ledger index to the status its newest ``run.*`` event set."""
+    return head.type.startswith("run.") and head.to_state != loaded.run.status
+
+
+@dataclass(frozen=True, slots=True)
 class _Draft:
     """An event before its position in the stream is known."""
 
@@ -150,6 +169,12 @@ class RunService:
         self._clock = clock
         self._ids = ids
         self._integrity = integrity
+        self._fresh = StreamPolicy[_LoadedRun](
+            "run record",
+            repository,
+            leaves_record=_leaves_run,
+            unbound_stale=_unbound_run_stale,
+        )
 
     # -- definitions ------------------------------------------------------------
 
@@ -388,8 +413,9 @@ class RunService:
         accepted = _Draft(
             "run.accepted", {"definition_version": run.definition_version}, None, run.status
         )
+        appends = self._chain(run_id, [accepted], run.started_at)
         upserts = [
-            self._run_upsert(run, Guard.ABSENT),
+            self._run_upsert(run, Guard.ABSENT, appends[-1].index),
             self._head_upsert(definition_id, current, head_revision),
         ]
         if idempotency_key is not None:
@@ -399,7 +425,6 @@ class RunService:
                     GRAPH_RUN_IDEMPOTENCY, idempotency_key, marker, expected=Guard.ABSENT
                 )
             )
-        appends = self._chain(run_id, [accepted], run.started_at)
         return run, UnitOfWork(upserts=upserts, appends=appends)
 
     def _replay(self, idempotency_key: str, fingerprint: str) -> GraphRun | None:
@@ -419,15 +444,25 @@ class RunService:
         return self._load(run_id)
 
     def _load(self, run_id: str) -> GraphRun:
+        """Read the current run, checked against the ``run.*`` events of its stream."""
+        loaded, _ = self._fresh.read(
+            self._store, run_stream(run_id), lambda: self._read_row(run_id)
+        )
+        if loaded is None:
+            raise NotFound("no such run", run_id=run_id)
+        return loaded.run
+
+    def _read_row(self, run_id: str) -> _LoadedRun | None:
         opened = self._repo.read(GRAPH_RUNS, run_id)
         if opened is None:
-            raise NotFound("no such run", run_id=run_id)
+            return None
         run = _run(opened)
         if run.run_id != run_id:
             raise IntegrityFailure("run record disagrees with its row", run_id=run_id)
-        return run
+        return _LoadedRun(run, opened.metadata)
 
-    def _run_upsert(self, run: GraphRun, expected: int | Guard) -> Upsert:
+    def _run_upsert(self, run: GraphRun, expected: int | Guard, ledger_index: int) -> Upsert:
+        """Seal a run bound to the index of the last event committed with it."""
         labels: dict[str, LabelValue] = {
             "status": run.status,
             "definition": self._definition_digest(run.definition_id),
@@ -442,6 +477,7 @@ class RunService:
             {"run": run.model_dump(mode="json")},
             expected=expected,
             labels=labels,
+            ledger_index=ledger_index,
         )
 
     def set_status(
@@ -485,9 +521,10 @@ class RunService:
                 current.status,
                 target,
             )
+            appends = self._chain(run_id, [moved], now)
             unit = UnitOfWork(
-                upserts=[self._run_upsert(updated, current.revision)],
-                appends=self._chain(run_id, [moved], now),
+                upserts=[self._run_upsert(updated, current.revision, appends[-1].index)],
+                appends=appends,
             )
             if self._commit_or_retry(unit, run_id, expected_status):
                 return updated
@@ -512,12 +549,25 @@ class RunService:
         page = self._store.list(
             GRAPH_RUNS, filters=filters, order=Order.WRITTEN_AT_DESC, cursor=cursor, limit=limit
         )
-        runs = tuple(self._listed_run(meta) for meta in page.items)
+        runs = tuple(self._checked(self._listed_run(meta)) for meta in page.items)
         return GraphRunPage(
             runs=tuple(run for run in runs if run is not None), next_cursor=page.next_cursor
         )
 
-    def _listed_run(self, metadata: RecordMetadata) -> GraphRun | None:
+    def _checked(self, listed: _LoadedRun | None) -> GraphRun | None:
+        """Check a listed run against its stream, reading it again only if it looked stale."""
+        if listed is None:
+            return None
+        run_id = listed.run.run_id
+        pending = [listed]
+
+        def read() -> _LoadedRun | None:
+            return pending.pop() if pending else self._read_row(run_id)
+
+        loaded, _ = self._fresh.read(self._store, run_stream(run_id), read)
+        return None if loaded is None else loaded.run
+
+    def _listed_run(self, metadata: RecordMetadata) -> _LoadedRun | None:
         """Open a listed run, or ``None`` if it vanished since the listing."""
         record = self._store.load(metadata.namespace, metadata.key_digest)
         if record is None:
@@ -527,7 +577,7 @@ class RunService:
         )
         if self._repo.key_digest(GRAPH_RUNS, run.run_id) != metadata.key_digest:
             raise IntegrityFailure("run record names another run than its row")
-        return run
+        return _LoadedRun(run, metadata)
 
     def recover_incomplete_runs(self) -> int:
         """Mark every accepted or running run interrupted; return how many were marked.
@@ -547,7 +597,7 @@ class RunService:
             if not page.items:
                 break
             marked = 0
-            for run in filter(None, map(self._listed_run, page.items)):
+            for run in filter(None, map(self._checked, map(self._listed_run, page.items))):
                 try:
                     self.set_status(
                         run.run_id,
@@ -687,7 +737,7 @@ class RunService:
             receipt = self._signed(integrity, updated, final_digest, appended, now)
             unit = UnitOfWork(
                 upserts=[
-                    self._run_upsert(updated, current.revision),
+                    self._run_upsert(updated, current.revision, appended[-1].index),
                     self._repo.prepare(
                         GRAPH_RUN_RECEIPTS,
                         run_id,
@@ -783,7 +833,8 @@ class RunService:
         appends: list[LedgerEvent] = []
         now = self._clock.now()
         for metadata in listed:
-            run = self._listed_run(metadata)
+            loaded = self._listed_run(metadata)
+            run = None if loaded is None else loaded.run
             if run is None or run.finished_at is None:
                 continue
             payload: dict[str, JsonValue] = {

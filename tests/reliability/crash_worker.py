@@ -164,8 +164,9 @@ class LoopWriter:
         """Advance a scope's state; half the time with a history event in the same unit.
 
         The document counts its own updates (``step``) and history events
-        (``events``), so a half-applied unit shows as a mismatch with the
-        revision or the history head.
+        (``events``); every update also appends its ``workflow_state.written``
+        event, so the history head sits at ``step + events`` and a
+        half-applied unit shows as a mismatch with the revision or that head.
         """
         scope = self._rng.choice(self._task["scopes"])
         repo = self._rt.state(scope)

@@ -63,6 +63,7 @@ from flowvault.domain import (
     GENESIS_HASH,
     CheckpointStatus,
     FlowvaultError,
+    IntegrityFailure,
     LedgerEvent,
     WorkOrder,
     checkpoint_id_for,
@@ -462,7 +463,11 @@ class LoopChecker:
         found = []
         store = runtime.store
         for workflow_id in self.world.workflows:
-            record = runtime.workflows.get(workflow_id)
+            try:
+                record = runtime.workflows.get(workflow_id)
+            except IntegrityFailure as failure:
+                found.append(Anomaly("half", f"workflow {workflow_id}: {failure}"))
+                continue
             head = store.ledger_head(stream_of(workflow_id))
             if head is None or (head.index + 1, head.to_state) != (
                 record.state_version,
@@ -481,7 +486,8 @@ class LoopChecker:
             revision = snapshot.revision or 0
             head = store.ledger_head(history_stream(scope))
             history = 0 if head is None else head.index + 1
-            if document.get("step", 0) != revision or document.get("events", 0) != history:
+            events = document.get("events", 0)
+            if document.get("step", 0) != revision or events + revision != history:
                 found.append(
                     Anomaly(
                         "half",
@@ -566,9 +572,13 @@ def _has_update(_: LoopChecker, runtime: Runtime, ack: dict[str, Any]) -> bool:
     snapshot = runtime.state(ack["scope"]).load()
     if (snapshot.revision or 0) < ack["rev"]:
         return False
+    stream = history_stream(ack["scope"])
+    written = _event_at(runtime, stream, ack["events"] + ack["rev"] - 1)
+    if written is None or written.payload != {"revision": ack["rev"]}:
+        return False
     if not ack["history"]:
         return True
-    event = _event_at(runtime, history_stream(ack["scope"]), ack["events"] - 1)
+    event = _event_at(runtime, stream, ack["events"] + ack["rev"] - 2)
     return event is not None and event.payload == {"step": ack["rev"]}
 
 

@@ -32,7 +32,7 @@ from apsw_driver import Action, FaultPlan, FaultVFS
 
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.adapters.sqlite._connect import Synchronous
-from flowvault.application import HistoryEvent, stream_of
+from flowvault.application import STATE_WRITTEN_EVENT, HistoryEvent, stream_of
 from flowvault.application.testing import FrozenClock
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
@@ -55,7 +55,11 @@ MAX_POINT = 32
 
 Entry: TypeAlias = tuple[object, ...] | None
 Model: TypeAlias = dict[str, Entry]
-"""``wf:<id>`` -> (state, version, events); ``scope:<name>`` -> (revision, step, history)."""
+"""``wf:<id>`` -> (state, version, events); ``scope:<name>`` -> (revision, step, calls).
+
+A scope's calls are its history events other than ``workflow_state.written``:
+one per update (its own event) and one per reset.
+"""
 
 
 class PlannedIds:
@@ -234,7 +238,8 @@ def _observe_scope(runtime: Runtime, scope: str) -> Entry:
     verify_chain(history).raise_for_defect()
     snapshot = state.load()
     step = snapshot.state.model_dump().get("step") if snapshot.revision is not None else None
-    entry = (snapshot.revision, step, len(history))
+    calls = sum(event.type != STATE_WRITTEN_EVENT for event in history)
+    entry = (snapshot.revision, step, calls)
     return None if entry == (None, None, 0) else entry
 
 

@@ -305,7 +305,7 @@ def record_payload(bench: Bench) -> list[Boundary]:
 
     state = bench.runtime.state(bench.fresh("payload"))
     state_pad = _solve(
-        lambda size: len(state.to_write(WorkflowState(pad="x" * size), None).payload),
+        lambda size: len(state.to_write(WorkflowState(pad="x" * size), None).upserts[0].payload),
         MAX_PAYLOAD_BYTES,
     )
 

@@ -956,9 +956,7 @@ class VaultMachine(RuleBasedStateMachine):
             f"state write ({how})",
             f"write state {scope} at {expected}",
             predicted,
-            lambda: self.runtime.store.commit(
-                UnitOfWork(upserts=[state.to_write(WorkflowState(step=step), expected)])
-            ),
+            lambda: self.runtime.store.commit(state.to_write(WorkflowState(step=step), expected)),
         )
 
     def _reset_state(self, scope: str) -> None:

@@ -1619,7 +1619,9 @@ def test_ledger_row_edits(world: World) -> None:
     attacker who removes genuine events and rewrites the head row (or forges
     a retention trim) is not detected by the store: that is a known limit of
     a single-node store without an external anchor, and a ``ledger head``
-    receipt kept from before shows it.
+    receipt kept from before shows it. The exception is a newest event that
+    a bound record names (a run's own ``run.*`` event): the record then
+    names an event its stream lacks, and reading it fails.
     """
     watch = reliability.Stopwatch()
     attacks = [
@@ -1644,8 +1646,7 @@ def test_ledger_row_edits(world: World) -> None:
         Attack(
             "delete the newest event and move the head row back",
             _delete(-1, move_head=True),
-            None,
-            receipt=True,
+            "INTEGRITY_FAILURE",
         ),
         Attack("delete the first event", _delete(0), "INTEGRITY_FAILURE"),
         Attack(
@@ -1802,11 +1803,11 @@ def _refused_decision(world: World) -> None:
 def test_replayed_rows(world: World) -> None:
     """An older row replayed whole (ciphertext with its own revision): what still sees it.
 
-    The older row is authentic, so it opens. State rows and workflow records
-    name the ledger event that wrote them, and their streams hold a later
-    writer, so reading them fails. Graph runs, checkpoints and approvals
-    have no such link: they read back as valid, and replayed checkpoints and
-    approvals even accept a second consumption or decision. A deleted row
+    The older row is authentic, so it opens. State rows, workflow records
+    and graph runs name the ledger event that wrote them, and their streams
+    hold a later writer, so reading them fails. Checkpoints and approvals
+    have no such link: they read back as valid, and even accept a second
+    consumption or decision. A deleted row
     (rolled back to absent) reads as never written, and a state row rolled
     back together with its stream is a truncation, shown only by a kept
     ``ledger head`` receipt. The ciphertext of an older revision under the
@@ -1840,7 +1841,7 @@ def test_replayed_rows(world: World) -> None:
         Attack(
             "replay a graph run at an earlier status",
             _replay(lambda w: record_id(w, GRAPH_RUNS, w.catalog.runs[1]), old.run),
-            None,
+            "INTEGRITY_FAILURE",
         ),
         Attack(
             "replay a consumed checkpoint as pending (it is consumed again)",

@@ -402,7 +402,12 @@ class StoreModel:
         """``save`` writes whatever is stored; the revision advances by one."""
         current = self.states.get(scope)
         revision = 1 if current is None else current[1] + 1
+        return self._written(scope, step, revision)
+
+    def _written(self, scope: str, step: int, revision: int) -> Outcome[int]:
+        """Every state write appends its ``workflow_state.written`` event to the scope."""
         self.states[scope] = (step, revision)
+        self.scope_events[scope] = self.scope_events.get(scope, 0) + 1
         return Outcome(value=revision)
 
     def write_state(self, scope: str, step: int, expected: int | None) -> Outcome[int]:
@@ -410,9 +415,7 @@ class StoreModel:
         current = self.states.get(scope)
         if (None if current is None else current[1]) != expected:
             return refused(REVISION_CONFLICT)
-        revision = 1 if expected is None else expected + 1
-        self.states[scope] = (step, revision)
-        return Outcome(value=revision)
+        return self._written(scope, step, 1 if expected is None else expected + 1)
 
     def reset_state(self, scope: str) -> Outcome[Reset]:
         """Record the reset event in every case; delete the row, if there is one."""

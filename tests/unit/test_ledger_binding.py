@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from flowvault.adapters.crypto import AesGcmCipher, derive_integrity_key
 from flowvault.application import (
+    GRAPH_RUNS,
     RESET_EVENT,
     STATE_NAMESPACE,
     STATE_WRITTEN_EVENT,
@@ -23,6 +24,7 @@ from flowvault.application import (
     Delete,
     Guard,
     LedgerPage,
+    RunService,
     SealedRepository,
     SecureObjectStore,
     StateRepository,
@@ -30,6 +32,7 @@ from flowvault.application import (
     UnitOfWork,
     Upsert,
     WorkflowService,
+    run_stream,
     stream_of,
 )
 from flowvault.application.testing import FrozenClock, SequentialIds
@@ -64,6 +67,9 @@ class World:
         self.clock = FrozenClock()
         self.repository = SealedRepository(store, AesGcmCipher(KEY), self.clock)
         self.service = WorkflowService(self.repository, self.clock, SequentialIds("wf"))
+        self.runs = RunService(
+            self.repository, self.clock, SequentialIds("run"), integrity=self.repository
+        )
 
     def over(self, store: SecureObjectStore) -> WorkflowService:
         """Return a service reading through ``store`` (a wrapper around this world's store)."""
@@ -469,3 +475,47 @@ def test_a_host_unit_from_to_write_binds_the_row(world: World) -> None:
     with pytest.raises(RevisionConflict):
         world.store.commit(late)
     assert state.load().state.count == 5
+
+
+# -- graph runs ---------------------------------------------------------------
+
+
+def _run(world: World) -> str:
+    world.runs.register_definition("triage", {"nodes": ["plan"]})
+    run, _ = world.runs.start_run("triage", {"ask": SECRET})
+    return run.run_id
+
+
+def test_each_run_write_names_its_last_run_event(world: World) -> None:
+    """start, set_status and finish_run bind the run to the last event of their unit."""
+    run_id = _run(world)
+    assert world.row(GRAPH_RUNS, run_id).metadata.header.ledger_index == 0
+    world.runs.set_status(run_id, "running", expected_status="accepted")
+    assert world.row(GRAPH_RUNS, run_id).metadata.header.ledger_index == 1
+    world.runs.append_run_events(run_id, [("node.done", {"node": "plan"})])
+    assert world.runs.get_run(run_id).status == "running"
+    world.runs.finish_run(
+        run_id,
+        "completed",
+        expected_status="running",
+        final_state={"ok": True},
+        events=[("node.summary", {})],
+    )
+    head = world.store.ledger_head(run_stream(run_id))
+    assert head is not None
+    assert (head.type, head.index) == ("run.completed", 4)
+    assert world.row(GRAPH_RUNS, run_id).metadata.header.ledger_index == 4
+    assert world.runs.get_run(run_id).status == "completed"
+
+
+def test_a_replayed_run_is_refused_by_reads_and_listings(world: World) -> None:
+    """A run put back at an earlier status names an event a later run.* event follows."""
+    run_id = _run(world)
+    old = world.row(GRAPH_RUNS, run_id)
+    world.runs.set_status(run_id, "running", expected_status="accepted")
+    world.runs.append_run_events(run_id, [("node.done", {})])
+    world.replay(old)
+    _stale(lambda: world.runs.get_run(run_id))
+    _stale(world.runs.list_runs)
+    _stale(lambda: world.runs.set_status(run_id, "running", expected_status="accepted"))
+    _stale(world.runs.recover_incomplete_runs)
