@@ -171,6 +171,16 @@ def check_stream_page(
         )
 
 
+def head_index(rows: Sequence[Row]) -> int | None:
+    """Return a stream's head index from ``LEDGER_HEAD_INDEX`` rows; ``None`` when empty."""
+    if not rows:
+        return None
+    index = rows[0][0]
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise malformed("ledger_events")
+    return index
+
+
 def stored_epoch(rows: Sequence[Row]) -> int:
     """Return the commit count from its single stored row.
 

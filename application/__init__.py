@@ -176,6 +176,7 @@ from flowvault.application.ports import (
     StoreEpoch,
     StoreStats,
     StreamCatalog,
+    StreamHeads,
     Vacuumer,
 )
 
@@ -291,6 +292,7 @@ __all__ = [
     "StreamAudit",
     "StreamCatalog",
     "StreamFailure",
+    "StreamHeads",
     "UnitOfWork",
     "UnreadableRecord",
     "Upsert",

@@ -96,8 +96,15 @@ class StreamPolicy(Generic[_O]):
         store: SecureObjectStore,
         stream: str,
         read: Callable[[], _O | None],
+        *,
+        with_head: bool = True,
     ) -> tuple[_O | None, LedgerEvent | None]:
         """Read a row with ``read`` and return it with the head it was checked against.
+
+        A writer needs the head event to chain its own onto. A reader does
+        not (``with_head=False``): when the stream's head index is the one
+        the row names, the row is current and no event is decoded at all,
+        and the head returned is ``None``.
 
         Raises:
             IntegrityFailure: the row is older than its stream says, and it
@@ -107,6 +114,8 @@ class StreamPolicy(Generic[_O]):
         """
         for _ in range(FRESH_READ_TRIES):
             opened = read()
+            if not with_head and _named_head(store, stream, opened):
+                return opened, None
             head = store.ledger_head(stream)
             if opened is None:
                 return None, head
@@ -124,6 +133,21 @@ class StreamPolicy(Generic[_O]):
                     ledger_index=metadata.header.ledger_index,
                 )
         raise RevisionConflict(f"{self._what} kept changing while it was read; retry")
+
+
+def _named_head(store: SecureObjectStore, stream: str, opened: _Opened | None) -> bool:
+    """Whether the row is absent, or names the stream's head by its index alone.
+
+    The ``StreamHeads`` capability is looked up by attribute: a runtime
+    protocol check costs more than the query it would save.
+    """
+    if opened is None:
+        return True
+    bound = opened.metadata.header.ledger_index
+    if bound is None:
+        return False
+    head_index: Callable[[str], int | None] | None = getattr(store, "ledger_head_index", None)
+    return head_index is not None and head_index(stream) == bound
 
 
 def _same_row(now: RecordMetadata, then: RecordMetadata) -> bool:

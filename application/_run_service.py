@@ -446,7 +446,7 @@ class RunService:
     def _load(self, run_id: str) -> GraphRun:
         """Read the current run, checked against the ``run.*`` events of its stream."""
         loaded, _ = self._fresh.read(
-            self._store, run_stream(run_id), lambda: self._read_row(run_id)
+            self._store, run_stream(run_id), lambda: self._read_row(run_id), with_head=False
         )
         if loaded is None:
             raise NotFound("no such run", run_id=run_id)
@@ -564,7 +564,7 @@ class RunService:
         def read() -> _LoadedRun | None:
             return pending.pop() if pending else self._read_row(run_id)
 
-        loaded, _ = self._fresh.read(self._store, run_stream(run_id), read)
+        loaded, _ = self._fresh.read(self._store, run_stream(run_id), read, with_head=False)
         return None if loaded is None else loaded.run
 
     def _listed_run(self, metadata: RecordMetadata) -> _LoadedRun | None:

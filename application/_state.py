@@ -189,12 +189,14 @@ class StateRepository(Generic[M]):
             SchemaTooNew: it was written under a newer schema than this repository's.
 
         """
-        snapshot, _ = self._load()
+        snapshot, _ = self._load(with_head=False)
         return snapshot
 
-    def _load(self) -> tuple[StateSnapshot[M], LedgerEvent | None]:
-        """Return the state and the history head it was checked against."""
-        opened, head = self._fresh.read(self._store, history_stream(self._scope), self._read_row)
+    def _load(self, *, with_head: bool = True) -> tuple[StateSnapshot[M], LedgerEvent | None]:
+        """Return the state and, for a writer, the history head it was checked against."""
+        opened, head = self._fresh.read(
+            self._store, history_stream(self._scope), self._read_row, with_head=with_head
+        )
         if opened is None:
             return StateSnapshot(self._model(), None), head
         try:

@@ -250,7 +250,7 @@ class WorkflowService:
         def read() -> _Loaded | None:
             return pending.pop() if pending else self._read_row(workflow_id)
 
-        loaded, _ = self._fresh.read(self._store, stream_of(workflow_id), read)
+        loaded, _ = self._fresh.read(self._store, stream_of(workflow_id), read, with_head=False)
         return loaded
 
     def _listed(self, metadata: RecordMetadata) -> _Loaded | None:
@@ -286,8 +286,15 @@ class WorkflowService:
         return loaded.record, head
 
     def _load(self, workflow_id: str) -> WorkflowRecord:
-        record, _ = self._read(workflow_id)
-        return record
+        loaded, _ = self._fresh.read(
+            self._store,
+            stream_of(workflow_id),
+            lambda: self._read_row(workflow_id),
+            with_head=False,
+        )
+        if loaded is None:
+            raise NotFound("no such workflow", workflow_id=workflow_id)
+        return loaded.record
 
     @staticmethod
     def _verified(opened: SealedDocument) -> WorkflowRecord:

@@ -120,6 +120,22 @@ class IdFactory(Protocol):
 
 
 @runtime_checkable
+class StreamHeads(Protocol):
+    """Optional capability: a stream's head index without decoding the head event.
+
+    Record freshness checks compare a record's ledger index with its
+    stream's head on every read; reading the index alone spares them
+    parsing and validating the whole event. It must come from the events
+    themselves, like ``ledger_head``, never from a summary row an editor
+    could set to match a replayed record.
+    """
+
+    def ledger_head_index(self, stream: str) -> int | None:
+        """Return the index of the last event of ``stream``, or ``None`` when it is empty."""
+        ...
+
+
+@runtime_checkable
 class StoreStats(Protocol):
     """Optional capability: counts an operator (or key policy) needs without payloads."""
 

@@ -245,6 +245,11 @@ class InMemorySecureObjectStore:
             found = self._streams.get(stream)
             return None if found is None else found.head
 
+    def ledger_head_index(self, stream: str) -> int | None:
+        """Return the index of the last event of ``stream`` or ``None``."""
+        head = self.ledger_head(stream)
+        return None if head is None else head.index
+
     def read_ledger(self, stream: str, *, from_index: int = 0, limit: int = 100) -> LedgerPage:
         """Return retained events from ``from_index`` on, flagging trimmed ones."""
         limit = effective_limit(limit)

@@ -110,6 +110,9 @@ LEDGER_HEAD: Final = (
     "previous_hash, event_hash, event_key, chain_mac "
     "FROM ledger_events WHERE stream = %s ORDER BY idx DESC LIMIT 1"
 )
+LEDGER_HEAD_INDEX: Final = (
+    "SELECT idx FROM ledger_events WHERE stream = %s ORDER BY idx DESC LIMIT 1"
+)
 LEDGER_PAGE: Final = (
     "SELECT s.first_index, s.head_index, s.head_hash, "
     "e.stream, e.idx, e.type, e.from_state, e.to_state, e.occurred_at, e.payload, "

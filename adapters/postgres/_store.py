@@ -16,6 +16,7 @@ from flowvault.adapters._listing import filter_shapes, list_params, page_of
 from flowvault.adapters._rows import (
     check_stream_page,
     event_from_row,
+    head_index,
     require_seal_count,
     require_text,
     stored_epoch,
@@ -252,6 +253,11 @@ class PostgresSecureObjectStore:
         require_text(stream, "stream")
         rows = self._fetch(sql.LEDGER_HEAD, (stream,))
         return event_from_row(rows[0]) if rows else None
+
+    def ledger_head_index(self, stream: str) -> int | None:
+        """Return the index of the last event of ``stream``, read from the events table."""
+        require_text(stream, "stream")
+        return head_index(self._fetch(sql.LEDGER_HEAD_INDEX, (stream,)))
 
     def read_ledger(self, stream: str, *, from_index: int = 0, limit: int = 100) -> LedgerPage:
         """Return retained events from ``from_index`` on, flagging trimmed ones.

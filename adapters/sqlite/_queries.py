@@ -109,6 +109,9 @@ LEDGER_HEAD: Final = (
     "previous_hash, event_hash, event_key, chain_mac "
     "FROM ledger_events WHERE stream = ? ORDER BY idx DESC LIMIT 1"
 )
+LEDGER_HEAD_INDEX: Final = (
+    "SELECT idx FROM ledger_events WHERE stream = ? ORDER BY idx DESC LIMIT 1"
+)
 LEDGER_PAGE: Final = (
     "SELECT stream, idx, type, from_state, to_state, occurred_at, payload, "
     "previous_hash, event_hash, event_key, chain_mac "

@@ -18,6 +18,7 @@ from flowvault.adapters._listing import filter_shapes, list_params, page_of
 from flowvault.adapters._rows import (
     check_stream_page,
     event_from_row,
+    head_index,
     require_seal_count,
     require_text,
     stored_epoch,
@@ -413,6 +414,13 @@ class SQLiteSecureObjectStore:
         with self._reading() as connection:
             rows = connection.execute(sql.LEDGER_HEAD, (stream,)).fetchall()
         return event_from_row(rows[0]) if rows else None
+
+    def ledger_head_index(self, stream: str) -> int | None:
+        """Return the index of the last event of ``stream``, read from the events table."""
+        require_text(stream, "stream")
+        with self._reading() as connection:
+            rows = connection.execute(sql.LEDGER_HEAD_INDEX, (stream,)).fetchall()
+        return head_index(rows)
 
     def read_ledger(self, stream: str, *, from_index: int = 0, limit: int = 100) -> LedgerPage:
         """Return retained events from ``from_index`` on, flagging trimmed ones.

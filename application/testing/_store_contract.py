@@ -26,6 +26,7 @@ from flowvault.application import (
     Order,
     SecureObjectStore,
     StoreStats,
+    StreamHeads,
     UnitOfWork,
     Upsert,
 )
@@ -677,6 +678,25 @@ class SecureObjectStoreContract(StoreHarness):
             previous_hash=events[3].event_hash,
         )
         assert verdict.ok
+
+    def test_head_index_is_the_head_events_index(self, store: SecureObjectStore) -> None:
+        """The optional ``StreamHeads`` capability agrees with ``ledger_head``, trims included.
+
+        Record freshness checks trust it on every read, so an adapter that
+        offers it must answer from the events, exactly as ``ledger_head``.
+        """
+        if not isinstance(store, StreamHeads):
+            pytest.skip("the adapter does not offer the optional StreamHeads capability")
+        assert store.ledger_head_index("s") is None
+        events = self._append_chain(store, "s", 4)
+        self._append_chain(store, "other", 2)
+        assert store.ledger_head_index("s") == events[-1].index == 3
+        store.commit(UnitOfWork(trims=[LedgerTrim("s", 3)]))
+        assert store.ledger_head_index("s") == 3
+        assert store.ledger_head_index("other") == 1
+        assert store.ledger_head_index("missing") is None
+        with pytest.raises(InvalidInput):
+            store.ledger_head_index(7)  # type: ignore[arg-type]
 
     def test_failed_unit_does_not_trim(self, store: SecureObjectStore) -> None:
         """A trim in a unit whose guard fails leaves the stream whole."""

@@ -359,6 +359,7 @@ _QUERIES = {
     "trim": (sql.TRIM_STREAM, (3, "s")),
     "trim events": (sql.TRIM_EVENTS, ("s", "s")),
     "ledger head": (sql.LEDGER_HEAD, ("s",)),
+    "ledger head index": (sql.LEDGER_HEAD_INDEX, ("s",)),
     "ledger page": (sql.LEDGER_PAGE, ("s", 0, 101)),
     "list by key": (sql.list_query(Order.KEY, False), (NS, 101)),
     "list by key after": (sql.list_query(Order.KEY, True), (NS, "k", 101)),

@@ -221,6 +221,10 @@ class _ForgedTail(_Wrapped):
     def ledger_head(self, stream: str) -> LedgerEvent | None:
         return self._forged if stream == self._forged.stream else self._inner.ledger_head(stream)
 
+    def ledger_head_index(self, stream: str) -> int | None:
+        head = self.ledger_head(stream)
+        return None if head is None else head.index
+
     def read_ledger(self, stream: str, *, from_index: int = 0, limit: int = 100) -> LedgerPage:
         if stream != self._forged.stream or from_index != self._forged.index:
             return self._inner.read_ledger(stream, from_index=from_index, limit=limit)
@@ -259,6 +263,10 @@ class _CutLedger(_Wrapped):
         page = self._inner.read_ledger(stream, from_index=0, limit=1)
         return page.events[0] if page.events else None
 
+    def ledger_head_index(self, stream: str) -> int | None:
+        head = self.ledger_head(stream)
+        return None if head is None else head.index
+
 
 def test_a_record_naming_an_event_the_ledger_lacks_is_refused(world: World) -> None:
     """A row newer than its stream's head means the head was rolled back."""
@@ -277,10 +285,18 @@ class _WriterInBetween(_Wrapped):
         self.left = times
 
     def ledger_head(self, stream: str) -> LedgerEvent | None:
+        self._between()
+        return self._inner.ledger_head(stream)
+
+    def ledger_head_index(self, stream: str) -> int | None:
+        self._between()
+        head = self._inner.ledger_head(stream)
+        return None if head is None else head.index
+
+    def _between(self) -> None:
         if self.left:
             self.left -= 1
             self._write()
-        return self._inner.ledger_head(stream)
 
 
 def test_a_write_landing_between_row_and_head_is_no_false_alarm(world: World) -> None:
@@ -519,3 +535,44 @@ def test_a_replayed_run_is_refused_by_reads_and_listings(world: World) -> None:
     _stale(world.runs.list_runs)
     _stale(lambda: world.runs.set_status(run_id, "running", expected_status="accepted"))
     _stale(world.runs.recover_incomplete_runs)
+
+
+class _NoHeadIndex(_Wrapped):
+    """A host's adapter without the optional ``StreamHeads`` capability."""
+
+    def __getattr__(self, name: str) -> object:
+        if name == "ledger_head_index":
+            raise AttributeError(name)
+        return super().__getattr__(name)
+
+
+class _CountingHeads(_Wrapped):
+    """Counts how a reader consulted the stream head."""
+
+    def __init__(self, inner: SecureObjectStore) -> None:
+        super().__init__(inner)
+        self.events = self.indexes = 0
+
+    def ledger_head(self, stream: str) -> LedgerEvent | None:
+        self.events += 1
+        return self._inner.ledger_head(stream)
+
+    def ledger_head_index(self, stream: str) -> int | None:
+        self.indexes += 1
+        head = self._inner.ledger_head(stream)
+        return None if head is None else head.index
+
+
+def test_readers_use_the_head_index_and_adapters_without_it_still_check(world: World) -> None:
+    """A current row costs one index lookup; without the capability the head event is read."""
+    workflow_id = world.create()
+    counting = _CountingHeads(world.store)
+    assert world.over(counting).get(workflow_id).state == "intake"  # type: ignore[arg-type]
+    assert (counting.indexes, counting.events) == (1, 0)
+    plain = world.over(_NoHeadIndex(world.store))  # type: ignore[arg-type]
+    assert plain.get(workflow_id).state == "intake"
+    old = world.row(WORKFLOWS, workflow_id)
+    world.service.transition(workflow_id, "planning", expected_state="intake", expected_version=1)
+    world.replay(old)
+    _stale(lambda: plain.get(workflow_id))
+    _stale(lambda: world.over(counting).get(workflow_id))  # type: ignore[arg-type]
