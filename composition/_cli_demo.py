@@ -341,7 +341,8 @@ def _verify(s: _Scenario) -> StepReport:
         (
             f"workflow ledger: {counts['workflow']} events, hash chain intact",
             f"run ledger: {counts['run']} events (the approval decision among them), intact",
-            f"scope {DEMO_SCOPE!r} history: {counts['scope']} events so far, intact",
+            f"scope {DEMO_SCOPE!r} history: {counts['scope']} events so far "
+            "(one per state write), intact",
         ),
         {"events": counts},
     )

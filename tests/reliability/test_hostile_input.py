@@ -1494,6 +1494,12 @@ def _store_rows() -> list[EntryPoint]:
             sqlite=True,
         ),
         EntryPoint(
+            "store.ledger_head_index",
+            lambda k: args(stream=_streams(k)),
+            lambda w, a: w.store.ledger_head_index(**a),  # type: ignore[attr-defined]
+            sqlite=True,
+        ),
+        EntryPoint(
             "store.read_ledger",
             lambda k: args(stream=_streams(k), from_index=INTS, limit=INTS),
             lambda w, a: w.store.read_ledger(
@@ -1835,6 +1841,7 @@ FOUND: tuple[tuple[str, Callable[[Known], Arguments]], ...] = (
     ("store.commit", lambda k: {**_unit(), "trims": [(f"workflow/{k.workflow_id}", 1.5)]}),
     ("store.load", lambda k: {"namespace": bytearray(b"ns"), "key_digest": "d"}),
     ("store.ledger_head", lambda k: {"stream": {"a": 1}}),
+    ("store.ledger_head_index", lambda k: {"stream": [k.streams[0]]}),
     ("store.read_ledger", lambda k: {"stream": k.streams[0], "from_index": "0", "limit": 1}),
     ("store.list_streams", lambda k: {"after": 1, "limit": 10}),
     ("SealedRepository.keyed_digest", lambda k: {"tag": "flowvault.decider/1", "data": None}),
