@@ -9,11 +9,12 @@ error, and never with its content.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from itertools import islice
 from typing import Any, TypeAlias
 
 from pydantic import ValidationError
 
-from flowvault.application import LabelValue, RecordMetadata, StoredRecord
+from flowvault.application import MAX_HEAD_BATCH, LabelValue, RecordMetadata, StoredRecord
 from flowvault.domain import (
     EnvelopeHeader,
     IntegrityFailure,
@@ -171,14 +172,20 @@ def check_stream_page(
         )
 
 
-def head_index(rows: Sequence[Row]) -> int | None:
-    """Return a stream's head index from ``LEDGER_HEAD_INDEX`` rows; ``None`` when empty."""
-    if not rows:
-        return None
-    index = rows[0][0]
+def _stored_head(index: object) -> int:
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise malformed("ledger_events")
     return index
+
+
+def head_index(rows: Sequence[Row]) -> int | None:
+    """Return a stream's head index from ``LEDGER_HEAD_INDEX`` rows; ``None`` when empty."""
+    return _stored_head(rows[0][0]) if rows else None
+
+
+def head_indexes(rows: Sequence[Row]) -> dict[str, int]:
+    """Return the heads in ``(stream, head index)`` rows, leaving out a null index (no events)."""
+    return {str(stream): _stored_head(index) for stream, index in rows if index is not None}
 
 
 def stored_epoch(rows: Sequence[Row]) -> int:
@@ -204,6 +211,21 @@ def require_text(value: object, what: str) -> str:
     if not isinstance(value, str):
         raise InvalidInput(f"{what} must be text")
     return value
+
+
+def require_stream_names(streams: object) -> list[str]:
+    """Return the distinct names of a ``ledger_head_indexes`` call, refusing what it cannot take.
+
+    A bare string is refused, not read as one-letter names: that would answer
+    a question the caller did not ask. Names are counted by taking at most
+    one over the limit, so a huge ``range`` is refused rather than overflowing ``len``.
+    """
+    if isinstance(streams, str) or not isinstance(streams, Sequence):
+        raise InvalidInput("streams must be a sequence of stream names")
+    names = list(islice(streams, MAX_HEAD_BATCH + 1))
+    if len(names) > MAX_HEAD_BATCH:
+        raise InvalidInput(f"at most {MAX_HEAD_BATCH} streams per call")
+    return list(dict.fromkeys(require_text(name, "stream") for name in names))
 
 
 MAX_SEAL_RESERVATION = 2**32

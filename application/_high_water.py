@@ -1,20 +1,30 @@
-"""Whole-store anti-rollback: a MAC'd high-water mark of the store's commit count.
+"""Whole-store anti-rollback: a MAC'd high-water mark of the commit count and stream sizes.
 
 Every row and chain of an older copy of the database is genuine, so nothing
-inside the store can show that the copy was put back over the live one.
-The mark, kept outside the database (beside the keys), remembers the highest
-commit count this host has seen; a store opened below it is refused with
-``STORE_ROLLED_BACK``. It is advanced, and made durable, after every commit,
-so the window it cannot see is the commit in flight. A MAC under the
-integrity key keeps someone without the key from lowering or forging it.
+inside the store can show that the copy was put back over the live one, or
+that someone able to edit the database deleted a stream's newest events and
+set its commit count high again. The mark, kept outside the database
+(beside the keys), remembers the highest commit count this host has seen
+and the size of every ledger stream it has seen written. A store opened
+below either is refused with ``STORE_ROLLED_BACK``.
+
+The sizes live in an append-only log beside the mark's head: each flush
+appends one line naming the streams its commits grew, and the head carries
+a MAC chain over the lines, so the whole mark is one record under the
+integrity key. The log is compacted into one line of every stream's size
+once it has grown to twice its size after the last compaction. The mark is
+advanced, and made durable, after every commit; the window it cannot see
+is the commit in flight.
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 import threading
-from collections.abc import Callable, Sequence
-from typing import Final, Protocol
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, Protocol, runtime_checkable
 
 import structlog
 
@@ -28,7 +38,14 @@ from flowvault.application._records import (
     StoredRecord,
     UnitOfWork,
 )
-from flowvault.application.ports import SecureObjectStore, StoreEpoch
+from flowvault.application.ports import (
+    MAX_HEAD_BATCH,
+    SecureObjectStore,
+    StoreEpoch,
+    StreamCatalog,
+    StreamHeadBatch,
+    StreamHeads,
+)
 from flowvault.domain import (
     MAX_SAFE_INTEGER,
     FlowvaultError,
@@ -40,11 +57,41 @@ from flowvault.domain import (
 )
 
 MARK_TAG: Final = "flowvault.high-water/1"
-"""Purpose tag of the mark's MAC."""
+"""Purpose tag of the head's MAC."""
 
-MARK_HEADER: Final = "flowvault high-water mark 1"
+LOG_TAG: Final = "flowvault.high-water-log/1"
+"""Purpose tag of the MAC chain over the log's lines."""
+
+MARK_HEADER: Final = "flowvault high-water mark 2"
+_EPOCH_ONLY_HEADER: Final = "flowvault high-water mark 1"
+"""Marks written before stream sizes were kept: an epoch and its MAC, no log."""
+
+LOG_GENESIS: Final = "sha256:" + "0" * 64
+"""The chain value of an empty log."""
+
+COMPACT_SLACK: Final = 64 * 1024
+"""Log bytes allowed beyond twice the last compaction's size before compacting again."""
 
 _log = structlog.get_logger("flowvault.high_water")
+
+
+@dataclass(frozen=True, slots=True)
+class MarkState:
+    """What a ``MarkFile`` holds: the newest intact head and the log it covers."""
+
+    head: bytes
+    log_size: int
+    log: Callable[[], bytes]
+    """Read the whole log; only a check or a compaction needs it."""
+
+
+@dataclass(frozen=True, slots=True)
+class MarkWrite:
+    """A new head, with log bytes appended or, when ``replace_log``, replacing the log."""
+
+    head: bytes
+    append: bytes = b""
+    replace_log: bool = False
 
 
 class MarkFile(Protocol):
@@ -55,62 +102,173 @@ class MarkFile(Protocol):
         """Where the mark is, for messages."""
         ...
 
-    def read(self) -> bytes | None:
-        """Return the mark's bytes, or ``None`` when there is none."""
+    def read(self) -> MarkState | None:
+        """Return the mark, or ``None`` when there is none.
+
+        A file holding no intact head reads as an empty head, which no key
+        verifies.
+        """
         ...
 
-    def update(self, change: Callable[[bytes | None], bytes | None]) -> None:
-        """Under an exclusive lock, pass the current bytes to ``change`` and write its result.
+    def update(self, change: Callable[[MarkState | None], MarkWrite | None]) -> None:
+        """Under an exclusive lock, pass the current mark to ``change`` and write its result.
 
         ``None`` from ``change`` leaves the mark as it is. The write is
-        durable (fsynced, and a torn write never replaces a whole mark)
-        before this returns.
+        durable (fsynced; a torn write or a lost append never replaces a
+        whole mark, it leaves the previous one) before this returns.
         """
         ...
 
 
-def _mac(digester: KeyedDigester, epoch: int) -> str:
-    return digester.keyed_digest(MARK_TAG, canonical_bytes([MARK_HEADER, epoch]))
+@runtime_checkable
+class MarkedStore(StoreEpoch, Protocol):
+    """What the mark reads of a store: its commit count and its streams' heads."""
+
+    def ledger_head(self, stream: str) -> LedgerEvent | None:
+        """Return the last event of ``stream``, or ``None`` when it is empty."""
+        ...
 
 
-def format_mark(epoch: int, digester: KeyedDigester) -> bytes:
-    """Render the mark for ``epoch``: a header, the epoch, and its MAC."""
-    return f"{MARK_HEADER}\nepoch {epoch}\nmac {_mac(digester, epoch)}\n".encode("ascii")
+@dataclass(frozen=True, slots=True)
+class HighWaterMark:
+    """A verified head: the commit count, and the log's line count, chain value and base size."""
+
+    epoch: int
+    records: int = 0
+    chain: str = LOG_GENESIS
+    base: int = 0
+    """The log's size right after its last compaction."""
 
 
-def parse_mark(content: bytes, digester: KeyedDigester, location: str) -> int:
-    """Return the epoch a mark holds; ``IntegrityFailure`` if it is malformed or forged."""
-    forged = IntegrityFailure(
-        f"the high-water mark at {location} does not verify under the store key: it was "
-        "edited, or belongs to a store under another key",
-        location=location,
-    )
+def _mac(digester: KeyedDigester, mark: HighWaterMark) -> str:
+    fields = [MARK_HEADER, mark.epoch, mark.records, mark.chain, mark.base]
+    return digester.keyed_digest(MARK_TAG, canonical_bytes(fields))
+
+
+def _epoch_only_mac(digester: KeyedDigester, epoch: int) -> str:
+    return digester.keyed_digest(MARK_TAG, canonical_bytes([_EPOCH_ONLY_HEADER, epoch]))
+
+
+def format_mark(mark: HighWaterMark, digester: KeyedDigester) -> bytes:
+    """Render a head: the header, the epoch, the log's summary, and the MAC over them."""
+    return (
+        f"{MARK_HEADER}\nepoch {mark.epoch}\n"
+        f"log {mark.records} {mark.base} {mark.chain}\nmac {_mac(digester, mark)}\n"
+    ).encode("ascii")
+
+
+def _count(digits: str | None) -> int | None:
+    if digits is None or not digits.isdigit() or len(digits) > 16:
+        return None
+    return int(digits) if int(digits) <= MAX_SAFE_INTEGER else None
+
+
+def _field(line: str, name: str) -> str | None:
+    return line[len(name) + 1 :] if line.startswith(name + " ") else None
+
+
+def _is_digest(text: str) -> bool:
+    hexpart = text.removeprefix("sha256:")
+    return len(text) == 71 and len(hexpart) == 64 and all(c in "0123456789abcdef" for c in hexpart)
+
+
+def _read_head(lines: list[str], digester: KeyedDigester) -> tuple[HighWaterMark, str] | None:
+    """Return the head ``lines`` spell and the MAC it must carry, or ``None`` if malformed."""
+    if len(lines) < 4 or lines[-1]:
+        return None
+    epoch = _count(_field(lines[1], "epoch"))
+    if epoch is None:
+        return None
+    if lines[0] == _EPOCH_ONLY_HEADER and len(lines) == 4:
+        return HighWaterMark(epoch), _epoch_only_mac(digester, epoch)
+    summary = (_field(lines[2], "log") or "").split(" ")
+    if lines[0] != MARK_HEADER or len(lines) != 5 or len(summary) != 3:
+        return None
+    records, base = _count(summary[0]), _count(summary[1])
+    if records is None or base is None or not _is_digest(summary[2]):
+        return None
+    mark = HighWaterMark(epoch, records, summary[2], base)
+    return mark, _mac(digester, mark)
+
+
+def parse_mark(content: bytes, digester: KeyedDigester, location: str) -> HighWaterMark:
+    """Return the head a mark holds; ``IntegrityFailure`` if it is malformed or forged.
+
+    A head written before stream sizes were kept holds an epoch alone and
+    reads as a mark with an empty log.
+    """
     if not isinstance(content, bytes):
         raise InvalidInput("a high-water mark is read as bytes")
     try:
-        header, epoch_line, mac_line, end = content.decode("ascii").split("\n")
-    except (UnicodeDecodeError, ValueError):
-        raise forged from None
-    digits = epoch_line.removeprefix("epoch ")
-    if header != MARK_HEADER or end or not digits.isdigit() or len(digits) > 16:
-        raise forged
-    epoch = int(digits)
-    if epoch > MAX_SAFE_INTEGER or not mac_line.startswith("mac "):
-        raise forged
-    if not hmac.compare_digest(mac_line.removeprefix("mac "), _mac(digester, epoch)):
-        raise forged
-    return epoch
+        lines = content.decode("ascii").split("\n")
+    except UnicodeDecodeError:
+        lines = []
+    head = _read_head(lines, digester)
+    mac = _field(lines[-2], "mac") if head is not None else None
+    if head is None or mac is None or not hmac.compare_digest(mac, head[1]):
+        raise IntegrityFailure(
+            f"the high-water mark at {location} does not verify under the store key: it was "
+            "edited, or belongs to a store under another key",
+            location=location,
+        )
+    return head[0]
+
+
+def _link(digester: KeyedDigester, chain: str, line: bytes) -> str:
+    return digester.keyed_digest(LOG_TAG, chain.encode("ascii") + b"\n" + line)
+
+
+def _line(sizes: Mapping[str, int]) -> bytes:
+    return canonical_bytes(dict(sizes)) + b"\n"
+
+
+def replay_log(
+    mark: HighWaterMark, log: bytes, digester: KeyedDigester, location: str
+) -> dict[str, int]:
+    """Return the largest size of every stream the log names, once its chain matches the head.
+
+    Raises:
+        IntegrityFailure: the log is not the one the head's MAC chain covers.
+
+    """
+    if not isinstance(log, bytes):
+        raise InvalidInput("a high-water mark's log is read as bytes")
+    lines = log.split(b"\n")
+    chain = LOG_GENESIS
+    for line in lines[:-1]:
+        chain = _link(digester, chain, line)
+    if lines[-1] or len(lines) - 1 != mark.records or not hmac.compare_digest(chain, mark.chain):
+        raise IntegrityFailure(
+            f"the stream sizes of the high-water mark at {location} do not match its MAC "
+            "chain: the log was edited, cut short or replaced",
+            location=location,
+        )
+    sizes: dict[str, int] = {}
+    for line in lines[:-1]:
+        for stream, size in json.loads(line).items():
+            if isinstance(stream, str) and type(size) is int and size > sizes.get(stream, 0):
+                sizes[stream] = size
+    return sizes
+
+
+def _batches(names: Sequence[str]) -> Iterator[Sequence[str]]:
+    for start in range(0, len(names), MAX_HEAD_BATCH):
+        yield names[start : start + MAX_HEAD_BATCH]
 
 
 class AntiRollback:
     """Checks a store against its high-water mark on open, and advances the mark after commits."""
 
-    def __init__(self, store: StoreEpoch, marks: MarkFile, digester: KeyedDigester) -> None:
+    def __init__(self, store: MarkedStore, marks: MarkFile, digester: KeyedDigester) -> None:
         self._store = store
         self._marks = marks
         self._digester = digester
         self._written = -1
         self._lock = threading.Lock()
+        self._pending_lock = threading.Lock()
+        self._pending: dict[str, int] = {}
+        self._asked = 0
+        self._flushed = 0
 
     @property
     def location(self) -> str:
@@ -118,87 +276,209 @@ class AntiRollback:
         return self._marks.location
 
     def check(self) -> int:
-        """Refuse a store below the mark, then record its count; return the mark found.
+        """Refuse a store below the mark, then record where it is; return the epoch found.
 
-        A missing mark is started at the store's count: there is nothing to
-        compare with yet, as on a store's first open under this feature. It
-        is logged as a warning unless the store is new, since deleting the
-        mark is also how someone would hide a restore.
+        A missing mark is started from the store as it is: there is nothing
+        to compare with yet, as on a store's first open under this feature.
+        It is logged as a warning unless the store is new, since deleting
+        the mark is also how someone would hide a restore. A mark written
+        before stream sizes were kept is checked by its epoch and then
+        started afresh the same way.
 
         Raises:
-            StoreRolledBack: the store's count is below the mark.
-            IntegrityFailure: the mark does not verify under the key.
+            StoreRolledBack: the store's count, or a stream's size, is below the mark.
+            IntegrityFailure: the mark or its log does not verify under the key.
 
         """
-        content = self._marks.read()
+        state = self._marks.read()
         current = self._store.epoch()
-        if content is None:
+        if state is None:
             if current:
                 _log.warning("high_water_mark_started", location=self.location, epoch=current)
-            self.advance()
+            self._restart(current)
             return 0
-        seen = parse_mark(content, self._digester, self.location)
-        if current < seen:
+        mark = parse_mark(state.head, self._digester, self.location)
+        sizes = replay_log(mark, state.log(), self._digester, self.location)
+        if current < mark.epoch:
             raise StoreRolledBack(
                 f"the store is at commit {current} but this host already saw it at commit "
-                f"{seen} (high-water mark {self.location}): an older copy of the database "
-                "was restored over it, and the commits since that copy are gone",
+                f"{mark.epoch} (high-water mark {self.location}): an older copy of the "
+                "database was restored over it, and the commits since that copy are gone",
                 epoch=current,
-                high_water=seen,
+                high_water=mark.epoch,
             )
-        self.advance()
-        return seen
+        self._compare(sizes)
+        if mark.records == 0:
+            self._restart(current)
+        else:
+            self.advance()
+        return mark.epoch
 
-    def advance(self) -> None:
-        """Raise the mark to the store's count if it is higher; never lower it.
+    def _compare(self, sizes: Mapping[str, int]) -> None:
+        short: list[tuple[str, int, int]] = []
+        for names in _batches(sorted(sizes)):
+            heads = self._head_indexes(names)
+            short += [
+                (name, heads.get(name, -1) + 1, sizes[name])
+                for name in names
+                if heads.get(name, -1) + 1 < sizes[name]
+            ]
+        if short:
+            stream, size, seen = short[0]
+            others = f" (and {len(short) - 1} more streams)" if len(short) > 1 else ""
+            raise StoreRolledBack(
+                f"ledger stream {stream} holds {size} events but this host already saw "
+                f"{seen}{others} (high-water mark {self.location}): its newest events were "
+                "deleted, or an older copy of the database was restored over it",
+                stream=stream,
+                size=size,
+                high_water=seen,
+                streams=len(short),
+            )
+
+    def _head_indexes(self, names: Sequence[str]) -> Mapping[str, int]:
+        if isinstance(self._store, StreamHeadBatch):
+            return self._store.ledger_head_indexes(names)
+        if isinstance(self._store, StreamHeads):
+            indexes = {name: self._store.ledger_head_index(name) for name in names}
+            return {name: index for name, index in indexes.items() if index is not None}
+        heads = {name: self._store.ledger_head(name) for name in names}
+        return {name: head.index for name, head in heads.items() if head is not None}
+
+    def _sizes_in_store(self) -> dict[str, int]:
+        """Every stream's size as the store holds it now; none if it cannot list them."""
+        if not isinstance(self._store, StreamCatalog):
+            return {}
+        sizes: dict[str, int] = {}
+        after: str | None = None
+        while names := self._store.list_streams(after=after, limit=MAX_HEAD_BATCH):
+            sizes.update((name, index + 1) for name, index in self._head_indexes(names).items())
+            after = names[-1]
+        return sizes
+
+    def _restart(self, current: int, *, force: bool = False) -> None:
+        """Write the mark from the store as it is now: its count and every stream's size.
+
+        Unless ``force``d, a readable mark found meanwhile (another process
+        opening the same store) is merged in rather than lowered.
+        """
+        sizes = self._sizes_in_store()
+
+        def restarted(state: MarkState | None) -> MarkWrite:
+            mark = None if force else self._readable(state)
+            if mark is None or state is None:
+                return self._fresh(current, sizes)
+            return self._compacted(mark, state, max(mark.epoch, current), sizes)
+
+        with self._lock:
+            self._marks.update(restarted)
+            self._written = max(self._written, current)
+
+    def _fresh(self, epoch: int, sizes: Mapping[str, int]) -> MarkWrite:
+        if not sizes:
+            return MarkWrite(format_mark(HighWaterMark(epoch), self._digester), replace_log=True)
+        line = _line(sizes)
+        chain = _link(self._digester, LOG_GENESIS, line[:-1])
+        mark = HighWaterMark(epoch, 1, chain, len(line))
+        return MarkWrite(format_mark(mark, self._digester), line, replace_log=True)
+
+    def advance(self, sizes: Mapping[str, int] | None = None) -> None:
+        """Raise the mark to the store's count and to ``sizes``, where higher; never lower it.
 
         The file is shared by every process of this host, so the new mark
-        is the higher of the one found and this store's count. Threads of
-        one process take turns, so the units of one group commit, which
-        share a count, write the mark once.
+        is the higher of the one found and what this process saw. Threads
+        take turns: the one that writes takes every size the others left
+        pending, so the units of one group commit write the mark once.
         """
+        with self._pending_lock:
+            for stream, size in (sizes or {}).items():
+                if size > self._pending.get(stream, 0):
+                    self._pending[stream] = size
+            self._asked += 1
+            ticket = self._asked
         with self._lock:
-            self._advance_to(self._store.epoch())
+            if self._flushed >= ticket:
+                return
+            with self._pending_lock:
+                batch, self._pending = self._pending, {}
+                asked = self._asked
+            try:
+                self._write(batch, self._store.epoch())
+            except BaseException:
+                with self._pending_lock:
+                    for stream, size in batch.items():
+                        if size > self._pending.get(stream, 0):
+                            self._pending[stream] = size
+                raise
+            self._flushed = asked
 
-    def _advance_to(self, current: int) -> None:
-        if current <= self._written:
+    def _write(self, batch: Mapping[str, int], current: int) -> None:
+        if not batch and current <= self._written:
             return
 
-        def raised(content: bytes | None) -> bytes | None:
-            if content is not None:
-                try:
-                    if parse_mark(content, self._digester, self.location) >= current:
-                        return None
-                except IntegrityFailure:
-                    _log.warning("high_water_mark_replaced", location=self.location)
-            return format_mark(current, self._digester)
+        def raised(state: MarkState | None) -> MarkWrite | None:
+            mark = self._readable(state)
+            if mark is None or state is None:
+                return self._fresh(current, batch)
+            epoch = max(mark.epoch, current)
+            if not batch:
+                if mark.epoch >= current:
+                    return None
+                return MarkWrite(format_mark(_with_epoch(mark, epoch), self._digester))
+            if mark.records == 0 or state.log_size > 2 * mark.base + COMPACT_SLACK:
+                return self._compacted(mark, state, epoch, batch)
+            line = _line(batch)
+            chain = _link(self._digester, mark.chain, line[:-1])
+            grown = HighWaterMark(epoch, mark.records + 1, chain, mark.base)
+            return MarkWrite(format_mark(grown, self._digester), line)
 
         self._marks.update(raised)
-        self._written = current
+        self._written = max(self._written, current)
+
+    def _readable(self, state: MarkState | None) -> HighWaterMark | None:
+        if state is None:
+            return None
+        try:
+            return parse_mark(state.head, self._digester, self.location)
+        except IntegrityFailure:
+            _log.warning("high_water_mark_replaced", location=self.location)
+            return None
+
+    def _compacted(
+        self, mark: HighWaterMark, state: MarkState, epoch: int, batch: Mapping[str, int]
+    ) -> MarkWrite:
+        try:
+            sizes = replay_log(mark, state.log(), self._digester, self.location)
+        except IntegrityFailure:
+            _log.warning("high_water_mark_replaced", location=self.location)
+            sizes = {}
+        for stream, size in batch.items():
+            if size > sizes.get(stream, 0):
+                sizes[stream] = size
+        return self._fresh(epoch, sizes)
 
     def accept(self) -> tuple[int | None, int]:
-        """Accept the store as it is after a deliberate restore: set the mark to its count.
+        """Accept the store as it is after a deliberate restore: restart the mark from it.
 
-        Returns the mark found (``None`` if none or unreadable) and the new one.
+        Returns the epoch the mark held (``None`` if none or unreadable) and the new one.
         """
+        state = self._marks.read()
+        previous: int | None = None
+        if state is not None:
+            try:
+                previous = parse_mark(state.head, self._digester, self.location).epoch
+            except IntegrityFailure:
+                previous = None
         current = self._store.epoch()
-        found: list[int | None] = [None]
-
-        def replaced(content: bytes | None) -> bytes:
-            if content is not None:
-                try:
-                    found[0] = parse_mark(content, self._digester, self.location)
-                except IntegrityFailure:
-                    found[0] = None
-            return format_mark(current, self._digester)
-
-        with self._lock:
-            self._marks.update(replaced)
-            self._written = current
+        self._restart(current, force=True)
         _log.warning(
-            "high_water_mark_accepted", location=self.location, previous=found[0], epoch=current
+            "high_water_mark_accepted", location=self.location, previous=previous, epoch=current
         )
-        return found[0], current
+        return previous, current
+
+
+def _with_epoch(mark: HighWaterMark, epoch: int) -> HighWaterMark:
+    return HighWaterMark(epoch, mark.records, mark.chain, mark.base)
 
 
 class HighWaterStore:
@@ -247,11 +527,11 @@ class HighWaterStore:
         """
         self._store.commit(unit)
         if not unit.empty:
-            self._advance()
+            self._advance({event.stream: event.index + 1 for event in unit.appends})
 
-    def _advance(self) -> None:
+    def _advance(self, sizes: Mapping[str, int] | None = None) -> None:
         try:
-            self._guard.advance()
+            self._guard.advance(sizes)
         except FlowvaultError as exc:
             _log.warning("high_water_mark_deferred", code=exc.code, location=self._guard.location)
 
@@ -278,11 +558,19 @@ class HighWaterStore:
 
 
 __all__ = [
+    "COMPACT_SLACK",
+    "LOG_GENESIS",
+    "LOG_TAG",
     "MARK_HEADER",
     "MARK_TAG",
     "AntiRollback",
+    "HighWaterMark",
     "HighWaterStore",
     "MarkFile",
+    "MarkState",
+    "MarkWrite",
+    "MarkedStore",
     "format_mark",
     "parse_mark",
+    "replay_log",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
 
 from flowvault.application._records import (
     LabelFilter,
@@ -132,6 +132,32 @@ class StreamHeads(Protocol):
 
     def ledger_head_index(self, stream: str) -> int | None:
         """Return the index of the last event of ``stream``, or ``None`` when it is empty."""
+        ...
+
+
+MAX_HEAD_BATCH: Final = 500
+"""Most stream names one ``ledger_head_indexes`` call takes."""
+
+
+@runtime_checkable
+class StreamHeadBatch(Protocol):
+    """Optional capability: the head indexes of many streams in one round trip.
+
+    The high-water mark compares every stream it remembers with the store
+    when the store is opened; one lookup per stream would make opening a
+    large store cost a round trip per stream. Like ``ledger_head_index``,
+    the answer must come from the events themselves.
+    """
+
+    def ledger_head_indexes(self, streams: Sequence[str]) -> Mapping[str, int]:
+        """Return the index of the last event of each named stream that holds events.
+
+        Streams without events are left out. Names may repeat.
+
+        Raises:
+            InvalidInput: a name that is not text, or more than ``MAX_HEAD_BATCH`` names.
+
+        """
         ...
 
 

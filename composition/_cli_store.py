@@ -37,8 +37,8 @@ from flowvault.application import (
     AntiRollback,
     CipherDigester,
     KeyRing,
+    MarkedStore,
     SecureObjectStore,
-    StoreEpoch,
     StoreStats,
     parse_master_key,
 )
@@ -488,7 +488,7 @@ def _accept_restore(args: argparse.Namespace, settings: Settings, io: CommandIO)
     opened = container.store()
     try:
         counted = opened
-        if not isinstance(counted, StoreEpoch):
+        if not isinstance(counted, MarkedStore):
             raise InvalidInput("this store keeps no commit count (no StoreEpoch)")
         guard = AntiRollback(counted, MarkFileStore(path), CipherDigester(container.cipher()))
         previous, current = guard.accept()
@@ -542,11 +542,12 @@ def register(verbs: Verbs) -> None:
         "accept-restore",
         help="accept a deliberately restored older copy of the store",
         description=(
-            "A store opened below its high-water mark (the highest commit count this host "
-            "saw, kept beside the key file or at FLOWVAULT_HIGH_WATER_FILE) is refused with "
-            "STORE_ROLLED_BACK, because an older copy of the database was put back over it. "
-            "When that restore was deliberate, this sets the mark to the store's current "
-            "count so it opens again. The commits made after the copy was taken stay lost. "
+            "A store opened below its high-water mark (the highest commit count and the "
+            "size of every ledger stream this host saw, kept beside the key file or at "
+            "FLOWVAULT_HIGH_WATER_FILE) is refused with STORE_ROLLED_BACK, because an older "
+            "copy of the database was put back over it or a stream's newest events were "
+            "deleted. When that restore was deliberate, this restarts the mark from the "
+            "store as it is so it opens again. The commits made since stay lost. "
             "Asks for confirmation on a terminal; elsewhere needs --yes."
         ),
         handler=_accept_restore,

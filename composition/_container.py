@@ -17,11 +17,11 @@ from flowvault.application import (
     HighWaterStore,
     KeyRing,
     KeyStore,
+    MarkedStore,
     SealBudget,
     SealCounter,
     SealedRepository,
     SecureObjectStore,
-    StoreEpoch,
     StoreStats,
     WorkflowService,
     check_key_matches,
@@ -158,7 +158,7 @@ def anti_rollback(
 ) -> AntiRollback | None:
     """Return the mark guarding ``store``, or ``None`` where none is kept."""
     path = settings.high_water_path
-    if path is None or not isinstance(store, StoreEpoch):
+    if path is None or not isinstance(store, MarkedStore):
         return None
     return AntiRollback(store, MarkFileStore(path), CipherDigester(cipher))
 

@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from flowvault.adapters._rows import require_seal_count, require_text
+from flowvault.adapters._rows import require_seal_count, require_stream_names, require_text
 from flowvault.application import (
     Delete,
     LabelFilter,
@@ -249,6 +249,14 @@ class InMemorySecureObjectStore:
         """Return the index of the last event of ``stream`` or ``None``."""
         head = self.ledger_head(stream)
         return None if head is None else head.index
+
+    def ledger_head_indexes(self, streams: Sequence[str]) -> dict[str, int]:
+        """Return the index of the last event of each named stream that holds events."""
+        names = require_stream_names(streams)
+        with self._lock:
+            self._check_open()
+            heads = {name: self._streams[name].head for name in names if name in self._streams}
+        return {name: head.index for name, head in heads.items() if head is not None}
 
     def read_ledger(self, stream: str, *, from_index: int = 0, limit: int = 100) -> LedgerPage:
         """Return retained events from ``from_index`` on, flagging trimmed ones."""

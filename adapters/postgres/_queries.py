@@ -113,6 +113,15 @@ LEDGER_HEAD: Final = (
 LEDGER_HEAD_INDEX: Final = (
     "SELECT idx FROM ledger_events WHERE stream = %s ORDER BY idx DESC LIMIT 1"
 )
+LEDGER_HEAD_INDEXES: Final = (
+    "SELECT s, (SELECT idx FROM ledger_events WHERE stream = s ORDER BY idx DESC LIMIT 1) "
+    "FROM unnest(%s::text[]) AS s"
+)
+"""Each named stream with its head index, or null when it has no events.
+
+One descending probe of the ``(stream, idx)`` primary key per name, all in
+one statement and one round trip.
+"""
 LEDGER_PAGE: Final = (
     "SELECT s.first_index, s.head_index, s.head_hash, "
     "e.stream, e.idx, e.type, e.from_state, e.to_state, e.occurred_at, e.payload, "

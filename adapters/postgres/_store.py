@@ -17,7 +17,9 @@ from flowvault.adapters._rows import (
     check_stream_page,
     event_from_row,
     head_index,
+    head_indexes,
     require_seal_count,
+    require_stream_names,
     require_text,
     stored_epoch,
     stream_state,
@@ -258,6 +260,18 @@ class PostgresSecureObjectStore:
         """Return the index of the last event of ``stream``, read from the events table."""
         require_text(stream, "stream")
         return head_index(self._fetch(sql.LEDGER_HEAD_INDEX, (stream,)))
+
+    def ledger_head_indexes(self, streams: Sequence[str]) -> dict[str, int]:
+        """Return the index of the last event of each named stream that holds events.
+
+        One statement for all the names, read from the events table like
+        ``ledger_head_index``.
+        """
+        names = require_stream_names(streams)
+        if not names:
+            self._check_usable()
+            return {}
+        return head_indexes(self._fetch(sql.LEDGER_HEAD_INDEXES, (names,)))
 
     def read_ledger(self, stream: str, *, from_index: int = 0, limit: int = 100) -> LedgerPage:
         """Return retained events from ``from_index`` on, flagging trimmed ones.

@@ -118,6 +118,22 @@ LEDGER_PAGE: Final = (
     "FROM ledger_events WHERE stream = ? AND idx >= ? ORDER BY idx LIMIT ?"
 )
 
+
+def ledger_head_indexes(count: int) -> str:
+    """Return the statement answering ``(stream, head index)`` for ``count`` distinct names.
+
+    Each name's head is one descending probe of the ``(stream, idx)``
+    primary key, so the cost follows the names asked, not the events
+    stored; a stream without events answers a null index.
+    """
+    wanted = ", ".join(["(?)"] * count)
+    return (
+        f"WITH wanted (stream) AS (VALUES {wanted}) "  # noqa: S608 - placeholders only
+        "SELECT w.stream, (SELECT e.idx FROM ledger_events e WHERE e.stream = w.stream "
+        "ORDER BY e.idx DESC LIMIT 1) FROM wanted w"
+    )
+
+
 VACUUM: Final = "VACUUM"
 """Rebuilds the file; outside any transaction, on the writer connection."""
 

@@ -19,7 +19,9 @@ from flowvault.adapters._rows import (
     check_stream_page,
     event_from_row,
     head_index,
+    head_indexes,
     require_seal_count,
+    require_stream_names,
     require_text,
     stored_epoch,
     stream_state,
@@ -421,6 +423,20 @@ class SQLiteSecureObjectStore:
         with self._reading() as connection:
             rows = connection.execute(sql.LEDGER_HEAD_INDEX, (stream,)).fetchall()
         return head_index(rows)
+
+    def ledger_head_indexes(self, streams: Sequence[str]) -> dict[str, int]:
+        """Return the index of the last event of each named stream that holds events.
+
+        One statement for all the names, read from the events table like
+        ``ledger_head_index``.
+        """
+        names = require_stream_names(streams)
+        if not names:
+            self._check_usable()
+            return {}
+        with self._reading() as connection:
+            rows = connection.execute(sql.ledger_head_indexes(len(names)), names).fetchall()
+        return head_indexes(rows)
 
     def read_ledger(self, stream: str, *, from_index: int = 0, limit: int = 100) -> LedgerPage:
         """Return retained events from ``from_index`` on, flagging trimmed ones.

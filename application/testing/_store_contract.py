@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from flowvault.application import (
+    MAX_HEAD_BATCH,
     MAX_LIST_LIMIT,
     MAX_PAYLOAD_BYTES,
     Delete,
@@ -26,6 +27,7 @@ from flowvault.application import (
     Order,
     SecureObjectStore,
     StoreStats,
+    StreamHeadBatch,
     StreamHeads,
     UnitOfWork,
     Upsert,
@@ -697,6 +699,50 @@ class SecureObjectStoreContract(StoreHarness):
         assert store.ledger_head_index("missing") is None
         with pytest.raises(InvalidInput):
             store.ledger_head_index(7)  # type: ignore[arg-type]
+
+    def test_head_indexes_are_the_head_events_indexes(self, store: SecureObjectStore) -> None:
+        """The optional ``StreamHeadBatch`` capability agrees with ``ledger_head`` per stream.
+
+        Opening a store trusts it for every stream the high-water mark
+        remembers, so it must answer from the events, trims included, and
+        leave out a stream without any.
+        """
+        if not isinstance(store, StreamHeadBatch):
+            pytest.skip("the adapter does not offer the optional StreamHeadBatch capability")
+
+        def one_by_one(streams: list[str]) -> dict[str, int]:
+            heads = {name: store.ledger_head(name) for name in streams}
+            found = {name: head.index for name, head in heads.items() if head is not None}
+            if isinstance(store, StreamHeads):
+                assert found == {
+                    name: index
+                    for name in streams
+                    if (index := store.ledger_head_index(name)) is not None
+                }
+            return found
+
+        assert store.ledger_head_indexes([]) == {}
+        assert store.ledger_head_indexes(["s", "missing"]) == {}
+        events = self._append_chain(store, "s", 4)
+        self._append_chain(store, "other", 2)
+        self._append_chain(store, "third", 1)
+        streams = ["s", "other", "third", "missing"]
+        assert store.ledger_head_indexes(streams) == one_by_one(streams)
+        assert store.ledger_head_indexes(streams) == {"s": 3, "other": 1, "third": 0}
+        store.commit(UnitOfWork(trims=[LedgerTrim("s", 3), LedgerTrim("other", 100)]))
+        assert store.ledger_head_indexes(streams) == one_by_one(streams)
+        assert store.ledger_head_indexes(("s", "other")) == {"s": events[-1].index, "other": 1}
+        assert store.ledger_head_indexes(["s", "s", "missing", "s"]) == {"s": 3}
+
+        most = ["third", *(f"missing/{n}" for n in range(MAX_HEAD_BATCH - 2)), "s"]
+        assert len(most) == MAX_HEAD_BATCH
+        assert store.ledger_head_indexes(most) == {"third": 0, "s": 3}
+        with pytest.raises(InvalidInput):
+            store.ledger_head_indexes([*most, "other"])
+        with pytest.raises(InvalidInput):
+            store.ledger_head_indexes("s")
+        with pytest.raises(InvalidInput):
+            store.ledger_head_indexes(["s", 7])  # type: ignore[list-item]
 
     def test_failed_unit_does_not_trim(self, store: SecureObjectStore) -> None:
         """A trim in a unit whose guard fails leaves the stream whole."""

@@ -360,6 +360,7 @@ _QUERIES = {
     "trim events": (sql.TRIM_EVENTS, ("s", "s")),
     "ledger head": (sql.LEDGER_HEAD, ("s",)),
     "ledger head index": (sql.LEDGER_HEAD_INDEX, ("s",)),
+    "ledger head indexes": (sql.ledger_head_indexes(3), ("s", "t", "u")),
     "ledger page": (sql.LEDGER_PAGE, ("s", 0, 101)),
     "list by key": (sql.list_query(Order.KEY, False), (NS, 101)),
     "list by key after": (sql.list_query(Order.KEY, True), (NS, "k", 101)),

@@ -49,12 +49,14 @@ from hypothesis.errors import NoSuchExample
 from pydantic import BaseModel, ValidationError
 
 from flowvault.application import (
+    LOG_GENESIS,
     ApprovalService,
     CheckpointService,
     Delete,
     EvidenceService,
     FilterOp,
     Guard,
+    HighWaterMark,
     HistoryEvent,
     IdempotencyService,
     KeyRotation,
@@ -87,6 +89,7 @@ from flowvault.application import (
     parse_mark,
     parse_master_key,
     read_stream,
+    replay_log,
     reset_progress,
     verify_stream,
 )
@@ -1273,10 +1276,27 @@ def _receipt_texts() -> st.SearchStrategy[Any]:
 
 def _mark_texts() -> st.SearchStrategy[Any]:
     """Draw a well-formed mark under some key with a few bytes replaced, inserted or cut."""
-    genuine = b"flowvault high-water mark 1\nepoch 12\nmac sha256:" + b"ab" * 32 + b"\n"
-    return st.tuples(st.integers(0, len(genuine)), st.integers(0, 4), st.binary(max_size=3)).map(
-        lambda c: genuine[: c[0]] + c[2] + genuine[c[0] + c[1] :]
+    digest = b"sha256:" + b"ab" * 32
+    genuine = st.sampled_from(
+        [
+            b"flowvault high-water mark 1\nepoch 12\nmac " + digest + b"\n",
+            b"flowvault high-water mark 2\nepoch 12\nlog 3 90 %s\nmac %s\n" % (digest, digest),
+        ]
     )
+    edits = st.tuples(genuine, st.integers(0, 160), st.integers(0, 4), st.binary(max_size=3))
+    return edits.map(lambda c: c[0][: c[1]] + c[3] + c[0][c[1] + c[2] :])
+
+
+def _mark_logs() -> st.SearchStrategy[Any]:
+    """Draw logs: hostile bytes and text, and genuine-looking lines with bytes edited."""
+    sizes = st.dictionaries(st.text(max_size=8), st.integers(-2, MAX_SAFE_INTEGER), max_size=3)
+    lines = st.lists(sizes, max_size=4).map(
+        lambda found: b"".join(canonical_bytes(line) + b"\n" for line in found)
+    )
+    edited = st.tuples(lines, st.integers(0, 40), st.binary(max_size=3)).map(
+        lambda c: c[0][: c[1]] + c[2] + c[0][c[1] + 1 :]
+    )
+    return st.one_of(hostile.hostile_bytes(), hostile.hostile_text(), lines, edited)
 
 
 def _receipts(k: Known) -> st.SearchStrategy[Any]:
@@ -1325,6 +1345,13 @@ def _audit_rows() -> list[EntryPoint]:
             "parse_mark",
             lambda k: args(content=st.one_of(hostile.hostile_bytes(), _mark_texts())),
             lambda w, a: parse_mark(a["content"], _repo(w), "mark"),
+        ),
+        EntryPoint(
+            "replay_log",
+            lambda k: args(log=_mark_logs(), records=st.integers(0, 5)),
+            lambda w, a: replay_log(
+                HighWaterMark(1, a["records"], LOG_GENESIS), a["log"], _repo(w), "mark"
+            ),
         ),
         EntryPoint(
             "LedgerAudit.issue",
@@ -1497,6 +1524,12 @@ def _store_rows() -> list[EntryPoint]:
             "store.ledger_head_index",
             lambda k: args(stream=_streams(k)),
             lambda w, a: w.store.ledger_head_index(**a),  # type: ignore[attr-defined]
+            sqlite=True,
+        ),
+        EntryPoint(
+            "store.ledger_head_indexes",
+            lambda k: args(streams=st.one_of(st.lists(_streams(k), max_size=4), _streams(k))),
+            lambda w, a: w.store.ledger_head_indexes(**a),  # type: ignore[attr-defined]
             sqlite=True,
         ),
         EntryPoint(
@@ -1842,6 +1875,7 @@ FOUND: tuple[tuple[str, Callable[[Known], Arguments]], ...] = (
     ("store.load", lambda k: {"namespace": bytearray(b"ns"), "key_digest": "d"}),
     ("store.ledger_head", lambda k: {"stream": {"a": 1}}),
     ("store.ledger_head_index", lambda k: {"stream": [k.streams[0]]}),
+    ("store.ledger_head_indexes", lambda k: {"streams": [k.streams[0], [k.streams[0]]]}),
     ("store.read_ledger", lambda k: {"stream": k.streams[0], "from_index": "0", "limit": 1}),
     ("store.list_streams", lambda k: {"after": 1, "limit": 10}),
     ("SealedRepository.keyed_digest", lambda k: {"tag": "flowvault.decider/1", "data": None}),

@@ -30,10 +30,12 @@ from wiring import Wired
 
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.application import (
+    MAX_HEAD_BATCH,
     MAX_LIST_LIMIT,
     MAX_PAYLOAD_BYTES,
     MAX_WITNESS_BYTES,
     Guard,
+    StreamHeadBatch,
     UnitOfWork,
 )
 from flowvault.application import _records as records_module
@@ -882,6 +884,22 @@ def timeouts(_bench: Bench) -> list[Boundary]:
     return boundaries
 
 
+def head_batch(bench: Bench) -> list[Boundary]:
+    """Return the edge of one batch of stream heads: 500 names at most."""
+    store = bench.runtime.store
+    if not isinstance(store, StreamHeadBatch):
+        return []
+    names = [f"limits/heads{i:03d}" for i in range(MAX_HEAD_BATCH + 1)]
+    return [
+        Boundary(
+            "ledger_head_indexes",
+            lambda: store.ledger_head_indexes(names[:MAX_HEAD_BATCH]),
+            lambda: store.ledger_head_indexes(names),
+            INVALID,
+        )
+    ]
+
+
 def pool_size(bench: Bench) -> list[Boundary]:
     """Return the edges of 1 to 100 pooled connections."""
     name = "POSTGRES_POOL_SIZE"
@@ -973,6 +991,7 @@ CASES: dict[str, Callable[[Bench], list[Boundary]]] = {
     "timeouts": timeouts,
     "pool-size": pool_size,
     "postgres-schema": postgres_schema,
+    "head-batch": head_batch,
     "page-size": page_size,
 }
 """Every row of ``docs/limits.md``; ``page-size`` last, since it fills the store."""

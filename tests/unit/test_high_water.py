@@ -1,31 +1,43 @@
-"""The high-water mark: its MAC'd text, the refusal of an older store, and its two-slot file."""
+"""The high-water mark: its MAC'd head and log, the refusal of an older store, and its file."""
 
 from __future__ import annotations
 
 import os
 import stat
+import struct
+import threading
+import zlib
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
 from flowvault.adapters.crypto import AesGcmCipher
-from flowvault.adapters.system import SLOT_BYTES, MarkFileStore
+from flowvault.adapters.memory import InMemorySecureObjectStore as MemoryStore
+from flowvault.adapters.system import LOG_OFFSET, SLOT_BYTES, MarkFileStore
 from flowvault.application import (
+    COMPACT_SLACK,
     AntiRollback,
     CipherDigester,
+    HighWaterMark,
+    HighWaterStore,
     KeyRing,
+    MarkState,
+    MarkWrite,
+    UnitOfWork,
     format_mark,
     parse_mark,
+    replay_log,
 )
-from flowvault.domain import InsecurePermissions, IntegrityFailure, StoreRolledBack
+from flowvault.application.testing import make_event
+from flowvault.domain import InsecurePermissions, IntegrityFailure, LedgerEvent, StoreRolledBack
 
 KEY = CipherDigester(AesGcmCipher.from_ring(KeyRing(primary=bytes(range(32)))))
 OTHER = CipherDigester(AesGcmCipher.from_ring(KeyRing(primary=bytes(range(64, 96)))))
 
 
 class Counter:
-    """A ``StoreEpoch`` whose count a test sets."""
+    """A store whose count a test sets and whose streams are all empty."""
 
     def __init__(self, epoch: int = 0) -> None:
         self.value = epoch
@@ -34,26 +46,96 @@ class Counter:
         """Return the count the test set."""
         return self.value
 
+    def ledger_head(self, stream: str) -> LedgerEvent | None:
+        """No stream holds events."""
+        return None
 
-def _guard(path: Path, store: Counter, digester: CipherDigester = KEY) -> AntiRollback:
+
+class HeadsOnly:
+    """A store offering only ``epoch`` and ``ledger_head``: no batch lookup, no stream list."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+
+    def epoch(self) -> int:
+        """Forward to the store."""
+        return self._store.epoch()
+
+    def ledger_head(self, stream: str) -> LedgerEvent | None:
+        """Forward to the store."""
+        return self._store.ledger_head(stream)
+
+
+class HeadIndexOnly(HeadsOnly):
+    """A store with ``ledger_head_index`` (``StreamHeads``) but no batch lookup."""
+
+    def ledger_head_index(self, stream: str) -> int | None:
+        """Forward to the store."""
+        return self._store.ledger_head_index(stream)
+
+
+def _guard(
+    path: Path, store: Counter | MemoryStore | HeadsOnly, digester: CipherDigester = KEY
+) -> AntiRollback:
     return AntiRollback(store, MarkFileStore(path), digester)
 
 
-def test_a_mark_round_trips_and_only_under_its_key() -> None:
-    """The text names the epoch and a MAC; an edit or another key fails closed."""
-    text = format_mark(42, KEY)
-    assert text.startswith(b"flowvault high-water mark 1\nepoch 42\nmac sha256:")
-    assert parse_mark(text, KEY, "here") == 42
+def _mark(path: Path) -> HighWaterMark:
+    state = MarkFileStore(path).read()
+    assert state is not None
+    return parse_mark(state.head, KEY, "")
+
+
+def _sizes(path: Path) -> dict[str, int]:
+    state = MarkFileStore(path).read()
+    assert state is not None
+    return replay_log(parse_mark(state.head, KEY, ""), state.log(), KEY, "")
+
+
+def _grow(store: MemoryStore, stream: str, count: int) -> None:
+    """Append ``count`` events to ``stream`` in one unit."""
+    head = store.ledger_head(stream)
+    first = 0 if head is None else head.index + 1
+    events: list[LedgerEvent] = []
+    for index in range(first, first + count):
+        events.append(make_event(stream, index, events[-1] if events else head))
+    store.commit(UnitOfWork(appends=events))
+
+
+def _guarded(path: Path, store: MemoryStore) -> HighWaterStore:
+    guard = _guard(path, store)
+    guard.check()
+    return HighWaterStore(store, guard)
+
+
+def test_a_head_round_trips_and_only_under_its_key() -> None:
+    """The text names the epoch, the log's line count, base size and chain, and a MAC."""
+    mark = HighWaterMark(42, 3, "sha256:" + "ab" * 32, 120)
+    text = format_mark(mark, KEY)
+    assert text.startswith(b"flowvault high-water mark 2\nepoch 42\nlog 3 120 sha256:abab")
+    assert parse_mark(text, KEY, "here") == mark
     for forged in (
         text.replace(b"epoch 42", b"epoch 43"),
+        text.replace(b"log 3 ", b"log 2 "),
+        text.replace(b" 120 ", b" 0 "),
+        text.replace(b"sha256:abab", b"sha256:abac"),
         text[:-2] + b"0\n",
         b"",
         b"\xff" * 10,
         text + b"extra\n",
-        format_mark(42, OTHER),
+        format_mark(mark, OTHER),
     ):
         with pytest.raises(IntegrityFailure, match="does not verify under the store key"):
             parse_mark(forged, KEY, "here")
+
+
+def test_an_epoch_only_head_from_before_the_log_still_reads() -> None:
+    """Marks written before stream sizes were kept verify, as an epoch with an empty log."""
+    mac = KEY.keyed_digest("flowvault.high-water/1", b'["flowvault high-water mark 1",7]')
+    text = f"flowvault high-water mark 1\nepoch 7\nmac {mac}\n".encode()
+    assert parse_mark(text, KEY, "") == HighWaterMark(7)
+    with pytest.raises(IntegrityFailure):
+        parse_mark(text.replace(b"epoch 7", b"epoch 8"), KEY, "")
 
 
 def test_an_older_store_is_refused_and_a_newer_one_moves_the_mark(tmp_path: Path) -> None:
@@ -65,9 +147,8 @@ def test_an_older_store_is_refused_and_a_newer_one_moves_the_mark(tmp_path: Path
     assert [entry["event"] for entry in logs] == ["high_water_mark_started"]
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     store.value = 9
-    guard = _guard(path, store)
-    assert guard.check() == 5
-    assert parse_mark(MarkFileStore(path).read() or b"", KEY, "") == 9
+    assert _guard(path, store).check() == 5
+    assert _mark(path).epoch == 9
     store.value = 7
     with pytest.raises(StoreRolledBack) as refused:
         _guard(path, store).check()
@@ -81,46 +162,232 @@ def test_an_older_store_is_refused_and_a_newer_one_moves_the_mark(tmp_path: Path
 def test_the_mark_never_goes_down_whoever_advances_it(tmp_path: Path) -> None:
     """Two processes share the file: the one that saw less cannot lower it."""
     path = tmp_path / "mark"
-    ahead, behind = Counter(10), Counter(3)
-    _guard(path, ahead).advance()
-    _guard(path, behind).advance()
-    assert parse_mark(MarkFileStore(path).read() or b"", KEY, "") == 10
+    _guard(path, Counter(10)).advance({"a": 5})
+    _guard(path, Counter(3)).advance({"a": 2, "b": 1})
+    assert _mark(path).epoch == 10
+    assert _sizes(path) == {"a": 5, "b": 1}
+
+
+def test_a_stream_cut_short_is_refused_even_with_its_count_raised(tmp_path: Path) -> None:
+    """Deleting a stream's newest events and setting the count high again is still seen."""
+    path = tmp_path / "mark"
+    live = MemoryStore()
+    guarded = _guarded(path, live)
+    _grow(live, "workflow/a", 3)
+    _grow(live, "workflow/b", 2)
+    for stream in ("workflow/a", "workflow/b"):
+        head = live.ledger_head(stream)
+        assert head is not None
+        guarded.commit(UnitOfWork(appends=[make_event(stream, head.index + 1, head)]))
+    assert _sizes(path) == {"workflow/a": 4, "workflow/b": 3}
+    cut = MemoryStore()
+    _grow(cut, "workflow/a", 4)
+    _grow(cut, "workflow/b", 1)
+    for _ in range(50):
+        _grow(cut, "padding", 1)
+    assert cut.epoch() > live.epoch()
+    for store in (cut, HeadsOnly(cut), HeadIndexOnly(cut)):
+        with pytest.raises(StoreRolledBack) as refused:
+            _guard(path, store).check()
+        assert refused.value.details == {
+            "stream": "workflow/b",
+            "size": 1,
+            "high_water": 3,
+            "streams": 1,
+        }
+    assert _guard(path, live).check() == live.epoch()
+
+
+def test_a_missing_mark_starts_from_every_stream_the_store_holds(tmp_path: Path) -> None:
+    """The first open records the store as it is, so a later cut is caught at once."""
+    path = tmp_path / "mark"
+    store = MemoryStore()
+    for name in ("x", "y", "z"):
+        _grow(store, name, 2)
+    _guard(path, store).check()
+    assert _sizes(path) == {"x": 2, "y": 2, "z": 2}
+    shorter = MemoryStore()
+    _grow(shorter, "x", 2)
+    _grow(shorter, "y", 2)
+    for _ in range(9):
+        _grow(shorter, "other", 1)
+    with pytest.raises(StoreRolledBack, match="ledger stream z holds 0 events"):
+        _guard(path, shorter).check()
+
+
+def test_an_epoch_only_mark_is_checked_then_upgraded(tmp_path: Path) -> None:
+    """A mark file from before the log: its epoch is enforced, then the sizes start."""
+    path = tmp_path / "mark"
+    mac = KEY.keyed_digest("flowvault.high-water/1", b'["flowvault high-water mark 1",3]')
+    content = f"flowvault high-water mark 1\nepoch 3\nmac {mac}\n".encode()
+    slot = struct.pack(">4sQII", b"FVHW", 1, len(content), zlib.crc32(content)) + content
+    path.write_bytes(slot.ljust(2 * SLOT_BYTES, b"\0"))
+    path.chmod(0o600)
+    store = MemoryStore()
+    _grow(store, "s", 1)
+    with pytest.raises(StoreRolledBack):
+        _guard(path, store).check()
+    _grow(store, "s", 2)
+    _grow(store, "t", 1)
+    assert _guard(path, store).check() == 3
+    assert _mark(path).epoch == 3
+    assert _sizes(path) == {"s": 3, "t": 1}
+
+
+def test_an_edited_log_is_refused(tmp_path: Path) -> None:
+    """Lines dropped, changed, reordered or added without the key fail the head's chain."""
+    path = tmp_path / "mark"
+    guard = _guard(path, Counter(1))
+    for size in (1, 2, 3):
+        guard.advance({"s": size})
+    state = MarkFileStore(path).read()
+    assert state is not None
+    mark = parse_mark(state.head, KEY, "")
+    lines = state.log().splitlines(keepends=True)
+    assert len(lines) == mark.records == 3
+    for edited in (
+        b"".join(lines[:-1]),
+        b"".join([*lines[:-1], b'{"s":9}\n']),
+        b"".join(reversed(lines)),
+        b"".join([*lines, b'{"s":9}\n']),
+        b"".join(lines)[:-1],
+    ):
+        with pytest.raises(IntegrityFailure, match="log was edited"):
+            replay_log(mark, edited, KEY, "")
+    MarkFileStore(path).update(
+        lambda current: MarkWrite(current.head, b'{"s":1}\n') if current else None
+    )
+    with pytest.raises(IntegrityFailure, match="log was edited"):
+        _guard(path, Counter(1)).check()
+
+
+def test_the_log_is_compacted_and_keeps_every_size(tmp_path: Path) -> None:
+    """Past twice its compacted size plus the slack, the log becomes one line of all sizes."""
+    path = tmp_path / "mark"
+    guard = _guard(path, Counter(1))
+    names = [f"run/{n:04d}-{'x' * 40}" for n in range(1_500)]
+    for n, name in enumerate(names):
+        guard.advance({name: n + 1})
+    state = MarkFileStore(path).read()
+    assert state is not None
+    mark = parse_mark(state.head, KEY, "")
+    assert mark.records < len(names), "the log was compacted at least once"
+    assert state.log_size <= 2 * mark.base + COMPACT_SLACK + 200
+    assert _sizes(path) == {name: n + 1 for n, name in enumerate(names)}
+    assert path.stat().st_size == LOG_OFFSET + state.log_size
+    assert not path.with_name(path.name + ".new").exists()
+
+
+def test_threads_of_one_group_commit_all_reach_the_mark(tmp_path: Path) -> None:
+    """Whichever thread writes takes every size left pending; none is dropped."""
+    path = tmp_path / "mark"
+    guard = _guard(path, Counter(1))
+    start = threading.Barrier(8)
+
+    def writer(n: int) -> None:
+        start.wait()
+        for size in range(1, 21):
+            guard.advance({f"t{n}": size})
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert _sizes(path) == {f"t{n}": 20 for n in range(8)}
+    assert _mark(path).records <= 8 * 20
+
+
+def test_a_failed_write_keeps_its_sizes_for_the_next(tmp_path: Path) -> None:
+    """A mark that cannot be written is deferred, never forgotten."""
+    path = tmp_path / "mark"
+    guard = _guard(path, Counter(1))
+    guard.advance({"a": 1})
+    path.chmod(0o644)
+    with pytest.raises(InsecurePermissions):
+        guard.advance({"b": 4})
+    path.chmod(0o600)
+    guard.advance()
+    assert _sizes(path) == {"a": 1, "b": 4}
 
 
 def test_a_forged_mark_is_refused_on_open(tmp_path: Path) -> None:
     """A mark written without the key (or edited) fails the check until accepted."""
     path = tmp_path / "mark"
-    MarkFileStore(path).update(lambda _: format_mark(1_000, OTHER))
+    forged = format_mark(HighWaterMark(1_000), OTHER)
+    MarkFileStore(path).update(lambda _: MarkWrite(forged, replace_log=True))
     with pytest.raises(IntegrityFailure, match="does not verify"):
         _guard(path, Counter(4)).check()
     assert _guard(path, Counter(4)).accept() == (None, 4)
     assert _guard(path, Counter(4)).check() == 4
 
 
-def test_a_torn_write_keeps_the_previous_mark(tmp_path: Path) -> None:
-    """Each update writes the other slot; spoiling the newest leaves the one before."""
+def test_a_torn_slot_or_a_lost_append_keeps_the_previous_mark(tmp_path: Path) -> None:
+    """Each update writes the other slot; a spoilt newest slot or append leaves the one before."""
     path = tmp_path / "mark"
     marks = MarkFileStore(path)
-    marks.update(lambda _: b"first")
-    marks.update(lambda _: b"second")
-    assert marks.read() == b"second"
-    assert path.stat().st_size == 2 * SLOT_BYTES
+    marks.update(lambda _: MarkWrite(b"first", b"one\n"))
+    marks.update(lambda _: MarkWrite(b"second", b"two\n"))
+
+    def read() -> tuple[bytes, bytes]:
+        state = marks.read()
+        assert state is not None
+        return state.head, state.log()
+
+    assert read() == (b"second", b"one\ntwo\n")
+    assert path.stat().st_size == LOG_OFFSET + 8
     with open(path, "r+b") as file:
-        file.seek(SLOT_BYTES + 20)
+        file.seek(LOG_OFFSET + 5)
+        file.write(b"X")
+    assert read() == (b"first", b"one\n"), "an append that never reached the disk is not trusted"
+    marks.update(lambda current: MarkWrite((current.head if current else b"") + b"+third", b"3\n"))
+    assert read() == (b"first+third", b"one\n3\n"), "written over the slot that did not hold"
+    with open(path, "r+b") as file:
+        file.write(b"\xff" * 40)
+    assert read() == (b"first+third", b"one\n3\n"), "spoiling the older slot changes nothing"
+    with open(path, "r+b") as file:
+        file.seek(SLOT_BYTES + 40)
         file.write(b"\x00torn")
-    assert marks.read() == b"first"
-    marks.update(lambda current: (current or b"") + b"+third")
-    assert marks.read() == b"first+third"
-    with open(path, "r+b") as file:
-        file.write(b"\xff" * (2 * SLOT_BYTES))
-    assert marks.read() == b"", "a file with no intact slot reads as an unverifiable mark"
+    assert read() == (b"", b""), "with no intact slot the mark reads as an unverifiable head"
     assert MarkFileStore(tmp_path / "absent").read() is None
+
+
+def test_an_update_waiting_on_a_compaction_lands_in_the_new_file(tmp_path: Path) -> None:
+    """A writer that locked the file a compaction replaced opens the new one and writes there."""
+    path = tmp_path / "mark"
+    MarkFileStore(path).update(lambda _: MarkWrite(b"head", b"a\n"))
+    inside, release = threading.Event(), threading.Event()
+
+    def compact(_: MarkState | None) -> MarkWrite:
+        inside.set()
+        assert release.wait(10)
+        return MarkWrite(b"compacted", b"all\n", replace_log=True)
+
+    compactor = threading.Thread(target=MarkFileStore(path).update, args=(compact,))
+    compactor.start()
+    assert inside.wait(10)
+    seen: list[bytes] = []
+
+    def append(current: MarkState | None) -> MarkWrite:
+        assert current is not None
+        seen.append(current.head)
+        return MarkWrite(current.head + b"+more", b"b\n")
+
+    waiter = threading.Thread(target=MarkFileStore(path).update, args=(append,))
+    waiter.start()
+    release.set()
+    compactor.join()
+    waiter.join()
+    assert seen == [b"compacted"]
+    state = MarkFileStore(path).read()
+    assert state is not None
+    assert (state.head, state.log()) == (b"compacted+more", b"all\nb\n")
 
 
 def test_an_exposed_or_symlinked_mark_is_refused(tmp_path: Path) -> None:
     """The mark gets the key file's protections: private, regular, never followed."""
     path = tmp_path / "mark"
-    MarkFileStore(path).update(lambda _: b"x")
+    MarkFileStore(path).update(lambda _: MarkWrite(b"x"))
     os.chmod(path, 0o644)
     with pytest.raises(InsecurePermissions, match="chmod 600"):
         MarkFileStore(path).read()
@@ -130,5 +397,7 @@ def test_an_exposed_or_symlinked_mark_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InsecurePermissions, match="symlink"):
         MarkFileStore(link).read()
     with pytest.raises(InsecurePermissions, match="symlink"):
-        MarkFileStore(link).update(lambda _: b"y")
-    assert MarkFileStore(path).read() == b"x"
+        MarkFileStore(link).update(lambda _: MarkWrite(b"y"))
+    state = MarkFileStore(path).read()
+    assert state is not None
+    assert state.head == b"x"
