@@ -63,7 +63,7 @@ class StreamPolicy(Generic[_O]):
         self._leaves = leaves_record
         self._unbound = unbound_stale
 
-    def is_stale(
+    def _is_stale(
         self,
         store: SecureObjectStore,
         stream: str,
@@ -120,7 +120,7 @@ class StreamPolicy(Generic[_O]):
             if opened is None:
                 return None, head
             metadata = opened.metadata
-            if not self.is_stale(store, stream, opened, head):
+            if not self._is_stale(store, stream, opened, head):
                 return opened, head
             now = store.peek_metadata(metadata.namespace, metadata.key_digest)
             if now is not None and _same_row(now, metadata):
@@ -133,6 +133,20 @@ class StreamPolicy(Generic[_O]):
                     ledger_index=metadata.header.ledger_index,
                 )
         raise RevisionConflict(f"{self._what} kept changing while it was read; retry")
+
+    def check_listed(
+        self, store: SecureObjectStore, stream: str, listed: _O, reread: Callable[[], _O | None]
+    ) -> _O | None:
+        """Check a row a listing already read; read it again (``reread``) only if it looked stale.
+
+        Returns the row, or ``None`` if it was deleted meanwhile.
+        """
+        pending = [listed]
+
+        def read() -> _O | None:
+            return pending.pop() if pending else reread()
+
+        return self.read(store, stream, read, with_head=False)[0]
 
 
 def _named_head(store: SecureObjectStore, stream: str, opened: _Opened | None) -> bool:

@@ -559,12 +559,9 @@ class RunService:
         if listed is None:
             return None
         run_id = listed.run.run_id
-        pending = [listed]
-
-        def read() -> _LoadedRun | None:
-            return pending.pop() if pending else self._read_row(run_id)
-
-        loaded, _ = self._fresh.read(self._store, run_stream(run_id), read, with_head=False)
+        loaded = self._fresh.check_listed(
+            self._store, run_stream(run_id), listed, lambda: self._read_row(run_id)
+        )
         return None if loaded is None else loaded.run
 
     def _listed_run(self, metadata: RecordMetadata) -> _LoadedRun | None:

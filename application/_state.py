@@ -24,6 +24,7 @@ from flowvault.application._records import Delete, Guard, RecordMetadata, UnitOf
 from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application._streams import keyed, next_position, read_stream
 from flowvault.domain import (
+    GENESIS_HASH,
     REASON_PATTERN,
     SCOPE_PATTERN,
     EnvelopeHeader,
@@ -258,17 +259,17 @@ class StateRepository(Generic[M]):
         the host's own writes. The event's position is read now, so a unit
         committed after another write of the scope fails as a conflict.
         """
-        return self._unit(state, expected_revision, (), None)
+        return self._unit(state, expected_revision, (), self._position())
 
     def _unit(
         self,
         state: M,
         expected_revision: int | None,
         drafts: Sequence[HistoryEvent],
-        head: LedgerEvent | None,
+        position: tuple[int, str],
     ) -> UnitOfWork:
-        """Seal ``state`` bound to its written event, which follows ``drafts`` on ``head``."""
-        index, previous = _after(head) if head is not None else self._position()
+        """Seal ``state`` bound to its written event, which follows ``drafts`` at ``position``."""
+        index, previous = position
         upsert = self._seal(state, expected_revision, index + len(drafts))
         written = HistoryEvent(STATE_WRITTEN_EVENT, {"revision": upsert.header.revision})
         appends = self._events([*drafts, written], (index, previous))
@@ -339,7 +340,7 @@ class StateRepository(Generic[M]):
                 pause_after_conflict(attempt)
             snapshot, head = self._load()
             new, writes, events = step(snapshot.state)
-            own = self._unit(new, snapshot.revision, events, head)
+            own = self._unit(new, snapshot.revision, events, _after(head))
             unit = UnitOfWork(
                 upserts=[*own.upserts, *(w for w in writes if isinstance(w, Upsert))],
                 deletes=[w for w in writes if isinstance(w, Delete)],
@@ -427,8 +428,9 @@ class StateRepository(Generic[M]):
         return list(read_stream(self._store, history_stream(self._scope)))
 
 
-def _after(head: LedgerEvent) -> tuple[int, str]:
-    return head.index + 1, head.event_hash
+def _after(head: LedgerEvent | None) -> tuple[int, str]:
+    """Return the position after ``head``, the stream's head as the writer read it."""
+    return (0, GENESIS_HASH) if head is None else (head.index + 1, head.event_hash)
 
 
 @dataclass(frozen=True, slots=True)

@@ -245,13 +245,9 @@ class WorkflowService:
     def _checked(self, listed: _Loaded) -> _Loaded | None:
         """Check a listed row against its stream, reading it again only if it looked stale."""
         workflow_id = listed.record.workflow_id
-        pending = [listed]
-
-        def read() -> _Loaded | None:
-            return pending.pop() if pending else self._read_row(workflow_id)
-
-        loaded, _ = self._fresh.read(self._store, stream_of(workflow_id), read, with_head=False)
-        return loaded
+        return self._fresh.check_listed(
+            self._store, stream_of(workflow_id), listed, lambda: self._read_row(workflow_id)
+        )
 
     def _listed(self, metadata: RecordMetadata) -> _Loaded | None:
         stored = self._store.load(metadata.namespace, metadata.key_digest)
