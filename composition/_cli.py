@@ -8,6 +8,8 @@ verbs registers itself from its own ``_cli_*`` module.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
@@ -94,6 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args, settings, io)
     except FlowvaultError as error:
         return io.fail(error)
+    except BrokenPipeError:
+        raise
     except OSError as error:
         return io.fail(InvalidInput(f"cannot use the flowvault home: {error.strerror}"))
     except Exception as error:
@@ -102,6 +106,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return io.fail(InvalidInput(f"unexpected {type(error).__name__}; rerun with --debug"))
 
 
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+"""What a shell reports for a writer whose reader stopped early, as for ``yes | head``."""
+
+
 def run() -> None:
-    """Console-script entry point."""
-    sys.exit(main())
+    """Console-script entry point.
+
+    A reader that stops early (``flowvault workflows list | head``) closes
+    the pipe: the rest of the output is dropped without a traceback, and
+    the exit status is that of a process ended by SIGPIPE. Stdout is pointed
+    at the null device first, so the interpreter's own flush at exit cannot
+    fail again.
+    """
+    try:
+        status = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        sys.exit(EXIT_BROKEN_PIPE)
+    sys.exit(status)

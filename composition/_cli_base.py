@@ -16,6 +16,7 @@ EXIT_CODES = """exit codes:
   0  success
   1  a flowvault error (its code and a fix are printed) or a declined confirmation
   2  usage error
+  141  the reader of stdout stopped early (a closed pipe); the rest of the output is dropped
 """
 
 Handler: TypeAlias = Callable[[argparse.Namespace, Settings, CommandIO], int]

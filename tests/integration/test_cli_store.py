@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import stat
 import subprocess
 from pathlib import Path
 
 import pytest
+from cli_helpers import FLOWVAULT, TIMEOUT, cli_env
 from cli_helpers import json_document as _document
 from cli_helpers import run_cli as _run
 
@@ -305,3 +307,29 @@ def test_status_on_postgres(tmp_path: Path, postgres_server, pg_schema: str) -> 
     assert document["namespaces"] == {STATE_NAMESPACE: 1}
     assert document["key_ids"] == {key_id: 1}
     assert isinstance(document["schema_version"], int)
+
+
+@pytest.mark.parametrize("verb", [["status"], ["status", "--json"]])
+def test_a_reader_that_stops_early_ends_the_output_quietly(
+    tmp_path: Path, verb: list[str]
+) -> None:
+    """``flowvault ... | head``: the rest is dropped, no traceback, exit status 141 (SIGPIPE)."""
+    home = tmp_path / "home"
+    _init(tmp_path, home)
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        done = subprocess.run(
+            [str(FLOWVAULT), "--home", str(home), *verb],
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=cli_env(tmp_path),
+            timeout=TIMEOUT,
+            check=False,
+        )
+    finally:
+        os.close(writer)
+    assert (done.returncode, done.stderr) == (141, "")
+    assert _run(tmp_path, *verb, home=home).returncode == 0, "the same verb still runs"
