@@ -51,6 +51,8 @@ from flowvault.domain import FlowvaultError, InvalidInput, KeyRequired, StoreUna
 _PRIVATE_DIR = 0o700
 _PRIVATE_FILE = 0o600
 _EXPOSED = 0o077
+_REFUSED_DIRECTORY = 0o022
+"""What the stores refuse on a directory: others able to add, remove or swap its files."""
 """Any group or other bit: the documented layout is 0700 directories and 0600 files."""
 
 
@@ -274,10 +276,16 @@ def _mode_check(name: str, path: Path, *, directory: bool, settings: Settings) -
         finding = f"{path} is owned by uid {info.st_uid}, not by you (uid {os.geteuid()})"
         return Check(name, False, finding, f"chown {os.geteuid()} {shlex.quote(str(path))}")
     mode = stat.S_IMODE(info.st_mode)
-    if mode & _EXPOSED:
+    fix = f"chmod {wanted:o} {shlex.quote(str(path))}"
+    if mode & (_REFUSED_DIRECTORY if directory else _EXPOSED):
         finding = f"{path} has mode {mode:04o}: group or others can reach it"
-        fix = f"chmod {wanted:o} {shlex.quote(str(path))}"
         return Check(name, False, finding, fix, severity)
+    if mode & _EXPOSED:
+        finding = (
+            f"{path} has mode {mode:04o}: group or others can list it; the store accepts "
+            f"this, {wanted:04o} also hides its file names"
+        )
+        return Check(name, False, finding, fix, "warning")
     return Check(name, True, f"{path} has mode {mode:04o}")
 
 

@@ -183,6 +183,26 @@ def test_allowing_insecure_permissions_warns_in_the_store_and_in_doctor(
     assert _mode(target) == case.mode
 
 
+@pytest.mark.parametrize("mode", [0o750, 0o755, 0o711])
+@pytest.mark.parametrize("which", ["data_dir", "keys_dir"])
+def test_a_listable_directory_opens_and_doctor_only_warns(
+    tmp_path: Path, mode: int, which: str
+) -> None:
+    """Read or search bits without write bits are what the store accepts: doctor agrees, warning."""
+    settings = _store_with_state(tmp_path / "home")
+    target: Path = getattr(settings, which)
+    target.chmod(mode)
+    with bootstrap(settings) as runtime:
+        assert runtime.state("main").load().state == WorkflowState(step=1)
+    code, checks = _doctor(tmp_path, settings.home)
+    check = checks[f"permissions.{which}"]
+    assert code == 0
+    assert (check["ok"], check["severity"]) == (False, "warning")
+    assert check["fix"] == f"chmod 700 {target}"
+    assert "the store accepts this" in str(check["finding"])
+    assert _mode(target) == mode
+
+
 def test_loosened_sidecars_are_reported_and_made_private_again(tmp_path: Path) -> None:
     """A readable WAL or shared-memory file is a doctor error, and the next open restores 0600."""
     settings = _settings(tmp_path / "home")
