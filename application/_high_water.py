@@ -23,7 +23,7 @@ import hmac
 import json
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final, Protocol, runtime_checkable
 
 import structlog
@@ -391,9 +391,7 @@ class AntiRollback:
         pending, so the units of one group commit write the mark once.
         """
         with self._pending_lock:
-            for stream, size in (sizes or {}).items():
-                if size > self._pending.get(stream, 0):
-                    self._pending[stream] = size
+            _raise_sizes(self._pending, sizes or {})
             self._asked += 1
             ticket = self._asked
         with self._lock:
@@ -406,9 +404,7 @@ class AntiRollback:
                 self._write(batch, self._store.epoch())
             except BaseException:
                 with self._pending_lock:
-                    for stream, size in batch.items():
-                        if size > self._pending.get(stream, 0):
-                            self._pending[stream] = size
+                    _raise_sizes(self._pending, batch)
                 raise
             self._flushed = asked
 
@@ -424,7 +420,7 @@ class AntiRollback:
             if not batch:
                 if mark.epoch >= current:
                     return None
-                return MarkWrite(format_mark(_with_epoch(mark, epoch), self._digester))
+                return MarkWrite(format_mark(replace(mark, epoch=epoch), self._digester))
             if mark.records == 0 or state.log_size > 2 * mark.base + COMPACT_SLACK:
                 return self._compacted(mark, state, epoch, batch)
             line = _line(batch)
@@ -452,9 +448,7 @@ class AntiRollback:
         except IntegrityFailure:
             _log.warning("high_water_mark_replaced", location=self.location)
             sizes = {}
-        for stream, size in batch.items():
-            if size > sizes.get(stream, 0):
-                sizes[stream] = size
+        _raise_sizes(sizes, batch)
         return self._fresh(epoch, sizes)
 
     def accept(self) -> tuple[int | None, int]:
@@ -462,13 +456,8 @@ class AntiRollback:
 
         Returns the epoch the mark held (``None`` if none or unreadable) and the new one.
         """
-        state = self._marks.read()
-        previous: int | None = None
-        if state is not None:
-            try:
-                previous = parse_mark(state.head, self._digester, self.location).epoch
-            except IntegrityFailure:
-                previous = None
+        found = self._readable(self._marks.read())
+        previous = None if found is None else found.epoch
         current = self._store.epoch()
         self._restart(current, force=True)
         _log.warning(
@@ -477,8 +466,11 @@ class AntiRollback:
         return previous, current
 
 
-def _with_epoch(mark: HighWaterMark, epoch: int) -> HighWaterMark:
-    return HighWaterMark(epoch, mark.records, mark.chain, mark.base)
+def _raise_sizes(sizes: dict[str, int], more: Mapping[str, int]) -> None:
+    """Merge ``more`` into ``sizes`` keeping the higher of each: a stream's size never shrinks."""
+    for stream, size in more.items():
+        if size > sizes.get(stream, 0):
+            sizes[stream] = size
 
 
 class HighWaterStore:

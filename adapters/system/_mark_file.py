@@ -91,6 +91,14 @@ def _unpack(data: bytes, index: int) -> _Slot | None:
     return _Slot(index, sequence, content, log_size, tail_size, tail_crc)
 
 
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """Write all of ``data`` at ``offset``: a short write would leave a slot whose CRC fails."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
 def _tail_holds(fd: int, slot: _Slot) -> bool:
     """Whether the bytes the slot's update appended reached the disk whole."""
     if not slot.tail_size:
@@ -170,12 +178,12 @@ class MarkFileStore:
             log_size = slot.log_size if slot is not None else 0
             tail_size, tail_crc = (slot.tail_size, slot.tail_crc) if slot is not None else (0, 0)
             if write.append:
-                os.pwrite(fd, write.append, LOG_OFFSET + log_size)
+                _pwrite_all(fd, write.append, LOG_OFFSET + log_size)
                 log_size += len(write.append)
                 tail_size, tail_crc = len(write.append), zlib.crc32(write.append)
             index = 1 - slot.index if slot is not None else 0
             new = _Slot(index, sequence, write.head, log_size, tail_size, tail_crc)
-            os.pwrite(fd, _pack(new), index * SLOT_BYTES)
+            _pwrite_all(fd, _pack(new), index * SLOT_BYTES)
             os.fdatasync(fd)
             if created:
                 self._sync_directory()
@@ -189,7 +197,7 @@ class MarkFileStore:
             os.fchmod(fd, _FILE_MODE)
             log = write.append
             slot = _Slot(0, sequence, write.head, len(log), len(log), zlib.crc32(log))
-            os.write(fd, _pack(slot) + bytes(SLOT_BYTES) + log)
+            _pwrite_all(fd, _pack(slot) + bytes(SLOT_BYTES) + log, 0)
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -278,6 +278,32 @@ def test_the_log_is_compacted_and_keeps_every_size(tmp_path: Path) -> None:
     assert not path.with_name(path.name + ".new").exists()
 
 
+def test_short_writes_are_finished_not_left_torn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pwrite`` may write less than asked; appends, slots and compactions still land whole."""
+    real = os.pwrite
+    calls: list[int] = []
+
+    def short(fd: int, data: bytes | memoryview, offset: int) -> int:
+        calls.append(len(data))
+        return real(fd, bytes(data[:7]), offset)
+
+    monkeypatch.setattr(os, "pwrite", short)
+    path = tmp_path / "mark"
+    guard = _guard(path, Counter(1))
+    names = [f"run/{n:04d}-{'x' * 40}" for n in range(1_500)]
+    for n, name in enumerate(names):
+        guard.advance({name: n + 1})
+    monkeypatch.setattr(os, "pwrite", real)
+    assert max(calls) > 7, "the writes were really cut short"
+    state = MarkFileStore(path).read()
+    assert state is not None
+    assert parse_mark(state.head, KEY, "").records < len(names), "a compaction ran"
+    assert _sizes(path) == {name: n + 1 for n, name in enumerate(names)}
+    assert path.stat().st_size == LOG_OFFSET + state.log_size
+
+
 def test_threads_of_one_group_commit_all_reach_the_mark(tmp_path: Path) -> None:
     """Whichever thread writes takes every size left pending; none is dropped."""
     path = tmp_path / "mark"
