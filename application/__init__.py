@@ -156,12 +156,15 @@ from flowvault.application._state import (
 )
 from flowvault.application._streams import (
     LEDGER_MAC_TAG,
+    TRIM_EVENT,
     chain_mac,
     keyed,
     mac_matches,
     next_position,
     read_stream,
+    trim_unit,
 )
+from flowvault.application._verified import verified_events, verified_page
 from flowvault.application._workflows import (
     ACTION_RESULTS,
     DECISION_STATE,
@@ -239,6 +242,7 @@ __all__ = [
     "SEALED_BODY_VERSION",
     "STATE_NAMESPACE",
     "STATE_WRITTEN_EVENT",
+    "TRIM_EVENT",
     "WITNESSES",
     "WORKFLOWS",
     "AntiRollback",
@@ -353,5 +357,8 @@ __all__ = [
     "resolve_master_key",
     "run_stream",
     "stream_of",
+    "trim_unit",
+    "verified_events",
+    "verified_page",
     "verify_stream",
 ]

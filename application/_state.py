@@ -22,7 +22,8 @@ from flowvault.application._compaction import compact_after_commit
 from flowvault.application._freshness import StreamPolicy
 from flowvault.application._records import Delete, Guard, RecordMetadata, UnitOfWork, Upsert
 from flowvault.application._sealed import SealedDocument, SealedRepository
-from flowvault.application._streams import keyed, next_position, read_stream
+from flowvault.application._streams import keyed, next_position
+from flowvault.application._verified import verified_events
 from flowvault.domain import (
     GENESIS_HASH,
     REASON_PATTERN,
@@ -424,8 +425,14 @@ class StateRepository(Generic[M]):
         raise RevisionConflict("scope history kept moving; retry the reset", scope=self._scope)
 
     def history(self) -> list[LedgerEvent]:
-        """Return the scope's history stream, oldest first (retained events only)."""
-        return list(read_stream(self._store, history_stream(self._scope)))
+        """Return the scope's history stream, oldest first, verified under the key.
+
+        Raises:
+            IntegrityFailure: the stream fails verification (a forged, unkeyed,
+                reordered or cut history); ``details`` name the first bad index.
+
+        """
+        return verified_events(self._store, history_stream(self._scope), self._repo)
 
 
 def _after(head: LedgerEvent | None) -> tuple[int, str]:
