@@ -87,6 +87,7 @@ from flowvault.application._receipts import (
     head_note,
     issue_receipt,
 )
+from flowvault.application._record_audit import BoundRecords, StaleRecord
 from flowvault.application._records import (
     MAX_LABEL_TEXT,
     MAX_LABELS,
@@ -248,6 +249,7 @@ __all__ = [
     "AntiRollback",
     "ApprovalService",
     "AuditReport",
+    "BoundRecords",
     "CheckpointService",
     "Cipher",
     "CipherDigester",
@@ -305,6 +307,7 @@ __all__ = [
     "SealedDocument",
     "SealedRepository",
     "SecureObjectStore",
+    "StaleRecord",
     "StateProbe",
     "StateRepository",
     "StateSnapshot",

@@ -23,6 +23,7 @@ from flowvault.application._receipts import (
     compare_with_receipt,
     issue_receipt,
 )
+from flowvault.application._record_audit import BoundRecords, StaleRecord
 from flowvault.application._retention import RetentionJob, RetentionReport
 from flowvault.application._sealed import SealedRepository
 from flowvault.application._verified import StreamVerifier
@@ -115,16 +116,23 @@ class UnreadableRecord:
 
 @dataclass(frozen=True, slots=True)
 class AuditReport:
-    """The outcome of auditing streams and (optionally) every record."""
+    """The outcome of auditing streams and (optionally) every record.
+
+    ``ok`` is false for anything that shows tampering: a stream that fails
+    verification, a record that does not open, or a record older than its
+    stream says (``stale``: a row put back, or its newer history cut off).
+    """
 
     streams: tuple[StreamAudit, ...]
     records: Mapping[RecordReadability, int] | None = None
     unreadable: tuple[UnreadableRecord, ...] = ()
+    stale: tuple[StaleRecord, ...] = ()
 
     @property
     def ok(self) -> bool:
-        """Whether every stream verified; unreadable records are reported, not failed."""
-        return all(stream.ok for stream in self.streams)
+        """Whether every stream verified and every record opened and is current."""
+        unreadable = 0 if self.records is None else self.records[RecordReadability.UNREADABLE]
+        return all(stream.ok for stream in self.streams) and not unreadable and not self.stale
 
     @property
     def events(self) -> int:
@@ -140,6 +148,11 @@ class AuditReport:
     def failures(self) -> tuple[StreamFailure, ...]:
         """The first defect of every broken stream."""
         return tuple(s.failure for s in self.streams if s.failure is not None)
+
+    @property
+    def unreadable_count(self) -> int:
+        """Records that did not open (all of them, though ``unreadable`` lists at most 100)."""
+        return 0 if self.records is None else self.records[RecordReadability.UNREADABLE]
 
 
 def _first_unreadable(store: SecureObjectStore, stream: str, start: int) -> int | None:
@@ -238,11 +251,25 @@ class LedgerAudit:
     key, or ``None`` when no key is at hand: then records are counted as
     ``unverified`` instead of opened, and only the plain chains are verified
     (they need no key); with the key, every event's ``chain_mac`` is too.
+    ``bound`` reads back the record each stream binds (a workflow, a run, a
+    scope's state) with the services' freshness check, so a full audit
+    also finds rows put back whole; without it, none are looked for.
     """
 
-    def __init__(self, store: SecureObjectStore, repository: SealedRepository | None) -> None:
+    def __init__(
+        self,
+        store: SecureObjectStore,
+        repository: SealedRepository | None,
+        bound: BoundRecords | None = None,
+    ) -> None:
         self._store = store
         self._repository = repository
+        self._bound = bound
+
+    @property
+    def repository(self) -> SealedRepository | None:
+        """The sealed repository under the store's key, or ``None`` without a key."""
+        return self._repository
 
     @property
     def keyed(self) -> bool:
@@ -272,7 +299,16 @@ class LedgerAudit:
             counts[readability] += 1
             if readability is RecordReadability.UNREADABLE:
                 unreadable.append(record)
-        return AuditReport(verified, dict(counts), tuple(unreadable[:MAX_LISTED_UNREADABLE]))
+        stale = self._stale(names, progress)
+        listed = tuple(unreadable[:MAX_LISTED_UNREADABLE])
+        return AuditReport(verified, dict(counts), listed, stale)
+
+    def _stale(self, names: list[str], progress: Progress) -> tuple[StaleRecord, ...]:
+        if self._bound is None or self._repository is None:
+            return ()
+        checks = progress(names, total=len(names), label="checking records against streams")
+        found = (self._bound.check(name) for name in checks)
+        return tuple(stale for stale in found if stale is not None)
 
     def issue(
         self,

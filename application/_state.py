@@ -207,6 +207,22 @@ class StateRepository(Generic[M]):
             raise IntegrityFailure("stored state does not match its model") from None
         return StateSnapshot(state, opened.revision), head
 
+    def check_current(self) -> None:
+        """Check the row against the scope's history without opening it as the model.
+
+        An audit calls this for every scope, whatever model its host uses.
+
+        Raises:
+            IntegrityFailure: the row does not verify, or is older than its history.
+
+        """
+        self._fresh.read(
+            self._store,
+            history_stream(self._scope),
+            lambda: self._repo.read(STATE_NAMESPACE, self._scope),
+            with_head=False,
+        )
+
     def _read_row(self) -> SealedDocument | None:
         return self._repo.read(
             STATE_NAMESPACE,
