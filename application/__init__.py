@@ -165,7 +165,7 @@ from flowvault.application._streams import (
     read_stream,
     trim_unit,
 )
-from flowvault.application._verified import verified_events, verified_page
+from flowvault.application._verified import StreamVerifier, verified_events, verified_page
 from flowvault.application._workflows import (
     ACTION_RESULTS,
     DECISION_STATE,
@@ -319,6 +319,7 @@ __all__ = [
     "StreamFailure",
     "StreamHeadBatch",
     "StreamHeads",
+    "StreamVerifier",
     "UnitOfWork",
     "UnreadableRecord",
     "Upsert",
