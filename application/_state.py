@@ -22,7 +22,7 @@ from flowvault.application._compaction import compact_after_commit
 from flowvault.application._freshness import StreamPolicy
 from flowvault.application._records import Delete, Guard, RecordMetadata, UnitOfWork, Upsert
 from flowvault.application._sealed import SealedDocument, SealedRepository
-from flowvault.application._streams import keyed, next_position
+from flowvault.application._streams import TRIM_EVENT, keyed, next_position
 from flowvault.application._verified import verified_events
 from flowvault.domain import (
     GENESIS_HASH,
@@ -81,8 +81,14 @@ def _reason(reason_class: str | None, derived: Readability) -> str:
 
 
 def _reset_of(event: LedgerEvent, header: EnvelopeHeader) -> bool:
-    """Whether ``event`` is a reset of exactly this row, interrupted before its delete."""
+    """Whether ``event`` leaves the row as it is: a trim, or a reset of exactly this row.
+
+    A reset that names this row is what a reset interrupted before its
+    delete leaves behind.
+    """
     payload = event.payload
+    if event.type == TRIM_EVENT:
+        return True
     if event.type != RESET_EVENT or not isinstance(payload, dict):
         return False
     fingerprint = payload.get("fingerprint")

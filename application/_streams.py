@@ -74,6 +74,8 @@ def trim_unit(
     keyed ``ledger.trimmed`` event naming ``before_index`` and the hash of
     the last event it removes, then trims. Commit it as it is; a concurrent
     append makes it fail with ``RevisionConflict``, and nothing is dropped.
+    Trim only events no live record names: a record whose event is trimmed
+    away can no longer be shown current, and reads as stale.
 
     Raises:
         InvalidInput: nothing to trim (the stream is empty, or ``before_index``

@@ -79,30 +79,33 @@ def existing_ring(settings: Settings) -> KeyRing | None:
     return key_file_store(settings).read_ring()
 
 
-@contextmanager
-def _audited(settings: Settings) -> Iterator[LedgerAudit]:
-    """Yield an audit of the read-only store, keyed when a key exists.
+def keyed_audit(store: SecureObjectStore, ring: KeyRing | None) -> LedgerAudit:
+    """Return the audit ``ledger verify`` and ``doctor`` run: keyed, with bound records, if it can.
 
     The key is not checked against the store's records, as opening does:
     under a wrong key the audit reports the records unreadable. With the
     key, the audit also reads back each stream's bound record through the
     services' freshness checks, which only read.
     """
+    if ring is None:
+        return LedgerAudit(store, None)
+    clock = SystemClock()
+    repository = SealedRepository(store, AesGcmCipher.from_ring(ring), clock)
+    ids = RandomIdFactory()
+    bound = BoundRecords(
+        repository,
+        WorkflowService(repository, clock, ids),
+        RunService(repository, clock, ids, integrity=repository),
+    )
+    return LedgerAudit(store, repository, bound)
+
+
+@contextmanager
+def _audited(settings: Settings) -> Iterator[LedgerAudit]:
+    """Yield the audit of the read-only store, keyed when a key exists."""
     store = _open_read_only(settings)
     try:
-        ring = existing_ring(settings)
-        if ring is None:
-            yield LedgerAudit(store, None)
-            return
-        clock = SystemClock()
-        repository = SealedRepository(store, AesGcmCipher.from_ring(ring), clock)
-        ids = RandomIdFactory()
-        bound = BoundRecords(
-            repository,
-            WorkflowService(repository, clock, ids),
-            RunService(repository, clock, ids, integrity=repository),
-        )
-        yield LedgerAudit(store, repository, bound)
+        yield keyed_audit(store, existing_ring(settings))
     finally:
         store.close()
 

@@ -122,7 +122,8 @@ def _summary_rows(report: AuditReport, *, keyed: bool) -> list[tuple[str, object
         rows.append(("events without a chain MAC", report.unkeyed))
     if report.records is not None:
         rows += [(f"records {kind.value}", report.records[kind]) for kind in RecordReadability]
-        rows.append(("records older than their stream", len(report.stale)))
+        if keyed:
+            rows.append(("records older than their stream", len(report.stale)))
     return rows
 
 

@@ -394,3 +394,52 @@ def test_the_raw_stream_reader_is_the_negative_control(
     append(backend_store, chain(4, None))
     assert len(list(read_stream(backend_store, STREAM))) == 4
     assert refusals(backend_store, repository)["events"] == "unkeyed"
+
+
+def test_records_stay_current_after_their_streams_are_trimmed_on_record(
+    backend_store: SecureObjectStore,
+) -> None:
+    """A trim event after a record's own event leaves a workflow, a run and a scope's state current.
+
+    Trimming away the event a record names is another matter: the record
+    can no longer be shown current, so it reads as stale.
+    """
+    repository, workflows, runs = _world(backend_store)
+    record, _ = workflows.create(WorkOrder(kind="k", requester="r", idempotency_key="i"))
+    workflows.append_event(
+        record.workflow_id,
+        "workflow.noted",
+        expected_state=record.state,
+        expected_version=record.state_version,
+        payload={"note": 1},
+    )
+    state = StateRepository(repository, "main")
+    for step in (1, 2):
+        state.update_with_events(
+            lambda _, step=step: (WorkflowState(step=step), [HistoryEvent("state.stepped")])
+        )
+    runs.register_definition("graph", {"nodes": ["a"]})
+    run, _ = runs.start_run("graph", {"t": 1})
+    runs.append_run_events(run.run_id, [("node.tick", {"n": 1}), ("node.tick", {"n": 2})])
+    before = workflows.get(record.workflow_id)
+    for stream in (stream_of(record.workflow_id), "scope/main", f"run/{run.run_id}"):
+        backend_store.commit(
+            trim_unit(backend_store, repository, stream, before_index=1, occurred_at=EPOCH)
+        )
+    assert workflows.get(record.workflow_id) == before
+    assert workflows.events(record.workflow_id)[-1].type == "ledger.trimmed"
+    assert state.load().state == WorkflowState(step=2)
+    assert state.history()[0].index == 1
+    assert runs.get_run(run.run_id).status == run.status
+    assert runs.read_run_events(run.run_id).gap
+    bound = BoundRecords(repository, workflows, runs)
+    assert LedgerAudit(backend_store, repository, bound).run().ok
+    head = backend_store.ledger_head("scope/main")
+    assert head is not None
+    backend_store.commit(
+        trim_unit(
+            backend_store, repository, "scope/main", before_index=head.index + 1, occurred_at=EPOCH
+        )
+    )
+    with pytest.raises(IntegrityFailure):
+        state.load()
