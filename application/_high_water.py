@@ -83,6 +83,15 @@ class MarkState:
     log_size: int
     log: Callable[[], bytes]
     """Read the whole log; only a check or a compaction needs it."""
+    passed_over: tuple[bytes, ...] = ()
+    """Heads the reader passed over that may be newer than ``head``.
+
+    The head of a newer slot whose appended log bytes fail their check, or
+    ``b""`` for a slot that fails its own. A torn write leaves these; so
+    does damage that hides a newer head, which only the store can tell apart.
+    """
+    empty: bool = False
+    """The file is there but holds no bytes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,16 +112,17 @@ class MarkFile(Protocol):
         ...
 
     def read(self) -> MarkState | None:
-        """Return the mark, or ``None`` when there is none.
+        """Return the mark, or ``None`` when there is no file.
 
         A file holding no intact head reads as an empty head, which no key
-        verifies.
+        verifies; one holding no bytes at all reads as an ``empty`` one.
         """
         ...
 
     def update(self, change: Callable[[MarkState | None], MarkWrite | None]) -> None:
         """Under an exclusive lock, pass the current mark to ``change`` and write its result.
 
+        ``change`` gets ``None`` when there is no file, or an empty one.
         ``None`` from ``change`` leaves the mark as it is. The write is
         durable (fsynced; a torn write or a lost append never replaces a
         whole mark, it leaves the previous one) before this returns.

@@ -378,6 +378,60 @@ def test_a_torn_slot_or_a_lost_append_keeps_the_previous_mark(tmp_path: Path) ->
     assert MarkFileStore(tmp_path / "absent").read() is None
 
 
+def test_the_reader_reports_every_head_it_passed_over(tmp_path: Path) -> None:
+    """What a fallback skipped is named: a torn append's head, or ``b""`` for a failing slot."""
+    path = tmp_path / "mark"
+    marks = MarkFileStore(path)
+    marks.update(lambda _: MarkWrite(b"first", b"one\n"))
+
+    def read() -> MarkState:
+        state = marks.read()
+        assert state is not None
+        return state
+
+    assert (read().head, read().passed_over) == (b"first", ()), "a blank second slot is unwritten"
+    marks.update(lambda _: MarkWrite(b"second", b"two\n"))
+    marks.update(lambda _: MarkWrite(b"third", b"three\n"))
+    pristine = path.read_bytes()
+    damaged = {
+        "newest slot": (40, b"\x00torn", b"second", (b"",)),
+        "older slot": (SLOT_BYTES + 40, b"\x00torn", b"third", (b"",)),
+        "newest append": (LOG_OFFSET + 9, b"X", b"second", (b"third",)),
+        "wiped newest slot": (0, bytes(SLOT_BYTES), b"second", (b"",)),
+        "wiped older slot": (SLOT_BYTES, bytes(SLOT_BYTES), b"third", (b"",)),
+    }
+    for name, (offset, patch, head, passed) in damaged.items():
+        path.write_bytes(pristine[:offset] + patch + pristine[offset + len(patch) :])
+        assert (read().head, read().passed_over) == (head, passed), name
+    path.write_bytes(pristine)
+    assert read().passed_over == ()
+    path.write_bytes(b"")
+    assert (read().head, read().empty) == (b"", True), "an empty file is not a missing one"
+    assert MarkFileStore(tmp_path / "absent").read() is None
+
+
+def test_a_new_mark_is_linked_into_place_whole(tmp_path: Path) -> None:
+    """No empty file is ever left at the path; a writer that loses the race updates the winner's."""
+    path = tmp_path / "mark"
+    calls: list[bytes | None] = []
+
+    def change(current: MarkState | None) -> MarkWrite:
+        calls.append(None if current is None else current.head)
+        if current is None:
+            MarkFileStore(path).update(lambda _: MarkWrite(b"other", b"o\n", replace_log=True))
+            assert path.stat().st_size == LOG_OFFSET + 2
+            return MarkWrite(b"mine", b"m\n", replace_log=True)
+        return MarkWrite(current.head + b"+mine", b"m\n")
+
+    MarkFileStore(path).update(change)
+    assert calls == [None, b"other"]
+    state = MarkFileStore(path).read()
+    assert state is not None
+    assert (state.head, state.log(), state.passed_over) == (b"other+mine", b"o\nm\n", ())
+    assert sorted(os.listdir(tmp_path)) == ["mark"]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
 def test_an_update_waiting_on_a_compaction_lands_in_the_new_file(tmp_path: Path) -> None:
     """A writer that locked the file a compaction replaced opens the new one and writes there."""
     path = tmp_path / "mark"
