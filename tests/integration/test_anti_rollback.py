@@ -13,6 +13,7 @@ import os
 import shutil
 import sqlite3
 import struct
+import zlib
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -348,6 +349,32 @@ def test_a_mark_torn_by_a_crash_after_its_commit_still_opens(tmp_path: Path) -> 
         path.write_bytes(mark)
         with pytest.raises(refusals[name]):
             bootstrap(settings)
+
+
+def test_an_older_mark_rebuilt_from_the_file_goes_unseen(tmp_path: Path) -> None:
+    """A stated limit: whoever can write the mark can put back an older one, unseen.
+
+    The slot framing (sequence, log size, CRCs) carries no MAC, so the head
+    before the newest, still in the file, is rebuilt without the key into
+    a mark that looks freshly written; beside the copy it counts, that copy
+    opens with nothing logged.
+    """
+    settings = _settings(tmp_path / "home")
+    path = settings.high_water_path
+    assert path is not None
+    _, after = _last_commit(settings, tmp_path)
+    framing = struct.Struct(">4sQIQIII")
+    older = (1 - _newest_slot(after)) * SLOT_BYTES
+    magic, sequence, length, log_size, *_ = framing.unpack_from(after, older)
+    head = after[older + framing.size : older + framing.size + length]
+    log = after[LOG_OFFSET : LOG_OFFSET + log_size]
+    crc = zlib.crc32(struct.pack(">QQII", sequence, log_size, log_size, zlib.crc32(log)) + head)
+    slot = framing.pack(magic, sequence, length, log_size, log_size, zlib.crc32(log), crc) + head
+    path.write_bytes(slot.ljust(SLOT_BYTES, b"\0") + bytes(SLOT_BYTES) + log)
+    _put_back(tmp_path / "before", settings.data_dir)
+    with capture_logs() as logs, bootstrap(settings) as runtime:
+        assert runtime.state("main").load().state == WorkflowState(step=2)
+    assert [entry for entry in logs if entry["log_level"] == "warning"] == []
 
 
 def test_an_emptied_mark_is_refused_until_the_restore_is_accepted(tmp_path: Path) -> None:

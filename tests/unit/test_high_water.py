@@ -484,6 +484,8 @@ def test_a_damaged_head_is_passed_over_only_for_a_store_past_the_one_before(
         _guard(path, older).check()
     assert refused.value.details["high_water"] == 2
     assert "flowvault accept-restore" in refused.value.message
+    assert _guard(path, older).accept() == (2, 2), "the way out for a copy kept on purpose"
+    assert _guard(path, older).check() == 2
     for store, sizes in ((live, {"a": 3}), (same_count, {"a": 2, "b": 1})):
         path.write_bytes(torn)
         with capture_logs() as logs:
