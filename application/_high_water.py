@@ -315,6 +315,32 @@ class AntiRollback:
                 _log.warning("high_water_mark_started", location=self.location, epoch=current)
             self._restart(current)
             return 0
+        mark = self._compared(state, current)
+        if state.passed_over or mark.records == 0:
+            self._restart(current)
+        else:
+            self.advance()
+        return mark.epoch
+
+    def inspect(self) -> int | None:
+        """Compare the store with the mark, writing nothing; return the mark's epoch.
+
+        Returns ``None`` when there is no mark to compare with (none kept
+        yet, or an empty file beside an empty store). ``doctor`` reports
+        with this what opening the store would refuse.
+
+        Raises:
+            StoreRolledBack / IntegrityFailure: as ``check``.
+
+        """
+        state = self._marks.read()
+        current = self._store.epoch()
+        if state is None or (state.empty and not current):
+            return None
+        return self._compared(state, current).epoch
+
+    def _compared(self, state: MarkState, current: int) -> HighWaterMark:
+        """Verify the mark and refuse a store below it; return the mark."""
         if state.empty:
             raise IntegrityFailure(
                 f"the high-water mark at {self.location} is empty but the store holds "
@@ -331,11 +357,7 @@ class AntiRollback:
         self._compare(sizes)
         if state.passed_over:
             self._check_passed_over(state.passed_over, mark, sizes, current)
-        if state.passed_over or mark.records == 0:
-            self._restart(current)
-        else:
-            self.advance()
-        return mark.epoch
+        return mark
 
     def _rolled_back(self, current: int, seen: int) -> StoreRolledBack:
         return StoreRolledBack(

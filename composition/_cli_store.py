@@ -45,9 +45,16 @@ from flowvault.application import (
 from flowvault.composition._bootstrap import bootstrap, is_cold_root
 from flowvault.composition._cli_base import Verbs, add_verb
 from flowvault.composition._cli_ledger import keyed_audit
-from flowvault.composition._container import build_container, key_file_store
+from flowvault.composition._container import anti_rollback, build_container, key_file_store
 from flowvault.composition._settings import Settings
-from flowvault.domain import FlowvaultError, InvalidInput, KeyRequired, StoreUnavailable
+from flowvault.domain import (
+    FlowvaultError,
+    IntegrityFailure,
+    InvalidInput,
+    KeyRequired,
+    StoreRolledBack,
+    StoreUnavailable,
+)
 
 _PRIVATE_DIR = 0o700
 _PRIVATE_FILE = 0o600
@@ -470,6 +477,40 @@ def _integrity_check(store: SecureObjectStore, ring: KeyRing | None) -> Check:
     )
 
 
+def _rollback_check(settings: Settings, store: SecureObjectStore, ring: KeyRing | None) -> Check:
+    """Compare the store with its high-water mark as opening would, writing nothing."""
+    name = "store.rollback"
+    if ring is None:
+        return Check(name, False, "not checked: no usable key", "see key.found", "warning")
+    guard = anti_rollback(settings, store, AesGcmCipher.from_ring(ring))
+    if guard is None:
+        return Check(
+            name,
+            False,
+            "no high-water mark is kept: an older copy of the store put back would open",
+            "set FLOWVAULT_HIGH_WATER_FILE to a file outside the database's reach",
+            "warning",
+        )
+    try:
+        seen = guard.inspect()
+    except (StoreRolledBack, IntegrityFailure) as error:
+        fix = (
+            "put the newest copy of the database (and its mark) back; if this copy is the "
+            "one to keep, run 'flowvault accept-restore'"
+        )
+        return Check(name, False, error.message, fix)
+    if seen is None:
+        return Check(
+            name,
+            False,
+            f"no high-water mark at {guard.location}: the next open starts one from the store "
+            "as it is, so an older copy put back before then goes unseen",
+            "open the store once (any verb that writes), or restore the mark from its backup",
+            "warning",
+        )
+    return Check(name, True, f"the store is at or past its high-water mark (commit {seen})")
+
+
 def _sqlite_checks(settings: Settings) -> list[Check]:
     checks = _permission_checks(settings)
     key, found = _configured_key(settings)
@@ -477,8 +518,10 @@ def _sqlite_checks(settings: Settings) -> list[Check]:
         checks += _pragma_checks(settings, connection)
         counts = _stats(store).key_id_counts()
         matches = _ring_check(key, counts)
-        integrity = _integrity_check(store, key if matches.ok else None)
-    checks += [found, matches, _apart_check(settings), integrity]
+        usable = key if matches.ok else None
+        rollback = _rollback_check(settings, store, usable)
+        integrity = _integrity_check(store, usable)
+    checks += [found, matches, _apart_check(settings), rollback, integrity]
     return [*checks, *_signing_checks(settings)]
 
 
@@ -487,8 +530,10 @@ def _postgres_checks(settings: Settings) -> list[Check]:
     with _open_store(settings) as store:
         counts = _stats(store).key_id_counts()
         matches = _ring_check(key, counts)
-        integrity = _integrity_check(store, key if matches.ok else None)
-    return [found, matches, integrity, *_signing_checks(settings)]
+        usable = key if matches.ok else None
+        rollback = _rollback_check(settings, store, usable)
+        integrity = _integrity_check(store, usable)
+    return [found, matches, rollback, integrity, *_signing_checks(settings)]
 
 
 def _doctor(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import sqlite3
 import stat
 import subprocess
 from pathlib import Path
@@ -196,6 +198,8 @@ def test_doctor_passes_on_a_fresh_store(tmp_path: Path) -> None:
         "key.found",
         "key.matches",
         "key.apart",
+        "store.rollback",
+        "store.integrity",
     ):
         assert name in checks
     human = _run(tmp_path, "doctor", home=home)
@@ -254,6 +258,74 @@ def test_doctor_finds_records_under_another_key(tmp_path: Path) -> None:
     assert checks["key.matches"]["ok"] is False
 
 
+def _database(home: Path) -> Path:
+    return Settings(backend="sqlite", home=home).database_path
+
+
+def _copy_database(home: Path, target: Path) -> None:
+    source = sqlite3.connect(_database(home))
+    copy = sqlite3.connect(target)
+    try:
+        source.backup(copy)
+    finally:
+        copy.close()
+        source.close()
+
+
+def test_doctor_finds_a_replayed_row_and_a_restored_copy(tmp_path: Path) -> None:
+    """A row put back from an older copy fails store.integrity; the whole copy, store.rollback.
+
+    Both used to leave doctor saying ``healthy``: opening every record
+    proves seals, not that the row is the current one, and nothing
+    compared the file with the high-water mark.
+    """
+    home = tmp_path / "home"
+    _init(tmp_path, home)
+    _write_states(home, 1)
+    older = tmp_path / "older.db"
+    _copy_database(home, older)
+    with bootstrap(Settings(backend="sqlite", home=home)) as runtime:
+        runtime.state("scope0").save(WorkflowState(step=7))
+    healthy = _checks(_run(tmp_path, "doctor", "--json", home=home))
+    assert healthy["store.integrity"]["ok"] is True
+    assert healthy["store.rollback"]["ok"] is True
+
+    old = sqlite3.connect(older)
+    row = old.execute(
+        "SELECT revision, written_at, ledger_index, labels, byte_length, payload_digest, "
+        "payload FROM records WHERE namespace = ?",
+        (STATE_NAMESPACE,),
+    ).fetchone()
+    old.close()
+    live = sqlite3.connect(_database(home))
+    with live:
+        live.execute(
+            "UPDATE records SET revision = ?, written_at = ?, ledger_index = ?, labels = ?, "
+            "byte_length = ?, payload_digest = ?, payload = ? WHERE namespace = ?",
+            (*row, STATE_NAMESPACE),
+        )
+    live.close()
+    replayed = _run(tmp_path, "doctor", "--json", home=home)
+    assert replayed.returncode == 1, replayed.stdout + replayed.stderr
+    checks = _checks(replayed)
+    assert checks["store.integrity"]["ok"] is False
+    assert "1 record(s) are older than their stream" in str(checks["store.integrity"]["finding"])
+    assert checks["store.rollback"]["ok"] is True
+    verify = _run(tmp_path, "ledger", "verify", "--all", "--json", home=home)
+    assert verify.returncode == 1
+    document = _document(verify)
+    assert document["ok"] is False
+    assert [r["stream"] for r in document["stale_records"]] == ["scope/scope0"]  # type: ignore[union-attr, index]
+
+    shutil.copyfile(older, _database(home))
+    for sidecar in ("-wal", "-shm"):
+        Path(str(_database(home)) + sidecar).unlink(missing_ok=True)
+    restored = _checks(_run(tmp_path, "doctor", "--json", home=home))
+    assert restored["store.rollback"]["ok"] is False
+    assert restored["store.rollback"]["severity"] == "error"
+    assert "accept-restore" in str(restored["store.rollback"]["fix"])
+
+
 def test_doctor_on_a_cold_root_reports_no_store(tmp_path: Path) -> None:
     """On a cold root doctor reports 'no store', exits 1 and creates nothing."""
     home = tmp_path / "absent" / "home"
@@ -310,9 +382,7 @@ def test_status_on_postgres(tmp_path: Path, postgres_server, pg_schema: str) -> 
 
 
 @pytest.mark.parametrize("verb", [["status"], ["status", "--json"]])
-def test_a_reader_that_stops_early_ends_the_output_quietly(
-    tmp_path: Path, verb: list[str]
-) -> None:
+def test_a_reader_that_stops_early_ends_the_output_quietly(tmp_path: Path, verb: list[str]) -> None:
     """``flowvault ... | head``: the rest is dropped, no traceback, exit status 141 (SIGPIPE)."""
     home = tmp_path / "home"
     _init(tmp_path, home)
