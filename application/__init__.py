@@ -32,6 +32,12 @@ from flowvault.application._checkpoints import CheckpointService
 from flowvault.application._compaction import compact_after_commit, compact_fully
 from flowvault.application._cursor import ListCursor, effective_limit
 from flowvault.application._evidence import EvidenceService
+from flowvault.application._freshness import (
+    CHECKPOINT_KIND,
+    IDEMPOTENCY_KIND,
+    WITNESS_KIND,
+    record_stream,
+)
 from flowvault.application._graph import (
     IDEMPOTENCY_STREAM,
     RETENTION_TOMBSTONE,
@@ -199,6 +205,7 @@ __all__ = [
     "APPROVALS",
     "APPROVAL_SLOTS",
     "CHECKPOINTS",
+    "CHECKPOINT_KIND",
     "COMPACT_SLACK",
     "DECISION_STATE",
     "DEFAULT_BATCH",
@@ -212,6 +219,7 @@ __all__ = [
     "GRAPH_RUN_IDEMPOTENCY",
     "GRAPH_RUN_RECEIPTS",
     "IDEMPOTENCY",
+    "IDEMPOTENCY_KIND",
     "IDEMPOTENCY_STREAM",
     "KEY_ENV",
     "LEDGER_MAC_TAG",
@@ -245,6 +253,7 @@ __all__ = [
     "STATE_WRITTEN_EVENT",
     "TRIM_EVENT",
     "WITNESSES",
+    "WITNESS_KIND",
     "WORKFLOWS",
     "AntiRollback",
     "ApprovalService",
@@ -354,6 +363,7 @@ __all__ = [
     "parse_master_key",
     "purge",
     "read_stream",
+    "record_stream",
     "replay_log",
     "require_integrity",
     "reset_progress",

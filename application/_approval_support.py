@@ -6,6 +6,10 @@ digest that is checked on every read, so a record rebuilt without the
 integrity key never verifies. Each change is one unit of work: an approval's
 decision or expiry and its checkpoint's consumption commit together or not
 at all, and retention deletions commit with their digest-only tombstones.
+
+Each checkpoint has a record stream (``checkpoint_stream``) that also holds
+the events of its approvals and their slots, so every row of those kinds
+names the event that last wrote it and an older row put back is refused.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any, Final, TypeVar
 from pydantic import ValidationError
 
 from flowvault.application._compaction import compact_after_commit
+from flowvault.application._freshness import CHECKPOINT_KIND, record_stream
 from flowvault.application._graph import (
     RETENTION_TOMBSTONE,
     KeyedDigester,
@@ -152,6 +157,35 @@ def _open_listed(repository: SealedRepository, metadata: RecordMetadata) -> Seal
     return repository.open(record, namespace=metadata.namespace, key_digest=metadata.key_digest)
 
 
+def checkpoint_stream(repository: SealedRepository, checkpoint_id: str) -> str:
+    """Name the record stream of a checkpoint and of the approvals asked on it."""
+    return record_stream(CHECKPOINT_KIND, repository.key_digest(CHECKPOINTS, checkpoint_id))
+
+
+def record_event(
+    repository: SealedRepository,
+    stream: str,
+    event_type: str,
+    payload: JsonValue,
+    occurred_at: datetime,
+) -> LedgerEvent:
+    """Build the keyed event a record-stream unit appends at the stream's next position.
+
+    Its index goes into the header of every row the unit writes; a writer
+    racing for the same position loses at commit, and its retry re-reads.
+    """
+    index, previous = next_position(repository.store, stream)
+    draft = LedgerEvent.create(
+        stream=stream,
+        index=index,
+        type=event_type,
+        occurred_at=occurred_at,
+        payload=sanitise_payload(payload),
+        previous_hash=previous,
+    )
+    return keyed(draft, repository)
+
+
 def _int_label(metadata: RecordMetadata, name: str) -> int:
     value = metadata.labels.get(name)
     return value if isinstance(value, int) else -1
@@ -162,10 +196,14 @@ def _int_label(metadata: RecordMetadata, name: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class _Doomed:
-    """One record to purge: its deletions and the tombstone its stream receives."""
+    """One record to purge: its deletions and the tombstone each of its streams receives.
+
+    The owning stream (a run's, or the shared idempotency stream) tells the
+    story; the record stream says the row is legitimately gone.
+    """
 
     deletes: tuple[Delete, ...]
-    stream: str
+    streams: tuple[str, ...]
     tombstone: dict[str, JsonValue]
 
 
@@ -206,21 +244,24 @@ def _purge_unit(
     deletes: list[Delete] = []
     appends: list[LedgerEvent] = []
     for item in doomed:
-        if item.stream not in heads:
-            heads[item.stream] = next_position(repository.store, item.stream)
-        index, previous = heads[item.stream]
-        draft = LedgerEvent.create(
-            stream=item.stream,
-            index=index,
-            type=RETENTION_TOMBSTONE,
-            occurred_at=now,
-            payload=sanitise_payload({**item.tombstone, "purged_at": format_instant(now)}),
-            previous_hash=previous,
-        )
-        event = keyed(draft, repository)
-        heads[item.stream] = (event.index + 1, event.event_hash)
+        payload = sanitise_payload({**item.tombstone, "purged_at": format_instant(now)})
+        for stream in item.streams:
+            if stream not in heads:
+                heads[stream] = next_position(repository.store, stream)
+            index, previous = heads[stream]
+            draft = LedgerEvent.create(
+                stream=stream,
+                index=index,
+                type=RETENTION_TOMBSTONE,
+                occurred_at=now,
+                payload=payload,
+                previous_hash=previous,
+            )
+            event = keyed(draft, repository)
+            heads[stream] = (event.index + 1, event.event_hash)
+            appends.append(event)
         deletes.extend(item.deletes)
-        appends.append(event)
+    appends.sort(key=lambda event: (event.stream, event.index))
     return UnitOfWork(deletes=deletes, appends=appends)
 
 

@@ -1,4 +1,12 @@
-"""Human approvals bound to a checkpoint: request, decide exactly once, receipts."""
+"""Human approvals bound to a checkpoint: request, decide exactly once, receipts.
+
+An approval and its slot live on their checkpoint's record stream: a
+request appends ``approval.requested`` and binds both rows to it; a
+decision or expiry appends ``approval.<status>`` there, binding the approval
+and the consumed checkpoint, besides the receipt event in the run's stream.
+So no older row of the three put back can be decided or consumed again,
+and a slot deleted outside flowvault cannot let a request be repeated.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +20,7 @@ from flowvault.application._approval_support import (
     APPROVAL_SLOTS,
     APPROVAL_TAG,
     APPROVALS,
+    CHECKPOINTS,
     DECIDER_TAG,
     MAX_ACTOR,
     PURGE_BATCH,
@@ -27,8 +36,11 @@ from flowvault.application._approval_support import (
     _open_listed,
     _purge,
     _signed,
+    checkpoint_stream,
+    record_event,
 )
 from flowvault.application._checkpoints import CheckpointService
+from flowvault.application._freshness import StreamPolicy, leaves_unnamed, record_payload
 from flowvault.application._graph import (
     KeyedDigester,
     require_integrity,
@@ -110,6 +122,12 @@ class ApprovalService:
         self._ids = ids
         self._checkpoints = checkpoints
         self._integrity = integrity
+        self._fresh = StreamPolicy[SealedDocument](
+            "approval", repository, leaves_record=leaves_unnamed
+        )
+        self._fresh_slot = StreamPolicy[SealedDocument](
+            "approval slot", repository, leaves_record=leaves_unnamed
+        )
 
     def request_approval(
         self,
@@ -178,14 +196,27 @@ class ApprovalService:
             made = _signed(
                 Approval, key, APPROVAL_TAG, {**fields, "approval_id": self._ids.new_id()}
             )
+            slot_key = _joined(checkpoint_id, made.audience)
+            event = record_event(
+                self._repo,
+                checkpoint_stream(self._repo, checkpoint_id),
+                "approval.requested",
+                record_payload(
+                    self._repo.key_digest(APPROVALS, made.approval_id),
+                    self._repo.key_digest(APPROVAL_SLOTS, slot_key),
+                ),
+                made.requested_at,
+            )
             slot = self._repo.prepare(
                 APPROVAL_SLOTS,
-                _joined(checkpoint_id, made.audience),
+                slot_key,
                 {"approval_id": made.approval_id},
                 expected=Guard.ABSENT,
+                ledger_index=event.index,
             )
+            upserts = [self._upsert(made, Guard.ABSENT, event.index), slot]
             try:
-                self._store.commit(UnitOfWork(upserts=[self._upsert(made, Guard.ABSENT), slot]))
+                self._store.commit(UnitOfWork(upserts=upserts, appends=[event]))
             except RevisionConflict:
                 continue
             return made
@@ -212,7 +243,14 @@ class ApprovalService:
             raise _stale(checkpoint, stale)
 
     def _slot(self, key: KeyedDigester, checkpoint_id: str, audience: str) -> Approval | None:
-        marker = self._repo.read(APPROVAL_SLOTS, _joined(checkpoint_id, audience))
+        """Return the approval the slot names; a slot its stream vouches for must be there."""
+        natural = _joined(checkpoint_id, audience)
+        marker = self._fresh_slot.read_vouched(
+            self._store,
+            checkpoint_stream(self._repo, checkpoint_id),
+            (APPROVAL_SLOTS, self._repo.key_digest(APPROVAL_SLOTS, natural)),
+            lambda: self._repo.read(APPROVAL_SLOTS, natural),
+        )
         if marker is None:
             return None
         document = marker.document
@@ -283,12 +321,13 @@ class ApprovalService:
                 },
             )
             consumed = self._checkpoints._consumed(target[0], moment)
+            bound = self._bound_event(decided, moment, consumes=True)
             unit = UnitOfWork(
                 upserts=[
-                    self._upsert(decided, revision),
-                    self._checkpoints._upsert(consumed, target[1]),
+                    self._upsert(decided, revision, bound.index),
+                    self._checkpoints._upsert(consumed, target[1], bound.index),
                 ],
-                appends=[self._outcome_event(decided, moment)],
+                appends=[bound, self._outcome_event(decided, moment)],
             )
             try:
                 self._store.commit(unit)
@@ -296,6 +335,19 @@ class ApprovalService:
                 continue
             return decided, consumed
         raise RevisionConflict("approval kept changing; retry", approval_id=approval_id)
+
+    def _bound_event(self, approval: Approval, moment: datetime, *, consumes: bool) -> LedgerEvent:
+        """Build the checkpoint-stream event a decision or expiry binds its rows to."""
+        written = [self._repo.key_digest(APPROVALS, approval.approval_id)]
+        if consumes:
+            written.append(self._repo.key_digest(CHECKPOINTS, approval.checkpoint_id))
+        return record_event(
+            self._repo,
+            checkpoint_stream(self._repo, approval.checkpoint_id),
+            f"approval.{approval.status.value}",
+            record_payload(*written),
+            moment,
+        )
 
     def _outcome_event(self, approval: Approval, moment: datetime) -> LedgerEvent:
         """Build the run's ledger entry for a decision or expiry: the receipt's digests only.
@@ -355,11 +407,12 @@ class ApprovalService:
             APPROVAL_TAG,
             {**approval.model_dump(), "status": ApprovalStatus.EXPIRED, "decided_at": moment},
         )
-        upserts = [self._upsert(expired, revision)]
+        bound = self._bound_event(expired, moment, consumes=target is not None)
+        upserts = [self._upsert(expired, revision, bound.index)]
         if target is not None:
             consumed = self._checkpoints._consumed(target[0], moment)
-            upserts.append(self._checkpoints._upsert(consumed, target[1]))
-        appends = [self._outcome_event(expired, moment)]
+            upserts.append(self._checkpoints._upsert(consumed, target[1], bound.index))
+        appends = [bound, self._outcome_event(expired, moment)]
         try:
             self._store.commit(UnitOfWork(upserts=upserts, appends=appends))
         except RevisionConflict:
@@ -387,9 +440,10 @@ class ApprovalService:
         approvals = []
         for metadata in listed[: min(limit, MAX_LIST_LIMIT)]:
             opened = _open_listed(self._repo, metadata)
-            if opened is None:
+            checked = None if opened is None else self._checked(key, opened)
+            if checked is None:
                 continue
-            approval = self._verified(key, opened)
+            approval = checked[0]
             if approval.run_id != run_id:
                 raise IntegrityFailure("approval names another run than its label")
             approvals.append(approval)
@@ -445,9 +499,10 @@ class ApprovalService:
 
     def _doomed(self, key: KeyedDigester, metadata: RecordMetadata) -> _Doomed | None:
         opened = _open_listed(self._repo, metadata)
-        if opened is None:
+        checked = None if opened is None else self._checked(key, opened)
+        if checked is None:
             return None
-        approval = self._verified(key, opened)
+        approval, revision = checked
         if approval.decided_at is None:
             return None
         slot = self._repo.key_digest(
@@ -456,14 +511,19 @@ class ApprovalService:
         tombstone: dict[str, JsonValue] = {
             "kind": "approval",
             "record": metadata.key_digest,
+            "slot": slot,
             "requested_at": format_instant(approval.requested_at),
             "settled_at": format_instant(approval.decided_at),
         }
         deletes = (
-            Delete(metadata.namespace, metadata.key_digest, metadata.revision),
+            Delete(metadata.namespace, metadata.key_digest, revision),
             Delete(APPROVAL_SLOTS, slot, Guard.ANY),
         )
-        return _Doomed(deletes, run_stream(approval.run_id), tombstone)
+        streams = (
+            run_stream(approval.run_id),
+            checkpoint_stream(self._repo, approval.checkpoint_id),
+        )
+        return _Doomed(deletes, streams, tombstone)
 
     def _require(self, key: KeyedDigester, approval_id: str) -> tuple[Approval, int]:
         found = self._find(key, approval_id)
@@ -477,10 +537,33 @@ class ApprovalService:
         opened = self._repo.read(APPROVALS, approval_id)
         if opened is None:
             return None
+        return self._checked(key, opened, approval_id)
+
+    def _checked(
+        self, key: KeyedDigester, opened: SealedDocument, approval_id: str | None = None
+    ) -> tuple[Approval, int] | None:
+        """Verify a row, then check it against its checkpoint's stream, re-reading if stale.
+
+        The stream is named by the checkpoint the verified approval names,
+        so only an authentic approval chooses where it is checked.
+        """
         approval = self._verified(key, opened)
-        if approval.approval_id != approval_id:
+        wanted = approval.approval_id if approval_id is None else approval_id
+        if approval.approval_id != wanted:
             raise IntegrityFailure("approval names another approval than its key")
-        return approval, opened.revision
+        current = self._fresh.check_listed(
+            self._store,
+            checkpoint_stream(self._repo, approval.checkpoint_id),
+            opened,
+            lambda: self._repo.read(APPROVALS, wanted),
+        )
+        if current is None:
+            return None
+        if current is not opened:
+            approval = self._verified(key, current)
+            if approval.approval_id != wanted:
+                raise IntegrityFailure("approval names another approval than its key")
+        return approval, current.revision
 
     def _verified(self, key: KeyedDigester, opened: SealedDocument) -> Approval:
         try:
@@ -500,7 +583,8 @@ class ApprovalService:
             )
         return approval
 
-    def _upsert(self, approval: Approval, expected: int | Guard) -> Upsert:
+    def _upsert(self, approval: Approval, expected: int | Guard, ledger_index: int) -> Upsert:
+        """Seal an approval bound to the checkpoint-stream event committed with it."""
         labels: dict[str, LabelValue] = {
             "run": self._repo.key_digest(RUNS, approval.run_id),
             "requested_at": _micros(approval.requested_at),
@@ -514,6 +598,7 @@ class ApprovalService:
             approval.model_dump(mode="json"),
             expected=expected,
             labels=labels,
+            ledger_index=ledger_index,
         )
 
 

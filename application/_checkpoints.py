@@ -1,4 +1,10 @@
-"""Single-use resume checkpoints, sealed and verified under the integrity key."""
+"""Single-use resume checkpoints, sealed and verified under the integrity key.
+
+Every write of a checkpoint appends an event to its record stream
+(``checkpoint_stream``) and binds the row to it, so a consumed checkpoint
+put back as its older pending row is refused, and a checkpoint row deleted
+outside flowvault is told apart from one never created or purged.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +29,15 @@ from flowvault.application._approval_support import (
     _open_listed,
     _purge,
     _signed,
+    checkpoint_stream,
+    record_event,
+)
+from flowvault.application._freshness import (
+    CHECKPOINT_KIND,
+    StreamPolicy,
+    leaves_unnamed,
+    record_payload,
+    record_stream,
 )
 from flowvault.application._graph import (
     KeyedDigester,
@@ -51,6 +66,7 @@ from flowvault.domain import (
     IntegrityFailure,
     InvalidInput,
     JsonValue,
+    LedgerEvent,
     NotFound,
     RevisionConflict,
     checkpoint_id_for,
@@ -75,6 +91,9 @@ class CheckpointService:
         self._store = repository.store
         self._clock = clock
         self._integrity = integrity
+        self._fresh = StreamPolicy[SealedDocument](
+            "checkpoint", repository, leaves_record=leaves_unnamed
+        )
 
     @property
     def repository(self) -> SealedRepository:
@@ -122,8 +141,10 @@ class CheckpointService:
         )
         existing = self._find(draft.checkpoint_id)
         if existing is None:
+            event = self._event(draft, "checkpoint.created")
+            upsert = self._upsert(draft, Guard.ABSENT, event.index)
             try:
-                self._store.commit(UnitOfWork(upserts=[self._upsert(draft, Guard.ABSENT)]))
+                self._store.commit(UnitOfWork(upserts=[upsert], appends=[event]))
             except RevisionConflict:
                 existing = self._find(draft.checkpoint_id)
                 if existing is None:
@@ -143,6 +164,9 @@ class CheckpointService:
         Raises:
             CheckpointIntegrityFailure: its seal, state digest, dependency
                 digest or keyed integrity digest does not verify.
+            IntegrityFailure: the row is older than its record stream says
+                (``details["ledger_index"]``), or it is missing although the
+                stream records it and no purge.
 
         """
         return self._require(checkpoint_id)[0]
@@ -168,6 +192,8 @@ class CheckpointService:
             if newest is None:
                 return None
             opened = self._guarded(partial(_open_listed, self._repo, newest))
+            if opened is not None:
+                opened = self._checked(opened)
             if opened is None:
                 continue
             checkpoint = self._verified(key, opened)
@@ -190,8 +216,10 @@ class CheckpointService:
         for _ in range(RETRIES):
             checkpoint, revision = self._require(checkpoint_id)
             consumed = self._consumed(checkpoint, self._clock.now())
+            event = self._event(consumed, "checkpoint.consumed")
+            upsert = self._upsert(consumed, revision, event.index)
             try:
-                self._store.commit(UnitOfWork(upserts=[self._upsert(consumed, revision)]))
+                self._store.commit(UnitOfWork(upserts=[upsert], appends=[event]))
             except RevisionConflict:
                 continue
             return consumed
@@ -217,6 +245,8 @@ class CheckpointService:
 
     def _doomed(self, key: KeyedDigester, metadata: RecordMetadata) -> _Doomed | None:
         opened = self._guarded(lambda: _open_listed(self._repo, metadata))
+        if opened is not None:
+            opened = self._checked(opened)
         if opened is None:
             return None
         checkpoint = self._verified(key, opened)
@@ -228,8 +258,9 @@ class CheckpointService:
             "created_at": format_instant(checkpoint.created_at),
             "consumed_at": format_instant(checkpoint.consumed_at),
         }
-        delete = Delete(metadata.namespace, metadata.key_digest, metadata.revision)
-        return _Doomed((delete,), run_stream(checkpoint.run_id), tombstone)
+        delete = Delete(metadata.namespace, metadata.key_digest, opened.revision)
+        streams = (run_stream(checkpoint.run_id), self.stream(checkpoint.checkpoint_id))
+        return _Doomed((delete,), streams, tombstone)
 
     # -- shared with the approval service ---------------------------------------
 
@@ -244,13 +275,44 @@ class CheckpointService:
         key = require_integrity(self._integrity)
         if not isinstance(checkpoint_id, str) or not checkpoint_id:
             raise InvalidInput("a checkpoint id must be a non-empty string")
-        opened = self._guarded(lambda: self._repo.read(CHECKPOINTS, checkpoint_id))
+        opened = self._fresh.read_vouched(
+            self._store,
+            self.stream(checkpoint_id),
+            (CHECKPOINTS, self._repo.key_digest(CHECKPOINTS, checkpoint_id)),
+            lambda: self._guarded(lambda: self._repo.read(CHECKPOINTS, checkpoint_id)),
+        )
         if opened is None:
             return None
         checkpoint = self._verified(key, opened)
         if checkpoint.checkpoint_id != checkpoint_id:
             raise _broken_checkpoint("it names another checkpoint", opened.metadata)
         return checkpoint, opened.revision
+
+    def stream(self, checkpoint_id: str) -> str:
+        """Name the record stream of a checkpoint, its approvals and their slots."""
+        return checkpoint_stream(self._repo, checkpoint_id)
+
+    def _checked(self, opened: SealedDocument) -> SealedDocument | None:
+        """Check a listed row against its record stream; ``None`` if it vanished meanwhile."""
+        metadata = opened.metadata
+        stream = record_stream(CHECKPOINT_KIND, metadata.key_digest)
+        return self._fresh.check_listed(
+            self._store,
+            stream,
+            opened,
+            lambda: self._guarded(lambda: _open_listed(self._repo, metadata)),
+        )
+
+    def _event(self, checkpoint: Checkpoint, event_type: str) -> LedgerEvent:
+        """Build the record-stream event a checkpoint write commits with and is bound to."""
+        digest = self._repo.key_digest(CHECKPOINTS, checkpoint.checkpoint_id)
+        return record_event(
+            self._repo,
+            self.stream(checkpoint.checkpoint_id),
+            event_type,
+            record_payload(digest),
+            checkpoint.consumed_at or checkpoint.created_at,
+        )
 
     @staticmethod
     def _guarded(read: Callable[[], SealedDocument | None]) -> SealedDocument | None:
@@ -303,7 +365,8 @@ class CheckpointService:
         }
         return _signed(Checkpoint, require_integrity(self._integrity), CHECKPOINT_TAG, fields)
 
-    def _upsert(self, checkpoint: Checkpoint, expected: int | Guard) -> Upsert:
+    def _upsert(self, checkpoint: Checkpoint, expected: int | Guard, ledger_index: int) -> Upsert:
+        """Seal a checkpoint bound to the record-stream event committed with it."""
         labels: dict[str, LabelValue] = {
             "run": self._repo.key_digest(RUNS, checkpoint.run_id),
             "created_at": _micros(checkpoint.created_at),
@@ -318,6 +381,7 @@ class CheckpointService:
             checkpoint.model_dump(mode="json"),
             expected=expected,
             labels=labels,
+            ledger_index=ledger_index,
         )
 
 

@@ -1,4 +1,9 @@
-"""Evidence witnesses, stored once per content digest and verified on every read."""
+"""Evidence witnesses, stored once per content digest and verified on every read.
+
+Each witness is bound to the ``witness.captured`` event of its own record
+stream, so a witness deleted outside flowvault is refused rather than read
+as never captured (and captured again under another locator or time).
+"""
 
 from __future__ import annotations
 
@@ -16,6 +21,14 @@ from flowvault.application._approval_support import (
     _digest,
     _micros,
     _signed,
+    record_event,
+)
+from flowvault.application._freshness import (
+    WITNESS_KIND,
+    StreamPolicy,
+    leaves_unnamed,
+    record_payload,
+    record_stream,
 )
 from flowvault.application._graph import (
     KeyedDigester,
@@ -23,6 +36,7 @@ from flowvault.application._graph import (
 )
 from flowvault.application._records import (
     Guard,
+    UnitOfWork,
 )
 from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application.ports import Clock
@@ -48,6 +62,9 @@ class EvidenceService:
         self._store = repository.store
         self._clock = clock
         self._integrity = integrity
+        self._fresh = StreamPolicy[SealedDocument](
+            "witness", repository, leaves_record=leaves_unnamed
+        )
 
     def capture_witness(
         self,
@@ -100,14 +117,24 @@ class EvidenceService:
             **witness.model_dump(mode="json", exclude={"content"}),
             "content": base64.b64encode(content).decode("ascii"),
         }
+        record = self._repo.key_digest(WITNESSES, witness.content_digest)
+        event = record_event(
+            self._repo,
+            record_stream(WITNESS_KIND, record),
+            "witness.captured",
+            record_payload(record),
+            witness.captured_at,
+        )
+        upsert = self._repo.prepare(
+            WITNESSES,
+            witness.content_digest,
+            document,
+            expected=Guard.ABSENT,
+            labels={"captured_at": _micros(witness.captured_at)},
+            ledger_index=event.index,
+        )
         try:
-            self._repo.write(
-                WITNESSES,
-                witness.content_digest,
-                document,
-                expected=Guard.ABSENT,
-                labels={"captured_at": _micros(witness.captured_at)},
-            )
+            self._store.commit(UnitOfWork(upserts=[upsert], appends=[event]))
         except RevisionConflict:
             raced = self._find(key, witness.content_digest)
             if raced is None:
@@ -119,7 +146,8 @@ class EvidenceService:
         """Return the verified witness for ``content_digest``; ``NotFound`` if none.
 
         Raises ``IntegrityFailure`` when the record, its bytes or its keyed
-        integrity digest do not verify.
+        integrity digest do not verify, or when it is missing although its
+        record stream says it was captured.
         """
         key = require_integrity(self._integrity)
         if not isinstance(content_digest, str) or not DIGEST_PATTERN.fullmatch(content_digest):
@@ -130,7 +158,13 @@ class EvidenceService:
         return found
 
     def _find(self, key: KeyedDigester, content_digest: str) -> Witness | None:
-        opened = self._repo.read(WITNESSES, content_digest)
+        record = self._repo.key_digest(WITNESSES, content_digest)
+        opened = self._fresh.read_vouched(
+            self._store,
+            record_stream(WITNESS_KIND, record),
+            (WITNESSES, record),
+            lambda: self._repo.read(WITNESSES, content_digest),
+        )
         if opened is None:
             return None
         witness = self._decoded(opened)

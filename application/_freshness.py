@@ -12,6 +12,14 @@ editor cannot dress a writing event up as one of them.
 The row and the stream head are read one after the other, not in one
 snapshot, so a write landing in between looks like staleness; a row is
 called stale only when it is still the same row after the evidence was seen.
+
+Records with no stream of their own (checkpoints, approvals and their
+slots, idempotency markers, witnesses) get a *record stream*, named by a
+keyed digest so no natural key is in clear. Its events name, in a
+``records`` list, the key digests of the rows they wrote; a retention
+tombstone names the rows it deleted. The same stream tells a row deleted
+outside flowvault (the stream still vouches for it) from one never written
+or purged.
 """
 
 from __future__ import annotations
@@ -19,10 +27,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Final, Generic, Protocol, TypeVar
 
+from flowvault.application._graph import RETENTION_TOMBSTONE
 from flowvault.application._records import RecordMetadata
-from flowvault.application._streams import mac_matches
+from flowvault.application._streams import mac_matches, read_stream
 from flowvault.application.ports import SecureObjectStore
-from flowvault.domain import EnvelopeHeader, IntegrityFailure, LedgerEvent, RevisionConflict
+from flowvault.domain import (
+    EnvelopeHeader,
+    IntegrityFailure,
+    JsonValue,
+    LedgerEvent,
+    RevisionConflict,
+)
 
 FRESH_READ_TRIES: Final = 16
 """Reads of a row that keeps being rewritten between its load and its stream's head."""
@@ -46,7 +61,13 @@ LeavesRecord = Callable[[LedgerEvent, EnvelopeHeader], bool]
 
 
 class StreamPolicy(Generic[_O]):
-    """How one kind of record relates to the events of its stream."""
+    """How one kind of record relates to the events of its stream.
+
+    ``unbound_stale`` judges a row written without a ledger index by its
+    stream's head. Without it such a row is held to every event of the
+    stream, as if it named none: any event that wrote it is newer than it.
+    That suits kinds whose writes had no event before they were bound.
+    """
 
     __slots__ = ("_digester", "_leaves", "_unbound", "_what")
 
@@ -56,7 +77,7 @@ class StreamPolicy(Generic[_O]):
         digester: _Digester,
         *,
         leaves_record: LeavesRecord,
-        unbound_stale: Callable[[LedgerEvent, _O], bool],
+        unbound_stale: Callable[[LedgerEvent, _O], bool] | None = None,
     ) -> None:
         self._what = what
         self._digester = digester
@@ -78,12 +99,13 @@ class StreamPolicy(Generic[_O]):
         """
         header = opened.metadata.header
         bound = header.ledger_index
-        if bound is None:
+        if bound is None and self._unbound is not None:
             return head is not None and self._unbound(head, opened)
-        if head is None or head.index < bound:
-            return True
-        if head.index == bound:
-            return False
+        if head is None:
+            return bound is not None
+        bound = -1 if bound is None else bound
+        if head.index <= bound:
+            return head.index < bound
         for event in _events_after(store, stream, bound, head.index):
             if event is None:
                 return True
@@ -132,6 +154,29 @@ class StreamPolicy(Generic[_O]):
                     revision=metadata.revision,
                     ledger_index=metadata.header.ledger_index,
                 )
+        raise RevisionConflict(f"{self._what} kept changing while it was read; retry")
+
+    def read_vouched(
+        self,
+        store: SecureObjectStore,
+        stream: str,
+        row: tuple[str, str],
+        read: Callable[[], _O | None],
+    ) -> _O | None:
+        """Read a record-stream row; an absent one its stream vouches for is refused.
+
+        Raises:
+            IntegrityFailure: the row is older than its stream says, or it is
+                absent although its stream says it exists (``refuse_if_deleted``).
+            RevisionConflict: the row kept changing under every attempt.
+
+        """
+        for _ in range(FRESH_READ_TRIES):
+            opened, _ = self.read(store, stream, read, with_head=False)
+            if opened is not None:
+                return opened
+            if not refuse_if_deleted(store, stream, row, self._digester, self._what):
+                return None
         raise RevisionConflict(f"{self._what} kept changing while it was read; retry")
 
     def check_listed(
@@ -186,3 +231,91 @@ def _events_after(
                 return
             yield event
             expected += 1
+
+
+CHECKPOINT_KIND: Final = "checkpoint"
+"""Record streams ``checkpoint/<digest>``: a checkpoint, its approvals and their slots."""
+IDEMPOTENCY_KIND: Final = "idempotency"
+"""Record streams ``idempotency/<digest>``: one idempotency marker each, of any service."""
+WITNESS_KIND: Final = "witness"
+"""Record streams ``witness/<digest>``: one evidence witness each."""
+
+RECORDS_FIELD: Final = "records"
+"""Payload field of a record-stream event: the key digests of the rows it wrote."""
+
+_TOMBSTONE_FIELDS: Final = ("record", "slot", "idempotency_marker")
+"""Fields of a retention tombstone that name a row it deleted."""
+
+
+def record_stream(kind: str, key_digest: str) -> str:
+    """Name the stream that vouches for one record: its kind and key digest, no natural key."""
+    return f"{kind}/{key_digest.removeprefix('sha256:')}"
+
+
+def record_payload(*key_digests: str, **extra: JsonValue) -> dict[str, JsonValue]:
+    """Return a record-stream event payload naming the rows its unit writes."""
+    return {RECORDS_FIELD: list(key_digests), **extra}
+
+
+def written_by(event: LedgerEvent) -> frozenset[str]:
+    """Return the key digests of the rows ``event`` wrote or, for a tombstone, deleted."""
+    payload = event.payload
+    if not isinstance(payload, dict):
+        return frozenset()
+    if event.type == RETENTION_TOMBSTONE:
+        named: list[JsonValue] = [payload.get(field) for field in _TOMBSTONE_FIELDS]
+    else:
+        listed = payload.get(RECORDS_FIELD)
+        named = listed if isinstance(listed, list) else []
+    return frozenset(name for name in named if isinstance(name, str))
+
+
+def leaves_unnamed(event: LedgerEvent, header: EnvelopeHeader) -> bool:
+    """Say whether a record-stream event leaves the row alone: it does not name it."""
+    return header.key_digest not in written_by(event)
+
+
+def last_writer(store: SecureObjectStore, stream: str, key_digest: str) -> LedgerEvent | None:
+    """Return the newest event of ``stream`` that wrote or deleted the row ``key_digest``."""
+    found = None
+    for event in read_stream(store, stream):
+        if key_digest in written_by(event):
+            found = event
+    return found
+
+
+def refuse_if_deleted(
+    store: SecureObjectStore,
+    stream: str,
+    row: tuple[str, str],
+    digester: _Digester,
+    what: str,
+) -> bool:
+    """Refuse an absent row (``namespace, key_digest``) that its record stream says exists.
+
+    A row is legitimately absent when nothing ever wrote it, or when its
+    newest event is a retention tombstone carrying a valid chain MAC (an
+    editor cannot forge one to excuse a deletion). Returns ``True`` when the
+    row is there after all, written since the caller looked, so the caller
+    reads it again instead of calling a race tampering.
+
+    Raises:
+        IntegrityFailure: the stream's newest event for the row wrote it and
+            the row is still absent: it was deleted outside flowvault.
+
+    """
+    namespace, key_digest = row
+    last = last_writer(store, stream, key_digest)
+    if last is None:
+        return False
+    if last.type == RETENTION_TOMBSTONE and mac_matches(last, digester):
+        return False
+    if store.peek_metadata(namespace, key_digest) is not None:
+        return True
+    raise IntegrityFailure(
+        f"{what} is missing, but its ledger stream records it and no purge: "
+        "it was deleted outside flowvault; restore it from a backup",
+        namespace=namespace,
+        key_digest=key_digest,
+        ledger_index=last.index,
+    )

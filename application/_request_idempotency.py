@@ -1,4 +1,10 @@
-"""Request-bound idempotency: a response replays only for the request that made it."""
+"""Request-bound idempotency: a response replays only for the request that made it.
+
+Each record is bound to the ``idempotency.recorded`` event of its own record
+stream, named by the key's keyed digest. So a purged record put back is
+refused, and a record deleted outside flowvault is refused rather than read
+as never remembered (which would invite the request to be repeated).
+"""
 
 from __future__ import annotations
 
@@ -16,6 +22,14 @@ from flowvault.application._approval_support import (
     _int_label,
     _micros,
     _purge,
+    record_event,
+)
+from flowvault.application._freshness import (
+    IDEMPOTENCY_KIND,
+    StreamPolicy,
+    leaves_unnamed,
+    record_payload,
+    record_stream,
 )
 from flowvault.application._graph import (
     IDEMPOTENCY_STREAM,
@@ -26,6 +40,7 @@ from flowvault.application._records import (
     Guard,
     LabelFilter,
     RecordMetadata,
+    UnitOfWork,
 )
 from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application.ports import Clock
@@ -59,6 +74,9 @@ class IdempotencyService:
         self._repo = repository
         self._store = repository.store
         self._clock = clock
+        self._fresh = StreamPolicy[SealedDocument](
+            "idempotency record", repository, leaves_record=leaves_unnamed
+        )
 
     def remember(self, key: str, request: JsonValue, response: JsonValue) -> JsonValue:
         """Store ``response`` for ``key`` bound to ``request``; return the response kept.
@@ -76,7 +94,7 @@ class IdempotencyService:
         _check_key(key)
         digest = self._request_digest(request)
         validate_json(response)
-        existing = self._repo.read(REQUEST_IDEMPOTENCY, key)
+        existing = self._read(key)
         if existing is not None:
             return self._replayed(existing, digest)
         now = self._clock.now()
@@ -85,16 +103,26 @@ class IdempotencyService:
             "response": response,
             "created_at": format_instant(now),
         }
+        record = self._repo.key_digest(REQUEST_IDEMPOTENCY, key)
+        event = record_event(
+            self._repo,
+            record_stream(IDEMPOTENCY_KIND, record),
+            "idempotency.recorded",
+            record_payload(record),
+            now,
+        )
+        upsert = self._repo.prepare(
+            REQUEST_IDEMPOTENCY,
+            key,
+            document,
+            expected=Guard.ABSENT,
+            labels={"created_at": _micros(now)},
+            ledger_index=event.index,
+        )
         try:
-            self._repo.write(
-                REQUEST_IDEMPOTENCY,
-                key,
-                document,
-                expected=Guard.ABSENT,
-                labels={"created_at": _micros(now)},
-            )
+            self._store.commit(UnitOfWork(upserts=[upsert], appends=[event]))
         except RevisionConflict:
-            raced = self._repo.read(REQUEST_IDEMPOTENCY, key)
+            raced = self._read(key)
             if raced is None:
                 raise
             return self._replayed(raced, digest)
@@ -108,12 +136,23 @@ class IdempotencyService:
                 request, or its record carries no request digest. Such a record
                 is never replayed: without a digest nothing proves it answers
                 this request, and returning ``None`` would invite a repeat.
+            IntegrityFailure: the record is older than its stream says, or
+                was deleted outside flowvault (its stream records it, no purge).
 
         """
         _check_key(key)
         digest = self._request_digest(request)
-        existing = self._repo.read(REQUEST_IDEMPOTENCY, key)
+        existing = self._read(key)
         return None if existing is None else self._replayed(existing, digest)
+
+    def _read(self, key: str) -> SealedDocument | None:
+        record = self._repo.key_digest(REQUEST_IDEMPOTENCY, key)
+        return self._fresh.read_vouched(
+            self._store,
+            record_stream(IDEMPOTENCY_KIND, record),
+            (REQUEST_IDEMPOTENCY, record),
+            lambda: self._repo.read(REQUEST_IDEMPOTENCY, key),
+        )
 
     def purge(self, now: datetime, older_than: timedelta, batch_size: int = PURGE_BATCH) -> int:
         """Delete records written before ``now - older_than``; return how many.
@@ -157,7 +196,8 @@ def _doomed_request(metadata: RecordMetadata) -> _Doomed:
         "created_at": format_instant(created),
     }
     delete = Delete(metadata.namespace, metadata.key_digest, metadata.revision)
-    return _Doomed((delete,), IDEMPOTENCY_STREAM, tombstone)
+    streams = (IDEMPOTENCY_STREAM, record_stream(IDEMPOTENCY_KIND, metadata.key_digest))
+    return _Doomed((delete,), streams, tombstone)
 
 
 # -- evidence witnesses --------------------------------------------------------

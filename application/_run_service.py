@@ -17,7 +17,13 @@ from pydantic import ValidationError
 
 from flowvault.application._approval_support import _horizon
 from flowvault.application._compaction import compact_after_commit
-from flowvault.application._freshness import StreamPolicy
+from flowvault.application._freshness import (
+    IDEMPOTENCY_KIND,
+    StreamPolicy,
+    leaves_unnamed,
+    record_payload,
+    record_stream,
+)
 from flowvault.application._graph import (
     RETENTION_TOMBSTONE,
     KeyedDigester,
@@ -175,6 +181,9 @@ class RunService:
             repository,
             leaves_record=_leaves_run,
             unbound_stale=_unbound_run_stale,
+        )
+        self._fresh_marker = StreamPolicy[SealedDocument](
+            "run idempotency marker", repository, leaves_record=leaves_unnamed
         )
 
     # -- definitions ------------------------------------------------------------
@@ -420,16 +429,37 @@ class RunService:
             self._head_upsert(definition_id, current, head_revision),
         ]
         if idempotency_key is not None:
+            digest = self._repo.key_digest(GRAPH_RUN_IDEMPOTENCY, idempotency_key)
+            stream = record_stream(IDEMPOTENCY_KIND, digest)
+            recorded = _Draft("idempotency.recorded", record_payload(digest), None, None)
+            appends += self._chain_on(stream, [recorded], run.started_at)
             marker = {"run_id": run_id, "fingerprint": fingerprint}
             upserts.append(
                 self._repo.prepare(
-                    GRAPH_RUN_IDEMPOTENCY, idempotency_key, marker, expected=Guard.ABSENT
+                    GRAPH_RUN_IDEMPOTENCY,
+                    idempotency_key,
+                    marker,
+                    expected=Guard.ABSENT,
+                    ledger_index=appends[-1].index,
                 )
             )
         return run, UnitOfWork(upserts=upserts, appends=appends)
 
     def _replay(self, idempotency_key: str, fingerprint: str) -> GraphRun | None:
-        marker = self._repo.read(GRAPH_RUN_IDEMPOTENCY, idempotency_key)
+        """Return the run an earlier start with this key made, or ``None`` if there was none.
+
+        Raises:
+            IntegrityFailure: the marker was deleted outside flowvault (its
+                record stream records it and no purge).
+
+        """
+        digest = self._repo.key_digest(GRAPH_RUN_IDEMPOTENCY, idempotency_key)
+        marker = self._fresh_marker.read_vouched(
+            self._store,
+            record_stream(IDEMPOTENCY_KIND, digest),
+            (GRAPH_RUN_IDEMPOTENCY, digest),
+            lambda: self._repo.read(GRAPH_RUN_IDEMPOTENCY, idempotency_key),
+        )
         if marker is None:
             return None
         document = _mapping(marker)
@@ -674,12 +704,18 @@ class RunService:
     def _chain(
         self, run_id: str, drafts: Sequence[_Draft], occurred_at: datetime
     ) -> list[LedgerEvent]:
-        """Build consecutive events onto the stream's current head."""
-        index, previous = next_position(self._store, run_stream(run_id))
+        """Build consecutive events onto the run stream's current head."""
+        return self._chain_on(run_stream(run_id), drafts, occurred_at)
+
+    def _chain_on(
+        self, stream: str, drafts: Sequence[_Draft], occurred_at: datetime
+    ) -> list[LedgerEvent]:
+        """Build consecutive events onto ``stream``'s current head."""
+        index, previous = next_position(self._store, stream)
         chained = []
         for draft in drafts:
             draft_event = LedgerEvent.create(
-                stream=run_stream(run_id),
+                stream=stream,
                 index=index,
                 type=draft.type,
                 occurred_at=occurred_at,
@@ -852,10 +888,12 @@ class RunService:
                 "finished_at": format_instant(run.finished_at),
             }
             deletes.append(Delete(GRAPH_RUNS, metadata.key_digest, metadata.revision))
+            tombstone = _Draft(RETENTION_TOMBSTONE, payload, None, None)
             if run.idempotency_key_digest is not None:
                 payload["idempotency_marker"] = run.idempotency_key_digest
                 deletes.append(Delete(GRAPH_RUN_IDEMPOTENCY, run.idempotency_key_digest, Guard.ANY))
-            tombstone = _Draft(RETENTION_TOMBSTONE, payload, None, None)
+                marker_stream = record_stream(IDEMPOTENCY_KIND, run.idempotency_key_digest)
+                appends += self._chain_on(marker_stream, [tombstone], now)
             appends += self._chain(run.run_id, [tombstone], now)
         count = sum(delete.namespace == GRAPH_RUNS for delete in deletes)
         return UnitOfWork(deletes=deletes, appends=appends), count

@@ -4,6 +4,11 @@ Built only on the sealed repository and the store port, so it behaves the
 same on every adapter. Every mutation is one unit of work: the sealed
 workflow record, its ledger event and any idempotency marker commit together
 or not at all.
+
+An idempotency marker is bound to an event of its own record stream, named
+by the key's keyed digest, and an event-key marker to the workflow event it
+keyed: a retry whose marker was deleted outside flowvault is refused, never
+turned into a second workflow or a second event.
 """
 
 from __future__ import annotations
@@ -16,7 +21,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from flowvault.application._compaction import compact_after_commit
-from flowvault.application._freshness import StreamPolicy
+from flowvault.application._freshness import (
+    IDEMPOTENCY_KIND,
+    StreamPolicy,
+    leaves_unnamed,
+    record_payload,
+    record_stream,
+)
 from flowvault.application._records import (
     MAX_LIST_LIMIT,
     Delete,
@@ -30,7 +41,7 @@ from flowvault.application._records import (
     Upsert,
 )
 from flowvault.application._sealed import SealedDocument, SealedRepository
-from flowvault.application._streams import keyed, mac_matches, read_stream
+from flowvault.application._streams import keyed, mac_matches, next_position, read_stream
 from flowvault.application._verified import verified_events
 from flowvault.application.ports import Clock, Compactor, IdFactory
 from flowvault.domain import (
@@ -144,6 +155,9 @@ class WorkflowService:
             leaves_record=_leaves_record,
             unbound_stale=_unbound_stale,
         )
+        self._fresh_marker = StreamPolicy[SealedDocument](
+            "workflow idempotency marker", repository, leaves_record=leaves_unnamed
+        )
 
     @property
     def machine(self) -> StateMachine:
@@ -158,10 +172,12 @@ class WorkflowService:
         """Create a workflow for ``order``, or return the one its idempotency key made.
 
         Returns ``(record, created)``. Raises ``IdempotencyConflict`` when the
-        key was used for a different order; nothing is written then.
+        key was used for a different order, and ``IntegrityFailure`` when its
+        marker is missing although the ledger records the earlier create;
+        nothing is written then.
         """
         fingerprint = order.fingerprint()
-        existing = self._repo.read(IDEMPOTENCY, order.idempotency_key)
+        existing = self._marker(order.idempotency_key)
         if existing is not None:
             return self._replay(existing, fingerprint), False
         _check_digest(original_content_hash, "original_content_hash", optional=True)
@@ -186,23 +202,50 @@ class WorkflowService:
             payload=summary,
         )
         marker = {"workflow_id": record.workflow_id, "fingerprint": fingerprint}
+        marker_digest = self._repo.key_digest(IDEMPOTENCY, order.idempotency_key)
+        index, previous = next_position(self._store, record_stream(IDEMPOTENCY_KIND, marker_digest))
+        recorded = keyed(
+            LedgerEvent.create(
+                stream=record_stream(IDEMPOTENCY_KIND, marker_digest),
+                index=index,
+                type="idempotency.recorded",
+                occurred_at=now,
+                payload=record_payload(marker_digest),
+                previous_hash=previous,
+            ),
+            self._repo,
+        )
         unit = UnitOfWork(
             upserts=[
                 self._record_upsert(record, Guard.ABSENT, event.index),
                 self._repo.prepare(
-                    IDEMPOTENCY, order.idempotency_key, marker, expected=Guard.ABSENT
+                    IDEMPOTENCY,
+                    order.idempotency_key,
+                    marker,
+                    expected=Guard.ABSENT,
+                    ledger_index=recorded.index,
                 ),
             ],
-            appends=[event],
+            appends=[event, recorded],
         )
         try:
             self._store.commit(unit)
         except RevisionConflict:
-            raced = self._repo.read(IDEMPOTENCY, order.idempotency_key)
+            raced = self._marker(order.idempotency_key)
             if raced is None:
                 raise
             return self._replay(raced, fingerprint), False
         return record, True
+
+    def _marker(self, idempotency_key: str) -> SealedDocument | None:
+        """Read a create's marker; one its record stream vouches for must be there."""
+        digest = self._repo.key_digest(IDEMPOTENCY, idempotency_key)
+        return self._fresh_marker.read_vouched(
+            self._store,
+            record_stream(IDEMPOTENCY_KIND, digest),
+            (IDEMPOTENCY, digest),
+            lambda: self._repo.read(IDEMPOTENCY, idempotency_key),
+        )
 
     def _replay(self, marker: SealedDocument, fingerprint: str) -> WorkflowRecord:
         document = _mapping(marker.document, marker.metadata)
@@ -535,6 +578,8 @@ class WorkflowService:
     ) -> tuple[WorkflowRecord, LedgerEvent, bool] | None:
         marker = self._repo.read(EVENT_KEYS, _joined(workflow_id, event_key))
         if marker is None:
+            marker = self._missing_event_key(workflow_id, event_key)
+        if marker is None:
             return None
         index = _mapping(marker.document, marker.metadata).get("index")
         if not isinstance(index, int) or isinstance(index, bool) or index < 0:
@@ -548,6 +593,34 @@ class WorkflowService:
         if event.type != event_type or canonical_bytes(event.payload) != canonical_bytes(body):
             raise IdempotencyConflict("event key was already used for a different event")
         return self.get(workflow_id), event, False
+
+    def _missing_event_key(self, workflow_id: str, event_key: str) -> SealedDocument | None:
+        """Look for the event an absent marker would have keyed; refuse if it is there.
+
+        Every keyed event carries its marker's digest as ``event_key``, so the
+        workflow's stream shows whether the key was used, marker or not. A
+        marker written meanwhile is returned instead.
+
+        Raises:
+            IntegrityFailure: the stream holds the keyed event but its marker
+                was deleted outside flowvault.
+
+        """
+        digest = self._event_key_digest(workflow_id, event_key)
+        for event in read_stream(self._store, stream_of(workflow_id)):
+            if event.event_key != digest:
+                continue
+            raced = self._repo.read(EVENT_KEYS, _joined(workflow_id, event_key))
+            if raced is not None:
+                return raced
+            raise IntegrityFailure(
+                "event key marker is missing, but the workflow's ledger holds the event "
+                "it keyed: it was deleted outside flowvault; restore it from a backup",
+                namespace=EVENT_KEYS,
+                key_digest=digest,
+                ledger_index=event.index,
+            )
+        return None
 
     def decision_receipt(self, workflow_id: str, event: LedgerEvent) -> DecisionReceipt:
         """Build the auditor's receipt for a recorded decision event."""

@@ -260,7 +260,7 @@ def test_keys_retire_waits_until_no_record_uses_the_key(cli: KeyWatch) -> None:
 
     verified = _ok(cli.run("ledger", "verify", "--all", "--json"))
     assert verified["ok"] is True
-    assert verified["streams_checked"] == 1
+    assert verified["streams_checked"] == 2  # the workflow and its idempotency marker
     assert verified["records"] == {"readable": 7, "unreadable": 0, "unverified": 0}
     with bootstrap(cli.settings()) as runtime:
         assert runtime.workflows.get(workflow.workflow_id) == workflow

@@ -38,11 +38,16 @@ from pydantic import BaseModel, SecretStr
 
 from flowvault.application import (
     ACTION_RESULTS,
+    APPROVAL_SLOTS,
     APPROVALS,
     CHECKPOINTS,
+    EVENT_KEYS,
+    GRAPH_RUN_IDEMPOTENCY,
     GRAPH_RUNS,
+    IDEMPOTENCY,
     REQUEST_IDEMPOTENCY,
     STATE_NAMESPACE,
+    WITNESSES,
     WORKFLOWS,
     HistoryEvent,
     KeyedDigester,
@@ -60,7 +65,6 @@ from flowvault.application.testing import EPOCH, FrozenClock, SequentialIds
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
     ApprovalStatus,
-    CheckpointStatus,
     FlowvaultError,
     IntegrityFailure,
     LedgerEvent,
@@ -68,6 +72,7 @@ from flowvault.domain import (
     WorkflowState,
     WorkOrder,
     canonical_json,
+    checkpoint_id_for,
     content_hash,
     format_instant,
 )
@@ -1703,6 +1708,7 @@ class OldRows:
     workflow: OldRow
     checkpoint: OldRow
     approval: OldRow
+    slot: OldRow
     run: OldRow
 
 
@@ -1713,14 +1719,28 @@ def _old(world: World, row: int) -> OldRow:
     return OldRow(read_row(world, row, RECORD_COLUMNS), labels)
 
 
+def _slot_row(world: World) -> int:
+    """Find the slot of the approval ``_advance`` decides: checkpoint ``newer``, audience legal."""
+    return record_id(world, APPROVAL_SLOTS, f"{world.catalog.checkpoints[2]}\x1flegal")
+
+
+PENDING_CURSOR: Final = 3
+"""Cursor of the checkpoint ``_advance`` adds, whose approval (audience ops) stays pending."""
+
+
 def _advance(world: World) -> OldRows:
-    """Capture rows, then move each on through its service (new revisions, new events)."""
+    """Capture rows, then move each on through its service (new revisions, new events).
+
+    Also checkpoints the live run once more and asks audience ops to decide,
+    so a pending request exists whose retry the deleted-slot attack makes.
+    """
     old = OldRows(
         state=_old(world, _state_row("main")(world)),
         history=stored_events(world, "scope/main"),
         workflow=_old(world, _workflow_row(1)(world)),
         checkpoint=_old(world, _checkpoint_row(2)(world)),
         approval=_old(world, _approval_row(1)(world)),
+        slot=_old(world, _slot_row(world)),
         run=_old(world, record_id(world, GRAPH_RUNS, world.catalog.runs[1])),
     )
     runtime, catalog = world.runtime, world.catalog
@@ -1733,7 +1753,75 @@ def _advance(world: World) -> OldRows:
     )
     runtime.approvals.decide(catalog.approvals[1], "approve", "frank@example.org")
     runtime.graph_runs.set_status(catalog.runs[1], "awaiting_approval", expected_status="running")
+    _ask(runtime, _checkpoint(runtime, catalog.runs[1], "d", PENDING_CURSOR), "ops")
     return old
+
+
+def _retries(world: World) -> list[Reader]:
+    """Make the original calls again, each answered from its marker while nothing is tampered with.
+
+    They write nothing then, so they are reads; with a marker deleted they
+    must refuse rather than create a second workflow, run, approval request,
+    event, response or witness.
+    """
+    runtime, catalog = world.runtime, world.catalog
+    first = catalog.workflows[0]
+    pending = _pending_checkpoint(world)
+    decision = {"action_hash": ACTIONS[0], "approved": True, "decided_by": "dana@example.org"}
+    key, request = REQUESTS[1]
+    return [
+        Reader("retry create order-2", lambda: list(runtime.workflows.create(_order(2)))),
+        Reader(
+            "retry keyed decision receipt",
+            lambda: list(
+                runtime.workflows.append_event(
+                    first,
+                    "decision.approved",
+                    expected_state="decision",
+                    expected_version=3,
+                    payload=decision,
+                    event_key="decision-1",
+                )
+            ),
+        ),
+        Reader("retry approval request", lambda: [_ask(runtime, pending, "ops")]),
+        Reader(
+            "retry remember",
+            lambda: [runtime.idempotency.remember(key, request, {"status": 200 + len(key)})],
+        ),
+        Reader(
+            "retry start run",
+            lambda: list(
+                runtime.graph_runs.start_run(
+                    "flow.a",
+                    {"invoice": "INV-9"},
+                    budgets={"tokens": 100},
+                    idempotency_key="run-key-1",
+                )
+            ),
+        ),
+        Reader(
+            "retry capture witness",
+            lambda: [
+                runtime.evidence.capture_witness(
+                    "https://example.org/inv-1", EVIDENCE, "text/plain", "primary", EPOCH
+                )
+            ],
+        ),
+    ]
+
+
+def _pending_checkpoint(world: World) -> str:
+    return checkpoint_id_for(world.catalog.runs[1], {"node": "d"})
+
+
+def _with_retries(world: World) -> World:
+    """Read everything, then retry every original call, as the reference and after each attack."""
+    chosen = [*world.readers, *_retries(world)]
+    reference = read_all(chosen)
+    return dataclasses.replace(
+        world, readers=chosen, reference=reference, pools=universes(chosen, reference)
+    )
 
 
 def _replay(
@@ -1753,12 +1841,10 @@ def _replay(
     return apply
 
 
-def _both(
-    first: Callable[[World], None], second: Callable[[World], None]
-) -> Callable[[World], None]:
+def _all(*steps: Callable[[World], None]) -> Callable[[World], None]:
     def apply(world: World) -> None:
-        first(world)
-        second(world)
+        for step in steps:
+            step(world)
 
     return apply
 
@@ -1770,6 +1856,10 @@ def _delete_record(row: Callable[[World], int]) -> Callable[[World], None]:
         world.cells.raw.execute("DELETE FROM records WHERE id = ?", (found,))
 
     return apply
+
+
+def _row_of(namespace: str, natural_key: Callable[[World], str]) -> Callable[[World], int]:
+    return lambda w: record_id(w, namespace, natural_key(w))
 
 
 def _roll_back_scope(old: OldRows) -> Callable[[World], None]:
@@ -1784,38 +1874,65 @@ def _roll_back_scope(old: OldRows) -> Callable[[World], None]:
     return apply
 
 
-def _consumed_again(world: World) -> None:
-    again = world.runtime.checkpoints.consume_checkpoint(world.catalog.checkpoints[2])
-    assert again.status is CheckpointStatus.CONSUMED
-
-
-def _decided_again(world: World) -> None:
-    approval, _ = world.runtime.approvals.decide(world.catalog.approvals[1], "reject", "mallory")
-    assert approval.decision == "reject"
-
-
-def _refused_decision(world: World) -> None:
+def _refused(call: Callable[[], object]) -> None:
     with pytest.raises(FlowvaultError) as refused:
-        world.runtime.approvals.decide(world.catalog.approvals[1], "reject", "mallory")
-    assert refused.value.code == "CHECKPOINT_CONSUMED"
+        call()
+    assert refused.value.code == "INTEGRITY_FAILURE", refused.value
+
+
+def _never_consumed_again(world: World) -> None:
+    checkpoints = world.runtime.checkpoints
+    _refused(lambda: checkpoints.consume_checkpoint(world.catalog.checkpoints[2]))
+
+
+def _never_decided_again(world: World) -> None:
+    approvals = world.runtime.approvals
+    _refused(lambda: approvals.decide(world.catalog.approvals[1], "reject", "mallory"))
+    events = stored_events(world, run_stream(world.catalog.runs[1]))
+    assert sum(event.type == "approval.decided" for event in events) == 1
+
+
+def _no_second(namespace: str, count: int) -> Callable[[World], None]:
+    """Probe: the retries refused, so the namespace holds no more rows than before the attack."""
+
+    def probe(world: World) -> None:
+        held = world.runtime.store.namespace_counts().get(namespace, 0)
+        assert held == count, f"{namespace}: {held} rows, expected {count}"
+
+    return probe
+
+
+def _no_more_events(world: World, stream: str, count: int) -> None:
+    assert len(stored_events(world, stream)) == count
 
 
 def test_replayed_rows(world: World) -> None:
-    """An older row replayed whole (ciphertext with its own revision): what still sees it.
+    """An older row replayed whole (ciphertext with its own revision), or a row deleted whole.
 
-    The older row is authentic, so it opens. State rows, workflow records
-    and graph runs name the ledger event that wrote them, and their streams
-    hold a later writer, so reading them fails. Checkpoints and approvals
-    have no such link: they read back as valid, and even accept a second
-    consumption or decision. A deleted row
-    (rolled back to absent) reads as never written, and a state row rolled
-    back together with its stream is a truncation, shown only by a kept
-    ``ledger head`` receipt. The ciphertext of an older revision under the
-    newer header fails on open.
+    The older row is authentic, so it opens. Every record kind names the
+    ledger event that last wrote it: state rows, workflow records and graph
+    runs in their own streams; checkpoints, approvals and approval slots in
+    the checkpoint's record stream. That stream holds a later writer, so
+    reading them fails, and a consumed checkpoint or decided approval is
+    never used again, whichever of the three rows come back. A deleted
+    marker (a workflow's or run's idempotency marker, an event key, an
+    approval slot, a remembered request) or witness is still recorded by
+    its stream, so the original call retried is refused instead of repeated.
+    Idempotency markers, slots and witnesses are written once, so an older
+    copy of one is the same row; their attack is deletion. Still not
+    caught: a deleted state row reads as a scope never written, and a state
+    row rolled back together with its stream is a truncation, shown only by
+    a kept ``ledger head`` receipt. The ciphertext of an older revision
+    under the newer header fails on open.
     """
     watch = reliability.Stopwatch()
     old = _advance(world)
-    world = rebased(world)
+    world = _with_retries(rebased(world))
+    counts = dict(world.runtime.store.namespace_counts())
+    slot = _slot_row
+    pending_slot = _row_of(APPROVAL_SLOTS, lambda w: f"{_pending_checkpoint(w)}\x1fops")
+    keyed_stream = stream_of(world.catalog.workflows[0])
+    keyed_events = len(stored_events(world, keyed_stream))
     attacks = [
         Attack(
             "replay an older state row (ciphertext and revision together)",
@@ -1844,25 +1961,40 @@ def test_replayed_rows(world: World) -> None:
             "INTEGRITY_FAILURE",
         ),
         Attack(
-            "replay a consumed checkpoint as pending (it is consumed again)",
+            "replay a consumed checkpoint as pending (never consumed again)",
             _replay(_checkpoint_row(2), old.checkpoint),
-            None,
-            probe=_consumed_again,
+            "INTEGRITY_FAILURE",
+            probe=_never_consumed_again,
         ),
         Attack(
-            "replay a decided approval as pending (its checkpoint stays consumed)",
+            "replay a decided approval as pending (never decided again)",
             _replay(_approval_row(1), old.approval),
-            None,
-            probe=_refused_decision,
+            "INTEGRITY_FAILURE",
+            probe=_never_decided_again,
         ),
         Attack(
-            "replay a decided approval and its checkpoint (decided a second time)",
-            _both(
+            "replay a decided approval and its checkpoint (never decided again)",
+            _all(
                 _replay(_approval_row(1), old.approval),
                 _replay(_checkpoint_row(2), old.checkpoint),
             ),
-            None,
-            probe=_decided_again,
+            "INTEGRITY_FAILURE",
+            probe=_never_decided_again,
+        ),
+        Attack(
+            "replay a decided approval, its slot and its checkpoint (never decided again)",
+            _all(
+                _replay(_approval_row(1), old.approval),
+                _replay(slot, old.slot),
+                _replay(_checkpoint_row(2), old.checkpoint),
+            ),
+            "INTEGRITY_FAILURE",
+            probe=_never_decided_again,
+        ),
+        Attack(
+            "delete a consumed checkpoint (its stream still records it)",
+            _delete_record(_checkpoint_row(0)),
+            "INTEGRITY_FAILURE",
         ),
         Attack(
             "delete a state row (the scope reads back empty, as if new)",
@@ -1870,9 +2002,42 @@ def test_replayed_rows(world: World) -> None:
             None,
         ),
         Attack(
-            "delete a remembered idempotency record (recall answers nothing)",
-            _delete_record(lambda w: record_id(w, REQUEST_IDEMPOTENCY, REQUESTS[0][0])),
-            None,
+            "delete a remembered idempotency record (recall and remember refuse)",
+            _delete_record(_row_of(REQUEST_IDEMPOTENCY, lambda _: REQUESTS[1][0])),
+            "INTEGRITY_FAILURE",
+            probe=_no_second(REQUEST_IDEMPOTENCY, counts[REQUEST_IDEMPOTENCY] - 1),
+        ),
+        Attack(
+            "delete a workflow's idempotency marker, retry the create (no second workflow)",
+            _delete_record(_row_of(IDEMPOTENCY, lambda _: "order-2")),
+            "INTEGRITY_FAILURE",
+            probe=_no_second(WORKFLOWS, counts[WORKFLOWS]),
+        ),
+        Attack(
+            "delete an event-key marker, retry the keyed receipt (no second event)",
+            _delete_record(
+                _row_of(EVENT_KEYS, lambda w: f"{w.catalog.workflows[0]}\x1fdecision-1")
+            ),
+            "INTEGRITY_FAILURE",
+            probe=lambda w: _no_more_events(w, keyed_stream, keyed_events),
+        ),
+        Attack(
+            "delete a pending approval's slot, retry the request (no second approval)",
+            _delete_record(pending_slot),
+            "INTEGRITY_FAILURE",
+            probe=_no_second(APPROVALS, counts[APPROVALS]),
+        ),
+        Attack(
+            "delete a run's idempotency marker, retry the start (no second run)",
+            _delete_record(_row_of(GRAPH_RUN_IDEMPOTENCY, lambda _: "run-key-1")),
+            "INTEGRITY_FAILURE",
+            probe=_no_second(GRAPH_RUNS, counts[GRAPH_RUNS]),
+        ),
+        Attack(
+            "delete a witness (its stream still records the capture)",
+            _delete_record(_row_of(WITNESSES, lambda w: w.catalog.witnesses[0])),
+            "INTEGRITY_FAILURE",
+            probe=_no_second(WITNESSES, counts[WITNESSES] - 1),
         ),
         Attack(
             "replay only the older ciphertext under the newer revision",

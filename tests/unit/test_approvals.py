@@ -132,7 +132,11 @@ class World:
     def plant(
         self, namespace: str, natural_key: str, change: Callable[[dict[str, JsonValue]], None]
     ) -> None:
-        """Rewrite a sealed document through the port, as someone holding the cipher could."""
+        """Rewrite a sealed document through the port, as someone holding the cipher could.
+
+        The row keeps the ledger event it was bound to, so what catches the
+        forgery is the check of the content, not the record's freshness.
+        """
         opened = self.repository.read(namespace, natural_key)
         assert opened is not None
         assert isinstance(opened.document, dict)
@@ -144,6 +148,7 @@ class World:
             document,
             expected=opened.revision,
             labels=dict(opened.metadata.labels),
+            ledger_index=opened.metadata.header.ledger_index,
         )
 
     def stream(self, name: str) -> list[LedgerEvent]:

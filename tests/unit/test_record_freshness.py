@@ -1,0 +1,579 @@
+"""Records without a stream of their own, bound to a record stream: replays and deletions.
+
+Checkpoints (with their approvals and slots), idempotency markers and
+witnesses each write an event to a record stream named by a keyed digest
+and name it in their header. An older row put back whole is refused, a row
+deleted outside flowvault is told apart from one never written or purged,
+and a retry whose marker was deleted is refused instead of repeated. The
+attacks go through the port itself, which is what an editor of the
+database leaves behind; every adapter runs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+
+from flowvault.adapters.crypto import AesGcmCipher
+from flowvault.adapters.memory import InMemorySecureObjectStore
+from flowvault.application import (
+    APPROVAL_SLOTS,
+    APPROVALS,
+    CHECKPOINT_KIND,
+    CHECKPOINTS,
+    EVENT_KEYS,
+    GRAPH_RUN_IDEMPOTENCY,
+    IDEMPOTENCY,
+    IDEMPOTENCY_KIND,
+    REQUEST_IDEMPOTENCY,
+    RETENTION_TOMBSTONE,
+    WITNESS_KIND,
+    WITNESSES,
+    ApprovalService,
+    CheckpointService,
+    Delete,
+    EvidenceService,
+    Guard,
+    IdempotencyService,
+    LedgerPage,
+    RunService,
+    SealedRepository,
+    SecureObjectStore,
+    StoredRecord,
+    UnitOfWork,
+    Upsert,
+    WorkflowService,
+    read_stream,
+    record_stream,
+    run_stream,
+    stream_of,
+)
+from flowvault.application.testing import FrozenClock, SequentialIds
+from flowvault.domain import (
+    Approval,
+    Checkpoint,
+    CheckpointStatus,
+    FlowvaultError,
+    IntegrityFailure,
+    LedgerEvent,
+    NotFound,
+    WorkOrder,
+    canonical_json,
+    content_hash,
+)
+
+KEY = bytes(range(3, 35))
+SECRET = "freshness-secret-9b2e-never-in-errors"
+RUN = "run-0001"
+DAY = timedelta(days=1)
+
+
+class World:
+    """Every service that writes record-stream rows, over one store and a frozen clock."""
+
+    def __init__(self, store: SecureObjectStore) -> None:
+        self.store = store
+        self.clock = FrozenClock()
+        self.repository = SealedRepository(store, AesGcmCipher(KEY), self.clock)
+        repo = self.repository
+        self.checkpoints = CheckpointService(repo, self.clock, integrity=repo)
+        self.approvals = ApprovalService(
+            repo, self.clock, SequentialIds("ap"), checkpoints=self.checkpoints, integrity=repo
+        )
+        self.idempotency = IdempotencyService(repo, self.clock)
+        self.evidence = EvidenceService(repo, self.clock, integrity=repo)
+        self.workflows = WorkflowService(repo, self.clock, SequentialIds("wf"))
+        self.runs = RunService(repo, self.clock, SequentialIds("run"), integrity=repo)
+
+    def checkpoint(self, cursor: str = "node-b") -> Checkpoint:
+        return self.checkpoints.create_checkpoint(
+            RUN,
+            cursor,
+            state={"iban": SECRET},
+            budgets={"tokens": 10},
+            counters={"nodes": 1},
+            dependency_summary={"tools": []},
+            terminal_cursor=None,
+            event_cursor=1,
+        )
+
+    def request(self, checkpoint: Checkpoint, audience: str = "finance") -> Approval:
+        return self.approvals.request_approval(
+            checkpoint.checkpoint_id,
+            expected_state_digest=checkpoint.state_digest,
+            expected_budgets=checkpoint.budgets,
+            expected_counters=checkpoint.counters,
+            expected_dependency_digest=checkpoint.dependency_digest,
+            audience=audience,
+            prompt_digest=content_hash(f"prompt {audience}"),
+            allowed_decisions=["approve", "reject"],
+            expires_at=self.clock.now() + timedelta(hours=1),
+        )
+
+    def digest(self, namespace: str, natural_key: str) -> str:
+        return self.repository.key_digest(namespace, natural_key)
+
+    def row(self, namespace: str, natural_key: str) -> StoredRecord:
+        stored = self.store.load(namespace, self.digest(namespace, natural_key))
+        assert stored is not None
+        return stored
+
+    def replay(self, old: StoredRecord) -> None:
+        """Put an older row back whole, header and ciphertext, as a database editor could."""
+        metadata = old.metadata
+        current = self.store.peek_metadata(metadata.namespace, metadata.key_digest)
+        if current is not None:
+            self.delete(metadata.namespace, metadata.key_digest)
+        expected = Guard.ABSENT if metadata.revision == 1 else Guard.ANY
+        upsert = Upsert(
+            header=metadata.header, payload=old.payload, expected=expected, labels=metadata.labels
+        )
+        self.store.commit(UnitOfWork(upserts=[upsert]))
+
+    def delete(self, namespace: str, key_digest: str) -> None:
+        """Delete a row whole, leaving its streams as they are."""
+        self.store.commit(UnitOfWork(deletes=[Delete(namespace, key_digest, Guard.ANY)]))
+
+    def events(self, stream: str) -> list[LedgerEvent]:
+        return list(read_stream(self.store, stream))
+
+    def checkpoint_stream(self, checkpoint_id: str) -> str:
+        return record_stream(CHECKPOINT_KIND, self.digest(CHECKPOINTS, checkpoint_id))
+
+
+@pytest.fixture
+def world(backend_store: SecureObjectStore) -> World:
+    """Provide a fresh world on each backend."""
+    return World(backend_store)
+
+
+def _refused(call: Callable[[], object], wording: str) -> IntegrityFailure:
+    """Assert ``call`` fails as INTEGRITY_FAILURE with ``wording`` and no secret."""
+    with pytest.raises(IntegrityFailure) as caught:
+        call()
+    failure = caught.value
+    assert failure.code == "INTEGRITY_FAILURE"
+    assert wording in str(failure)
+    assert "ledger_index" in failure.details
+    for text in (str(failure), repr(failure), canonical_json(dict(failure.details))):
+        assert SECRET not in text
+    return failure
+
+
+STALE = "older than its ledger"
+DELETED = "deleted outside flowvault"
+
+
+# -- checkpoints ----------------------------------------------------------------
+
+
+def test_each_checkpoint_write_names_its_record_stream_event(world: World) -> None:
+    """Create and consume append an event naming the row, and the row's header names it."""
+    made = world.checkpoint()
+    stream = world.checkpoint_stream(made.checkpoint_id)
+    digest = world.digest(CHECKPOINTS, made.checkpoint_id)
+    assert world.row(CHECKPOINTS, made.checkpoint_id).metadata.header.ledger_index == 0
+    world.checkpoints.consume_checkpoint(made.checkpoint_id)
+    events = world.events(stream)
+    assert [e.type for e in events] == ["checkpoint.created", "checkpoint.consumed"]
+    assert all(e.payload == {"records": [digest]} for e in events)
+    assert world.row(CHECKPOINTS, made.checkpoint_id).metadata.header.ledger_index == 1
+    assert SECRET not in canonical_json([e.payload for e in events])
+
+
+def test_a_consumed_checkpoint_put_back_as_pending_is_never_consumed_again(world: World) -> None:
+    """The older pending row opens, but a later event of its stream consumed it."""
+    made = world.checkpoint()
+    pending = world.row(CHECKPOINTS, made.checkpoint_id)
+    world.checkpoints.consume_checkpoint(made.checkpoint_id)
+    world.replay(pending)
+    failure = _refused(lambda: world.checkpoints.load_checkpoint(made.checkpoint_id), STALE)
+    assert failure.details["ledger_index"] == 0
+    _refused(lambda: world.checkpoints.consume_checkpoint(made.checkpoint_id), STALE)
+    _refused(lambda: world.checkpoints.latest_checkpoint(RUN), STALE)
+    _refused(lambda: world.request(made), STALE)
+    assert len(world.events(world.checkpoint_stream(made.checkpoint_id))) == 2
+
+
+def test_a_deleted_checkpoint_is_refused_and_not_created_again(world: World) -> None:
+    """Its stream still vouches for it: reads and a retried create refuse instead of NOT_FOUND."""
+    made = world.checkpoint()
+    world.checkpoints.consume_checkpoint(made.checkpoint_id)
+    world.delete(CHECKPOINTS, world.digest(CHECKPOINTS, made.checkpoint_id))
+    _refused(lambda: world.checkpoints.load_checkpoint(made.checkpoint_id), DELETED)
+    _refused(world.checkpoint, DELETED)
+    _refused(lambda: world.checkpoints.consume_checkpoint(made.checkpoint_id), DELETED)
+    with pytest.raises(NotFound):
+        world.checkpoints.load_checkpoint("cp_" + "0" * 32)
+
+
+def test_a_purged_checkpoint_is_gone_and_its_row_cannot_come_back(world: World) -> None:
+    """The purge's tombstone, in the run's stream and the record stream, closes the record."""
+    made = world.checkpoint()
+    world.checkpoints.consume_checkpoint(made.checkpoint_id)
+    consumed = world.row(CHECKPOINTS, made.checkpoint_id)
+    world.clock.advance(2 * DAY)
+    assert world.checkpoints.purge(world.clock.now(), DAY) == 1
+    stream = world.checkpoint_stream(made.checkpoint_id)
+    assert world.events(stream)[-1].type == RETENTION_TOMBSTONE
+    assert world.events(run_stream(RUN))[-1].type == RETENTION_TOMBSTONE
+    with pytest.raises(NotFound):
+        world.checkpoints.load_checkpoint(made.checkpoint_id)
+    world.replay(consumed)
+    failure = _refused(lambda: world.checkpoints.load_checkpoint(made.checkpoint_id), STALE)
+    assert failure.details["ledger_index"] == 1
+
+
+def test_checkpoint_rows_written_before_binding_are_held_to_every_event(world: World) -> None:
+    """A row without an index reads while no event wrote it, and is stale once one did.
+
+    Such a row comes from a build that wrote checkpoints without events, so
+    its record stream is empty: here it is copied from another store.
+    """
+    elsewhere = World(InMemorySecureObjectStore())
+    made = elsewhere.checkpoint()
+    opened = elsewhere.repository.read(CHECKPOINTS, made.checkpoint_id)
+    assert opened is not None
+    world.repository.write(
+        CHECKPOINTS,
+        made.checkpoint_id,
+        opened.document,
+        expected=Guard.ABSENT,
+        labels=dict(opened.metadata.labels),
+    )
+    assert world.checkpoints.load_checkpoint(made.checkpoint_id) == made
+    unbound = world.row(CHECKPOINTS, made.checkpoint_id)
+    assert unbound.metadata.header.ledger_index is None
+    world.checkpoints.consume_checkpoint(made.checkpoint_id)
+    assert world.row(CHECKPOINTS, made.checkpoint_id).metadata.header.ledger_index == 0
+    world.replay(unbound)
+    _refused(lambda: world.checkpoints.consume_checkpoint(made.checkpoint_id), STALE)
+
+
+# -- approvals and their slots -------------------------------------------------
+
+
+def test_request_and_decision_bind_approval_slot_and_checkpoint(world: World) -> None:
+    """The request binds approval and slot; the decision binds approval and checkpoint."""
+    made = world.checkpoint()
+    approval = world.request(made)
+    slot_key = f"{made.checkpoint_id}\x1ffinance"
+    stream = world.checkpoint_stream(made.checkpoint_id)
+    requested = world.events(stream)[-1]
+    assert requested.type == "approval.requested"
+    assert requested.payload == {
+        "records": [
+            world.digest(APPROVALS, approval.approval_id),
+            world.digest(APPROVAL_SLOTS, slot_key),
+        ]
+    }
+    for namespace, natural in ((APPROVALS, approval.approval_id), (APPROVAL_SLOTS, slot_key)):
+        assert world.row(namespace, natural).metadata.header.ledger_index == requested.index
+    world.approvals.decide(approval.approval_id, "approve", "dana")
+    decided = world.events(stream)[-1]
+    assert decided.type == "approval.decided"
+    for namespace, natural in (
+        (APPROVALS, approval.approval_id),
+        (CHECKPOINTS, made.checkpoint_id),
+    ):
+        assert world.row(namespace, natural).metadata.header.ledger_index == decided.index
+    assert [e.type for e in world.events(run_stream(RUN))] == ["approval.decided"]
+
+
+def test_approval_rows_put_back_from_before_the_decision_are_never_decided_again(
+    world: World,
+) -> None:
+    """Approval, slot and checkpoint replayed together: every read and a second decide refuse."""
+    made = world.checkpoint()
+    approval = world.request(made)
+    slot_key = f"{made.checkpoint_id}\x1ffinance"
+    old = [
+        world.row(APPROVALS, approval.approval_id),
+        world.row(APPROVAL_SLOTS, slot_key),
+        world.row(CHECKPOINTS, made.checkpoint_id),
+    ]
+    world.approvals.decide(approval.approval_id, "approve", "dana")
+    for row in old:
+        world.replay(row)
+        _refused(lambda: world.approvals.decide(approval.approval_id, "reject", "mallory"), STALE)
+    _refused(lambda: world.approvals.get_approval(approval.approval_id), STALE)
+    _refused(lambda: world.approvals.list_approvals(RUN), STALE)
+    _refused(lambda: world.request(made), STALE)
+    decided = [e for e in world.events(run_stream(RUN)) if e.type == "approval.decided"]
+    assert len(decided) == 1
+
+
+def test_an_approval_alone_put_back_as_pending_is_refused(world: World) -> None:
+    """Only the approval row replayed: it names the request, and the decision followed."""
+    made = world.checkpoint()
+    approval = world.request(made)
+    pending = world.row(APPROVALS, approval.approval_id)
+    world.approvals.decide(approval.approval_id, "approve", "dana")
+    world.replay(pending)
+    failure = _refused(lambda: world.approvals.get_approval(approval.approval_id), STALE)
+    assert failure.details["ledger_index"] == 1
+
+
+def test_a_deleted_slot_cannot_make_a_second_request(world: World) -> None:
+    """The stream still records the request: the retry is refused, no second approval exists."""
+    made = world.checkpoint()
+    world.request(made)
+    slot = world.digest(APPROVAL_SLOTS, f"{made.checkpoint_id}\x1ffinance")
+    world.delete(APPROVAL_SLOTS, slot)
+    failure = _refused(lambda: world.request(made), DELETED)
+    assert failure.details["key_digest"] == slot
+    assert len(world.store.list(APPROVALS, limit=10).items) == 1
+    assert world.request(made, audience="legal").audience == "legal"
+
+
+def test_approval_purge_closes_approval_and_slot(world: World) -> None:
+    """A purged approval's tombstone names its slot; both rows put back are refused."""
+    made = world.checkpoint()
+    approval = world.request(made)
+    world.approvals.decide(approval.approval_id, "approve", "dana")
+    slot_key = f"{made.checkpoint_id}\x1ffinance"
+    old_approval = world.row(APPROVALS, approval.approval_id)
+    old_slot = world.row(APPROVAL_SLOTS, slot_key)
+    world.clock.advance(2 * DAY)
+    assert world.approvals.purge(world.clock.now(), DAY) == 1
+    tombstone = world.events(world.checkpoint_stream(made.checkpoint_id))[-1]
+    assert tombstone.type == RETENTION_TOMBSTONE
+    assert isinstance(tombstone.payload, dict)
+    assert tombstone.payload["slot"] == old_slot.metadata.key_digest
+    with pytest.raises(NotFound):
+        world.approvals.get_approval(approval.approval_id)
+    world.replay(old_approval)
+    _refused(lambda: world.approvals.get_approval(approval.approval_id), STALE)
+
+
+# -- idempotency markers --------------------------------------------------------
+
+
+def test_a_deleted_request_record_is_refused_not_forgotten(world: World) -> None:
+    """Recall and remember refuse, so a response is never produced twice for one key."""
+    world.idempotency.remember("req-1", {"op": SECRET}, {"status": 201})
+    record = world.digest(REQUEST_IDEMPOTENCY, "req-1")
+    assert world.events(record_stream(IDEMPOTENCY_KIND, record))[0].type == "idempotency.recorded"
+    world.delete(REQUEST_IDEMPOTENCY, record)
+    _refused(lambda: world.idempotency.recall("req-1", {"op": SECRET}), DELETED)
+    _refused(lambda: world.idempotency.remember("req-1", {"op": SECRET}, {"status": 202}), DELETED)
+
+
+def test_a_purged_request_record_is_gone_and_cannot_come_back(world: World) -> None:
+    """After a purge the key is free again; the purged row put back is refused."""
+    world.idempotency.remember("req-1", {"op": 1}, {"status": 201})
+    old = world.row(REQUEST_IDEMPOTENCY, "req-1")
+    world.clock.advance(2 * DAY)
+    assert world.idempotency.purge(world.clock.now(), DAY) == 1
+    assert world.idempotency.recall("req-1", {"op": 1}) is None
+    world.replay(old)
+    _refused(lambda: world.idempotency.recall("req-1", {"op": 1}), STALE)
+    world.delete(REQUEST_IDEMPOTENCY, old.metadata.key_digest)
+    assert world.idempotency.remember("req-1", {"op": 2}, {"status": 203}) == {"status": 203}
+
+
+def _order(key: str = "order-1") -> WorkOrder:
+    return WorkOrder(
+        kind="invoice.review",
+        parameters={"iban": SECRET},
+        requester="alice@example.org",
+        idempotency_key=key,
+    )
+
+
+def test_a_deleted_workflow_marker_cannot_make_a_second_workflow(world: World) -> None:
+    """The marker's record stream recorded the create: the retry is refused, not repeated."""
+    record, created = world.workflows.create(_order())
+    assert created
+    marker = world.digest(IDEMPOTENCY, "order-1")
+    stream = record_stream(IDEMPOTENCY_KIND, marker)
+    assert [e.type for e in world.events(stream)] == ["idempotency.recorded"]
+    world.delete(IDEMPOTENCY, marker)
+    _refused(lambda: world.workflows.create(_order()), DELETED)
+    assert [w.workflow_id for w in world.workflows.list_workflows()] == [record.workflow_id]
+
+
+def test_a_deleted_event_key_marker_cannot_append_the_event_twice(world: World) -> None:
+    """The keyed event carries the marker's digest, so the retry finds it and refuses."""
+    record, _ = world.workflows.create(_order())
+    world.workflows.append_event(
+        record.workflow_id, "note.added", expected_state="intake", expected_version=1,
+        event_key="note-1",
+    )  # fmt: skip
+    marker = world.digest(EVENT_KEYS, f"{record.workflow_id}\x1fnote-1")
+    world.delete(EVENT_KEYS, marker)
+    retry = lambda: world.workflows.append_event(  # noqa: E731
+        record.workflow_id, "note.added", expected_state="intake", expected_version=1,
+        event_key="note-1",
+    )  # fmt: skip
+    _refused(retry, DELETED)
+    assert len(world.events(stream_of(record.workflow_id))) == 2
+
+
+def test_a_deleted_run_marker_cannot_start_the_run_twice(world: World) -> None:
+    """A start's marker is vouched for by its record stream; a purge tombstones that stream."""
+    world.runs.register_definition("flow.a", {"nodes": ["a"]})
+    run, _ = world.runs.start_run("flow.a", {"n": 1}, idempotency_key="start-1")
+    marker = world.digest(GRAPH_RUN_IDEMPOTENCY, "start-1")
+    world.delete(GRAPH_RUN_IDEMPOTENCY, marker)
+    _refused(lambda: world.runs.start_run("flow.a", {"n": 1}, idempotency_key="start-1"), DELETED)
+    assert [r.run_id for r in world.runs.list_runs().runs] == [run.run_id]
+
+
+def test_a_purged_run_frees_its_key(world: World) -> None:
+    """The run purge tombstones the marker's stream too, so a later start is a new run."""
+    world.runs.register_definition("flow.a", {"nodes": ["a"]})
+    run, _ = world.runs.start_run("flow.a", {"n": 1}, idempotency_key="start-1")
+    world.runs.finish_run(run.run_id, "cancelled", expected_status="accepted", final_state={})
+    world.clock.advance(2 * DAY)
+    assert world.runs.purge_finished_runs(world.clock.now(), DAY) == 1
+    stream = record_stream(IDEMPOTENCY_KIND, world.digest(GRAPH_RUN_IDEMPOTENCY, "start-1"))
+    assert world.events(stream)[-1].type == RETENTION_TOMBSTONE
+    again, created = world.runs.start_run("flow.a", {"n": 1}, idempotency_key="start-1")
+    assert created
+    assert again.run_id != run.run_id
+
+
+# -- witnesses -----------------------------------------------------------------
+
+
+def test_a_deleted_witness_is_refused_not_captured_again(world: World) -> None:
+    """A witness's record stream says it was captured; its absence is tampering."""
+    witness = world.evidence.capture_witness(
+        "https://example.org/a", SECRET.encode(), "text/plain", "primary", world.clock.now()
+    )
+    record = world.digest(WITNESSES, witness.content_digest)
+    stream = record_stream(WITNESS_KIND, record)
+    assert [e.type for e in world.events(stream)] == ["witness.captured"]
+    assert world.row(WITNESSES, witness.content_digest).metadata.header.ledger_index == 0
+    world.delete(WITNESSES, record)
+    _refused(lambda: world.evidence.load_witness(witness.content_digest), DELETED)
+    _refused(
+        lambda: world.evidence.capture_witness(
+            "https://example.org/b", SECRET.encode(), "text/plain", "primary", world.clock.now()
+        ),
+        DELETED,
+    )
+
+
+# -- what the record streams trust ------------------------------------------------
+
+
+class _Wrapped:
+    """A store passing everything through, for tests that change one method."""
+
+    def __init__(self, inner: SecureObjectStore) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+class _ForgedTombstone(_Wrapped):
+    """A record stream showing one more event: a tombstone for the row, without a valid MAC."""
+
+    def __init__(self, inner: SecureObjectStore, forged: LedgerEvent) -> None:
+        super().__init__(inner)
+        self._forged = forged
+
+    def ledger_head(self, stream: str) -> LedgerEvent | None:
+        return self._forged if stream == self._forged.stream else self._inner.ledger_head(stream)
+
+    def read_ledger(self, stream: str, *, from_index: int = 0, limit: int = 100) -> LedgerPage:
+        page = self._inner.read_ledger(stream, from_index=from_index, limit=limit)
+        if stream != self._forged.stream:
+            return page
+        return LedgerPage(events=(*page.events, self._forged), next_index=None, gap=False)
+
+
+def test_an_unkeyed_tombstone_does_not_excuse_a_deleted_row(world: World) -> None:
+    """Deleting a row and appending a tombstone without the integrity key is still refused."""
+    world.idempotency.remember("req-1", {"op": 1}, {"status": 201})
+    record = world.digest(REQUEST_IDEMPOTENCY, "req-1")
+    stream = record_stream(IDEMPOTENCY_KIND, record)
+    head = world.store.ledger_head(stream)
+    assert head is not None
+    world.delete(REQUEST_IDEMPOTENCY, record)
+    forged = LedgerEvent.create(
+        stream=stream,
+        index=1,
+        type=RETENTION_TOMBSTONE,
+        occurred_at=head.occurred_at,
+        payload={"kind": "idempotency", "record": record},
+        previous_hash=head.event_hash,
+    )
+    repository = SealedRepository(
+        _ForgedTombstone(world.store, forged),  # type: ignore[arg-type]
+        AesGcmCipher(KEY),
+        world.clock,
+    )
+    service = IdempotencyService(repository, world.clock)
+    _refused(lambda: service.recall("req-1", {"op": 1}), DELETED)
+
+
+class _AbsentOnce(_Wrapped):
+    """Reports one row absent on its first load, as if it were written just after."""
+
+    def __init__(self, inner: SecureObjectStore, namespace: str) -> None:
+        super().__init__(inner)
+        self._namespace = namespace
+        self.hidden = 0
+
+    def load(self, namespace: str, key_digest: str) -> StoredRecord | None:
+        if namespace == self._namespace and not self.hidden:
+            self.hidden += 1
+            return None
+        return self._inner.load(namespace, key_digest)
+
+
+def test_a_row_written_between_read_and_stream_check_is_no_false_alarm(world: World) -> None:
+    """An absent row whose stream then shows it is read again before anything is refused."""
+    world.idempotency.remember("req-1", {"op": 1}, {"status": 201})
+    racing = _AbsentOnce(world.store, REQUEST_IDEMPOTENCY)
+    repository = SealedRepository(racing, AesGcmCipher(KEY), world.clock)  # type: ignore[arg-type]
+    service = IdempotencyService(repository, world.clock)
+    assert service.recall("req-1", {"op": 1}) == {"status": 201}
+    assert racing.hidden == 1
+
+
+def test_every_record_stream_event_is_keyed_and_names_only_digests(world: World) -> None:
+    """Record-stream events carry their chain MAC and no natural key or payload."""
+    from flowvault.application._streams import mac_matches  # noqa: PLC0415 - the MAC's one source
+
+    made = world.checkpoint()
+    approval = world.request(made)
+    world.approvals.decide(approval.approval_id, "approve", "dana")
+    world.idempotency.remember(SECRET, {"op": SECRET}, {"body": SECRET})
+    world.evidence.capture_witness(
+        "https://example.org/a", SECRET.encode(), "text/plain", "primary", world.clock.now()
+    )
+    world.workflows.create(_order(SECRET))
+    streams = [name for name in _streams(world) if name.split("/")[0] in RECORD_FRESHNESS_KINDS]
+    assert len(streams) == 4
+    for name in streams:
+        assert SECRET not in name
+        for event in world.events(name):
+            assert mac_matches(event, world.repository)
+            assert SECRET not in canonical_json(event.payload)
+            assert "dana" not in canonical_json(event.payload)
+
+
+RECORD_FRESHNESS_KINDS = (CHECKPOINT_KIND, IDEMPOTENCY_KIND, WITNESS_KIND)
+
+
+def _streams(world: World) -> list[str]:
+    from flowvault.application import list_all_streams  # noqa: PLC0415
+
+    return list_all_streams(world.store)
+
+
+def test_errors_are_typed_flowvault_errors(world: World) -> None:
+    """A refused read is a FlowvaultError whose code is the stable INTEGRITY_FAILURE."""
+    made = world.checkpoint()
+    world.delete(CHECKPOINTS, world.digest(CHECKPOINTS, made.checkpoint_id))
+    with pytest.raises(FlowvaultError) as caught:
+        world.checkpoints.load_checkpoint(made.checkpoint_id)
+    assert caught.value.code == "INTEGRITY_FAILURE"
+    assert made.status is CheckpointStatus.PENDING
