@@ -307,8 +307,7 @@ class LedgerAudit:
         if self._bound is None or self._repository is None:
             return ()
         checks = progress(names, total=len(names), label="checking records against streams")
-        found = (self._bound.check(name) for name in checks)
-        return tuple(stale for stale in found if stale is not None)
+        return tuple(stale for name in checks for stale in self._bound.check(name))
 
     def issue(
         self,

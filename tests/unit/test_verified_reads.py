@@ -19,6 +19,8 @@ import pytest
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.application import (
+    CHECKPOINTS,
+    WITNESSES,
     WORKFLOWS,
     BoundRecords,
     Delete,
@@ -44,6 +46,7 @@ from flowvault.application import (
     verify_stream,
 )
 from flowvault.application.testing import EPOCH, FrozenClock, SequentialIds, make_event
+from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
     ChainDefect,
     IntegrityFailure,
@@ -443,3 +446,67 @@ def test_records_stay_current_after_their_streams_are_trimmed_on_record(
     )
     with pytest.raises(IntegrityFailure):
         state.load()
+
+
+def test_a_full_audit_finds_replayed_and_deleted_rows_of_record_streams(
+    backend_store: SecureObjectStore,
+) -> None:
+    """Checkpoints, approvals and witnesses: a row put back or deleted is a finding.
+
+    Their rows have no stream of their own; the record stream names, in
+    each event, the rows it wrote, so the audit holds each row to the
+    newest event naming it.
+    """
+    clock = FrozenClock()
+    runtime = bootstrap(Settings(backend="memory"), key=KEY, clock=clock, store=backend_store)
+    runs = runtime.graph_runs
+    runs.register_definition("graph", {"nodes": ["a"]})
+    run, _ = runs.start_run("graph", {"t": 1})
+    runs.set_status(run.run_id, "running", expected_status="accepted")
+    checkpoint = runtime.checkpoints.create_checkpoint(
+        run.run_id,
+        {"node": 1},
+        state={"s": 1},
+        budgets={"tokens": 10},
+        counters={"nodes": 1},
+        dependency_summary={"tools": []},
+        terminal_cursor=None,
+        event_cursor=1,
+    )
+    pending = backend_store.load(
+        CHECKPOINTS, runtime.repository.key_digest(CHECKPOINTS, checkpoint.checkpoint_id)
+    )
+    assert pending is not None
+    runtime.checkpoints.consume_checkpoint(checkpoint.checkpoint_id)
+    witness = runtime.evidence.capture_witness(
+        "https://x", b"seen", "text/plain", "web", clock.now()
+    )
+    audit = LedgerAudit(runtime.store, runtime.repository, runtime_bound(runtime))
+    assert audit.run().ok
+
+    current = backend_store.peek_metadata(CHECKPOINTS, pending.metadata.key_digest)
+    assert current is not None
+    backend_store.commit(
+        UnitOfWork(deletes=[Delete(CHECKPOINTS, current.key_digest, current.revision)])
+    )
+    put_back = Upsert(
+        header=pending.metadata.header,
+        payload=pending.payload,
+        expected=Guard.ABSENT,
+        labels=pending.metadata.labels,
+    )
+    backend_store.commit(UnitOfWork(upserts=[put_back]))
+    witness_digest = runtime.repository.key_digest(WITNESSES, witness.content_digest)
+    row = backend_store.peek_metadata(WITNESSES, witness_digest)
+    assert row is not None
+    backend_store.commit(UnitOfWork(deletes=[Delete(WITNESSES, witness_digest, row.revision)]))
+    report = audit.run()
+    assert not report.ok
+    assert all(stream.ok for stream in report.streams)
+    found = {(stale.namespace, stale.key_digest) for stale in report.stale}
+    assert found == {(CHECKPOINTS, pending.metadata.key_digest), (None, witness_digest)}
+
+
+def runtime_bound(runtime: Runtime) -> BoundRecords:
+    """Return the bound-record reader the CLI's audit builds, over a runtime's services."""
+    return BoundRecords(runtime.repository, runtime.workflows, runtime.graph_runs)
