@@ -344,7 +344,7 @@ class ApprovalService:
         return record_event(
             self._repo,
             checkpoint_stream(self._repo, approval.checkpoint_id),
-            f"approval.{approval.status.value}",
+            f"checkpoint.approval_{approval.status.value}",
             record_payload(*written),
             moment,
         )

@@ -273,7 +273,7 @@ def test_request_and_decision_bind_approval_slot_and_checkpoint(world: World) ->
         assert world.row(namespace, natural).metadata.header.ledger_index == requested.index
     world.approvals.decide(approval.approval_id, "approve", "dana")
     decided = world.events(stream)[-1]
-    assert decided.type == "approval.decided"
+    assert decided.type == "checkpoint.approval_decided"
     for namespace, natural in (
         (APPROVALS, approval.approval_id),
         (CHECKPOINTS, made.checkpoint_id),
