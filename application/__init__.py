@@ -87,6 +87,7 @@ from flowvault.application._receipts import (
     head_note,
     issue_receipt,
 )
+from flowvault.application._record_audit import BoundRecords, StaleRecord
 from flowvault.application._records import (
     MAX_LABEL_TEXT,
     MAX_LABELS,
@@ -156,12 +157,15 @@ from flowvault.application._state import (
 )
 from flowvault.application._streams import (
     LEDGER_MAC_TAG,
+    TRIM_EVENT,
     chain_mac,
     keyed,
     mac_matches,
     next_position,
     read_stream,
+    trim_unit,
 )
+from flowvault.application._verified import StreamVerifier, verified_events, verified_page
 from flowvault.application._workflows import (
     ACTION_RESULTS,
     DECISION_STATE,
@@ -239,11 +243,13 @@ __all__ = [
     "SEALED_BODY_VERSION",
     "STATE_NAMESPACE",
     "STATE_WRITTEN_EVENT",
+    "TRIM_EVENT",
     "WITNESSES",
     "WORKFLOWS",
     "AntiRollback",
     "ApprovalService",
     "AuditReport",
+    "BoundRecords",
     "CheckpointService",
     "Cipher",
     "CipherDigester",
@@ -301,6 +307,7 @@ __all__ = [
     "SealedDocument",
     "SealedRepository",
     "SecureObjectStore",
+    "StaleRecord",
     "StateProbe",
     "StateRepository",
     "StateSnapshot",
@@ -312,6 +319,7 @@ __all__ = [
     "StreamFailure",
     "StreamHeadBatch",
     "StreamHeads",
+    "StreamVerifier",
     "UnitOfWork",
     "UnreadableRecord",
     "Upsert",
@@ -353,5 +361,8 @@ __all__ = [
     "resolve_master_key",
     "run_stream",
     "stream_of",
+    "trim_unit",
+    "verified_events",
+    "verified_page",
     "verify_stream",
 ]

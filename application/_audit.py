@@ -23,26 +23,24 @@ from flowvault.application._receipts import (
     compare_with_receipt,
     issue_receipt,
 )
+from flowvault.application._record_audit import BoundRecords, StaleRecord
 from flowvault.application._retention import RetentionJob, RetentionReport
 from flowvault.application._sealed import SealedRepository
-from flowvault.application._streams import mac_matches, read_stream
+from flowvault.application._verified import StreamVerifier
 from flowvault.application.ports import (
     SecureObjectStore,
     StoreStats,
     StreamCatalog,
 )
 from flowvault.domain import (
-    GENESIS_HASH,
     ChainDefect,
     FlowvaultError,
     HeadReceipt,
     IntegrityFailure,
     InvalidInput,
     KeyRequired,
-    LedgerEvent,
     NotFound,
     StoreUnavailable,
-    verify_chain,
 )
 
 T = TypeVar("T")
@@ -118,16 +116,23 @@ class UnreadableRecord:
 
 @dataclass(frozen=True, slots=True)
 class AuditReport:
-    """The outcome of auditing streams and (optionally) every record."""
+    """The outcome of auditing streams and (optionally) every record.
+
+    ``ok`` is false for anything that shows tampering: a stream that fails
+    verification, a record that does not open, or a record older than its
+    stream says (``stale``: a row put back, or its newer history cut off).
+    """
 
     streams: tuple[StreamAudit, ...]
     records: Mapping[RecordReadability, int] | None = None
     unreadable: tuple[UnreadableRecord, ...] = ()
+    stale: tuple[StaleRecord, ...] = ()
 
     @property
     def ok(self) -> bool:
-        """Whether every stream verified; unreadable records are reported, not failed."""
-        return all(stream.ok for stream in self.streams)
+        """Whether every stream verified and every record opened and is current."""
+        unreadable = 0 if self.records is None else self.records[RecordReadability.UNREADABLE]
+        return all(stream.ok for stream in self.streams) and not unreadable and not self.stale
 
     @property
     def events(self) -> int:
@@ -144,66 +149,10 @@ class AuditReport:
         """The first defect of every broken stream."""
         return tuple(s.failure for s in self.streams if s.failure is not None)
 
-
-@dataclass(slots=True)
-class _Tracked:
-    """Remembers the last event an iterator yielded, to place a read that fails."""
-
-    events: Iterator[LedgerEvent]
-    last_index: int | None = None
-    count: int = 0
-
-    def __iter__(self) -> Iterator[LedgerEvent]:
-        for event in self.events:
-            self.last_index = event.index
-            self.count += 1
-            yield event
-
-
-@dataclass(slots=True)
-class _Keyed:
-    """Checks each event's ``chain_mac`` as it passes, and ends the stream at the first bad one.
-
-    Events without a MAC are accepted only before the stream's first keyed
-    event: those were written before events were keyed. One missing after
-    a keyed event means a MAC was stripped.
-    """
-
-    events: Iterator[LedgerEvent]
-    digester: KeyedDigester
-    unkeyed: int = 0
-    keyed_seen: bool = False
-    failure: tuple[int, ChainDefect, str] | None = None
-
-    def __iter__(self) -> Iterator[LedgerEvent]:
-        for event in self.events:
-            if event.chain_mac is None:
-                if self.keyed_seen:
-                    reason = "event has no chain MAC although earlier events of its stream do"
-                    self.failure = (event.index, ChainDefect.UNKEYED, reason)
-                    return
-                self.unkeyed += 1
-            elif not mac_matches(event, self.digester):
-                reason = (
-                    "event's chain MAC does not verify under this key: it was written "
-                    "or rewritten without the key (or the key is not this store's)"
-                )
-                self.failure = (event.index, ChainDefect.FORGED, reason)
-                return
-            else:
-                self.keyed_seen = True
-            yield event
-
-
-def _start(first: LedgerEvent) -> tuple[int, str]:
-    """Where verification starts: genesis, or the first retained event's own link.
-
-    After retention trims a stream, its first retained event is the trusted
-    starting point; the chain is verified from there to the head.
-    """
-    if first.index == 0:
-        return 0, GENESIS_HASH
-    return first.index, first.previous_hash
+    @property
+    def unreadable_count(self) -> int:
+        """Records that did not open (all of them, though ``unreadable`` lists at most 100)."""
+        return 0 if self.records is None else self.records[RecordReadability.UNREADABLE]
 
 
 def _first_unreadable(store: SecureObjectStore, stream: str, start: int) -> int | None:
@@ -222,11 +171,6 @@ def _first_unreadable(store: SecureObjectStore, stream: str, start: int) -> int 
         index = page.events[0].index + 1
 
 
-def _unreadable_failure(store: SecureObjectStore, stream: str, start: int) -> StreamFailure:
-    index = _first_unreadable(store, stream, start)
-    return StreamFailure(stream, index, ChainDefect.EDITED, "a stored event row is malformed")
-
-
 def verify_stream(
     store: SecureObjectStore, stream: str, digester: KeyedDigester | None = None
 ) -> StreamAudit:
@@ -235,44 +179,40 @@ def verify_stream(
     With ``digester`` (the store's integrity key) each event's ``chain_mac``
     is checked too (``forged``, ``unkeyed``); without it, only the plain
     chain, which anyone who can write the store could have recomputed.
-    A row that no longer decodes is reported as ``edited`` at its index.
-    ``events`` counts the events that verified before the first defect.
+    A retained prefix that starts past index 0 without the trim event that
+    accounts for it is ``truncated``. A row that no longer decodes is
+    reported as ``edited`` at its index. ``events`` counts the events that
+    verified before the first defect.
 
     Raises:
         NotFound: the stream holds no events.
 
     """
-    try:
-        opening = store.read_ledger(stream, from_index=0, limit=1)
-    except IntegrityFailure:
-        reason = "the first retained event row is malformed"
-        return StreamAudit(stream, 0, None, StreamFailure(stream, None, ChainDefect.EDITED, reason))
-    if not opening.events:
-        raise NotFound(f"no ledger stream named {stream!r}", stream=stream)
-    first = opening.events[0]
-    start_index, previous = _start(first)
-    keyed = None if digester is None else _Keyed(read_stream(store, stream), digester)
-    tracked = _Tracked(read_stream(store, stream) if keyed is None else iter(keyed))
-    try:
-        verdict = verify_chain(tracked, start_index=start_index, previous_hash=previous)
-    except InvalidInput:
-        reason = "the first retained event's previous_hash cannot start a chain"
-        failure = StreamFailure(stream, first.index, ChainDefect.WRONG_PREVIOUS, reason)
-        return StreamAudit(stream, 0, first.index, failure)
-    except IntegrityFailure:
-        start = first.index if tracked.last_index is None else tracked.last_index + 1
-        failure = _unreadable_failure(store, stream, start)
-        return StreamAudit(stream, tracked.count, first.index, failure)
-    unkeyed = 0 if keyed is None else keyed.unkeyed
-    if not verdict.ok and verdict.defect is not None:
-        reason = verdict.reason or verdict.defect.value
-        failure = StreamFailure(stream, verdict.first_bad_index, verdict.defect, reason)
-        return StreamAudit(stream, verdict.checked, first.index, failure, unkeyed)
-    if keyed is not None and keyed.failure is not None:
-        index, defect, reason = keyed.failure
-        failure = StreamFailure(stream, index, defect, reason)
-        return StreamAudit(stream, verdict.checked, first.index, failure, unkeyed)
-    return StreamAudit(stream, verdict.checked, first.index, unkeyed=unkeyed)
+    verifier = StreamVerifier(digester)
+    first: int | None = None
+    next_index: int | None = 0
+    while next_index is not None:
+        try:
+            page = store.read_ledger(stream, from_index=next_index, limit=_PAGE)
+        except IntegrityFailure:
+            index = _first_unreadable(store, stream, next_index)
+            reason = "a stored event row is malformed"
+            broken = StreamFailure(stream, index, ChainDefect.EDITED, reason)
+            return StreamAudit(stream, verifier.checked, first, broken, verifier.unkeyed)
+        if first is None:
+            if not page.events:
+                raise NotFound(f"no ledger stream named {stream!r}", stream=stream)
+            first = page.events[0].index
+        verifier.feed(page.events)
+        if verifier.failure is not None:
+            break
+        next_index = page.next_index
+    verifier.finish()
+    found = verifier.failure
+    failure: StreamFailure | None = None
+    if found is not None:
+        failure = StreamFailure(stream, found.index, found.defect, found.reason)
+    return StreamAudit(stream, verifier.checked, first, failure, verifier.unkeyed)
 
 
 def _verify_listed(
@@ -311,11 +251,25 @@ class LedgerAudit:
     key, or ``None`` when no key is at hand: then records are counted as
     ``unverified`` instead of opened, and only the plain chains are verified
     (they need no key); with the key, every event's ``chain_mac`` is too.
+    ``bound`` reads back the record each stream binds (a workflow, a run, a
+    scope's state) with the services' freshness check, so a full audit
+    also finds rows put back whole; without it, none are looked for.
     """
 
-    def __init__(self, store: SecureObjectStore, repository: SealedRepository | None) -> None:
+    def __init__(
+        self,
+        store: SecureObjectStore,
+        repository: SealedRepository | None,
+        bound: BoundRecords | None = None,
+    ) -> None:
         self._store = store
         self._repository = repository
+        self._bound = bound
+
+    @property
+    def repository(self) -> SealedRepository | None:
+        """The sealed repository under the store's key, or ``None`` without a key."""
+        return self._repository
 
     @property
     def keyed(self) -> bool:
@@ -345,7 +299,16 @@ class LedgerAudit:
             counts[readability] += 1
             if readability is RecordReadability.UNREADABLE:
                 unreadable.append(record)
-        return AuditReport(verified, dict(counts), tuple(unreadable[:MAX_LISTED_UNREADABLE]))
+        stale = self._stale(names, progress)
+        listed = tuple(unreadable[:MAX_LISTED_UNREADABLE])
+        return AuditReport(verified, dict(counts), listed, stale)
+
+    def _stale(self, names: list[str], progress: Progress) -> tuple[StaleRecord, ...]:
+        if self._bound is None or self._repository is None:
+            return ()
+        checks = progress(names, total=len(names), label="checking records against streams")
+        found = (self._bound.check(name) for name in checks)
+        return tuple(stale for stale in found if stale is not None)
 
     def issue(
         self,

@@ -15,6 +15,11 @@ integrity key. The log is compacted into one line of every stream's size
 once it has grown to twice its size after the last compaction. The mark is
 advanced, and made durable, after every commit; the window it cannot see
 is the commit in flight.
+
+A crash can tear the newest head, and the file then falls back to the one
+before. Damage looks the same and would hide the newest head from an older
+copy, so the fallback is taken only when the store is past the head it
+falls back to, as it is after a crash: the mark is written after its commit.
 """
 
 from __future__ import annotations
@@ -83,6 +88,15 @@ class MarkState:
     log_size: int
     log: Callable[[], bytes]
     """Read the whole log; only a check or a compaction needs it."""
+    passed_over: tuple[bytes, ...] = ()
+    """Heads the reader passed over that may be newer than ``head``.
+
+    The head of a newer slot whose appended log bytes fail their check, or
+    ``b""`` for a slot that fails its own. A torn write leaves these; so
+    does damage that hides a newer head, which only the store can tell apart.
+    """
+    empty: bool = False
+    """The file is there but holds no bytes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,16 +117,17 @@ class MarkFile(Protocol):
         ...
 
     def read(self) -> MarkState | None:
-        """Return the mark, or ``None`` when there is none.
+        """Return the mark, or ``None`` when there is no file.
 
         A file holding no intact head reads as an empty head, which no key
-        verifies.
+        verifies; one holding no bytes at all reads as an ``empty`` one.
         """
         ...
 
     def update(self, change: Callable[[MarkState | None], MarkWrite | None]) -> None:
         """Under an exclusive lock, pass the current mark to ``change`` and write its result.
 
+        ``change`` gets ``None`` when there is no file, or an empty one.
         ``None`` from ``change`` leaves the mark as it is. The write is
         durable (fsynced; a torn write or a lost append never replaces a
         whole mark, it leaves the previous one) before this returns.
@@ -281,38 +296,112 @@ class AntiRollback:
         A missing mark is started from the store as it is: there is nothing
         to compare with yet, as on a store's first open under this feature.
         It is logged as a warning unless the store is new, since deleting
-        the mark is also how someone would hide a restore. A mark written
-        before stream sizes were kept is checked by its epoch and then
-        started afresh the same way.
+        the mark is also how someone would hide a restore. An empty mark
+        file beside a store holding commits is refused instead: no update
+        leaves one (a new mark is linked into place whole), so it was
+        emptied. A mark written before stream sizes were kept is checked by
+        its epoch and then started afresh the same way.
 
         Raises:
             StoreRolledBack: the store's count, or a stream's size, is below the mark.
-            IntegrityFailure: the mark or its log does not verify under the key.
+            IntegrityFailure: the mark or its log does not verify under the key, the
+                file is empty, or a head was passed over that the store is not past.
 
         """
         state = self._marks.read()
         current = self._store.epoch()
-        if state is None:
+        if state is None or (state.empty and not current):
             if current:
                 _log.warning("high_water_mark_started", location=self.location, epoch=current)
             self._restart(current)
             return 0
+        if state.empty:
+            raise IntegrityFailure(
+                f"the high-water mark at {self.location} is empty but the store holds "
+                f"{current} commits: the mark was emptied, which would hide an older copy of "
+                "the database; put the newest copy back, or, if this copy is the one to keep, "
+                "run `flowvault accept-restore` to start the mark afresh from it",
+                location=self.location,
+                epoch=current,
+            )
         mark = parse_mark(state.head, self._digester, self.location)
         sizes = replay_log(mark, state.log(), self._digester, self.location)
         if current < mark.epoch:
-            raise StoreRolledBack(
-                f"the store is at commit {current} but this host already saw it at commit "
-                f"{mark.epoch} (high-water mark {self.location}): an older copy of the "
-                "database was restored over it, and the commits since that copy are gone",
-                epoch=current,
-                high_water=mark.epoch,
-            )
+            raise self._rolled_back(current, mark.epoch)
         self._compare(sizes)
-        if mark.records == 0:
+        if state.passed_over:
+            self._check_passed_over(state.passed_over, mark, sizes, current)
+        if state.passed_over or mark.records == 0:
             self._restart(current)
         else:
             self.advance()
         return mark.epoch
+
+    def _rolled_back(self, current: int, seen: int) -> StoreRolledBack:
+        return StoreRolledBack(
+            f"the store is at commit {current} but this host already saw it at commit "
+            f"{seen} (high-water mark {self.location}): an older copy of the "
+            "database was restored over it, and the commits since that copy are gone",
+            epoch=current,
+            high_water=seen,
+        )
+
+    def _check_passed_over(
+        self,
+        heads: Sequence[bytes],
+        mark: HighWaterMark,
+        sizes: Mapping[str, int],
+        current: int,
+    ) -> None:
+        """Refuse unless the store is where a crash tearing the passed-over heads leaves it.
+
+        A head is written after the commits it counts, so a torn one leaves
+        the store holding them. One whose log line alone was spoilt still
+        verifies: the store must be at its count. One that does not verify
+        names nothing: the store must hold something ``mark`` does not, a
+        higher count or a longer stream, or the damage is what hid a newer
+        head from an older copy of the database.
+        """
+        unknown = False
+        for head in heads:
+            newer = self._successor(head, mark)
+            if newer is None:
+                unknown = True
+            elif current < newer.epoch:
+                raise self._rolled_back(current, newer.epoch)
+        if unknown and not self._ahead(mark, sizes, current):
+            raise IntegrityFailure(
+                f"a head of the high-water mark at {self.location} fails its check, and the "
+                f"store (commit {current}) holds nothing the intact head before it (commit "
+                f"{mark.epoch}) does not count, as it would had a crash torn a newer head: the "
+                "mark was damaged, or an older copy of the database was put back; put the "
+                "newest copy back, or, if this copy is the one to keep, run "
+                "`flowvault accept-restore`",
+                location=self.location,
+                epoch=current,
+                high_water=mark.epoch,
+            )
+        _log.warning(
+            "high_water_mark_torn_head_passed_over",
+            location=self.location,
+            epoch=current,
+            high_water=mark.epoch,
+        )
+
+    def _successor(self, head: bytes, mark: HighWaterMark) -> HighWaterMark | None:
+        """Return ``head`` if it verifies and is the one ``mark``'s next update wrote."""
+        try:
+            newer = parse_mark(head, self._digester, self.location)
+        except IntegrityFailure:
+            return None
+        follows = newer.records == mark.records + 1 and newer.base == mark.base
+        return newer if follows and newer.epoch >= mark.epoch else None
+
+    def _ahead(self, mark: HighWaterMark, sizes: Mapping[str, int], current: int) -> bool:
+        """Whether the store holds a commit, or an event, that ``mark`` does not count."""
+        if current > mark.epoch:
+            return True
+        return any(size > sizes.get(name, 0) for name, size in self._sizes_in_store().items())
 
     def _compare(self, sizes: Mapping[str, int]) -> None:
         short: list[tuple[str, int, int]] = []

@@ -38,6 +38,7 @@ from flowvault.application._records import (
 )
 from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application._streams import keyed, next_position
+from flowvault.application._verified import verified_page
 from flowvault.application.ports import Clock, Compactor, IdFactory
 from flowvault.domain import (
     DEFINITION_ID_PATTERN,
@@ -647,7 +648,15 @@ class RunService:
 
         ``gap`` is true when events from ``cursor`` on were trimmed, so the
         page starts at the first retained event. Works after a run is purged,
-        since its stream, tombstone included, stays.
+        since its stream, tombstone included, stays. Each page is verified
+        under the key against the event before it, so paging costs what it
+        reads, never the whole stream again.
+
+        Raises:
+            IntegrityFailure: the page or its link to the event before it
+                fails verification; ``details`` name the first bad index.
+            NotFound: no such run.
+
         """
         start = 0 if cursor is None else cursor
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:
@@ -655,7 +664,9 @@ class RunService:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidInput("limit must be a positive integer")
         stream = run_stream(run_id)
-        page = self._store.read_ledger(stream, from_index=start, limit=min(limit, RUN_EVENT_PAGE))
+        page = verified_page(
+            self._store, stream, self._repo, from_index=start, limit=min(limit, RUN_EVENT_PAGE)
+        )
         if not page.events and self._store.ledger_head(stream) is None:
             raise NotFound("no such run", run_id=run_id)
         return RunEventPage(events=page.events, next_cursor=page.next_index, gap=page.gap)

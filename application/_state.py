@@ -22,7 +22,8 @@ from flowvault.application._compaction import compact_after_commit
 from flowvault.application._freshness import StreamPolicy
 from flowvault.application._records import Delete, Guard, RecordMetadata, UnitOfWork, Upsert
 from flowvault.application._sealed import SealedDocument, SealedRepository
-from flowvault.application._streams import keyed, next_position, read_stream
+from flowvault.application._streams import TRIM_EVENT, keyed, next_position
+from flowvault.application._verified import verified_events
 from flowvault.domain import (
     GENESIS_HASH,
     REASON_PATTERN,
@@ -80,8 +81,14 @@ def _reason(reason_class: str | None, derived: Readability) -> str:
 
 
 def _reset_of(event: LedgerEvent, header: EnvelopeHeader) -> bool:
-    """Whether ``event`` is a reset of exactly this row, interrupted before its delete."""
+    """Whether ``event`` leaves the row as it is: a trim, or a reset of exactly this row.
+
+    A reset that names this row is what a reset interrupted before its
+    delete leaves behind.
+    """
     payload = event.payload
+    if event.type == TRIM_EVENT:
+        return True
     if event.type != RESET_EVENT or not isinstance(payload, dict):
         return False
     fingerprint = payload.get("fingerprint")
@@ -205,6 +212,22 @@ class StateRepository(Generic[M]):
         except ValidationError:
             raise IntegrityFailure("stored state does not match its model") from None
         return StateSnapshot(state, opened.revision), head
+
+    def check_current(self) -> None:
+        """Check the row against the scope's history without opening it as the model.
+
+        An audit calls this for every scope, whatever model its host uses.
+
+        Raises:
+            IntegrityFailure: the row does not verify, or is older than its history.
+
+        """
+        self._fresh.read(
+            self._store,
+            history_stream(self._scope),
+            lambda: self._repo.read(STATE_NAMESPACE, self._scope),
+            with_head=False,
+        )
 
     def _read_row(self) -> SealedDocument | None:
         return self._repo.read(
@@ -424,8 +447,14 @@ class StateRepository(Generic[M]):
         raise RevisionConflict("scope history kept moving; retry the reset", scope=self._scope)
 
     def history(self) -> list[LedgerEvent]:
-        """Return the scope's history stream, oldest first (retained events only)."""
-        return list(read_stream(self._store, history_stream(self._scope)))
+        """Return the scope's history stream, oldest first, verified under the key.
+
+        Raises:
+            IntegrityFailure: the stream fails verification (a forged, unkeyed,
+                reordered or cut history); ``details`` name the first bad index.
+
+        """
+        return verified_events(self._store, history_stream(self._scope), self._repo)
 
 
 def _after(head: LedgerEvent | None) -> tuple[int, str]:

@@ -1,16 +1,21 @@
-"""Reading and extending ledger streams through the store port, and keying their events."""
+"""Reading, extending and trimming ledger streams through the store port; keying events."""
 
 from __future__ import annotations
 
 import hmac
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Final, Protocol
 
+from flowvault.application._records import LedgerTrim, UnitOfWork
 from flowvault.application.ports import SecureObjectStore
-from flowvault.domain import GENESIS_HASH, LedgerEvent, canonical_bytes
+from flowvault.domain import GENESIS_HASH, InvalidInput, LedgerEvent, canonical_bytes
 
 LEDGER_MAC_TAG: Final = "flowvault.ledger-mac/1"
 """Purpose tag of an event's ``chain_mac``."""
+
+TRIM_EVENT: Final = "ledger.trimmed"
+"""The event that makes a trim legitimate: the first index kept, the last hash removed."""
 
 
 class _Digester(Protocol):
@@ -52,3 +57,47 @@ def next_position(store: SecureObjectStore, stream: str) -> tuple[int, str]:
     """Return the index and previous hash the next event of ``stream`` must carry."""
     head = store.ledger_head(stream)
     return (0, GENESIS_HASH) if head is None else (head.index + 1, head.event_hash)
+
+
+def trim_unit(
+    store: SecureObjectStore,
+    digester: _Digester,
+    stream: str,
+    *,
+    before_index: int,
+    occurred_at: datetime,
+) -> UnitOfWork:
+    """Return the unit that drops the events of ``stream`` below ``before_index``, on the record.
+
+    A trim without an event of its own would look, to every verifier, like
+    events deleted by someone without the key. The unit therefore appends a
+    keyed ``ledger.trimmed`` event naming ``before_index`` and the hash of
+    the last event it removes, then trims. Commit it as it is; a concurrent
+    append makes it fail with ``RevisionConflict``, and nothing is dropped.
+    Trim only events no live record names: a record whose event is trimmed
+    away can no longer be shown current, and reads as stale.
+
+    Raises:
+        InvalidInput: nothing to trim (the stream is empty, or ``before_index``
+            is not past its first retained event), or ``before_index`` lies
+            past the head's successor.
+
+    """
+    if type(before_index) is not int or before_index < 1:
+        raise InvalidInput("before_index must be a positive integer")
+    head = store.ledger_head(stream)
+    if head is None or before_index > head.index + 1:
+        raise InvalidInput("a trim must keep the stream's head or the trim event after it")
+    page = store.read_ledger(stream, from_index=before_index - 1, limit=1)
+    removed = page.events[0] if page.events else None
+    if page.gap or removed is None or removed.index != before_index - 1:
+        raise InvalidInput("the stream is already trimmed at or past before_index")
+    event = LedgerEvent.create(
+        stream=stream,
+        index=head.index + 1,
+        type=TRIM_EVENT,
+        occurred_at=occurred_at,
+        payload={"before_index": before_index, "removed_hash": removed.event_hash},
+        previous_hash=head.event_hash,
+    )
+    return UnitOfWork(appends=[keyed(event, digester)], trims=[LedgerTrim(stream, before_index)])

@@ -30,7 +30,8 @@ from flowvault.application._records import (
     Upsert,
 )
 from flowvault.application._sealed import SealedDocument, SealedRepository
-from flowvault.application._streams import keyed, read_stream
+from flowvault.application._streams import keyed, mac_matches, read_stream
+from flowvault.application._verified import verified_events
 from flowvault.application.ports import Clock, Compactor, IdFactory
 from flowvault.domain import (
     DECISION_TYPES,
@@ -54,7 +55,6 @@ from flowvault.domain import (
     WorkOrder,
     canonical_bytes,
     sanitise_payload,
-    verify_chain,
 )
 
 WORKFLOWS = "flowvault.workflows"
@@ -543,6 +543,8 @@ class WorkflowService:
         if not page.events or page.events[0].index != index:
             raise IntegrityFailure("event key names an event the ledger does not hold")
         event = page.events[0]
+        if event.computed_hash() != event.event_hash or not mac_matches(event, self._repo):
+            raise IntegrityFailure("the event an event key names fails its chain MAC")
         if event.type != event_type or canonical_bytes(event.payload) != canonical_bytes(body):
             raise IdempotencyConflict("event key was already used for a different event")
         return self.get(workflow_id), event, False
@@ -572,18 +574,23 @@ class WorkflowService:
     # -- ledger ---------------------------------------------------------------
 
     def events(self, workflow_id: str, *, verify: bool = True) -> list[LedgerEvent]:
-        """Return the workflow's whole ledger, verifying the chain unless told not to.
+        """Return the workflow's whole retained ledger, verified under the key unless told not to.
+
+        The plain chain, every event's chain MAC and the retained prefix are
+        checked, so a forged, unkeyed, reordered or cut history is refused
+        rather than returned. ``verify=False`` returns the rows as stored,
+        for a caller that verifies them itself.
 
         Raises:
             NotFound: no such workflow.
-            IntegrityFailure: the chain is broken; ``details`` name the first bad index.
+            IntegrityFailure: the stream fails verification; ``details`` name
+                the first bad index and the defect.
 
         """
         self._load(workflow_id)
-        events = list(read_stream(self._store, stream_of(workflow_id)))
-        if verify:
-            verify_chain(events).raise_for_defect()
-        return events
+        if not verify:
+            return list(read_stream(self._store, stream_of(workflow_id)))
+        return verified_events(self._store, stream_of(workflow_id), self._repo)
 
     # -- action results -------------------------------------------------------
 

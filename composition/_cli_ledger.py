@@ -33,16 +33,19 @@ from flowvault.adapters.crypto import (
 )
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
-from flowvault.adapters.system import SystemClock
+from flowvault.adapters.system import RandomIdFactory, SystemClock
 from flowvault.application import (
     KEY_ENV,
+    BoundRecords,
     KeyRing,
     LedgerAudit,
     ReceiptMac,
     ReceiptVerifier,
     RetentionPolicy,
+    RunService,
     SealedRepository,
     SecureObjectStore,
+    WorkflowService,
     authenticate,
     compact_fully,
     parse_master_key,
@@ -76,22 +79,33 @@ def existing_ring(settings: Settings) -> KeyRing | None:
     return key_file_store(settings).read_ring()
 
 
-@contextmanager
-def _audited(settings: Settings) -> Iterator[tuple[SecureObjectStore, SealedRepository | None]]:
-    """Yield the read-only store and, if a key exists, a sealed repository over it.
+def keyed_audit(store: SecureObjectStore, ring: KeyRing | None) -> LedgerAudit:
+    """Return the audit ``ledger verify`` and ``doctor`` run: keyed, with bound records, if it can.
 
     The key is not checked against the store's records, as opening does:
-    under a wrong key the audit reports the records unreadable.
+    under a wrong key the audit reports the records unreadable. With the
+    key, the audit also reads back each stream's bound record through the
+    services' freshness checks, which only read.
     """
+    if ring is None:
+        return LedgerAudit(store, None)
+    clock = SystemClock()
+    repository = SealedRepository(store, AesGcmCipher.from_ring(ring), clock)
+    ids = RandomIdFactory()
+    bound = BoundRecords(
+        repository,
+        WorkflowService(repository, clock, ids),
+        RunService(repository, clock, ids, integrity=repository),
+    )
+    return LedgerAudit(store, repository, bound)
+
+
+@contextmanager
+def _audited(settings: Settings) -> Iterator[LedgerAudit]:
+    """Yield the audit of the read-only store, keyed when a key exists."""
     store = _open_read_only(settings)
     try:
-        ring = existing_ring(settings)
-        repository = (
-            None
-            if ring is None
-            else SealedRepository(store, AesGcmCipher.from_ring(ring), SystemClock())
-        )
-        yield store, repository
+        yield keyed_audit(store, existing_ring(settings))
     finally:
         store.close()
 
@@ -100,7 +114,8 @@ def _ledger_verify(args: argparse.Namespace, settings: Settings, io: CommandIO) 
     receipts = [read_receipt_file(path, io.stdin) for path in args.against or ()]
     if args.public_key is not None and not receipts:
         raise InvalidInput("--public-key checks receipts: give them with --against")
-    with _audited(settings) as (store, repository):
+    with _audited(settings) as audit:
+        repository = audit.repository
         if receipts:
             if repository is None and args.public_key is None:
                 raise KeyRequired(
@@ -116,7 +131,6 @@ def _ledger_verify(args: argparse.Namespace, settings: Settings, io: CommandIO) 
                 for verifier in verifiers:
                     authenticate(receipt, verifier)
         streams = None if args.all else [args.stream]
-        audit = LedgerAudit(store, repository)
         return ledger_verify_command(audit, streams, io, receipts=receipts)
 
 
@@ -132,14 +146,13 @@ def receipt_signers(settings: Settings) -> tuple[Ed25519ReceiptSigner, ...]:
 
 def _ledger_head(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
     signers = receipt_signers(settings)
-    with _audited(settings) as (store, repository):
-        if repository is None:
+    with _audited(settings) as audit:
+        if audit.repository is None:
             raise KeyRequired(
                 f"ledger head MACs its receipt with the store key: set {KEY_ENV} "
                 "or restore the key file"
             )
         now = SystemClock().now()
-        audit = LedgerAudit(store, repository)
         return ledger_head_command(audit, args.stream, io, issued_at=now, signers=signers)
 
 

@@ -44,6 +44,7 @@ from flowvault.application import (
 )
 from flowvault.composition._bootstrap import bootstrap, is_cold_root
 from flowvault.composition._cli_base import Verbs, add_verb
+from flowvault.composition._cli_ledger import keyed_audit
 from flowvault.composition._container import build_container, key_file_store
 from flowvault.composition._settings import Settings
 from flowvault.domain import FlowvaultError, InvalidInput, KeyRequired, StoreUnavailable
@@ -444,13 +445,40 @@ def _diagnosed(settings: Settings) -> Settings:
     return settings.model_copy(update={"allow_insecure_permissions": True})
 
 
+def _integrity_check(store: SecureObjectStore, ring: KeyRing | None) -> Check:
+    """Run the full keyed audit ``ledger verify --all`` runs; any finding is an error."""
+    name = "store.integrity"
+    if ring is None:
+        return Check(name, False, "not checked: no usable key", "see key.found", "warning")
+    report = keyed_audit(store, ring).run()
+    if report.ok:
+        finding = (
+            f"{len(report.streams)} stream(s) and {report.events} event(s) verify under the "
+            "key; every record opens and is current"
+        )
+        return Check(name, True, finding)
+    parts = [
+        f"{len(report.failures)} stream(s) fail verification",
+        f"{report.unreadable_count} record(s) do not open",
+        f"{len(report.stale)} record(s) are older than their stream",
+    ]
+    return Check(
+        name,
+        False,
+        "tampering or damage found: " + ", ".join(parts),
+        "run 'flowvault ledger verify --all' for each finding; restore a trusted backup",
+    )
+
+
 def _sqlite_checks(settings: Settings) -> list[Check]:
     checks = _permission_checks(settings)
     key, found = _configured_key(settings)
     with _open_store(_diagnosed(settings)) as store, _read_only(settings) as connection:
         checks += _pragma_checks(settings, connection)
         counts = _stats(store).key_id_counts()
-    checks += [found, _ring_check(key, counts), _apart_check(settings)]
+        matches = _ring_check(key, counts)
+        integrity = _integrity_check(store, key if matches.ok else None)
+    checks += [found, matches, _apart_check(settings), integrity]
     return [*checks, *_signing_checks(settings)]
 
 
@@ -458,7 +486,9 @@ def _postgres_checks(settings: Settings) -> list[Check]:
     key, found = _configured_key(settings)
     with _open_store(settings) as store:
         counts = _stats(store).key_id_counts()
-    return [found, _ring_check(key, counts), *_signing_checks(settings)]
+        matches = _ring_check(key, counts)
+        integrity = _integrity_check(store, key if matches.ok else None)
+    return [found, matches, integrity, *_signing_checks(settings)]
 
 
 def _doctor(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:

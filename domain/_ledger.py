@@ -235,7 +235,9 @@ class ChainDefect(StrEnum):
     FORGED = "forged"
     """The event's ``chain_mac`` does not verify under the integrity key."""
     UNKEYED = "unkeyed"
-    """The event has no ``chain_mac`` although an earlier event of its stream has one."""
+    """The event has no ``chain_mac`` and no keyed event of its stream vouches for it."""
+    TRUNCATED = "truncated"
+    """The stream's retained prefix is missing and no trim event of the stream accounts for it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from flowvault.application import (
     RetentionJob,
     RetentionReport,
     SecureObjectStore,
+    StaleRecord,
     StateRepository,
     StreamFailure,
     authenticate,
@@ -64,10 +65,26 @@ def _failure(failure: StreamFailure) -> dict[str, object]:
 
 def _integrity_error(report: AuditReport) -> IntegrityFailure:
     broken = len(report.failures)
+    findings = [f"{broken} of {len(report.streams)} ledger stream(s) failed verification"]
+    if report.unreadable_count:
+        findings.append(f"{report.unreadable_count} record(s) did not open")
+    if report.stale:
+        findings.append(f"{len(report.stale)} record(s) are older than their stream")
     return IntegrityFailure(
-        f"{broken} of {len(report.streams)} ledger stream(s) failed verification",
+        "; ".join(findings),
         failed=broken,
+        unreadable=report.unreadable_count,
+        stale=len(report.stale),
     )
+
+
+def _stale(record: StaleRecord) -> dict[str, object]:
+    return {
+        "stream": record.stream,
+        "namespace": record.namespace,
+        "key_digest": record.key_digest,
+        "reason": record.reason,
+    }
 
 
 def _verify_document(report: AuditReport, *, keyed: bool) -> dict[str, object]:
@@ -82,6 +99,7 @@ def _verify_document(report: AuditReport, *, keyed: bool) -> dict[str, object]:
         "unreadable_records": [
             {"namespace": r.namespace, "key_digest": r.key_digest} for r in report.unreadable
         ],
+        "stale_records": [_stale(record) for record in report.stale],
         "key_available": keyed,
     }
     if not report.ok:
@@ -104,6 +122,8 @@ def _summary_rows(report: AuditReport, *, keyed: bool) -> list[tuple[str, object
         rows.append(("events without a chain MAC", report.unkeyed))
     if report.records is not None:
         rows += [(f"records {kind.value}", report.records[kind]) for kind in RecordReadability]
+        if keyed:
+            rows.append(("records older than their stream", len(report.stale)))
     return rows
 
 
@@ -114,7 +134,10 @@ def ledger_verify_command(
     *,
     receipts: Sequence[HeadReceipt] = (),
 ) -> int:
-    """Verify ``streams`` (every stream and record when ``None``); 1 if any chain is broken.
+    """Verify ``streams`` (every stream and record when ``None``); 1 on any finding.
+
+    A finding is a stream that fails verification, a record that does not
+    open, or a record older than its stream.
 
     With ``receipts`` (already authenticated), verify each receipt's stream
     instead and check it still holds the receipt's head at its index.
@@ -133,6 +156,8 @@ def ledger_verify_command(
         io.table("broken streams", ("stream", "index", "defect", "reason"), rows)
     for record in report.unreadable:
         io.say(f"unreadable record: {record.namespace} {record.key_digest}")
+    for stale in report.stale:
+        io.say(f"stale record: {stale.stream} {stale.namespace} {stale.key_digest}")
     if report.records is not None and not audit.keyed:
         io.say("no key available: records were counted as unverified, not opened")
     if not audit.keyed:

@@ -7,9 +7,13 @@ current head is not in, with a sequence number, the log's new size, and
 CRCs of the head and of the appended bytes; one fdatasync covers both. A
 reader takes the newest slot whose CRCs hold, its appended bytes included:
 a torn slot or an append lost to a power cut leaves the slot before, whose
-log is intact. Compacting the log writes a new file and renames it over the
-old one. The file is private (0600, owner only, never a symlink), like the
-key file beside it.
+log is intact. The reader reports what it passed over to get there, since
+damage that looks like a torn write is also how a newer head would be
+hidden; whether that is acceptable is the caller's decision. A new mark is
+written whole beside the path and linked into place, and compacting the log
+writes a new file and renames it over the old one, so the path never names
+a file with less than a whole head. The file is private (0600, owner only,
+never a symlink), like the key file beside it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import secrets
 import stat
 import struct
 import zlib
@@ -107,28 +112,72 @@ def _tail_holds(fd: int, slot: _Slot) -> bool:
     return len(tail) == slot.tail_size and zlib.crc32(tail) == slot.tail_crc
 
 
-def _current(fd: int) -> tuple[_Slot | None, int, bool]:
-    """Return the newest slot that holds, the next sequence, and whether the file has any bytes."""
-    data = os.pread(fd, LOG_OFFSET, 0)
-    slots = sorted(
-        (slot for index in (0, 1) if (slot := _unpack(data, index)) is not None),
-        key=lambda slot: slot.sequence,
-        reverse=True,
+def _never_written(data: bytes, index: int, holding: _Slot | None) -> bool:
+    """Whether slot ``index`` is blank because no update has written it yet.
+
+    Only the second slot of a file written whole (new, or compacted: its
+    first slot's update wrote the whole log) is blank that way; any other
+    blank slot was wiped.
+    """
+    blank = not data[index * SLOT_BYTES : (index + 1) * SLOT_BYTES].strip(b"\0")
+    return (
+        blank
+        and index == 1
+        and holding is not None
+        and holding.index == 0
+        and holding.tail_size == holding.log_size
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """What a read of the head slots finds."""
+
+    holding: _Slot | None
+    """The newest slot whose CRCs hold, its appended bytes included."""
+    sequence: int
+    """The sequence number the next update writes."""
+    passed_over: tuple[bytes, ...]
+    """Heads of newer slots whose appended bytes fail, and ``b""`` for each slot that fails."""
+
+
+def _current(fd: int) -> _Found:
+    data = os.pread(fd, LOG_OFFSET, 0)
+    found = [_unpack(data, index) for index in (0, 1)]
+    slots = sorted(
+        (slot for slot in found if slot is not None), key=lambda slot: slot.sequence, reverse=True
+    )
+    passed: list[bytes] = []
+    holding = None
+    for slot in slots:
+        if _tail_holds(fd, slot):
+            holding = slot
+            break
+        passed.append(slot.content)
+    passed += [
+        b""
+        for index, slot in enumerate(found)
+        if slot is None and not _never_written(data, index, holding)
+    ]
     sequence = slots[0].sequence + 1 if slots else 1
-    holding = next((slot for slot in slots if _tail_holds(fd, slot)), None)
-    return holding, sequence, bool(data)
+    return _Found(holding, sequence, tuple(passed))
 
 
-def _state(fd: int, slot: _Slot | None, nonempty: bool) -> MarkState | None:
+def _state(fd: int, found: _Found) -> MarkState:
+    slot = found.holding
     if slot is None:
-        return MarkState(b"", 0, lambda: b"") if nonempty else None
+        return MarkState(b"", 0, lambda: b"", found.passed_over)
     size = slot.log_size
 
     def log() -> bytes:
         return os.pread(fd, size, LOG_OFFSET)
 
-    return MarkState(slot.content, size, log)
+    return MarkState(slot.content, size, log, found.passed_over)
+
+
+def _check_head(write: MarkWrite) -> None:
+    if len(write.head) > _MAX_CONTENT:
+        raise InvalidInput(f"a high-water mark's head holds at most {_MAX_CONTENT} bytes")
 
 
 class MarkFileStore:
@@ -145,7 +194,11 @@ class MarkFileStore:
         return str(self._path)
 
     def read(self) -> MarkState | None:
-        """Return the newest intact mark with its log; an empty head if none is intact."""
+        """Return the newest intact mark with its log, and what was passed over to reach it.
+
+        ``None`` when there is no file; an empty head when none is intact,
+        and an empty head marked ``empty`` when the file holds no bytes.
+        """
         try:
             fd = os.open(self._path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -154,44 +207,80 @@ class MarkFileStore:
             raise self._unusable(error) from None
         try:
             self._check(fd)
-            slot, _, nonempty = _current(fd)
-            state = _state(fd, slot, nonempty)
-            if state is None:
-                return None
+            if os.fstat(fd).st_size == 0:
+                return MarkState(b"", 0, lambda: b"", empty=True)
+            state = _state(fd, _current(fd))
             log = state.log()
-            return MarkState(state.head, state.log_size, lambda: log)
+            return MarkState(state.head, state.log_size, lambda: log, state.passed_over)
         finally:
             os.close(fd)
 
     def update(self, change: Callable[[MarkState | None], MarkWrite | None]) -> None:
-        """Lock, pass the newest intact mark to ``change``, write its result, then fdatasync."""
-        with self._locked() as (fd, created):
-            slot, sequence, nonempty = _current(fd)
-            write = change(None if created else _state(fd, slot, nonempty))
-            if write is None:
+        """Lock, pass the newest intact mark to ``change``, write its result, then fdatasync.
+
+        Without a file there is nothing to lock: ``change(None)`` is written
+        whole and linked into place, unless another writer's file got there
+        first, which is then updated like any other. An empty file is passed
+        as ``None`` too.
+        """
+        while True:
+            with self._locked() as fd:
+                if fd is None:
+                    write = change(None)
+                    if write is None or self._publish(write):
+                        return
+                    continue
+                self._update(fd, change)
                 return
-            if len(write.head) > _MAX_CONTENT:
-                raise InvalidInput(f"a high-water mark's head holds at most {_MAX_CONTENT} bytes")
-            if write.replace_log:
-                self._replace(write, sequence)
-                return
-            log_size = slot.log_size if slot is not None else 0
-            tail_size, tail_crc = (slot.tail_size, slot.tail_crc) if slot is not None else (0, 0)
-            if write.append:
-                _pwrite_all(fd, write.append, LOG_OFFSET + log_size)
-                log_size += len(write.append)
-                tail_size, tail_crc = len(write.append), zlib.crc32(write.append)
-            index = 1 - slot.index if slot is not None else 0
-            new = _Slot(index, sequence, write.head, log_size, tail_size, tail_crc)
-            _pwrite_all(fd, _pack(new), index * SLOT_BYTES)
-            os.fdatasync(fd)
-            if created:
-                self._sync_directory()
+
+    def _update(self, fd: int, change: Callable[[MarkState | None], MarkWrite | None]) -> None:
+        found = _current(fd)
+        write = change(None if os.fstat(fd).st_size == 0 else _state(fd, found))
+        if write is None:
+            return
+        _check_head(write)
+        if write.replace_log:
+            self._replace(write, found.sequence)
+            return
+        slot, sequence = found.holding, found.sequence
+        log_size = slot.log_size if slot is not None else 0
+        tail_size, tail_crc = (slot.tail_size, slot.tail_crc) if slot is not None else (0, 0)
+        if write.append:
+            _pwrite_all(fd, write.append, LOG_OFFSET + log_size)
+            log_size += len(write.append)
+            tail_size, tail_crc = len(write.append), zlib.crc32(write.append)
+        index = 1 - slot.index if slot is not None else 0
+        new = _Slot(index, sequence, write.head, log_size, tail_size, tail_crc)
+        _pwrite_all(fd, _pack(new), index * SLOT_BYTES)
+        os.fdatasync(fd)
 
     def _replace(self, write: MarkWrite, sequence: int) -> None:
         """Write a whole new file beside the mark and rename it over the mark."""
         spare = self._path.with_name(self._path.name + ".new")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        self._write_whole(spare, write, sequence, os.O_TRUNC)
+        os.replace(spare, self._path)
+        self._sync_directory()
+
+    def _publish(self, write: MarkWrite) -> bool:
+        """Link a whole new mark into place unless a file is there; return whether it was not."""
+        _check_head(write)
+        spare = self._path.with_name(f".{self._path.name}.{secrets.token_hex(8)}.new")
+        try:
+            try:
+                self._write_whole(spare, write, 1, os.O_EXCL)
+                os.link(spare, self._path)
+            finally:
+                spare.unlink(missing_ok=True)
+            self._sync_directory()
+        except FileExistsError:
+            return False
+        except OSError as error:
+            raise self._unusable(error) from None
+        return True
+
+    def _write_whole(self, spare: Path, write: MarkWrite, sequence: int, mode: int) -> None:
+        """Write ``write`` as a file of its own at ``spare``: one slot, a blank one, the log."""
+        flags = os.O_WRONLY | os.O_CREAT | mode | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(spare, flags, _FILE_MODE)
         try:
             os.fchmod(fd, _FILE_MODE)
@@ -201,41 +290,33 @@ class MarkFileStore:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(spare, self._path)
-        self._sync_directory()
 
     @contextmanager
-    def _locked(self) -> Iterator[tuple[int, bool]]:
-        """Open and lock the mark, again if a compaction renamed a new file over it meanwhile."""
+    def _locked(self) -> Iterator[int | None]:
+        """Open and lock the mark, again if a compaction renamed a new file over it meanwhile.
+
+        Yields ``None`` when there is no mark file.
+        """
         self._ensure_directory()
         while True:
-            fd, created = self._open_for_update()
+            try:
+                fd = os.open(self._path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except FileNotFoundError:
+                yield None
+                return
+            except OSError as error:
+                raise self._unusable(error) from None
             try:
                 self._check(fd)
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 if not self._still_the_mark(fd):
                     continue
-                created = created or os.fstat(fd).st_size == 0
-                yield fd, created
+                yield fd
                 return
             except OSError as error:
                 raise self._unusable(error) from None
             finally:
                 os.close(fd)
-
-    def _open_for_update(self) -> tuple[int, bool]:
-        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
-        try:
-            try:
-                return os.open(self._path, flags), False
-            except FileNotFoundError:
-                fd = os.open(self._path, flags | os.O_CREAT | os.O_EXCL, _FILE_MODE)
-                os.fchmod(fd, _FILE_MODE)
-                return fd, True
-        except FileExistsError:
-            return os.open(self._path, flags), False
-        except OSError as error:
-            raise self._unusable(error) from None
 
     def _still_the_mark(self, fd: int) -> bool:
         try:

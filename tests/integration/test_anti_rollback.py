@@ -9,8 +9,11 @@ says, and a sequence set back stands in for a restored dump.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
+import struct
+import zlib
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -21,10 +24,19 @@ from cli_helpers import run_cli as _run
 from psycopg import sql
 from structlog.testing import capture_logs
 
-from flowvault.adapters.system import MarkFileStore
-from flowvault.application import MarkWrite, StoreEpoch, encode_master_key, parse_mark
-from flowvault.composition import Runtime, Settings, bootstrap
-from flowvault.domain import IntegrityFailure, StoreRolledBack, WorkflowState
+from flowvault.adapters.system import LOG_OFFSET, SLOT_BYTES, MarkFileStore
+from flowvault.application import (
+    AntiRollback,
+    CipherDigester,
+    MarkWrite,
+    StoreEpoch,
+    encode_master_key,
+    parse_mark,
+)
+from flowvault.composition import Runtime, Settings, bootstrap, build_container
+from flowvault.domain import FlowvaultError, IntegrityFailure, StoreRolledBack, WorkflowState
+
+REFUSALS = {"STORE_ROLLED_BACK", "INTEGRITY_FAILURE"}
 
 
 def _settings(home: Path) -> Settings:
@@ -194,6 +206,198 @@ def test_an_edited_mark_is_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(IntegrityFailure, match="high-water mark"):
         bootstrap(settings)
+
+
+def _put_back(copy: Path, data_dir: Path) -> None:
+    shutil.rmtree(data_dir)
+    shutil.copytree(copy, data_dir)
+
+
+def _last_commit(settings: Settings, tmp_path: Path) -> tuple[bytes, bytes]:
+    """Commit three times, copy the data directory to ``before``, commit once more.
+
+    Returns the mark's bytes before and after that last commit; the data
+    directory after it is copied to ``after``.
+    """
+    mark = settings.high_water_path
+    assert mark is not None
+    _write(settings, range(3))
+    shutil.copytree(settings.data_dir, tmp_path / "before")
+    before = mark.read_bytes()
+    _write(settings, range(3, 4))
+    shutil.copytree(settings.data_dir, tmp_path / "after")
+    return before, mark.read_bytes()
+
+
+def _open_code(settings: Settings) -> str:
+    """Bootstrap ``settings``; return the error code, or ``opened``."""
+    try:
+        bootstrap(settings).close()
+    except FlowvaultError as exc:
+        return exc.code
+    return "opened"
+
+
+def _refused(verdict: str) -> bool:
+    return all(code in REFUSALS for code in verdict.split(" / "))
+
+
+def _newest_slot(mark: bytes) -> int:
+    sequences = [struct.unpack_from(">Q", mark, index * SLOT_BYTES + 4)[0] for index in (0, 1)]
+    return sequences.index(max(sequences))
+
+
+def test_no_flipped_byte_of_the_mark_lets_a_copy_one_commit_older_open(tmp_path: Path) -> None:
+    """Every byte of both head slots and the log, flipped in turn, beside a copy one commit older.
+
+    Four commits leave a mark of 1,092 bytes (two 512-byte head slots and a
+    68-byte log), and the copy put back is at the count of the head before
+    the newest: the one a fallback reaches. Each byte gets a one-bit flip and
+    goes through the check every bootstrap runs (the container's guard over
+    the restored SQLite files, opened once, since a whole bootstrap per byte
+    takes ten times as long); every 32nd byte also goes through a whole
+    ``bootstrap``. None opens. Every flip of the newest slot's checked bytes
+    or of the line its update appended makes the reader fall back, which
+    used to open the copy silently.
+    """
+    settings = _settings(tmp_path / "home")
+    path = settings.high_water_path
+    assert path is not None
+    _, pristine = _last_commit(settings, tmp_path)
+    _put_back(tmp_path / "before", settings.data_dir)
+    assert len(pristine) == 1_092
+    newest = _newest_slot(pristine) * SLOT_BYTES
+    (length,) = struct.unpack_from(">I", pristine, newest + 12)
+    checked = range(newest, newest + 36 + length)
+    last_line = range(pristine.rindex(b"\n", LOG_OFFSET, len(pristine) - 1) + 1, len(pristine))
+    container = build_container(settings)
+    store = container.store()
+    guard = container.rollback_guard()
+    assert isinstance(guard, AntiRollback)
+    assert isinstance(store, StoreEpoch)
+    verdicts: dict[int, str] = {}
+    fell_back: set[int] = set()
+    try:
+        head = MarkFileStore(path).read()
+        assert head is not None
+        digester = CipherDigester(container.cipher())
+        assert store.epoch() == parse_mark(head.head, digester, "").epoch - 1
+        fd = os.open(path, os.O_RDWR)
+        try:
+            for offset, byte in enumerate(pristine):
+                os.pwrite(fd, bytes([byte ^ (1 << offset % 8)]), offset)
+                state = MarkFileStore(path).read()
+                if state is not None and state.passed_over:
+                    fell_back.add(offset)
+                try:
+                    guard.check()
+                    verdicts[offset] = "opened"
+                except FlowvaultError as exc:
+                    verdicts[offset] = exc.code
+                if offset % 32 == 0:
+                    verdicts[offset] += " / " + _open_code(settings)
+                if not _refused(verdicts[offset]):
+                    path.write_bytes(pristine)
+                os.pwrite(fd, bytes([byte]), offset)
+        finally:
+            os.close(fd)
+    finally:
+        store.close()
+    opened = {offset: verdict for offset, verdict in verdicts.items() if not _refused(verdict)}
+    assert opened == {}
+    assert len(verdicts) == len(pristine)
+    assert set(checked) | set(last_line) <= fell_back
+    assert {verdict.split(" / ")[0] for verdict in verdicts.values()} == REFUSALS
+
+
+def test_a_mark_torn_by_a_crash_after_its_commit_still_opens(tmp_path: Path) -> None:
+    """The newest head, or the log line it appended, half written over the mark before it.
+
+    That is what a crash during the mark's update leaves: the commit is in
+    the store, only part of the update's bytes reached the disk (past its
+    first 100 bytes, the slot still holds the head two updates back; past
+    its middle, the line reads as zeros). With the store holding the commit it opens, logs
+    ``high_water_mark_torn_head_passed_over`` and writes the mark afresh;
+    beside the copy taken before that commit the same torn mark is refused.
+    """
+    settings = _settings(tmp_path / "home")
+    path = settings.high_water_path
+    assert path is not None
+    before, after = _last_commit(settings, tmp_path)
+    slot = _newest_slot(after) * SLOT_BYTES
+    cut = slot + 100
+    line = len(before) + (len(after) - len(before)) // 2
+    torn = {
+        "slot": after[:cut] + before[cut : slot + SLOT_BYTES] + after[slot + SLOT_BYTES :],
+        "log line": after[:line] + bytes(len(after) - line),
+    }
+    refusals = {"slot": IntegrityFailure, "log line": StoreRolledBack}
+    for name, mark in torn.items():
+        _put_back(tmp_path / "after", settings.data_dir)
+        path.write_bytes(mark)
+        with capture_logs() as logs, bootstrap(settings) as runtime:
+            assert runtime.state("main").load().state == WorkflowState(step=3), name
+            count = _epoch(runtime)
+        events = [entry["event"] for entry in logs]
+        assert "high_water_mark_torn_head_passed_over" in events, name
+        state = MarkFileStore(path).read()
+        assert state is not None
+        assert state.passed_over == (), f"{name}: the mark was written afresh"
+        with bootstrap(settings) as runtime:
+            assert _mark_epoch(path, runtime) == count
+        _put_back(tmp_path / "before", settings.data_dir)
+        path.write_bytes(mark)
+        with pytest.raises(refusals[name]):
+            bootstrap(settings)
+
+
+def test_an_older_mark_rebuilt_from_the_file_goes_unseen(tmp_path: Path) -> None:
+    """A stated limit: whoever can write the mark can put back an older one, unseen.
+
+    The slot framing (sequence, log size, CRCs) carries no MAC, so the head
+    before the newest, still in the file, is rebuilt without the key into
+    a mark that looks freshly written; beside the copy it counts, that copy
+    opens with nothing logged.
+    """
+    settings = _settings(tmp_path / "home")
+    path = settings.high_water_path
+    assert path is not None
+    _, after = _last_commit(settings, tmp_path)
+    framing = struct.Struct(">4sQIQIII")
+    older = (1 - _newest_slot(after)) * SLOT_BYTES
+    magic, sequence, length, log_size, *_ = framing.unpack_from(after, older)
+    head = after[older + framing.size : older + framing.size + length]
+    log = after[LOG_OFFSET : LOG_OFFSET + log_size]
+    crc = zlib.crc32(struct.pack(">QQII", sequence, log_size, log_size, zlib.crc32(log)) + head)
+    slot = framing.pack(magic, sequence, length, log_size, log_size, zlib.crc32(log), crc) + head
+    path.write_bytes(slot.ljust(SLOT_BYTES, b"\0") + bytes(SLOT_BYTES) + log)
+    _put_back(tmp_path / "before", settings.data_dir)
+    with capture_logs() as logs, bootstrap(settings) as runtime:
+        assert runtime.state("main").load().state == WorkflowState(step=2)
+    assert [entry for entry in logs if entry["log_level"] == "warning"] == []
+
+
+def test_an_emptied_mark_is_refused_until_the_restore_is_accepted(tmp_path: Path) -> None:
+    """A 0-byte mark beside a store holding commits is no missing mark; accept-restore clears it."""
+    settings = _settings(tmp_path / "home")
+    _restore_older_copy(settings, tmp_path)
+    mark = settings.high_water_path
+    assert mark is not None
+    mark.write_bytes(b"")
+    with pytest.raises(IntegrityFailure, match="is empty but the store holds"):
+        bootstrap(settings)
+    cli = _run(tmp_path, "workflows", "list", home=settings.home)
+    assert cli.returncode == 1
+    assert "INTEGRITY_FAILURE" in cli.stderr
+    assert "flowvault accept-restore" in cli.stderr
+    accepted = _run(tmp_path, "accept-restore", "--yes", "--json", home=settings.home)
+    assert accepted.returncode == 0, accepted.stderr
+    document = _document(accepted)
+    assert document["previous"] is None
+    assert isinstance(document["epoch"], int)
+    with bootstrap(settings) as runtime:
+        assert runtime.state("main").load().state == WorkflowState(step=2)
+        assert _mark_epoch(mark, runtime) == document["epoch"]
 
 
 @pytest.mark.postgres

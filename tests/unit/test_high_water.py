@@ -7,6 +7,7 @@ import stat
 import struct
 import threading
 import zlib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -376,6 +377,174 @@ def test_a_torn_slot_or_a_lost_append_keeps_the_previous_mark(tmp_path: Path) ->
         file.write(b"\x00torn")
     assert read() == (b"", b""), "with no intact slot the mark reads as an unverifiable head"
     assert MarkFileStore(tmp_path / "absent").read() is None
+
+
+def test_the_reader_reports_every_head_it_passed_over(tmp_path: Path) -> None:
+    """What a fallback skipped is named: a torn append's head, or ``b""`` for a failing slot."""
+    path = tmp_path / "mark"
+    marks = MarkFileStore(path)
+    marks.update(lambda _: MarkWrite(b"first", b"one\n"))
+
+    def read() -> MarkState:
+        state = marks.read()
+        assert state is not None
+        return state
+
+    assert (read().head, read().passed_over) == (b"first", ()), "a blank second slot is unwritten"
+    marks.update(lambda _: MarkWrite(b"second", b"two\n"))
+    marks.update(lambda _: MarkWrite(b"third", b"three\n"))
+    pristine = path.read_bytes()
+    damaged = {
+        "newest slot": (40, b"\x00torn", b"second", (b"",)),
+        "older slot": (SLOT_BYTES + 40, b"\x00torn", b"third", (b"",)),
+        "newest append": (LOG_OFFSET + 9, b"X", b"second", (b"third",)),
+        "wiped newest slot": (0, bytes(SLOT_BYTES), b"second", (b"",)),
+        "wiped older slot": (SLOT_BYTES, bytes(SLOT_BYTES), b"third", (b"",)),
+    }
+    for name, (offset, patch, head, passed) in damaged.items():
+        path.write_bytes(pristine[:offset] + patch + pristine[offset + len(patch) :])
+        assert (read().head, read().passed_over) == (head, passed), name
+    path.write_bytes(pristine)
+    assert read().passed_over == ()
+    path.write_bytes(b"")
+    assert (read().head, read().empty) == (b"", True), "an empty file is not a missing one"
+    assert MarkFileStore(tmp_path / "absent").read() is None
+
+
+def test_a_new_mark_is_linked_into_place_whole(tmp_path: Path) -> None:
+    """No empty file is ever left at the path; a writer that loses the race updates the winner's."""
+    path = tmp_path / "mark"
+    calls: list[bytes | None] = []
+
+    def change(current: MarkState | None) -> MarkWrite:
+        calls.append(None if current is None else current.head)
+        if current is None:
+            MarkFileStore(path).update(lambda _: MarkWrite(b"other", b"o\n", replace_log=True))
+            assert path.stat().st_size == LOG_OFFSET + 2
+            return MarkWrite(b"mine", b"m\n", replace_log=True)
+        return MarkWrite(current.head + b"+mine", b"m\n")
+
+    MarkFileStore(path).update(change)
+    assert calls == [None, b"other"]
+    state = MarkFileStore(path).read()
+    assert state is not None
+    assert (state.head, state.log(), state.passed_over) == (b"other+mine", b"o\nm\n", ())
+    assert sorted(os.listdir(tmp_path)) == ["mark"]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def _append(store: HighWaterStore | MemoryStore, stream: str) -> None:
+    """Commit one event to ``stream``."""
+    head = store.ledger_head(stream)
+    index = 0 if head is None else head.index + 1
+    store.commit(UnitOfWork(appends=[make_event(stream, index, head)]))
+
+
+def _spoil(path: Path, offset: int, patch: bytes) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[:offset] + patch + data[offset + len(patch) :])
+
+
+def _newest_slot(path: Path) -> int:
+    """Return the index of the slot the last update wrote: the higher sequence number."""
+    data = path.read_bytes()
+    sequences = [struct.unpack_from(">Q", data, index * SLOT_BYTES + 4)[0] for index in (0, 1)]
+    return sequences.index(max(sequences))
+
+
+def _passed_over_events(logs: Sequence[Mapping[str, object]]) -> list[object]:
+    return [entry for entry in logs if entry["event"] == "high_water_mark_torn_head_passed_over"]
+
+
+def test_a_damaged_head_is_passed_over_only_for_a_store_past_the_one_before(
+    tmp_path: Path,
+) -> None:
+    """A crash tearing a head leaves the store holding its commit; an older copy does not.
+
+    The store is past the head before the damaged one when it holds a
+    higher count, or an event that head does not count (two writers can
+    flush sizes for one count). Otherwise the damage is what would hide the
+    newest head from an older copy, and the mark is refused.
+    """
+    path = tmp_path / "mark"
+    live = MemoryStore()
+    guarded = _guarded(path, live)
+    _append(guarded, "a")
+    _append(guarded, "a")
+    older, same_count = MemoryStore(), MemoryStore()
+    _append(older, "a")
+    _append(older, "a")
+    _grow(same_count, "a", 2)
+    _grow(same_count, "b", 1)
+    _append(guarded, "a")
+    assert (_mark(path).epoch, older.epoch(), same_count.epoch()) == (3, 2, 2)
+    _spoil(path, _newest_slot(path) * SLOT_BYTES + 60, b"\x00torn")
+    torn = path.read_bytes()
+    with pytest.raises(IntegrityFailure, match="fails its check") as refused:
+        _guard(path, older).check()
+    assert refused.value.details["high_water"] == 2
+    assert "flowvault accept-restore" in refused.value.message
+    assert _guard(path, older).accept() == (2, 2), "the way out for a copy kept on purpose"
+    assert _guard(path, older).check() == 2
+    for store, sizes in ((live, {"a": 3}), (same_count, {"a": 2, "b": 1})):
+        path.write_bytes(torn)
+        with capture_logs() as logs:
+            assert _guard(path, store).check() == 2
+        assert len(_passed_over_events(logs)) == 1
+        state = MarkFileStore(path).read()
+        assert state is not None
+        assert state.passed_over == (), "the mark is written afresh from the store"
+        assert _sizes(path) == sizes
+
+
+def test_a_head_whose_log_line_was_spoilt_still_names_its_count(tmp_path: Path) -> None:
+    """A torn append leaves a head that verifies: the store must be at its count, not just past."""
+    path = tmp_path / "mark"
+    live = MemoryStore()
+    guarded = _guarded(path, live)
+    _append(guarded, "a")
+    _append(guarded, "a")
+    older = MemoryStore()
+    _grow(older, "a", 2)
+    _append(older, "b")
+    _append(guarded, "a")
+    assert (_mark(path).epoch, older.epoch()) == (3, 2)
+    _spoil(path, path.stat().st_size - 3, b"X")
+    torn = path.read_bytes()
+    with pytest.raises(StoreRolledBack) as refused:
+        _guard(path, older).check()
+    assert refused.value.details == {"epoch": 2, "high_water": 3}, (
+        "past the head before it (stream b is longer), but not at the spoilt head's count"
+    )
+    with capture_logs() as logs:
+        assert _guard(path, live).check() == 2
+    assert len(_passed_over_events(logs)) == 1
+    assert _mark(path).epoch == 3
+    path.write_bytes(torn)
+    _spoil(path, (1 - _newest_slot(path)) * SLOT_BYTES + 60, b"\x00torn")
+    state = MarkFileStore(path).read()
+    assert state is not None
+    assert (state.head, len(state.passed_over)) == (b"", 2), "no head is left to fall back to"
+    with pytest.raises(IntegrityFailure, match="does not verify"):
+        _guard(path, live).check()
+
+
+def test_an_empty_mark_is_refused_beside_a_store_holding_commits(tmp_path: Path) -> None:
+    """Emptying the file is not deleting it: refused until accepted, unless the store is new."""
+    path = tmp_path / "mark"
+    path.write_bytes(b"")
+    path.chmod(0o600)
+    with capture_logs() as logs:
+        assert _guard(path, Counter(0)).check() == 0
+    assert logs == []
+    assert _mark(path).epoch == 0
+    path.write_bytes(b"")
+    with pytest.raises(IntegrityFailure, match="is empty but the store holds 5 commits") as refused:
+        _guard(path, Counter(5)).check()
+    assert "flowvault accept-restore" in refused.value.message
+    assert refused.value.details == {"location": str(path), "epoch": 5}
+    assert _guard(path, Counter(5)).accept() == (None, 5)
+    assert _guard(path, Counter(5)).check() == 5
 
 
 def test_an_update_waiting_on_a_compaction_lands_in_the_new_file(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from flowvault.application import (
     GRAPH_RUN_RECEIPTS,
     GRAPH_RUNS,
     RETENTION_TOMBSTONE,
+    TRIM_EVENT,
     Guard,
     LedgerTrim,
     RunService,
@@ -27,8 +28,9 @@ from flowvault.application import (
     UnitOfWork,
     read_stream,
     run_stream,
+    trim_unit,
 )
-from flowvault.application.testing import FrozenClock, SequentialIds
+from flowvault.application.testing import EPOCH, FrozenClock, SequentialIds
 from flowvault.domain import (
     RUN_LIFECYCLE,
     DefinitionReferenced,
@@ -536,16 +538,74 @@ def test_event_pages_are_capped_at_200(world: World) -> None:
 
 
 def test_a_cursor_before_the_trimmed_events_reports_a_gap(world: World) -> None:
-    """After a trim, reading from an older cursor starts at the first retained event."""
+    """After an authenticated trim, an older cursor starts at the first retained event."""
     run_id = world.start()
     world.service.append_run_events(run_id, [("node.tick", {"n": n}) for n in range(30)])
-    world.store.commit(UnitOfWork(trims=[LedgerTrim(run_stream(run_id), before_index=10)]))
+    stream = run_stream(run_id)
+    unit = trim_unit(world.store, world.repository, stream, before_index=10, occurred_at=EPOCH)
+    world.store.commit(unit)
     page = world.service.read_run_events(run_id, cursor=0)
     assert page.gap
     assert page.events[0].index == 10
+    assert not world.service.read_run_events(run_id, cursor=10).gap
     later = world.service.read_run_events(run_id, cursor=12)
     assert not later.gap
     assert later.events[0].index == 12
+    assert [event.type for event in read_stream(world.store, stream)][-1] == TRIM_EVENT
+
+
+def test_a_trim_without_its_event_is_refused_by_the_first_page(world: World) -> None:
+    """Events cut from the front of a run with no ``ledger.trimmed`` event read as truncated.
+
+    The negative control: a page well inside the retained events still reads,
+    since it is checked against the event before it, not against the start.
+    """
+    run_id = world.start()
+    world.service.append_run_events(run_id, [("node.tick", {"n": n}) for n in range(30)])
+    world.store.commit(UnitOfWork(trims=[LedgerTrim(run_stream(run_id), before_index=10)]))
+    for cursor in (None, 5, 10):
+        with pytest.raises(IntegrityFailure) as caught:
+            world.service.read_run_events(run_id, cursor)
+        assert caught.value.details["defect"] == "truncated"
+        assert caught.value.details["index"] == 10
+    assert world.service.read_run_events(run_id, cursor=12).events[0].index == 12
+
+
+def test_pages_refuse_a_forged_or_unkeyed_event(world: World) -> None:
+    """A page whose event was rewritten without the key (MAC dropped or kept) is refused."""
+    run_id = world.start()
+    world.service.append_run_events(run_id, [("node.tick", {"n": n}) for n in range(5)])
+    stream = run_stream(run_id)
+    events = list(read_stream(world.store, stream))
+    forged = LedgerEvent.create(
+        stream=stream,
+        index=len(events),
+        type="node.tick",
+        occurred_at=EPOCH,
+        payload={"n": 99},
+        previous_hash=events[-1].event_hash,
+    )
+    world.store.commit(UnitOfWork(appends=[forged]))
+    with pytest.raises(IntegrityFailure) as caught:
+        world.service.read_run_events(run_id, cursor=len(events) - 1)
+    assert caught.value.details["defect"] == "unkeyed"
+    world.store.commit(UnitOfWork(appends=[make_forged_successor(forged)]))
+    with pytest.raises(IntegrityFailure) as caught:
+        world.service.read_run_events(run_id, cursor=len(events) + 1)
+    assert caught.value.details["defect"] == "forged"
+
+
+def make_forged_successor(event: LedgerEvent) -> LedgerEvent:
+    """Return the next event of ``event``'s stream carrying a MAC made without the key."""
+    successor = LedgerEvent.create(
+        stream=event.stream,
+        index=event.index + 1,
+        type="node.tick",
+        occurred_at=EPOCH,
+        payload={"n": 100},
+        previous_hash=event.event_hash,
+    )
+    return successor.model_copy(update={"chain_mac": "sha256:" + "ab" * 32})
 
 
 # -- terminal receipts --------------------------------------------------------------
