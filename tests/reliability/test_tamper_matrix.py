@@ -2839,6 +2839,7 @@ def test_weakened_readers_report_silently_wrong_data(
     returning wrong data that the suite calls ``silently wrong``; if one did
     not, the suite could not tell a weakened reader from a sound one.
     """
+    watch = reliability.Stopwatch()
     stream = stream_of(world.catalog.workflows[0])
     pristine = world.cells.dump()
     wrong: dict[str, list[str]] = {}
@@ -2871,6 +2872,7 @@ def test_weakened_readers_report_silently_wrong_data(
             anomalies=0,
             control_caught=all(wrong.values()),
             detail="; ".join(f"{c}: {len(n)} readers read wrong" for c, n in wrong.items()),
+            seconds=watch.seconds,
         )
     )
     assert all(wrong.values()), f"a weakened reader went unnoticed: {wrong}"
