@@ -1,22 +1,27 @@
-"""Tamper matrix: byte flips in every stored column, and structured attacks on rows and ledgers.
+"""Tamper suite: byte flips in every stored cell, and structured attacks on rows and ledgers.
 
 A real store (SQLite on disk, and PostgreSQL) holds every kind of record the
 services write: workflows with action results, state, run results, graph
-runs, checkpoints, approvals (requested and decided), idempotency records and
-evidence, with their ledgers. Every trial tampers with the stored bytes the
-way someone with write access to the database could, then reads everything
-back through the public API: every record opened, every ledger verified,
-every listing. A trial must end in a typed integrity error or with every
-value byte-for-byte equal to the reference taken before tampering; anything
-else is an anomaly.
+runs, checkpoints, approvals (pending, decided, and expired: pending past
+their deadline), idempotency records and evidence, with their ledgers. Every
+trial tampers with the stored bytes the way someone with write access to the
+database could, then reads everything back through the public API, each
+reader on its own so that one refusal hides no other reader's answer: every
+service read, every audit read (``events``, ``history``, paged
+``read_run_events``, the keyed ``ledger verify --all`` and ``ledger head``),
+then every retry of an idempotent call. Each reader must end in a typed
+flowvault error or return exactly what it returned before the tampering (a
+retry: its first answer, without writing a duplicate); anything else is
+counted, per reader and in total, as silently wrong.
 
 Two outcomes are counted apart, not as anomalies, because they are the
-design's stated limits (see ``KNOWN_LIMITS``): an altered label index can
-drop a record from a filtered listing, and on PostgreSQL a cut-off ledger
-head is visible only against a kept ``ledger head`` receipt. What a single-node store
-cannot detect at all (a row replayed with its revision, a whole stream
-rewritten with recomputed plain hashes and its chain MACs dropped) is
-asserted as such in the structured attacks.
+design's stated limits (see ``KNOWN_LIMITS``), each for the readers it
+concerns alone: an altered label index can drop a record from a filtered
+listing, and on PostgreSQL a flip that cuts off a stream's newest event
+changes its ``ledger head`` receipt. Every ledger attack runs on each kind of stream and
+must be caught by the keyed verify, the service reads and a receipt kept
+before; the negative controls run the judging against deliberately weakened
+readers, which it must call silently wrong.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import dataclasses
 import json
 import random
 import sqlite3
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -68,6 +74,7 @@ from flowvault.domain import (
     FlowvaultError,
     IntegrityFailure,
     LedgerEvent,
+    Witness,
     WorkflowResult,
     WorkflowState,
     WorkOrder,
@@ -83,6 +90,16 @@ INTEGRITY_CODES: Final = frozenset({"INTEGRITY_FAILURE", "CHECKPOINT_INTEGRITY_F
 ACTIONS: Final = tuple(content_hash(f"action-{n}") for n in range(3))
 EVIDENCE: Final = b"evidence body: invoice INV-1 scanned"
 REQUESTS: Final = (("req-1", {"op": "pay", "n": 1}), ("req-2", {"op": "pay", "n": 2}))
+RESULTS: Final = ({"paid": True, "ref": "TX-1"}, {"paid": False}, [1, 2, 3])
+"""The action results stored under ``ACTIONS``, in order."""
+DEFINITION: Final = {"nodes": ["a", "b", "c"]}
+EXPIRED_AFTER: Final = timedelta(minutes=30)
+"""How long the expired approval was open; the populated store's clock ends past it."""
+
+
+def _response(key: str) -> dict[str, int]:
+    return {"status": 200 + len(key)}
+
 
 INDEX_CELLS: Final = frozenset({"records.id"})
 """Besides every ``record_labels`` column: the key label rows join on."""
@@ -147,7 +164,9 @@ def _order(n: int, kind: str = "invoice.review") -> WorkOrder:
     )
 
 
-def _ask(runtime: Runtime, checkpoint_id: str, audience: str) -> str:
+def _ask(
+    runtime: Runtime, checkpoint_id: str, audience: str, lasts: timedelta = timedelta(hours=4)
+) -> str:
     checkpoint = runtime.checkpoints.load_checkpoint(checkpoint_id)
     approval = runtime.approvals.request_approval(
         checkpoint_id,
@@ -158,7 +177,7 @@ def _ask(runtime: Runtime, checkpoint_id: str, audience: str) -> str:
         audience=audience,
         prompt_digest=content_hash(f"prompt for {audience}"),
         allowed_decisions=["approve", "reject"],
-        expires_at=runtime.clock.now() + timedelta(hours=4),
+        expires_at=runtime.clock.now() + lasts,
     )
     return approval.approval_id
 
@@ -177,26 +196,37 @@ def _checkpoint(runtime: Runtime, run_id: str, node: str, cursor: int) -> str:
     return made.checkpoint_id
 
 
-def _populate_workflows(runtime: Runtime, clock: FrozenClock) -> tuple[str, ...]:
-    flows = runtime.workflows
-    first, _ = flows.create(_order(1))
-    clock.advance()
-    second, _ = flows.create(_order(2))
-    third, _ = flows.create(_order(3, "report"))
-    clock.advance()
-    flows.transition(first.workflow_id, "planning", expected_state="intake", expected_version=1)
-    flows.transition(first.workflow_id, "decision", expected_state="planning", expected_version=2)
-    flows.append_event(
-        first.workflow_id,
+def _orders() -> tuple[WorkOrder, ...]:
+    """Return the work orders the workflows were created from, as a retry sends them again."""
+    return (_order(1), _order(2), _order(3, "report"))
+
+
+def _decision_receipt(runtime: Runtime, workflow_id: str) -> tuple[object, ...]:
+    """Append the keyed decision receipt; a retry with the same event key returns the first."""
+    return runtime.workflows.append_event(
+        workflow_id,
         "decision.approved",
         expected_state="decision",
         expected_version=3,
         payload={"action_hash": ACTIONS[0], "approved": True, "decided_by": "dana@example.org"},
         event_key="decision-1",
     )
-    flows.put_action_result(first.workflow_id, ACTIONS[0], {"paid": True, "ref": "TX-1"})
-    flows.put_action_result(first.workflow_id, ACTIONS[1], {"paid": False})
-    flows.put_action_result(second.workflow_id, ACTIONS[2], [1, 2, 3])
+
+
+def _populate_workflows(runtime: Runtime, clock: FrozenClock) -> tuple[str, ...]:
+    flows = runtime.workflows
+    orders = _orders()
+    first, _ = flows.create(orders[0])
+    clock.advance()
+    second, _ = flows.create(orders[1])
+    third, _ = flows.create(orders[2])
+    clock.advance()
+    flows.transition(first.workflow_id, "planning", expected_state="intake", expected_version=1)
+    flows.transition(first.workflow_id, "decision", expected_state="planning", expected_version=2)
+    _decision_receipt(runtime, first.workflow_id)
+    flows.put_action_result(first.workflow_id, ACTIONS[0], RESULTS[0])
+    flows.put_action_result(first.workflow_id, ACTIONS[1], RESULTS[1])
+    flows.put_action_result(second.workflow_id, ACTIONS[2], RESULTS[2])
     clock.advance()
     flows.transition(third.workflow_id, "cancelled", expected_state="intake", expected_version=1)
     return first.workflow_id, second.workflow_id, third.workflow_id
@@ -229,11 +259,9 @@ def _populate_state(runtime: Runtime, clock: FrozenClock) -> None:
 
 def _populate_runs(runtime: Runtime, clock: FrozenClock) -> tuple[tuple[str, ...], list[str]]:
     runs = runtime.graph_runs
-    runs.register_definition("flow.a", {"nodes": ["a", "b", "c"]})
+    runs.register_definition("flow.a", DEFINITION)
     clock.advance()
-    done, _ = runs.start_run(
-        "flow.a", {"invoice": "INV-9"}, budgets={"tokens": 100}, idempotency_key="run-key-1"
-    )
+    done, _ = _start_first_run(runtime)
     runs.set_status(done.run_id, "running", expected_status="accepted")
     runs.append_run_events(done.run_id, [("node.done", {"node": "a"})])
     consumed = _checkpoint(runtime, done.run_id, "b", 2)
@@ -250,20 +278,37 @@ def _populate_runs(runtime: Runtime, clock: FrozenClock) -> tuple[tuple[str, ...
     clock.advance()
     newer = _checkpoint(runtime, live.run_id, "c", 2)
     pending = _ask(runtime, newer, "legal")
-    return (done.run_id, live.run_id), [consumed, older, newer, decided, pending]
+    expired = _ask(runtime, older, "ops", EXPIRED_AFTER)
+    return (done.run_id, live.run_id), [consumed, older, newer, decided, pending, expired]
+
+
+def _start_first_run(runtime: Runtime) -> tuple[object, ...]:
+    """Start the first run under its idempotency key; a retry returns the same run."""
+    return runtime.graph_runs.start_run(
+        "flow.a", {"invoice": "INV-9"}, budgets={"tokens": 100}, idempotency_key="run-key-1"
+    )
+
+
+def _capture(runtime: Runtime) -> Witness:
+    """Capture the witness; capturing the same bytes again returns the first witness."""
+    return runtime.evidence.capture_witness(
+        "https://example.org/inv-1", EVIDENCE, "text/plain", "primary", runtime.clock.now()
+    )
 
 
 def populate(runtime: Runtime, clock: FrozenClock) -> Catalog:
-    """Write one of everything through the services, in a fixed order under a frozen clock."""
+    """Write one of everything through the services, in a fixed order under a frozen clock.
+
+    The approvals are one decided, one pending and one expired (still stored
+    as pending, its deadline passed: the clock ends past it).
+    """
     workflows = _populate_workflows(runtime, clock)
     _populate_state(runtime, clock)
     runs, made = _populate_runs(runtime, clock)
     for key, request in REQUESTS:
-        runtime.idempotency.remember(key, request, {"status": 200 + len(key)})
-    witness = runtime.evidence.capture_witness(
-        "https://example.org/inv-1", EVIDENCE, "text/plain", "primary", clock.now()
-    )
-    clock.advance()
+        runtime.idempotency.remember(key, request, _response(key))
+    witness = _capture(runtime)
+    clock.advance(EXPIRED_AFTER * 2)
     return Catalog(
         workflows=workflows,
         workflow_states=("intake", "planning", "decision", "cancelled"),
@@ -290,17 +335,24 @@ def populate(runtime: Runtime, clock: FrozenClock) -> Catalog:
 
 @dataclasses.dataclass(frozen=True)
 class Reader:
-    """One public read, its result as a list of items.
+    """One public read (or retried call), its result as a list of items.
 
     ``universe`` pools the items of every reader that returns the same kind of
     value; a ``filtered`` reader selects through the label index, so under a
     flip in that index it may return another selection of that pool.
+    ``family`` names the read without the record it reads, for the tallies.
     """
 
     name: str
     call: Callable[[], Sequence[object]]
     universe: str | None = None
     filtered: bool = False
+    family: str = ""
+
+    @property
+    def kind(self) -> str:
+        """The tally row: the family, or the name when none was given."""
+        return self.family or self.name
 
 
 def _default(value: object) -> Any:
@@ -331,15 +383,16 @@ def ledger_verify(store: SecureObjectStore, repository: SealedRepository) -> lis
     """Run what ``flowvault ledger verify --all`` runs with the store's key; fail as it does.
 
     With the key every event's ``chain_mac`` is checked too: no other reader
-    checks it, so without the key a flipped MAC would pass unnoticed.
+    checks it, so without the key a flipped MAC would pass unnoticed. It
+    fails on ``ok`` false, as the CLI's exit status does.
     """
     report = LedgerAudit(store, repository).run()
-    if report.failures:
-        first = report.failures[0]
-        raise IntegrityFailure(
-            f"ledger verify: {first.defect.value} in {first.stream} at {first.index}",
-            failed=len(report.failures),
+    if not report.ok:
+        where = ", ".join(
+            f"{failure.defect.value} in {failure.stream} at {failure.index}"
+            for failure in report.failures[:3]
         )
+        raise IntegrityFailure(f"ledger verify failed: {where}", failed=len(report.failures))
     return [report]
 
 
@@ -365,20 +418,21 @@ def _open_everything(runtime: Runtime) -> list[object]:
     return opened
 
 
+def audited_receipt(runtime: Runtime, stream: str) -> str:
+    """Return what ``ledger head`` issues (keyed verify first) at a fixed instant."""
+    audit = LedgerAudit(runtime.store, runtime.repository)
+    return audit.issue(stream, issued_at=EPOCH).text()
+
+
 def _store_readers(runtime: Runtime, streams: Sequence[str]) -> Iterator[Reader]:
     store = runtime.store
-    yield Reader(
-        "catalog",
-        lambda: [store.namespace_counts(), store.key_id_counts(), store.has_records()],
-    )
     yield Reader("records", lambda: _open_everything(runtime))
     yield Reader("ledger verify", lambda: ledger_verify(store, runtime.repository))
-    yield Reader("streams", lambda: list_all_streams(store))
     for name in streams:
-        yield Reader(f"events {name}", lambda name=name: list(read_stream(store, name)))
         yield Reader(
             f"head receipt {name}",
-            lambda name=name: [_receipt(store, runtime.repository, name)],
+            lambda name=name: [audited_receipt(runtime, name)],
+            family="ledger head receipt",
         )
 
 
@@ -391,27 +445,40 @@ def _workflow_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
             lambda state=state: flows.list_workflows(state, limit=200),
             "workflows",
             filtered=True,
+            family="workflows in a state",
         )
     for workflow in catalog.workflows:
-        yield Reader(f"workflow {workflow}", lambda w=workflow: [flows.get(w)], "workflows")
-        yield Reader(f"workflow events {workflow}", lambda w=workflow: flows.events(w))
+        yield Reader(
+            f"workflow {workflow}",
+            lambda w=workflow: [flows.get(w)],
+            "workflows",
+            family="workflow",
+        )
+        yield Reader(
+            f"workflow events {workflow}",
+            lambda w=workflow: flows.events(w),
+            family="audit: workflow events",
+        )
         yield Reader(
             f"action results of {workflow}",
             lambda w=workflow: flows.list_action_results(w),
             "listed results",
             filtered=True,
+            family="action results of a workflow",
         )
     for workflow, action in catalog.action_results:
         yield Reader(
             f"action result {workflow} {action[7:19]}",
             lambda w=workflow, a=action: [flows.get_action_result(w, a)],
+            family="action result",
         )
 
 
 def _state_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
     for scope in catalog.scopes:
         state = runtime.state(scope)
-        yield Reader(f"state {scope}", lambda s=state: [s.load(), s.fingerprint(), s.history()])
+        yield Reader(f"state {scope}", lambda s=state: [s.load(), s.fingerprint()], family="state")
+        yield Reader(f"history {scope}", lambda s=state: s.history(), family="audit: state history")
     yield Reader("run results", lambda: list(runtime.runs.list(limit=200).runs), "results")
     yield Reader(
         "run results since",
@@ -420,7 +487,30 @@ def _state_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
         filtered=True,
     )
     for result in catalog.results:
-        yield Reader(f"run result {result}", lambda r=result: [runtime.runs.load(r)], "results")
+        yield Reader(
+            f"run result {result}",
+            lambda r=result: [runtime.runs.load(r)],
+            "results",
+            family="run result",
+        )
+
+
+RUN_EVENT_PAGE: Final = 2
+"""Page size of the paged run-event reads, so a run's events take several pages."""
+
+
+def paged_run_events(runtime: Runtime, run_id: str) -> list[object]:
+    """Read a run's events as a client does: small pages, following ``next_cursor``."""
+    pages: list[object] = []
+    cursor: int | None = None
+    while True:
+        page = runtime.graph_runs.read_run_events(run_id, cursor, limit=RUN_EVENT_PAGE)
+        pages.append(page)
+        if page.next_cursor is None:
+            return pages
+        if len(pages) > 1000 or (cursor is not None and page.next_cursor <= cursor):
+            raise AssertionError(f"run event cursors do not advance: {page.next_cursor}")
+        cursor = page.next_cursor
 
 
 def _graph_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
@@ -432,6 +522,7 @@ def _graph_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
             lambda s=status: list(runs.list_runs(s, limit=200).runs),
             "graph runs",
             filtered=True,
+            family="graph runs in a status",
         )
     for definition in catalog.definitions:
         yield Reader(f"definition {definition}", lambda d=definition: list(runs.get_definition(d)))
@@ -442,10 +533,20 @@ def _graph_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
             filtered=True,
         )
     for run in catalog.runs:
-        yield Reader(f"graph run {run}", lambda r=run: [runs.get_run(r)], "graph runs")
-        yield Reader(f"run events {run}", lambda r=run: [runs.read_run_events(r)])
+        yield Reader(
+            f"graph run {run}", lambda r=run: [runs.get_run(r)], "graph runs", family="graph run"
+        )
+        yield Reader(
+            f"run events {run}",
+            lambda r=run: paged_run_events(runtime, r),
+            family="audit: run events (paged)",
+        )
     for run in catalog.receipts:
-        yield Reader(f"terminal receipt {run}", lambda r=run: [runs.terminal_receipt(r)])
+        yield Reader(
+            f"terminal receipt {run}",
+            lambda r=run: [runs.terminal_receipt(r)],
+            family="terminal receipt",
+        )
 
 
 def _approval_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
@@ -455,6 +556,7 @@ def _approval_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
             f"checkpoint {checkpoint}",
             lambda c=checkpoint: [checkpoints.load_checkpoint(c)],
             "checkpoints",
+            family="checkpoint",
         )
     for run in catalog.runs:
         yield Reader(
@@ -462,12 +564,14 @@ def _approval_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
             lambda r=run: [c for c in [checkpoints.latest_checkpoint(r)] if c is not None],
             "checkpoints",
             filtered=True,
+            family="latest checkpoint",
         )
         yield Reader(
             f"approvals of {run}",
             lambda r=run: approvals.list_approvals(r, limit=200),
             "approvals",
             filtered=True,
+            family="approvals of a run",
         )
         for status in ApprovalStatus:
             yield Reader(
@@ -475,28 +579,44 @@ def _approval_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
                 lambda r=run, s=status: approvals.list_approvals(r, s, limit=200),
                 "approvals",
                 filtered=True,
+                family="approvals of a run in a status",
             )
     for approval in catalog.approvals:
         yield Reader(
-            f"approval {approval}", lambda a=approval: [approvals.get_approval(a)], "approvals"
+            f"approval {approval}",
+            lambda a=approval: [approvals.get_approval(a)],
+            "approvals",
+            family="approval",
         )
         yield Reader(
             f"approval receipt {approval}",
             lambda a=approval: [approvals.approval_receipt(approvals.get_approval(a))],
+            family="approval receipt",
         )
     for key, request in REQUESTS:
         yield Reader(
             f"idempotency {key}",
             lambda k=key, r=request: [runtime.idempotency.recall(k, r)],
+            family="idempotency recall",
         )
     for witness in catalog.witnesses:
         yield Reader(
-            f"witness {witness[7:19]}", lambda w=witness: [runtime.evidence.load_witness(w)]
+            f"witness {witness[7:19]}",
+            lambda w=witness: [runtime.evidence.load_witness(w)],
+            family="witness",
         )
 
 
 def readers(runtime: Runtime, catalog: Catalog, streams: Sequence[str]) -> list[Reader]:
-    """Every public read of the reference store, cheapest checks first."""
+    """Every public read of the reference store, cheapest checks first.
+
+    The audit reads are the services' own (``events``, ``history``, paged
+    ``read_run_events``) and the keyed ``ledger verify --all`` (failing as
+    the CLI does, on ``ok`` false) and ``ledger head``. The store port's own
+    reads (``read_stream``, the unverified pager the audit reads are built
+    on, and the namespace, key id and stream catalogues, counts of
+    unauthenticated columns) are read only by the negative control.
+    """
     return [
         *_store_readers(runtime, streams),
         *_workflow_readers(runtime, catalog),
@@ -504,6 +624,114 @@ def readers(runtime: Runtime, catalog: Catalog, streams: Sequence[str]) -> list[
         *_graph_readers(runtime, catalog),
         *_approval_readers(runtime, catalog),
     ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Asked:
+    """An approval request's arguments, taken from the pristine store, to send it again."""
+
+    approval_id: str
+    checkpoint_id: str
+    arguments: dict[str, Any]
+
+
+def asked(runtime: Runtime, catalog: Catalog) -> list[Asked]:
+    """Return every approval's request as the caller sent it (read while the store is pristine)."""
+    found = []
+    for approval_id in catalog.approvals:
+        approval = runtime.approvals.get_approval(approval_id)
+        checkpoint = runtime.checkpoints.load_checkpoint(approval.checkpoint_id)
+        arguments = {
+            "expected_state_digest": checkpoint.state_digest,
+            "expected_budgets": checkpoint.budgets,
+            "expected_counters": checkpoint.counters,
+            "expected_dependency_digest": checkpoint.dependency_digest,
+            "audience": approval.audience,
+            "prompt_digest": approval.prompt_digest,
+            "allowed_decisions": list(approval.allowed_decisions),
+            "expires_at": approval.expires_at,
+        }
+        found.append(Asked(approval_id, approval.checkpoint_id, arguments))
+    return found
+
+
+def retries(runtime: Runtime, catalog: Catalog, requests: Sequence[Asked]) -> list[Reader]:
+    """Every idempotent call the services offer, sent again exactly as first sent.
+
+    Each must return what it returned the first time on the pristine store
+    (a value, or the typed refusal a repeat gets: an approval decided or a
+    checkpoint consumed already) or raise a typed error, and never write a
+    second record or event. They write when wrong, so they run after the
+    pure reads, on the tampered copy.
+    """
+    flows, runs, approvals = runtime.workflows, runtime.graph_runs, runtime.approvals
+    calls: list[Reader] = [
+        Reader(
+            f"retry create {order.idempotency_key}",
+            lambda o=order: list(flows.create(o)),
+            family="retry: workflows.create",
+        )
+        for order in _orders()
+    ]
+    calls.append(
+        Reader(
+            "retry append_event decision-1",
+            lambda: list(_decision_receipt(runtime, catalog.workflows[0])),
+            family="retry: workflows.append_event (event key)",
+        )
+    )
+    for (workflow, action), result in zip(catalog.action_results, RESULTS, strict=True):
+        calls.append(
+            Reader(
+                f"retry put_action_result {workflow} {action[7:19]}",
+                lambda w=workflow, a=action, r=result: [flows.put_action_result(w, a, r)],
+                family="retry: workflows.put_action_result",
+            )
+        )
+    calls += [
+        Reader(
+            "retry start_run run-key-1",
+            lambda: list(_start_first_run(runtime)),
+            family="retry: graph_runs.start_run (idempotency key)",
+        ),
+        Reader(
+            "retry register_definition flow.a",
+            lambda: [runs.register_definition("flow.a", DEFINITION)],
+            family="retry: graph_runs.register_definition",
+        ),
+    ]
+    for request in requests:
+        calls.append(
+            Reader(
+                f"retry request_approval {request.approval_id}",
+                lambda q=request: [approvals.request_approval(q.checkpoint_id, **q.arguments)],
+                family="retry: approvals.request_approval",
+            )
+        )
+    calls += [
+        Reader(
+            f"retry decide {catalog.approvals[0]}",
+            lambda: list(approvals.decide(catalog.approvals[0], "approve", "erin@example.org")),
+            family="retry: approvals.decide (decided)",
+        ),
+        Reader(
+            f"retry consume {catalog.checkpoints[0]}",
+            lambda: [runtime.checkpoints.consume_checkpoint(catalog.checkpoints[0])],
+            family="retry: checkpoints.consume_checkpoint (consumed)",
+        ),
+    ]
+    for key, request in REQUESTS:
+        calls.append(
+            Reader(
+                f"retry remember {key}",
+                lambda k=key, r=request: [runtime.idempotency.remember(k, r, _response(k))],
+                family="retry: idempotency.remember",
+            )
+        )
+    calls.append(
+        Reader("retry capture_witness", lambda: [_capture(runtime)], family="retry: evidence")
+    )
+    return calls
 
 
 def raw_readers(store: SecureObjectStore, streams: Sequence[str]) -> list[Reader]:
@@ -521,7 +749,11 @@ def raw_readers(store: SecureObjectStore, streams: Sequence[str]) -> list[Reader
         Reader(f"raw events {name}", lambda name=name: list(read_stream(store, name)))
         for name in streams
     ]
-    return [Reader("raw records", rows), *ledgers]
+    catalog = Reader(
+        "raw catalog",
+        lambda: [store.namespace_counts(), store.key_id_counts(), list_all_streams(store)],
+    )
+    return [Reader("raw records", rows), catalog, *ledgers]
 
 
 Snapshot = dict[str, tuple[str, ...]]
@@ -746,11 +978,201 @@ class SQLiteCells:
         assert cursor.rowcount == 1, f"could not restore {flip.describe()}"
 
     def dump(self) -> list[list[tuple[object, ...]]]:
-        """Every row of every table, to prove restores leave the file as it was."""
-        return [
-            self.raw.execute(f"SELECT * FROM {table} ORDER BY {', '.join(keys)}").fetchall()  # noqa: S608
-            for table, keys in SQLITE_PRIMARY_KEYS.items()
-        ]
+        """Every row of every table, to prove restores leave the file as it was.
+
+        Text that a flip left undecodable is kept with its bad bytes escaped,
+        so a dump taken under a flip compares; only a pristine dump is put back.
+        """
+        self.raw.text_factory = lambda data: data.decode("utf-8", "surrogateescape")
+        try:
+            return [
+                self.raw.execute(f"SELECT * FROM {table} ORDER BY {', '.join(keys)}").fetchall()  # noqa: S608
+                for table, keys in SQLITE_PRIMARY_KEYS.items()
+            ]
+        finally:
+            self.raw.text_factory = str
+
+    def put_back(self, dump: Sequence[Sequence[tuple[object, ...]]]) -> None:
+        """Put every table back as ``dump`` holds it (after a retry wrote)."""
+        restore_tables(self.raw, dump)
+
+    def row_counts(self) -> tuple[int, ...]:
+        """How many records and ledger events the file holds, to see a retry add one."""
+        row = self.raw.execute(
+            "SELECT (SELECT count(*) FROM records), (SELECT count(*) FROM ledger_events)"
+        ).fetchone()
+        return tuple(row)
+
+
+# -- judging every reader on its own ------------------------------------------------------
+
+RIGHT: Final = "right"
+DETECTED: Final = "detected"
+TYPED: Final = "other typed error"
+INDEX: Final = "index"
+RECEIPT: Final = "receipt"
+WRONG: Final = "silently wrong"
+FOREIGN: Final = "foreign error"
+DUPLICATE: Final = "duplicate written"
+READER_OUTCOMES: Final = (RIGHT, DETECTED, TYPED, INDEX, RECEIPT, WRONG, FOREIGN, DUPLICATE)
+"""What one reader did in one trial, in the order the tallies show them."""
+ANOMALOUS: Final = frozenset({WRONG, FOREIGN, DUPLICATE})
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """What one reader returned: its items, a typed error's code, or a foreign exception."""
+
+    kind: str
+    """``value``, ``error`` (a flowvault error) or ``foreign`` (any other exception)."""
+    items: tuple[str, ...] = ()
+    code: str = ""
+    message: str = ""
+
+
+def answer(reader: Reader) -> Answer:
+    """Run one reader on its own; whatever it raises is its answer, not the trial's end."""
+    try:
+        return Answer("value", tuple(canonical(item) for item in reader.call()))
+    except FlowvaultError as exc:
+        return Answer("error", code=exc.code, message=exc.message)
+    except Exception as exc:
+        return Answer("foreign", code=type(exc).__name__, message=str(exc)[:300])
+
+
+Answers = dict[str, Answer]
+
+
+def answer_all(chosen: Sequence[Reader]) -> Answers:
+    """Run every reader independently."""
+    return {reader.name: answer(reader) for reader in chosen}
+
+
+def judge_reader(
+    reader: Reader,
+    got: Answer,
+    expected: Answer,
+    pools: Mapping[str, frozenset[str]],
+    *,
+    flip: Flip | None,
+    tolerated: frozenset[str],
+) -> str:
+    """Say what one reader did: the reference answer, a typed error, or something wrong.
+
+    A typed error is an integrity code (``detected``) or another flowvault
+    error; the reference may itself be a typed refusal (a retried decision
+    gets ``APPROVAL_ALREADY_DECIDED``), and then the same code is right.
+    Known limits in ``tolerated`` apply only to the cells and readers they
+    concern: a filtered listing under a flipped label index (``index``), a
+    head receipt under a flipped ledger row (``receipt``, PostgreSQL).
+    """
+    if got.kind != "value":
+        if got.kind == "foreign":
+            return FOREIGN
+        if expected.kind == "error" and got.code == expected.code:
+            return RIGHT
+        return DETECTED if got.code in INTEGRITY_CODES else TYPED
+    if expected.kind == "value" and got.items == expected.items:
+        return RIGHT
+    pool = pools.get(reader.universe or "", frozenset())
+    in_pool = expected.kind == "value" and set(got.items) <= pool
+    limits = {
+        INDEX: flip is not None and flip.in_index and reader.filtered and in_pool,
+        RECEIPT: flip is not None
+        and flip.table == "ledger_events"
+        and reader.name.startswith("head receipt "),
+    }
+    return next((limit for limit, holds in limits.items() if holds and limit in tolerated), WRONG)
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    """Every reader's outcome in one trial, with the codes of the errors they raised."""
+
+    outcomes: dict[str, str]
+    codes: dict[str, str]
+
+    @property
+    def kind(self) -> str:
+        """The trial's outcome: ``anomaly`` if any reader was wrong, else the strongest answer."""
+        seen = set(self.outcomes.values())
+        if seen & ANOMALOUS:
+            return "anomaly"
+        for kind in (DETECTED, TYPED, INDEX, RECEIPT):
+            if kind in seen:
+                return kind
+        return "harmless"
+
+
+@dataclasses.dataclass
+class Bench:
+    """A populated store under test: its readers, retries, reference answers and raw cells."""
+
+    cells: Any
+    """``SQLiteCells`` or ``PostgresCells``: flip, restore, dump, put_back, row_counts."""
+    readers: list[Reader]
+    retries: list[Reader]
+    reference: Answers
+    pools: dict[str, frozenset[str]]
+    tolerated: frozenset[str]
+
+    def judge(self, flip: Flip | None, chosen: Sequence[Reader] | None = None) -> Trial:
+        """Run every pure reader on its own and judge each against the reference."""
+        outcomes: dict[str, str] = {}
+        codes: dict[str, str] = {}
+        for reader in self.readers if chosen is None else chosen:
+            got = answer(reader)
+            outcomes[reader.name] = judge_reader(
+                reader,
+                got,
+                self.reference[reader.name],
+                self.pools,
+                flip=flip,
+                tolerated=self.tolerated,
+            )
+            if got.kind != "value":
+                codes[reader.name] = got.code
+        return Trial(outcomes, codes)
+
+    def retry(self, flip: Flip | None, trial: Trial) -> bool:
+        """Send every idempotent call again, each on its own; return whether any wrote.
+
+        A retry that adds a record or an event is ``duplicate written``
+        whatever it returned.
+        """
+        before = self.cells.dump()
+        for reader in self.retries:
+            counts = self.cells.row_counts()
+            got = answer(reader)
+            outcome = judge_reader(
+                reader,
+                got,
+                self.reference[reader.name],
+                self.pools,
+                flip=flip,
+                tolerated=self.tolerated,
+            )
+            if self.cells.row_counts() != counts:
+                outcome = DUPLICATE
+            trial.outcomes[reader.name] = outcome
+            if got.kind != "value":
+                trial.codes[reader.name] = got.code
+        return bool(self.cells.dump() != before)
+
+
+def take_reference(
+    cells: Any, chosen: Sequence[Reader], again: Sequence[Reader]
+) -> tuple[Answers, dict[str, frozenset[str]]]:
+    """Answer every reader and retry on the pristine store; no retry may write there."""
+    reference = answer_all(chosen)
+    failed = {name: got for name, got in reference.items() if got.kind != "value"}
+    assert not failed, f"the pristine store fails its own reads: {failed}"
+    before = cells.dump()
+    retried = answer_all(again)
+    assert cells.dump() == before, "a retry wrote on the pristine store"
+    assert all(got.kind != "foreign" for got in retried.values()), retried
+    snapshot = {name: got.items for name, got in reference.items()}
+    return {**reference, **retried}, universes(chosen, snapshot)
 
 
 # -- the matrix driver ----------------------------------------------------------------
@@ -758,58 +1180,90 @@ class SQLiteCells:
 
 @dataclasses.dataclass
 class Tally:
-    """Per ``table.column``: trials and outcomes; the anomalies with their replay data."""
+    """Trials per cell by outcome, every reader's outcomes, and the anomalies' replay data."""
 
     cells: dict[str, Counter[str]] = dataclasses.field(default_factory=lambda: defaultdict(Counter))
-    checks: dict[str, Counter[str]] = dataclasses.field(
+    readers: dict[str, Counter[str]] = dataclasses.field(
         default_factory=lambda: defaultdict(Counter)
     )
-    """Per cell, which reader raised first: ``records`` (opening seals), ``ledger`` (verify)..."""
+    """Per reader family, how often each outcome occurred."""
+    codes: dict[str, Counter[str]] = dataclasses.field(default_factory=lambda: defaultdict(Counter))
+    """Per reader family, the codes of the errors it raised."""
+    wrong_cells: dict[str, Counter[str]] = dataclasses.field(
+        default_factory=lambda: defaultdict(Counter)
+    )
+    """Per reader family, the cells whose flips it read wrong."""
     anomalies: list[str] = dataclasses.field(default_factory=list)
     refused: int = 0
     trials: int = 0
+    wrote: int = 0
+    """Trials in which a retry wrote (the whole pristine store was then put back)."""
 
-    def add(self, flip: Flip, outcome: Outcome, context: str) -> None:
+    def add(self, flip: Flip, trial: Trial, kinds: Mapping[str, str], context: str) -> None:
         """Count one trial; keep the anomalies' details."""
         self.trials += 1
-        self.cells[flip.cell][outcome.key] += 1
-        if outcome.kind == "detected":
-            self.checks[flip.cell][outcome.where.split(" ")[0]] += 1
-        if outcome.kind == "anomaly":
-            self.anomalies.append(f"{context}: {flip.describe()} -> {outcome}")
+        self.cells[flip.cell][trial.kind] += 1
+        for name, outcome in trial.outcomes.items():
+            family = kinds[name]
+            self.readers[family][outcome] += 1
+            if name in trial.codes:
+                self.codes[family][trial.codes[name]] += 1
+            if outcome in ANOMALOUS:
+                self.wrong_cells[family][flip.cell] += 1
+                self.anomalies.append(f"{context}: {flip.describe()} -> {name}: {outcome}")
 
     def totals(self) -> Counter[str]:
-        """Outcome counts over every cell."""
+        """Trial outcome counts over every cell."""
         total: Counter[str] = Counter()
         for counts in self.cells.values():
             total.update(counts)
         return total
 
-    def detected(self) -> int:
-        """Trials that ended in an integrity error."""
-        return sum(n for key, n in self.totals().items() if key in INTEGRITY_CODES)
+    def reader_totals(self) -> Counter[str]:
+        """Reader outcome counts over every reader and trial."""
+        total: Counter[str] = Counter()
+        for counts in self.readers.values():
+            total.update(counts)
+        return total
+
+    def failing(self) -> list[str]:
+        """One line per reader family that read wrong: how often, and under which cells."""
+        lines = []
+        for family in sorted(self.wrong_cells):
+            counts = self.readers[family]
+            wrong = {kind: counts[kind] for kind in READER_OUTCOMES if kind in ANOMALOUS}
+            cells = ", ".join(f"{cell} {n}" for cell, n in self.wrong_cells[family].most_common())
+            shown = ", ".join(f"{kind} {n}" for kind, n in wrong.items() if n)
+            lines.append(f"{family}: {shown} (cells: {cells})")
+        return lines
 
     def table(self) -> str:
-        """Return the per-column tally as text, for the test log."""
+        """Return the per-column and per-reader tallies as text, for the test log."""
         lines = [f"{'table.column':32} trials  outcomes"]
         for cell in sorted(self.cells):
             counts = self.cells[cell]
             shown = ", ".join(f"{key} {n}" for key, n in sorted(counts.items()))
-            if self.checks[cell]:
-                found = ", ".join(f"{name} {n}" for name, n in self.checks[cell].most_common())
-                shown += f" (first raised by: {found})"
             lines.append(f"{cell:32} {sum(counts.values()):6}  {shown}")
+        lines.append(f"\n{'reader':48} " + " | ".join(READER_OUTCOMES))
+        for family in sorted(self.readers):
+            counts = self.readers[family]
+            lines.append(f"{family:48} " + " | ".join(str(counts[k]) for k in READER_OUTCOMES))
+        lines.append("\nerror codes per reader:")
+        for family in sorted(self.codes):
+            shown = ", ".join(f"{code} {n}" for code, n in self.codes[family].most_common())
+            lines.append(f"{family:48} {shown}")
         return "\n".join(lines)
 
     def summary(self) -> str:
         """One line for the figure's detail column."""
-        totals = self.totals()
-        codes = ", ".join(f"{k} {n}" for k, n in sorted(totals.items()) if k in INTEGRITY_CODES)
+        totals, reads = self.totals(), self.reader_totals()
+        per_reader = ", ".join(f"{kind} {reads[kind]}" for kind in READER_OUTCOMES if reads[kind])
         return (
-            f"{len(self.cells)} columns; detected {self.detected()} ({codes}), "
-            f"harmless {totals['harmless']}, label index dropped a record from a filtered "
-            f"listing {totals['index']}, shown only by a kept head receipt {totals['receipt']}, "
-            f"refused by the schema {self.refused}"
+            f"{len(self.cells)} columns, {len(self.readers)} reader kinds; trials: detected "
+            f"{totals[DETECTED]}, other typed error only {totals[TYPED]}, harmless "
+            f"{totals['harmless']}, label index only {totals[INDEX]}, head receipt only "
+            f"{totals[RECEIPT]}, anomalous {totals['anomaly']}; reads: {per_reader}; "
+            f"retries wrote in {self.wrote}; refused by the schema {self.refused}"
         )
 
 
@@ -817,45 +1271,105 @@ def explain(tally: Tally) -> str:
     """Return the tally with the known limits and harmless columns spelt out, for the log."""
     notes = [f"known limit {name}: {text}" for name, text in KNOWN_LIMITS.items()]
     notes += [f"harmless {cell}: {why}" for cell, why in HARMLESS.items()]
-    return "\n".join([tally.table(), *notes])
+    failing = ["readers that read wrong:", *tally.failing()] if tally.anomalies else []
+    return "\n".join([tally.table(), *failing, *notes])
 
 
-Flipper = Callable[[str, str, random.Random], "Flip | None"]
+CrossCheck = Callable[[Flip, Trial], None]
 
 
-def run_matrix(
-    flipper: Flipper,
-    restore: Callable[[Flip], None],
+def run_flips(
+    bench: Bench,
     columns: Sequence[tuple[str, str]],
-    judge: Callable[[Flip], Outcome],
     *,
     trials: int,
     seed: int,
-    cross_check: Callable[[Flip, Outcome], None] | None = None,
+    cross_check: CrossCheck | None = None,
     cross_every: int = 0,
 ) -> Tally:
-    """Flip ``trials`` cells, each column in turn (shuffled per seed); judge, then restore each."""
+    """Flip ``trials`` cells, each column in turn (shuffled per seed), and read everything back.
+
+    Per trial: every pure reader runs on its own; every ``cross_every``-th
+    trial a fresh runtime must judge each reader the same; then every retry
+    runs on the tampered copy. The flip is undone, or the whole pristine
+    store put back when a retry wrote.
+    """
     rng = random.Random(seed)
     order = list(columns)
     rng.shuffle(order)
     tally = Tally()
+    kinds = {reader.name: reader.kind for reader in [*bench.readers, *bench.retries]}
+    pristine = bench.cells.dump()
     attempts = 0
     while tally.trials < trials:
         table, column = order[tally.trials % len(order)]
         attempts += 1
         assert attempts < 50 * trials, f"seed {seed}: the schema refuses too many flips"
-        flip = flipper(table, column, rng)
+        flip = bench.cells.flip(table, column, rng)
         if flip is None:
             tally.refused += 1
             continue
+        wrote = False
         try:
-            outcome = judge(flip)
-            if cross_check is not None and cross_every and tally.trials % cross_every == 0:
-                cross_check(flip, outcome)
-            tally.add(flip, outcome, f"seed {seed} trial {tally.trials}")
+            trial = bench.judge(flip)
+            due = cross_every and tally.trials % cross_every == 0 and not tally.wrote
+            if cross_check is not None and due:
+                cross_check(flip, trial)
+            wrote = bench.retry(flip, trial)
+            tally.add(flip, trial, kinds, f"seed {seed} trial {tally.trials}")
         finally:
-            restore(flip)
+            if wrote:
+                tally.wrote += 1
+                bench.cells.put_back(pristine)
+            else:
+                bench.cells.restore(flip)
     return tally
+
+
+def settle_flips(
+    backend: str,
+    *,
+    seed: int,
+    tally: Tally,
+    control: Tally,
+    columns: Sequence[tuple[str, str]],
+    seconds: float,
+    control_note: str,
+) -> None:
+    """Record a byte-flip run's figures; then every column hit, control caught, 0 anomalies."""
+    print(f"\nseed {seed}\n{explain(tally)}\ncontrol: {control.reader_totals()}")
+    reliability.record(
+        reliability.Figure(
+            family=f"Tamper matrix, random byte flips ({backend})",
+            trials=tally.trials,
+            anomalies=tally.totals()["anomaly"],
+            control_caught=control.reader_totals()[WRONG] > 0,
+            detail=f"{tally.summary()}; {control_note} silently wrong in "
+            f"{control.totals()['anomaly']} of {control.trials}",
+            seconds=seconds,
+        )
+    )
+    assert set(tally.cells) == {f"{table}.{column}" for table, column in columns}
+    assert control.reader_totals()[WRONG], "the negative control saw no silently changed data"
+    assert not tally.anomalies, "\n".join(
+        [f"{len(tally.anomalies)} wrong reads:", *tally.failing(), *tally.anomalies[:10]]
+    )
+
+
+def control_flips(
+    cells: Any,
+    store: SecureObjectStore,
+    streams: Sequence[str],
+    columns: Sequence[tuple[str, str]],
+    *,
+    seed: int,
+    trials: int,
+) -> Tally:
+    """Replay the first flips of the same seed against reads that open no seal, verify no chain."""
+    raw = raw_readers(store, streams)
+    reference, _ = take_reference(cells, raw, [])
+    bench = Bench(cells, raw, [], reference, {}, frozenset())
+    return run_flips(bench, columns, trials=trials, seed=seed)
 
 
 # -- the SQLite world -------------------------------------------------------------------
@@ -874,6 +1388,9 @@ class World:
     reference: Snapshot
     pools: dict[str, frozenset[str]]
     cells: SQLiteCells
+    bench: Bench
+    backend: Settings | None = None
+    """PostgreSQL settings (``cells`` then a ``PostgresCells``); SQLite's when unset."""
 
     def open_runtime(self) -> Runtime:
         """Bootstrap another runtime over the same file: nothing it reads was read before."""
@@ -881,17 +1398,7 @@ class World:
 
     def settings(self) -> Settings:
         """Return the home's settings."""
-        return Settings(backend="sqlite", home=self.home)
-
-    def judge(self, flip: Flip, chosen: Sequence[Reader] | None = None) -> Outcome:
-        """Classify the store's answer to ``flip``; SQLite tolerates only the label index."""
-        return classify(
-            self.readers if chosen is None else chosen,
-            self.reference,
-            self.pools,
-            flip=flip,
-            tolerated=frozenset({"index"}),
-        )
+        return self.backend or Settings(backend="sqlite", home=self.home)
 
     def close(self) -> None:
         """Close the raw connection and the runtime."""
@@ -900,26 +1407,19 @@ class World:
 
 
 def build_world(home: Path) -> World:
-    """Populate a fresh SQLite home and take the reference snapshot."""
+    """Populate a fresh SQLite home and take the reference answers (retries included)."""
     clock = FrozenClock()
     settings = Settings(backend="sqlite", home=home)
     runtime = bootstrap(settings, key=KEY, clock=clock, ids=SequentialIds("id"))
     catalog = populate(runtime, clock)
     streams = list_all_streams(runtime.store)
     chosen = readers(runtime, catalog, streams)
-    reference = read_all(chosen)
+    again = retries(runtime, catalog, asked(runtime, catalog))
     cells = SQLiteCells(settings.database_path)
-    return World(
-        home,
-        clock,
-        runtime,
-        catalog,
-        streams,
-        chosen,
-        reference,
-        universes(chosen, reference),
-        cells,
-    )
+    answers, pools = take_reference(cells, chosen, again)
+    reference = read_all(chosen)
+    bench = Bench(cells, chosen, again, answers, pools, frozenset({"index"}))
+    return World(home, clock, runtime, catalog, streams, chosen, reference, pools, cells, bench)
 
 
 @pytest.fixture
@@ -940,55 +1440,62 @@ def _kept_receipts(world: World) -> dict[str, str]:
 
 
 def test_random_byte_flips_sqlite(world: World) -> None:
-    """A flipped byte in any stored column is an integrity error or changes nothing read back.
+    """A flipped byte in any stored cell: every reader ends in a typed error or reads it right.
 
     Every column of every table (records, the label index, ledger events and
-    stream head rows) is flipped in turn. The runtime stays open across
-    trials: nothing above the connection caches rows, and SQLite revalidates
-    its page cache at every read transaction; to prove it, every 100th trial
-    a freshly bootstrapped runtime must reach the same verdict. An altered
-    label index may drop a record from a filtered listing (a stated limit);
-    nothing else may change silently. The negative control replays the same
-    flips against readers that neither open seals nor verify chains: it must
-    see silently changed data.
+    stream head rows) is flipped in turn. Each trial runs every reader on its
+    own (an error in one does not end the trial): every service read, every
+    audit read (workflow events, state history, run events paged two at a
+    time, the keyed ``ledger verify --all`` and ``ledger head``), then every
+    retry of an idempotent call on the tampered copy, which must return its
+    first answer or a typed error and never write a duplicate. The runtime
+    stays open across trials: nothing above the connection caches rows, and
+    SQLite revalidates its page cache at every read transaction; to prove
+    it, every 100th trial a freshly bootstrapped runtime must judge every
+    reader the same. An altered label index may drop a record from a filtered
+    listing (a stated limit); nothing else may read wrong. The negative
+    control replays the same flips against readers that neither open seals
+    nor verify chains: it must see silently changed data.
     """
     watch = reliability.Stopwatch()
-    trials = reliability.size(1000, 100_000)
+    trials = reliability.size(2000, 100_000)
     seed = reliability.seed_base() + 101
     columns = world.cells.columns()
     pristine = world.cells.dump()
 
-    def fresh(flip: Flip, outcome: Outcome) -> None:
+    def fresh(flip: Flip, trial: Trial) -> None:
         if flip.table == "store_epoch":
             return  # opening records the count it finds: a flipped one would stay in the mark
         try:
             other = world.open_runtime()
         except FlowvaultError as exc:
             # Opening reads stored columns too (the key ids it checks the key against).
-            refused = Outcome("detected", exc.code, "bootstrap", exc.message)
+            refused = exc.code
         else:
             refused = None
         if refused is not None:
-            assert refused.label in INTEGRITY_CODES, f"seed {seed}: {flip.describe()}: {refused}"
-            assert outcome.kind == "detected", f"seed {seed}: {flip.describe()}: {outcome}"
+            assert refused in INTEGRITY_CODES, f"seed {seed}: {flip.describe()}: {refused}"
+            assert trial.kind in {DETECTED, "anomaly"}, f"seed {seed}: {flip.describe()}: {trial}"
             return
         with other:
-            again = world.judge(flip, readers(other, world.catalog, world.streams))
-        assert again.key == outcome.key, f"seed {seed}: {flip.describe()}: {outcome} vs {again}"
+            again = world.bench.judge(flip, readers(other, world.catalog, world.streams))
+        assert again.outcomes == {n: trial.outcomes[n] for n in again.outcomes}, (
+            f"seed {seed}: {flip.describe()}: a fresh runtime judged otherwise"
+        )
 
-    tally = run_matrix(
-        world.cells.flip,
-        world.cells.restore,
-        columns,
-        world.judge,
-        trials=trials,
-        seed=seed,
-        cross_check=fresh,
-        cross_every=100,
+    tally = run_flips(
+        world.bench, columns, trials=trials, seed=seed, cross_check=fresh, cross_every=100
     )
     assert world.cells.dump() == pristine, "restoring the flipped cells changed the file"
     assert read_all(world.readers) == world.reference
-    control = _negative_control(world, columns, seed, max(100, trials // 10))
+    control = control_flips(
+        world.cells,
+        world.runtime.store,
+        world.streams,
+        columns,
+        seed=seed,
+        trials=max(100, trials // 20),
+    )
     settle_flips(
         "SQLite",
         seed=seed,
@@ -1000,50 +1507,18 @@ def test_random_byte_flips_sqlite(world: World) -> None:
     )
 
 
-def settle_flips(
-    backend: str,
-    *,
-    seed: int,
-    tally: Tally,
-    control: Tally,
-    columns: Sequence[tuple[str, str]],
-    seconds: float,
-    control_note: str,
-) -> None:
-    """Record a byte-flip run's figures; then every column hit, control caught, 0 anomalies."""
-    print(f"\nseed {seed}\n{explain(tally)}\ncontrol: {control.totals()}")
-    reliability.record(
-        reliability.Figure(
-            family=f"Tamper matrix, random byte flips ({backend})",
-            trials=tally.trials,
-            anomalies=len(tally.anomalies),
-            control_caught=bool(control.anomalies),
-            detail=f"{tally.summary()}; {control_note} silently wrong in "
-            f"{len(control.anomalies)} of {control.trials}",
-            seconds=seconds,
-        )
-    )
-    assert set(tally.cells) == {f"{table}.{column}" for table, column in columns}
-    assert control.anomalies, "the negative control saw no silently changed data"
-    assert tally.anomalies == [], "\n".join(tally.anomalies[:20])
-
-
-def _negative_control(
-    world: World, columns: Sequence[tuple[str, str]], seed: int, trials: int
-) -> Tally:
-    """Replay the first flips of the same seed against reads that check nothing."""
-    raw = raw_readers(world.runtime.store, world.streams)
-    reference = read_all(raw)
-
-    def judge(flip: Flip) -> Outcome:
-        return classify(raw, reference, {})
-
-    return run_matrix(
-        world.cells.flip, world.cells.restore, columns, judge, trials=trials, seed=seed
-    )
-
-
 # -- random byte flips: PostgreSQL ------------------------------------------------------------
+
+
+class QmarkConnection:
+    """A psycopg connection that takes ``?`` placeholders, so SQLite's attack SQL runs on it."""
+
+    def __init__(self, connection: Any) -> None:
+        self._connection = connection
+
+    def execute(self, query: str, parameters: Sequence[object] = ()) -> Any:
+        """Run ``query`` with its ``?`` placeholders turned into psycopg's."""
+        return self._connection.execute(query.replace("?", "%s"), tuple(parameters))
 
 
 class PostgresCells:
@@ -1055,6 +1530,8 @@ class PostgresCells:
     def __init__(self, server: Any, schema: str) -> None:
         self.connection = server.admin()
         self.connection.execute(f"SET search_path TO {schema}")
+        self.raw = QmarkConnection(self.connection)
+        """The connection with SQLite's ``?`` placeholders, for the structured attacks."""
         self._cells: dict[tuple[str, str], list[Any]] = {}
         """Each column's cells, read once: every flip is restored before the next."""
         self.types = {
@@ -1147,16 +1624,54 @@ class PostgresCells:
             for table, keys in PRIMARY_KEYS.items()
         ]
 
+    def put_back(self, dump: Sequence[Sequence[tuple[object, ...]]]) -> None:
+        """Put every table back as ``dump`` holds it (after a retry wrote), ids included."""
+        from psycopg.types.json import Jsonb  # noqa: PLC0415
+
+        with self.connection.transaction():
+            for table in reversed(PRIMARY_KEYS):
+                self.connection.execute(f"DELETE FROM {table}")  # noqa: S608
+            for table, rows in zip(PRIMARY_KEYS, dump, strict=True):
+                names = [
+                    column.name
+                    for column in self.connection.execute(
+                        f"SELECT * FROM {table} LIMIT 0"  # noqa: S608
+                    ).description
+                    or ()
+                ]
+                kinds = [self.types[(table, name)] for name in names]
+                listed, marks = ", ".join(names), ", ".join(["%s"] * len(names))
+                override = " OVERRIDING SYSTEM VALUE" if table == "records" else ""
+                for row in rows:
+                    values = [
+                        Jsonb(value) if kind == "jsonb" else value
+                        for value, kind in zip(row, kinds, strict=True)
+                    ]
+                    self.connection.execute(
+                        f"INSERT INTO {table} ({listed}){override} VALUES ({marks})",  # noqa: S608
+                        values,
+                    )
+
+    def row_counts(self) -> tuple[int, ...]:
+        """How many records and ledger events the schema holds, to see a retry add one."""
+        row = self.connection.execute(
+            "SELECT (SELECT count(*) FROM records), (SELECT count(*) FROM ledger_events)"
+        ).fetchone()
+        assert row is not None
+        return tuple(row)
+
 
 @pytest.mark.postgres
 def test_random_byte_flips_postgres(tmp_path: Path, postgres_server: Any, pg_schema: str) -> None:
-    """The same matrix on PostgreSQL: an integrity error or nothing changed, per stored column.
+    """The same trials on PostgreSQL: every reader ends in a typed error or reads it right.
 
     PostgreSQL refuses some flips itself (invalid UTF-8, NUL, broken JSON,
     out-of-range integers, the identity column); they are counted as refused.
-    Its adapter does not cross-check ledger head rows on read, so a flip that
-    cuts off a stream's newest event is counted apart: only a kept
-    ``ledger head`` receipt shows it. The negative control replays the first
+    As on SQLite, every reader runs on its own and every retry runs after the
+    pure reads. Its adapter does not cross-check ledger head rows on read, so
+    a flip that cuts off a stream's newest event may change a head receipt:
+    counted apart for that reader only (the audit reads of the stream must
+    still refuse or read it right). The negative control replays the first
     flips against unverified reads.
     """
     watch = reliability.Stopwatch()
@@ -1176,40 +1691,25 @@ def test_random_byte_flips_postgres(tmp_path: Path, postgres_server: Any, pg_sch
         catalog = populate(runtime, clock)
         streams = list_all_streams(runtime.store)
         chosen = readers(runtime, catalog, streams)
-        reference = read_all(chosen)
-        pools = universes(chosen, reference)
-        tolerated = frozenset({"index", "receipt"})
+        again = retries(runtime, catalog, asked(runtime, catalog))
+        reference, pools = take_reference(cells, chosen, again)
+        bench = Bench(cells, chosen, again, reference, pools, frozenset({"index", "receipt"}))
 
-        def judge(flip: Flip, using: Sequence[Reader] = chosen) -> Outcome:
-            return classify(using, reference, pools, flip=flip, tolerated=tolerated)
-
-        def fresh(flip: Flip, outcome: Outcome) -> None:
+        def fresh(flip: Flip, trial: Trial) -> None:
             with bootstrap(settings, key=KEY, clock=clock, ids=SequentialIds("x")) as other:
-                again = judge(flip, readers(other, catalog, streams))
-            assert again.key == outcome.key, f"seed {seed}: {flip.describe()}: {outcome} vs {again}"
+                judged = bench.judge(flip, readers(other, catalog, streams))
+            assert judged.outcomes == {n: trial.outcomes[n] for n in judged.outcomes}, (
+                f"seed {seed}: {flip.describe()}: a fresh runtime judged otherwise"
+            )
 
         pristine = cells.dump()
         columns = cells.columns()
-        tally = run_matrix(
-            cells.flip,
-            cells.restore,
-            columns,
-            judge,
-            trials=trials,
-            seed=seed,
-            cross_check=fresh,
-            cross_every=100,
+        tally = run_flips(
+            bench, columns, trials=trials, seed=seed, cross_check=fresh, cross_every=100
         )
         assert cells.dump() == pristine, "restoring the flipped cells changed the schema"
-        raw = raw_readers(runtime.store, streams)
-        raw_reference = read_all(raw)
-        control = run_matrix(
-            cells.flip,
-            cells.restore,
-            columns,
-            lambda _: classify(raw, raw_reference, {}),
-            trials=max(40, trials // 5),
-            seed=seed,
+        control = control_flips(
+            cells, runtime.store, streams, columns, seed=seed, trials=max(40, trials // 5)
         )
     finally:
         cells.close()
@@ -1620,13 +2120,13 @@ def test_ledger_row_edits(world: World) -> None:
     and head index, head hash) shows a cut-off or extended head or a missing
     front, on SQLite, as long as it was not edited too. An edited or forged
     event lacks a valid ``chain_mac``, which needs the integrity key, so a
-    keyed ``ledger verify`` shows it even with the head row rewritten. An
-    attacker who removes genuine events and rewrites the head row (or forges
-    a retention trim) is not detected by the store: that is a known limit of
-    a single-node store without an external anchor, and a ``ledger head``
-    receipt kept from before shows it. The exception is a newest event that
-    a bound record names (a run's own ``run.*`` event): the record then
-    names an event its stream lacks, and reading it fails.
+    keyed ``ledger verify`` shows it even with the head row rewritten. A
+    forged retention trim (first events deleted, ``first_index`` raised)
+    lacks the keyed ``ledger.trimmed`` event a real trim appends, so the
+    stream is ``truncated`` for every verifier. A newest event deleted with
+    the head row moved back is refused when a bound record names it (a run's
+    own ``run.*`` event); the other streams are covered in
+    ``test_every_ledger_attack_on_every_stream_kind``.
     """
     watch = reliability.Stopwatch()
     attacks = [
@@ -1657,8 +2157,7 @@ def test_ledger_row_edits(world: World) -> None:
         Attack(
             "delete a run's first events and forge a retention trim",
             _forged_trim(_run, 2),
-            None,
-            receipt=True,
+            "INTEGRITY_FAILURE",
         ),
         Attack(
             "delete a workflow's first events and forge a retention trim",
@@ -2060,9 +2559,8 @@ def test_recomputed_ledger_chain(world: World, tmp_path: Path) -> None:
     it, and a keyless ``ledger verify`` accepts it. The rebuilt events lack
     a valid ``chain_mac``, which needs the integrity key, so a keyed verify
     fails at the first of them after a keyed event. A stream rewritten from
-    its first event with every MAC dropped reads as one written before
-    events were keyed: a known limit of a single-node store without an
-    external anchor, shown by a ``ledger head`` receipt kept from before.
+    its first event with every MAC dropped fails too: no keyed event follows
+    its unkeyed ones to vouch for them.
     """
     watch = reliability.Stopwatch()
     key = encode_master_key(KEY)
@@ -2148,8 +2646,7 @@ def test_recomputed_ledger_chain(world: World, tmp_path: Path) -> None:
             "rewrite a scope history chain from its first event, MACs dropped, hashes and "
             "head row recomputed",
             lambda w: rewrite_chain(w, "scope/main", 0, {"step": 99}),
-            None,
-            receipt=True,
+            "INTEGRITY_FAILURE",
         ),
         Attack(
             "insert a forged event mid-chain, renumber and rehash the rest and the head row",
@@ -2158,6 +2655,392 @@ def test_recomputed_ledger_chain(world: World, tmp_path: Path) -> None:
         ),
     ]
     report("Tamper: recomputed ledger chain (SQLite)", run_attacks(world, attacks), watch.seconds)
+
+
+# -- every ledger attack on every kind of stream ----------------------------------------------
+
+
+def _delete_events(world: World, stream: str, where: str, *values: object) -> None:
+    world.cells.raw.execute(
+        f"DELETE FROM ledger_events WHERE stream = ? AND {where}",  # noqa: S608 - fixed text
+        (stream, *values),
+    )
+
+
+def _delete_head(*, move_head: bool) -> Callable[[World, str], None]:
+    def apply(world: World, stream: str) -> None:
+        events = stored_events(world, stream)
+        _delete_events(world, stream, "idx = ?", events[-1].index)
+        if move_head:
+            set_head(world, stream, events[-2])
+
+    return apply
+
+
+def _delete_middle(world: World, stream: str) -> None:
+    events = stored_events(world, stream)
+    _delete_events(world, stream, "idx = ?", events[len(events) // 2].index)
+
+
+def _delete_prefix(*, raise_first: bool) -> Callable[[World, str], None]:
+    def apply(world: World, stream: str) -> None:
+        _delete_events(world, stream, "idx < 2")
+        if raise_first:
+            world.cells.raw.execute(
+                "UPDATE ledger_streams SET first_index = 2 WHERE stream = ?", (stream,)
+            )
+
+    return apply
+
+
+def _swap_events(world: World, stream: str) -> None:
+    raw = world.cells.raw
+    raw.execute("UPDATE ledger_events SET idx = 1000000 WHERE stream = ? AND idx = 1", (stream,))
+    raw.execute("UPDATE ledger_events SET idx = 1 WHERE stream = ? AND idx = 2", (stream,))
+    raw.execute("UPDATE ledger_events SET idx = 2 WHERE stream = ? AND idx = 1000000", (stream,))
+
+
+def _edit_event(world: World, stream: str) -> None:
+    world.cells.raw.execute(
+        "UPDATE ledger_events SET payload = ? WHERE stream = ? AND idx = 1",
+        ('{"forged":true}', stream),
+    )
+
+
+def _recompute(*, start: int, keep_macs: bool) -> Callable[[World, str], None]:
+    """Edit the event at ``start`` and recompute every plain hash from it on, and the head row.
+
+    With ``keep_macs`` each event keeps the MAC it had (now wrong); without,
+    the rebuilt events carry none, as events written before MACs did.
+    """
+
+    def apply(world: World, stream: str) -> None:
+        events = stored_events(world, stream)
+        previous = events[start].previous_hash
+        for event in events[start:]:
+            changes: dict[str, object] = {"previous_hash": previous}
+            if event.index == events[start].index:
+                changes["payload"] = {"forged": True}
+            forged = rehashed(event, **changes)
+            if keep_macs:
+                forged = forged.model_copy(update={"chain_mac": event.chain_mac})
+            write_event(world, forged)
+            previous = forged.event_hash
+        set_head(world, stream, forged)
+
+    return apply
+
+
+def _strip_macs(world: World, stream: str) -> None:
+    world.cells.raw.execute("UPDATE ledger_events SET chain_mac = NULL WHERE stream = ?", (stream,))
+
+
+LEDGER_ATTACKS: Final[tuple[tuple[str, Callable[[World, str], None]], ...]] = (
+    ("delete the head event", _delete_head(move_head=False)),
+    ("delete the head event and move the head row back", _delete_head(move_head=True)),
+    ("delete a middle event", _delete_middle),
+    ("delete a prefix, first_index left", _delete_prefix(raise_first=False)),
+    (
+        "delete a prefix and raise first_index (a trim without its event)",
+        _delete_prefix(raise_first=True),
+    ),
+    ("reorder two events", _swap_events),
+    ("edit an event, its hash left", _edit_event),
+    (
+        "edit an event, recompute the plain chain on, MACs dropped",
+        _recompute(start=1, keep_macs=False),
+    ),
+    (
+        "edit an event, recompute the plain chain on, MACs kept",
+        _recompute(start=1, keep_macs=True),
+    ),
+    (
+        "rewrite the whole plain chain from index 0, MACs dropped",
+        _recompute(start=0, keep_macs=False),
+    ),
+    ("strip every MAC", _strip_macs),
+)
+"""Every ledger attack of the issue, applied to one stream of the pristine store."""
+
+
+def attacked_streams(world: World) -> dict[str, tuple[str, str]]:
+    """Each kind of stream: the stream attacked, and the service's audit read of it."""
+    workflow, run = world.catalog.workflows[0], world.catalog.runs[0]
+    return {
+        "workflow": (stream_of(workflow), f"workflow events {workflow}"),
+        "run": (run_stream(run), f"run events {run}"),
+        "scope": ("scope/main", "history main"),
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Caught:
+    """How the three checks answered one attack on one stream; ``""`` means caught."""
+
+    kind: str
+    attack: str
+    verify: str
+    service: str
+    against: str
+
+    @property
+    def missed(self) -> list[str]:
+        """The checks that did not catch the attack, each with what it saw."""
+        checks = {"verify --all": self.verify, "service reads": self.service}
+        checks["--against"] = self.against
+        return [f"{name}: {seen}" for name, seen in checks.items() if seen]
+
+
+def _verify_all(world: World) -> str:
+    try:
+        ledger_verify(world.runtime.store, world.runtime.repository)
+    except FlowvaultError as exc:
+        return "" if exc.code in INTEGRITY_CODES else f"typed {exc.code}, not an integrity error"
+    return "ok=true"
+
+
+def _against(world: World, kept: object) -> str:
+    audit = LedgerAudit(world.runtime.store, world.runtime.repository)
+    try:
+        report = audit.against([kept])  # type: ignore[list-item]
+    except FlowvaultError as exc:
+        return "" if exc.code in INTEGRITY_CODES else f"typed {exc.code}"
+    return "" if not report.ok else "ok=true"
+
+
+def _service_reads(world: World, audit_read: str) -> str:
+    """Judge every service read on a freshly opened runtime, as the next process sees the file.
+
+    Caught when opening is refused with a typed error, or the stream's own
+    audit read raises an integrity error and no reader reads wrong.
+    """
+    try:
+        other = world.open_runtime()
+    except FlowvaultError:
+        return ""
+    with other:
+        trial = world.bench.judge(None, readers(other, world.catalog, world.streams))
+    wrong = sorted(name for name, outcome in trial.outcomes.items() if outcome in ANOMALOUS)
+    own = trial.outcomes[audit_read]
+    if own == DETECTED and not wrong:
+        return ""
+    return f"{audit_read} {own}" + (f"; read wrong: {', '.join(wrong)}" if wrong else "")
+
+
+def run_ledger_attacks(world: World) -> list[Caught]:
+    """Apply every ledger attack to every kind of stream in turn, judge it three ways, undo it."""
+    pristine = world.cells.dump()
+    audit = LedgerAudit(world.runtime.store, world.runtime.repository)
+    found = []
+    for kind, (stream, audit_read) in attacked_streams(world).items():
+        kept = audit.issue(stream, issued_at=EPOCH)
+        for name, attack in LEDGER_ATTACKS:
+            attack(world, stream)
+            try:
+                found.append(
+                    Caught(
+                        kind,
+                        name,
+                        _verify_all(world),
+                        _service_reads(world, audit_read),
+                        _against(world, kept),
+                    )
+                )
+            finally:
+                world.cells.put_back(pristine)
+    assert world.bench.judge(None).kind == "harmless", "an attack was not undone"
+    return found
+
+
+def settle_ledger_attacks(backend: str, found: Sequence[Caught], seconds: float) -> None:
+    """Print the attack table, record the figure, and assert every attack was caught."""
+    rows = [
+        f"| {c.kind} | {c.attack} | {c.verify or 'caught'} | {c.service or 'caught'} | "
+        f"{c.against or 'caught'} |"
+        for c in found
+    ]
+    print(
+        "\n| stream | attack | verify --all | service reads | --against |\n|---|---|---|---|---|\n"
+        + "\n".join(rows)
+    )
+    missed = [c for c in found if c.missed]
+    reliability.record(
+        reliability.Figure(
+            family=f"Tamper: every ledger attack on every stream kind ({backend})",
+            trials=len(found),
+            anomalies=len(missed),
+            control_caught=None,
+            detail=f"{len(found) - len(missed)} of {len(found)} caught by all three checks; "
+            f"verify --all missed {sum(1 for c in found if c.verify)}, service reads "
+            f"{sum(1 for c in found if c.service)}, --against {sum(1 for c in found if c.against)}",
+            seconds=seconds,
+        )
+    )
+    assert not missed, "\n".join(f"{c.kind}: {c.attack}: {'; '.join(c.missed)}" for c in missed)
+
+
+def test_every_ledger_attack_on_every_stream_kind(world: World) -> None:
+    """Every ledger attack on a workflow, a run and a scope stream is caught three ways.
+
+    Deleting the head, a middle event or a prefix (with and without raising
+    ``first_index``, which is a trim without its ``ledger.trimmed`` event),
+    reordering, editing, recomputing the plain chain with and without the old
+    MACs, and stripping every MAC: each must fail the keyed ``ledger verify
+    --all``, the service reads (the stream's own audit read raises, nothing
+    reads wrong, or opening the store is refused), and ``ledger verify
+    --against`` a receipt kept before the attack.
+    """
+    watch = reliability.Stopwatch()
+    settle_ledger_attacks("SQLite", run_ledger_attacks(world), watch.seconds)
+
+
+@pytest.fixture
+def pg_world(tmp_path: Path, postgres_server: Any, pg_schema: str) -> Iterator[World]:
+    """Provide a populated PostgreSQL world (raw access over an admin connection), closed after."""
+    clock = FrozenClock()
+    settings = Settings(
+        backend="postgres",
+        home=tmp_path / "unused",
+        postgres_dsn=SecretStr(postgres_server.dsn),
+        postgres_schema=pg_schema,
+        postgres_pool_size=2,
+    )
+    runtime = bootstrap(settings, key=KEY, clock=clock, ids=SequentialIds("id"))
+    cells = PostgresCells(postgres_server, pg_schema)
+    try:
+        catalog = populate(runtime, clock)
+        streams = list_all_streams(runtime.store)
+        chosen = readers(runtime, catalog, streams)
+        again = retries(runtime, catalog, asked(runtime, catalog))
+        answers, pools = take_reference(cells, chosen, again)
+        bench = Bench(cells, chosen, again, answers, pools, frozenset({"index", "receipt"}))
+        reference = read_all(chosen)
+        home = tmp_path / "unused"
+        yield World(
+            home, clock, runtime, catalog, streams, chosen, reference, pools, cells, bench, settings
+        )
+    finally:
+        cells.close()
+        runtime.close()
+
+
+@pytest.mark.postgres
+def test_every_ledger_attack_on_every_stream_kind_postgres(pg_world: World) -> None:
+    """The same ledger attacks on PostgreSQL, each caught by verify, service reads and a receipt.
+
+    The attacks are the same SQL, run as the schema's owner; the checks are
+    the same three.
+    """
+    watch = reliability.Stopwatch()
+    settle_ledger_attacks("PostgreSQL", run_ledger_attacks(pg_world), watch.seconds)
+
+
+# -- negative controls: the suite against deliberately weakened readers ---------------------
+
+
+def _accept_any_mac(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Weaken every MAC check: each module's ``mac_matches`` accepts, ``chain_mac`` echoes.
+
+    Returns how many places were patched.
+    """
+    patched = 0
+    for module in [m for name, m in sys.modules.items() if name.startswith("flowvault.")]:
+        if hasattr(module, "mac_matches"):
+            monkeypatch.setattr(module, "mac_matches", lambda *_: True)
+            patched += 1
+        if hasattr(module, "chain_mac"):
+            monkeypatch.setattr(module, "chain_mac", lambda event, *_: event.chain_mac)
+            patched += 1
+    return patched
+
+
+TRIM_RULES: Final[Mapping[str, Callable[..., object]]] = {
+    "_proves_trim": lambda *_: True,
+}
+"""Where verifiers ask whether an event proves a trim; turned off, any event does."""
+
+
+def _accept_any_trim(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Turn the rule off that a raised ``first_index`` needs its ``ledger.trimmed`` event.
+
+    Returns how many places were patched.
+    """
+    patched = 0
+    for module in [m for name, m in sys.modules.items() if name.startswith("flowvault.")]:
+        for rule, weakened in TRIM_RULES.items():
+            if callable(getattr(module, rule, None)):
+                monkeypatch.setattr(module, rule, weakened)
+                patched += 1
+    return patched
+
+
+def _older_workflow_put_back(world: World) -> World:
+    """Move the second workflow on, rebase the reference, then put its older row back."""
+    row = _workflow_row(1)(world)
+    older = read_row(world, row, RECORD_COLUMNS)
+    world.runtime.workflows.transition(
+        world.catalog.workflows[1], "planning", expected_state="intake", expected_version=1
+    )
+    moved = rebased(world)
+    answers, pools = take_reference(moved.cells, moved.readers, [])
+    moved = dataclasses.replace(
+        moved, bench=dataclasses.replace(world.bench, readers=moved.readers, reference=answers)
+    )
+    moved.bench.pools = pools
+    write_row(world, row, RECORD_COLUMNS, older)
+    return moved
+
+
+def test_weakened_readers_report_silently_wrong_data(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The suite's judging reports silently wrong data when a reader's check is turned off.
+
+    Three weakened readers, each faced with the attack its check exists for:
+    no MAC check (a workflow chain edited and rehashed, its old MACs kept),
+    no freshness check (an older workflow row put back whole), and a trim
+    accepted without its ``ledger.trimmed`` event (a run's first events
+    deleted and ``first_index`` raised). Each must leave some reader
+    returning wrong data that the suite calls ``silently wrong``; if one did
+    not, the suite could not tell a weakened reader from a sound one.
+    """
+    watch = reliability.Stopwatch()
+    stream = stream_of(world.catalog.workflows[0])
+    pristine = world.cells.dump()
+    wrong: dict[str, list[str]] = {}
+
+    def judge(bench: Bench) -> list[str]:
+        trial = bench.judge(None)
+        return sorted(name for name, outcome in trial.outcomes.items() if outcome == WRONG)
+
+    with monkeypatch.context() as weakened:
+        assert _accept_any_mac(weakened), "no MAC check found to weaken"
+        _recompute(start=1, keep_macs=True)(world, stream)
+        wrong["no MAC check"] = judge(world.bench)
+        restore_tables(world.cells.raw, pristine)
+    with monkeypatch.context() as weakened:
+        assert _accept_any_trim(weakened), "no trim rule found to weaken"
+        _delete_prefix(raise_first=True)(world, run_stream(world.catalog.runs[0]))
+        wrong["trim accepted without its event"] = judge(world.bench)
+        restore_tables(world.cells.raw, pristine)
+    with monkeypatch.context() as weakened:
+        weakened.setattr(
+            "flowvault.application._freshness.StreamPolicy._is_stale", lambda *_: False
+        )
+        moved = _older_workflow_put_back(world)
+        wrong["no freshness check"] = judge(moved.bench)
+    print("\n" + "\n".join(f"{control}: read wrong by {names}" for control, names in wrong.items()))
+    reliability.record(
+        reliability.Figure(
+            family="Tamper: weakened readers (negative controls, SQLite)",
+            trials=len(wrong),
+            anomalies=0,
+            control_caught=all(wrong.values()),
+            detail="; ".join(f"{c}: {len(n)} readers read wrong" for c, n in wrong.items()),
+            seconds=watch.seconds,
+        )
+    )
+    assert all(wrong.values()), f"a weakened reader went unnoticed: {wrong}"
 
 
 # -- regressions the matrix found ------------------------------------------------------------
