@@ -90,7 +90,7 @@ class BoundRecords:
         except (NotFound, InvalidInput):
             return []
         except IntegrityFailure as error:
-            if "ledger_index" not in error.details:
+            if "ledger_index" not in error.details and not error.details.get("missing"):
                 return []
             namespace = error.details.get("namespace")
             key_digest = error.details.get("key_digest")

@@ -19,11 +19,12 @@ from pydantic import BaseModel, ValidationError
 
 from flowvault.application._backoff import pause_after_conflict
 from flowvault.application._compaction import compact_after_commit
-from flowvault.application._freshness import StreamPolicy
+from flowvault.application._freshness import FRESH_READ_TRIES, StreamPolicy
 from flowvault.application._records import Delete, Guard, RecordMetadata, UnitOfWork, Upsert
 from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application._streams import TRIM_EVENT, keyed, next_position
 from flowvault.application._verified import verified_events
+from flowvault.application.ports import SecureObjectStore
 from flowvault.domain import (
     GENESIS_HASH,
     REASON_PATTERN,
@@ -100,6 +101,16 @@ def _reset_of(event: LedgerEvent, header: EnvelopeHeader) -> bool:
         and revision == header.revision
         and fingerprint.get("key_digest") == header.key_digest
     )
+
+
+def _written_last(store: SecureObjectStore, stream: str, head: LedgerEvent | None) -> bool:
+    """Whether the newest write-or-reset event of the history is a write (trims skipped)."""
+    event = store.ledger_head(stream) if head is None else head
+    while event is not None and event.type == TRIM_EVENT and event.index > 0:
+        page = store.read_ledger(stream, from_index=event.index - 1, limit=1)
+        before = page.events[0] if page.events else None
+        event = before if before is not None and before.index == event.index - 1 else None
+    return event is not None and event.type == STATE_WRITTEN_EVENT
 
 
 def _unbound_stale(head: LedgerEvent, _opened: SealedDocument) -> bool:
@@ -202,9 +213,7 @@ class StateRepository(Generic[M]):
 
     def _load(self, *, with_head: bool = True) -> tuple[StateSnapshot[M], LedgerEvent | None]:
         """Return the state and, for a writer, the history head it was checked against."""
-        opened, head = self._fresh.read(
-            self._store, history_stream(self._scope), self._read_row, with_head=with_head
-        )
+        opened, head = self._opened(self._read_row, with_head=with_head)
         if opened is None:
             return StateSnapshot(self._model(), None), head
         try:
@@ -213,21 +222,45 @@ class StateRepository(Generic[M]):
             raise IntegrityFailure("stored state does not match its model") from None
         return StateSnapshot(state, opened.revision), head
 
+    def _opened(
+        self, read: Callable[[], SealedDocument | None], *, with_head: bool
+    ) -> tuple[SealedDocument | None, LedgerEvent | None]:
+        """Read the row with ``read``, checked against the scope's history.
+
+        An absent row whose history says it was written, and not reset
+        since, was deleted (or moved to another address) outside flowvault:
+        reading it as empty would hand out, or let a writer overwrite, a
+        default state. It is refused once the row is still absent after
+        that was seen, so a write landing meanwhile is read instead.
+        """
+        stream = history_stream(self._scope)
+        for _ in range(FRESH_READ_TRIES):
+            opened, head = self._fresh.read(self._store, stream, read, with_head=with_head)
+            if opened is not None or not _written_last(self._store, stream, head):
+                return opened, head
+            if self._store.peek_metadata(STATE_NAMESPACE, self._key_digest()) is None:
+                raise IntegrityFailure(
+                    "workflow state is missing, but its history says it was written and "
+                    "not reset since: it was deleted outside flowvault; restore it from a "
+                    "backup, or reset the scope with the recovery verb",
+                    namespace=STATE_NAMESPACE,
+                    key_digest=self._key_digest(),
+                    missing=True,
+                )
+        raise RevisionConflict("workflow state kept changing while it was read; retry")
+
     def check_current(self) -> None:
         """Check the row against the scope's history without opening it as the model.
 
-        An audit calls this for every scope, whatever model its host uses.
+        An audit calls this for every scope, whatever model, sensitivity
+        and schema version its host uses.
 
         Raises:
-            IntegrityFailure: the row does not verify, or is older than its history.
+            IntegrityFailure: the row does not verify, is older than its
+                history, or is missing although its history says it exists.
 
         """
-        self._fresh.read(
-            self._store,
-            history_stream(self._scope),
-            lambda: self._repo.read(STATE_NAMESPACE, self._scope),
-            with_head=False,
-        )
+        self._opened(lambda: self._repo.read(STATE_NAMESPACE, self._scope), with_head=False)
 
     def _read_row(self) -> SealedDocument | None:
         return self._repo.read(

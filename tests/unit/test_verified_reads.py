@@ -20,6 +20,7 @@ from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.application import (
     CHECKPOINTS,
+    STATE_NAMESPACE,
     WITNESSES,
     WORKFLOWS,
     BoundRecords,
@@ -39,6 +40,7 @@ from flowvault.application import (
     WorkflowService,
     keyed,
     read_stream,
+    reset_progress,
     stream_of,
     trim_unit,
     verified_events,
@@ -510,3 +512,31 @@ def test_a_full_audit_finds_replayed_and_deleted_rows_of_record_streams(
 def runtime_bound(runtime: Runtime) -> BoundRecords:
     """Return the bound-record reader the CLI's audit builds, over a runtime's services."""
     return BoundRecords(runtime.repository, runtime.workflows, runtime.graph_runs)
+
+
+def test_a_state_row_deleted_outside_flowvault_is_refused_not_read_as_empty(
+    backend_store: SecureObjectStore,
+) -> None:
+    """Its history says it was written: load, update and the audit refuse; a reset recovers.
+
+    Reading the scope as empty would hand out a default state, and an
+    update would write revision 1 over what was lost.
+    """
+    repository, workflows, runs = _world(backend_store)
+    state = StateRepository(repository, "main")
+    state.save(WorkflowState(step=3))
+    address = repository.key_digest(STATE_NAMESPACE, "main")
+    row = backend_store.peek_metadata(STATE_NAMESPACE, address)
+    assert row is not None
+    backend_store.commit(UnitOfWork(deletes=[Delete(STATE_NAMESPACE, address, row.revision)]))
+    for attempt in (state.load, lambda: state.save(WorkflowState(step=4))):
+        with pytest.raises(IntegrityFailure) as caught:
+            attempt()
+        assert caught.value.details["missing"] is True
+    assert backend_store.peek_metadata(STATE_NAMESPACE, address) is None
+    report = LedgerAudit(backend_store, repository, BoundRecords(repository, workflows, runs)).run()
+    assert [stale.stream for stale in report.stale] == ["scope/main"]
+    reset_progress(state, "main", actor="ops", source="test", reason_class="corrupt")
+    assert state.load().revision is None
+    state.save(WorkflowState(step=5))
+    assert state.load().state == WorkflowState(step=5)
