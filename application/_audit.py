@@ -17,6 +17,7 @@ from typing import Final, Protocol, TypeVar
 
 from flowvault.application._compaction import compact_after_commit
 from flowvault.application._graph import KeyedDigester
+from flowvault.application._high_water import AntiRollback
 from flowvault.application._receipts import (
     ReceiptDefect,
     ReceiptSigner,
@@ -40,6 +41,7 @@ from flowvault.domain import (
     InvalidInput,
     KeyRequired,
     NotFound,
+    StoreRolledBack,
     StoreUnavailable,
 )
 
@@ -119,20 +121,25 @@ class AuditReport:
     """The outcome of auditing streams and (optionally) every record.
 
     ``ok`` is false for anything that shows tampering: a stream that fails
-    verification, a record that does not open, or a record older than its
-    stream says (``stale``: a row put back, or its newer history cut off).
+    verification, a record that does not open, a record older than its
+    stream says (``stale``: a row put back, or its newer history cut off),
+    or a store below its high-water mark (``rolled_back``: a stream's
+    newest events cut, or an older copy put back).
     """
 
     streams: tuple[StreamAudit, ...]
     records: Mapping[RecordReadability, int] | None = None
     unreadable: tuple[UnreadableRecord, ...] = ()
     stale: tuple[StaleRecord, ...] = ()
+    rolled_back: str | None = None
+    """Why the store is below its high-water mark (or the mark fails), when it is."""
 
     @property
     def ok(self) -> bool:
-        """Whether every stream verified and every record opened and is current."""
+        """Whether every stream verified, every record opened and is current, and no rollback."""
         unreadable = 0 if self.records is None else self.records[RecordReadability.UNREADABLE]
-        return all(stream.ok for stream in self.streams) and not unreadable and not self.stale
+        clean = not unreadable and not self.stale and self.rolled_back is None
+        return all(stream.ok for stream in self.streams) and clean
 
     @property
     def events(self) -> int:
@@ -254,6 +261,9 @@ class LedgerAudit:
     ``bound`` reads back the record each stream binds (a workflow, a run, a
     scope's state) with the services' freshness check, so a full audit
     also finds rows put back whole; without it, none are looked for.
+    ``mark`` is the store's high-water mark: a full audit compares the
+    store with it, writing nothing, so a stream whose newest events were
+    cut is found as opening would find it.
     """
 
     def __init__(
@@ -261,10 +271,12 @@ class LedgerAudit:
         store: SecureObjectStore,
         repository: SealedRepository | None,
         bound: BoundRecords | None = None,
+        mark: AntiRollback | None = None,
     ) -> None:
         self._store = store
         self._repository = repository
         self._bound = bound
+        self._mark = mark
 
     @property
     def repository(self) -> SealedRepository | None:
@@ -301,7 +313,16 @@ class LedgerAudit:
                 unreadable.append(record)
         stale = self._stale(names, progress)
         listed = tuple(unreadable[:MAX_LISTED_UNREADABLE])
-        return AuditReport(verified, dict(counts), listed, stale)
+        return AuditReport(verified, dict(counts), listed, stale, self._rolled_back())
+
+    def _rolled_back(self) -> str | None:
+        if self._mark is None:
+            return None
+        try:
+            self._mark.inspect()
+        except (StoreRolledBack, IntegrityFailure) as error:
+            return error.message
+        return None
 
     def _stale(self, names: list[str], progress: Progress) -> tuple[StaleRecord, ...]:
         if self._bound is None or self._repository is None:

@@ -52,7 +52,7 @@ from flowvault.application import (
 )
 from flowvault.composition._bootstrap import open_existing
 from flowvault.composition._cli_base import Verbs, add_verb, file_path
-from flowvault.composition._container import key_file_store, open_postgres
+from flowvault.composition._container import anti_rollback, key_file_store, open_postgres
 from flowvault.composition._settings import Settings
 from flowvault.domain import InvalidInput, KeyRequired
 
@@ -79,25 +79,30 @@ def existing_ring(settings: Settings) -> KeyRing | None:
     return key_file_store(settings).read_ring()
 
 
-def keyed_audit(store: SecureObjectStore, ring: KeyRing | None) -> LedgerAudit:
+def keyed_audit(
+    store: SecureObjectStore, ring: KeyRing | None, settings: Settings | None = None
+) -> LedgerAudit:
     """Return the audit ``ledger verify`` and ``doctor`` run: keyed, with bound records, if it can.
 
     The key is not checked against the store's records, as opening does:
     under a wrong key the audit reports the records unreadable. With the
     key, the audit also reads back each stream's bound record through the
-    services' freshness checks, which only read.
+    services' freshness checks, which only read, and, given ``settings``,
+    compares the store with its high-water mark without writing it.
     """
     if ring is None:
         return LedgerAudit(store, None)
     clock = SystemClock()
-    repository = SealedRepository(store, AesGcmCipher.from_ring(ring), clock)
+    cipher = AesGcmCipher.from_ring(ring)
+    repository = SealedRepository(store, cipher, clock)
     ids = RandomIdFactory()
     bound = BoundRecords(
         repository,
         WorkflowService(repository, clock, ids),
         RunService(repository, clock, ids, integrity=repository),
     )
-    return LedgerAudit(store, repository, bound)
+    mark = None if settings is None else anti_rollback(settings, store, cipher)
+    return LedgerAudit(store, repository, bound, mark)
 
 
 @contextmanager
@@ -105,7 +110,7 @@ def _audited(settings: Settings) -> Iterator[LedgerAudit]:
     """Yield the audit of the read-only store, keyed when a key exists."""
     store = _open_read_only(settings)
     try:
-        yield keyed_audit(store, existing_ring(settings))
+        yield keyed_audit(store, existing_ring(settings), settings)
     finally:
         store.close()
 

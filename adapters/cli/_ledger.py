@@ -70,6 +70,8 @@ def _integrity_error(report: AuditReport) -> IntegrityFailure:
         findings.append(f"{report.unreadable_count} record(s) did not open")
     if report.stale:
         findings.append(f"{len(report.stale)} record(s) are older than their stream")
+    if report.rolled_back is not None:
+        findings.append("the store is below its high-water mark")
     return IntegrityFailure(
         "; ".join(findings),
         failed=broken,
@@ -100,6 +102,7 @@ def _verify_document(report: AuditReport, *, keyed: bool) -> dict[str, object]:
             {"namespace": r.namespace, "key_digest": r.key_digest} for r in report.unreadable
         ],
         "stale_records": [_stale(record) for record in report.stale],
+        "rolled_back": report.rolled_back,
         "key_available": keyed,
     }
     if not report.ok:
@@ -158,6 +161,8 @@ def ledger_verify_command(
         io.say(f"unreadable record: {record.namespace} {record.key_digest}")
     for stale in report.stale:
         io.say(f"stale record: {stale.stream} {stale.namespace} {stale.key_digest}")
+    if report.rolled_back is not None:
+        io.say(f"high-water mark: {report.rolled_back}")
     if report.records is not None and not audit.keyed:
         io.say("no key available: records were counted as unverified, not opened")
     if not audit.keyed:

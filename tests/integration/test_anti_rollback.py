@@ -157,6 +157,16 @@ def test_events_cut_from_a_stream_are_refused_on_open(tmp_path: Path) -> None:
     cli = _run(tmp_path, "workflows", "list", home=settings.home)
     assert cli.returncode == 1
     assert "STORE_ROLLED_BACK" in cli.stderr
+    verify = _run(tmp_path, "ledger", "verify", "--all", "--json", home=settings.home)
+    assert verify.returncode == 1, "the chains verify; only the mark shows the cut"
+    audit = _document(verify)
+    assert audit["ok"] is False
+    assert audit["failures"] == []
+    assert stream in str(audit["rolled_back"])
+    doctor = _run(tmp_path, "doctor", "--json", home=settings.home)
+    assert doctor.returncode == 1
+    checks = {check["name"]: check for check in _document(doctor)["checks"]}  # type: ignore[union-attr]
+    assert checks["store.rollback"]["ok"] is False
 
 
 def test_accept_restore_reopens_a_deliberately_restored_copy(tmp_path: Path) -> None:
