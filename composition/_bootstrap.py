@@ -5,13 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flowvault.application import (
+    AntiRollback,
     ApprovalService,
+    BoundRecords,
     CheckpointService,
     Cipher,
     Clock,
     EvidenceService,
     IdempotencyService,
     IdFactory,
+    LedgerAudit,
     RetentionJob,
     RetentionPolicy,
     RunRepository,
@@ -43,6 +46,19 @@ class Runtime:
     evidence: EvidenceService
     clock: Clock
     ids: IdFactory
+    mark: AntiRollback | None = None
+    """The high-water mark guarding ``store``; ``None`` where none is kept or the host guards it."""
+
+    def audit(self) -> LedgerAudit:
+        """Return the audit ``ledger verify --all`` runs: keyed, with bound records and the mark.
+
+        ``audit().run()`` verifies every stream under the key, opens every
+        record, holds each bound record to its stream and compares the
+        store with its high-water mark, writing nothing; ``ok`` is false
+        on any finding.
+        """
+        bound = BoundRecords(self.repository, self.workflows, self.graph_runs)
+        return LedgerAudit(self.store, self.repository, bound, self.mark)
 
     def retention(self, policy: RetentionPolicy | None = None) -> RetentionJob:
         """Return the retention job over every service, under ``policy``."""
@@ -142,4 +158,5 @@ def _assemble(container: Container) -> Runtime:
         evidence=EvidenceService(repository, clock, integrity=repository),
         clock=clock,
         ids=ids,
+        mark=container.rollback_guard() if container.guard_enabled() else None,
     )

@@ -58,7 +58,6 @@ from flowvault.application import (
     HistoryEvent,
     KeyedDigester,
     LedgerAudit,
-    SealedRepository,
     SecureObjectStore,
     encode_master_key,
     issue_receipt,
@@ -102,6 +101,9 @@ def _response(key: str) -> dict[str, int]:
 
 
 INDEX_CELLS: Final = frozenset({"records.id"})
+ADDRESS_CELLS: Final = frozenset({"records.namespace", "records.key_digest"})
+"""A record's address: altered, the row is elsewhere, and its old address reads as empty."""
+AUDIT_READER: Final = "ledger verify"
 """Besides every ``record_labels`` column: the key label rows join on."""
 KNOWN_LIMITS: Final = {
     "index": (
@@ -112,6 +114,11 @@ KNOWN_LIMITS: Final = {
     "receipt": (
         "PostgreSQL ledger head: a flipped stream name on a stream's newest event cuts it "
         "off; the chain alone cannot show that, a kept `ledger head` receipt does"
+    ),
+    "moved": (
+        "record address (records.namespace, records.key_digest): a listing may omit the "
+        "moved record, never change one; reads by id refuse it, and the full audit must "
+        "refuse the store in the same trial, or the omission counts as silently wrong"
     ),
 }
 HARMLESS: Final = {
@@ -379,14 +386,14 @@ def canonical(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_default)
 
 
-def ledger_verify(store: SecureObjectStore, repository: SealedRepository) -> list[object]:
+def ledger_verify(runtime: Runtime) -> list[object]:
     """Run what ``flowvault ledger verify --all`` runs with the store's key; fail as it does.
 
-    With the key every event's ``chain_mac`` is checked too: no other reader
-    checks it, so without the key a flipped MAC would pass unnoticed. It
-    fails on ``ok`` false, as the CLI's exit status does.
+    With the key every event's ``chain_mac`` is checked too, every bound
+    record is held to its stream and the store is compared with its
+    high-water mark. It fails on ``ok`` false, as the CLI's exit status does.
     """
-    report = LedgerAudit(store, repository).run()
+    report = runtime.audit().run()
     if not report.ok:
         where = ", ".join(
             f"{failure.defect.value} in {failure.stream} at {failure.index}"
@@ -425,9 +432,8 @@ def audited_receipt(runtime: Runtime, stream: str) -> str:
 
 
 def _store_readers(runtime: Runtime, streams: Sequence[str]) -> Iterator[Reader]:
-    store = runtime.store
     yield Reader("records", lambda: _open_everything(runtime))
-    yield Reader("ledger verify", lambda: ledger_verify(store, runtime.repository))
+    yield Reader(AUDIT_READER, lambda: ledger_verify(runtime))
     for name in streams:
         yield Reader(
             f"head receipt {name}",
@@ -1010,11 +1016,22 @@ RIGHT: Final = "right"
 DETECTED: Final = "detected"
 TYPED: Final = "other typed error"
 INDEX: Final = "index"
+MOVED: Final = "moved"
 RECEIPT: Final = "receipt"
 WRONG: Final = "silently wrong"
 FOREIGN: Final = "foreign error"
 DUPLICATE: Final = "duplicate written"
-READER_OUTCOMES: Final = (RIGHT, DETECTED, TYPED, INDEX, RECEIPT, WRONG, FOREIGN, DUPLICATE)
+READER_OUTCOMES: Final = (
+    RIGHT,
+    DETECTED,
+    TYPED,
+    INDEX,
+    MOVED,
+    RECEIPT,
+    WRONG,
+    FOREIGN,
+    DUPLICATE,
+)
 """What one reader did in one trial, in the order the tallies show them."""
 ANOMALOUS: Final = frozenset({WRONG, FOREIGN, DUPLICATE})
 
@@ -1076,8 +1093,13 @@ def judge_reader(
         return RIGHT
     pool = pools.get(reader.universe or "", frozenset())
     in_pool = expected.kind == "value" and set(got.items) <= pool
+    genuine = expected.kind == "value" and set(got.items) <= pool | set(expected.items)
     limits = {
         INDEX: flip is not None and flip.in_index and reader.filtered and in_pool,
+        MOVED: flip is not None
+        and flip.cell in ADDRESS_CELLS
+        and reader.universe is not None
+        and genuine,
         RECEIPT: flip is not None
         and flip.table == "ledger_events"
         and reader.name.startswith("head receipt "),
@@ -1098,7 +1120,7 @@ class Trial:
         seen = set(self.outcomes.values())
         if seen & ANOMALOUS:
             return "anomaly"
-        for kind in (DETECTED, TYPED, INDEX, RECEIPT):
+        for kind in (DETECTED, TYPED, INDEX, MOVED, RECEIPT):
             if kind in seen:
                 return kind
         return "harmless"
@@ -1132,6 +1154,8 @@ class Bench:
             )
             if got.kind != "value":
                 codes[reader.name] = got.code
+        if outcomes.get(AUDIT_READER, DETECTED) != DETECTED:
+            outcomes = {name: WRONG if o == MOVED else o for name, o in outcomes.items()}
         return Trial(outcomes, codes)
 
     def retry(self, flip: Flip | None, trial: Trial) -> bool:
@@ -1418,7 +1442,7 @@ def build_world(home: Path) -> World:
     cells = SQLiteCells(settings.database_path)
     answers, pools = take_reference(cells, chosen, again)
     reference = read_all(chosen)
-    bench = Bench(cells, chosen, again, answers, pools, frozenset({"index"}))
+    bench = Bench(cells, chosen, again, answers, pools, frozenset({INDEX, MOVED}))
     return World(home, clock, runtime, catalog, streams, chosen, reference, pools, cells, bench)
 
 
@@ -1693,7 +1717,7 @@ def test_random_byte_flips_postgres(tmp_path: Path, postgres_server: Any, pg_sch
         chosen = readers(runtime, catalog, streams)
         again = retries(runtime, catalog, asked(runtime, catalog))
         reference, pools = take_reference(cells, chosen, again)
-        bench = Bench(cells, chosen, again, reference, pools, frozenset({"index", "receipt"}))
+        bench = Bench(cells, chosen, again, reference, pools, frozenset({INDEX, MOVED, RECEIPT}))
 
         def fresh(flip: Flip, trial: Trial) -> None:
             with bootstrap(settings, key=KEY, clock=clock, ids=SequentialIds("x")) as other:
@@ -2793,7 +2817,7 @@ class Caught:
 
 def _verify_all(world: World) -> str:
     try:
-        ledger_verify(world.runtime.store, world.runtime.repository)
+        ledger_verify(world.runtime)
     except FlowvaultError as exc:
         return "" if exc.code in INTEGRITY_CODES else f"typed {exc.code}, not an integrity error"
     return "ok=true"
@@ -2830,6 +2854,9 @@ def _service_reads(world: World, audit_read: str) -> str:
 def run_ledger_attacks(world: World) -> list[Caught]:
     """Apply every ledger attack to every kind of stream in turn, judge it three ways, undo it."""
     pristine = world.cells.dump()
+    mark = world.settings().high_water_path
+    assert mark is not None
+    kept_mark = mark.read_bytes()
     audit = LedgerAudit(world.runtime.store, world.runtime.repository)
     found = []
     for kind, (stream, audit_read) in attacked_streams(world).items():
@@ -2848,6 +2875,7 @@ def run_ledger_attacks(world: World) -> list[Caught]:
                 )
             finally:
                 world.cells.put_back(pristine)
+                mark.write_bytes(kept_mark)
     assert world.bench.judge(None).kind == "harmless", "an attack was not undone"
     return found
 
@@ -2896,7 +2924,11 @@ def test_every_ledger_attack_on_every_stream_kind(world: World) -> None:
 
 @pytest.fixture
 def pg_world(tmp_path: Path, postgres_server: Any, pg_schema: str) -> Iterator[World]:
-    """Provide a populated PostgreSQL world (raw access over an admin connection), closed after."""
+    """Provide a populated PostgreSQL world (raw access over an admin connection), closed after.
+
+    It keeps a high-water mark, the configuration under which PostgreSQL
+    detects a stream cut at its head (without one, only a kept receipt does).
+    """
     clock = FrozenClock()
     settings = Settings(
         backend="postgres",
@@ -2904,6 +2936,7 @@ def pg_world(tmp_path: Path, postgres_server: Any, pg_schema: str) -> Iterator[W
         postgres_dsn=SecretStr(postgres_server.dsn),
         postgres_schema=pg_schema,
         postgres_pool_size=2,
+        high_water_file=tmp_path / "mark" / "store.high-water",
     )
     runtime = bootstrap(settings, key=KEY, clock=clock, ids=SequentialIds("id"))
     cells = PostgresCells(postgres_server, pg_schema)
@@ -2913,7 +2946,7 @@ def pg_world(tmp_path: Path, postgres_server: Any, pg_schema: str) -> Iterator[W
         chosen = readers(runtime, catalog, streams)
         again = retries(runtime, catalog, asked(runtime, catalog))
         answers, pools = take_reference(cells, chosen, again)
-        bench = Bench(cells, chosen, again, answers, pools, frozenset({"index", "receipt"}))
+        bench = Bench(cells, chosen, again, answers, pools, frozenset({INDEX, MOVED, RECEIPT}))
         reference = read_all(chosen)
         home = tmp_path / "unused"
         yield World(
