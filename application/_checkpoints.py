@@ -259,7 +259,7 @@ class CheckpointService:
             "consumed_at": format_instant(checkpoint.consumed_at),
         }
         delete = Delete(metadata.namespace, metadata.key_digest, opened.revision)
-        streams = (run_stream(checkpoint.run_id), self.stream(checkpoint.checkpoint_id))
+        streams = (run_stream(checkpoint.run_id), self._stream(checkpoint.checkpoint_id))
         return _Doomed((delete,), streams, tombstone)
 
     # -- shared with the approval service ---------------------------------------
@@ -277,7 +277,7 @@ class CheckpointService:
             raise InvalidInput("a checkpoint id must be a non-empty string")
         opened = self._fresh.read_vouched(
             self._store,
-            self.stream(checkpoint_id),
+            self._stream(checkpoint_id),
             (CHECKPOINTS, self._repo.key_digest(CHECKPOINTS, checkpoint_id)),
             lambda: self._guarded(lambda: self._repo.read(CHECKPOINTS, checkpoint_id)),
         )
@@ -288,7 +288,7 @@ class CheckpointService:
             raise _broken_checkpoint("it names another checkpoint", opened.metadata)
         return checkpoint, opened.revision
 
-    def stream(self, checkpoint_id: str) -> str:
+    def _stream(self, checkpoint_id: str) -> str:
         """Name the record stream of a checkpoint, its approvals and their slots."""
         return checkpoint_stream(self._repo, checkpoint_id)
 
@@ -308,7 +308,7 @@ class CheckpointService:
         digest = self._repo.key_digest(CHECKPOINTS, checkpoint.checkpoint_id)
         return record_event(
             self._repo,
-            self.stream(checkpoint.checkpoint_id),
+            self._stream(checkpoint.checkpoint_id),
             event_type,
             record_payload(digest),
             checkpoint.consumed_at or checkpoint.created_at,

@@ -865,6 +865,12 @@ def _state_rows() -> list[EntryPoint]:
             lambda w, a: _state(w, a).probe(),
         ),
         EntryPoint(
+            "StateRepository.check_current",
+            lambda k: args(scope=_scopes(k)),
+            lambda w, a: _state(w, a).check_current(),
+            sqlite=True,
+        ),
+        EntryPoint(
             "StateRepository.fingerprint",
             lambda k: args(scope=_scopes(k), reason_class=opt(text("corrupt"))),
             lambda w, a: _state(w, a).fingerprint(a["reason_class"]),
