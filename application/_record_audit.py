@@ -13,7 +13,7 @@ stream it verifies, the audit checks the records that stream binds:
   its versions, a run result) names in its events every row it wrote:
   the newest event naming a row must be the one that row names, and a row
   it names must exist unless that event deleted it (a retention tombstone,
-  or a service's ``deleted`` list);
+  or a service's ``deleted`` list), in which case it must be absent;
 - a run's stream is held the same way for the terminal receipt its
   ``run.<status>`` event names.
 """
@@ -154,13 +154,19 @@ class BoundRecords:
                 newest[key_digest] = event
         found: list[StaleRecord] = []
         for key_digest, event in sorted(newest.items()):
-            if key_digest in deleted_by(event):
-                continue
             located = [
                 (namespace, metadata)
                 for namespace in namespaces
                 if (metadata := store.peek_metadata(namespace, key_digest)) is not None
             ]
+            if key_digest in deleted_by(event):
+                if located:
+                    reason = (
+                        f"event {event.index} of the record's stream deleted it, but it is "
+                        "there: a purged or deleted row put back"
+                    )
+                    found.append(StaleRecord(stream, located[0][0], key_digest, reason))
+                continue
             if not located:
                 reason = (
                     f"the record's stream says event {event.index} wrote it and no purge "
