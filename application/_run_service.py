@@ -406,9 +406,9 @@ class RunService:
         )
 
     def _head_upsert(
-        self, definition_id: str, current: str, expected: int | Guard, ledger_index: int | None
+        self, definition_id: str, current: str, expected: int | Guard, ledger_index: int
     ) -> Upsert:
-        """Seal a definition head bound to the record-stream event that last set ``current``."""
+        """Seal a definition head bound to the record-stream event committed with it."""
         document = {"definition_id": definition_id, "current": current}
         return self._repo.prepare(
             GRAPH_DEFINITIONS, definition_id, document, expected=expected, ledger_index=ledger_index
@@ -459,7 +459,9 @@ class RunService:
         Returns ``(run, created)``. With ``idempotency_key`` the same request
         again returns the first run and ``False``. The definition head is
         rewritten in the same unit, so a concurrent delete or replacement of
-        the definition cannot miss this run's reference.
+        the definition cannot miss this run's reference; the rewrite appends
+        ``definition.referenced`` to the definition's record stream and binds
+        the head to it, so the head from before the start cannot come back.
 
         Raises:
             IdempotencyConflict: the key was used for a different request.
@@ -529,11 +531,18 @@ class RunService:
             "run.accepted", {"definition_version": run.definition_version}, None, run.status
         )
         appends = self._chain(run_id, [accepted], run.started_at)
+        referenced = _Draft(
+            "definition.referenced",
+            record_payload(self._definition_digest(definition_id)),
+            None,
+            None,
+        )
+        appends += self._chain_on(
+            self._definition_stream(definition_id), [referenced], run.started_at
+        )
         upserts = [
-            self._run_upsert(run, Guard.ABSENT, appends[-1].index),
-            self._head_upsert(
-                definition_id, current, head.revision, head.metadata.header.ledger_index
-            ),
+            self._run_upsert(run, Guard.ABSENT, appends[0].index),
+            self._head_upsert(definition_id, current, head.revision, appends[-1].index),
         ]
         if idempotency_key is not None:
             digest = self._repo.key_digest(GRAPH_RUN_IDEMPOTENCY, idempotency_key)

@@ -360,7 +360,7 @@ def _definition_stream(world: World) -> str:
 
 
 def test_definition_writes_name_their_record_stream_event(world: World) -> None:
-    """Registering names the head and any new version; a run start keeps the head's binding."""
+    """Registering names the head and any new version; a run start names the head it rewrites."""
     first = world.runs.register_definition(DEFINITION, {"nodes": [1]})
     second = world.runs.register_definition(DEFINITION, {"nodes": [2]})
     world.runs.register_definition(DEFINITION, {"nodes": [1]})
@@ -379,7 +379,9 @@ def test_definition_writes_name_their_record_stream_event(world: World) -> None:
     before = world.row(GRAPH_DEFINITIONS, DEFINITION).metadata
     world.runs.start_run(DEFINITION, {"input": 1})
     after = world.row(GRAPH_DEFINITIONS, DEFINITION).metadata
-    assert (before.header.ledger_index, after.header.ledger_index) == (2, 2)
+    referenced = world.events(_definition_stream(world))[-1]
+    assert (referenced.type, referenced.payload) == ("definition.referenced", {"records": [head]})
+    assert (before.header.ledger_index, after.header.ledger_index) == (2, 3)
     assert after.revision == before.revision + 1
     assert world.audit().run().ok
 
@@ -451,17 +453,17 @@ def test_a_definition_head_rewritten_during_a_read_is_no_false_alarm(world: Worl
     assert racing.served == 1
 
 
-def test_a_head_put_back_from_before_a_run_start_is_not_caught(world: World) -> None:
-    """Stated limit: a head from before a run start, put back, reads as current.
-
-    A run start rewrites the head with the same content and binding, so the
-    older row differs only in its revision.
-    """
-    made = world.runs.register_definition(DEFINITION, {"nodes": [1]})
+def test_a_head_put_back_from_before_a_run_start_is_refused(world: World) -> None:
+    """The same content, one revision older: the start's ``definition.referenced`` rewrote it."""
+    world.runs.register_definition(DEFINITION, {"nodes": [1]})
     older = world.row(GRAPH_DEFINITIONS, DEFINITION)
     world.runs.start_run(DEFINITION, {"input": 1})
     world.replay(older)
-    assert world.runs.get_definition(DEFINITION)[0] == made
+    _refused(lambda: world.runs.get_definition(DEFINITION), STALE)
+    _refused(lambda: world.runs.start_run(DEFINITION, {"input": 2}), STALE)
+    assert {(found.namespace, found.key_digest) for found in world.audit().run().stale} == {
+        (GRAPH_DEFINITIONS, older.metadata.key_digest)
+    }
 
 
 # -- run results ---------------------------------------------------------------------
