@@ -33,8 +33,11 @@ from flowvault.application._compaction import compact_after_commit, compact_full
 from flowvault.application._cursor import ListCursor, effective_limit
 from flowvault.application._evidence import EvidenceService
 from flowvault.application._freshness import (
+    ACTION_RESULT_KIND,
     CHECKPOINT_KIND,
+    DEFINITION_KIND,
     IDEMPOTENCY_KIND,
+    RESULT_KIND,
     WITNESS_KIND,
     record_stream,
 )
@@ -202,6 +205,7 @@ from flowvault.application.ports import (
 
 __all__ = [
     "ACTION_RESULTS",
+    "ACTION_RESULT_KIND",
     "APPROVALS",
     "APPROVAL_SLOTS",
     "CHECKPOINTS",
@@ -211,6 +215,7 @@ __all__ = [
     "DEFAULT_BATCH",
     "DEFAULT_RETENTION",
     "DEFAULT_SEAL_WARNING",
+    "DEFINITION_KIND",
     "EVENT_KEYS",
     "FIRST_SEAL_BLOCK",
     "GRAPH_DEFINITIONS",
@@ -245,6 +250,7 @@ __all__ = [
     "RECEIPT_MAC_TAG",
     "REQUEST_IDEMPOTENCY",
     "RESET_EVENT",
+    "RESULT_KIND",
     "RETENTION_TOMBSTONE",
     "RING_HEADER",
     "RUNS",

@@ -162,30 +162,6 @@ def checkpoint_stream(repository: SealedRepository, checkpoint_id: str) -> str:
     return record_stream(CHECKPOINT_KIND, repository.key_digest(CHECKPOINTS, checkpoint_id))
 
 
-def record_event(
-    repository: SealedRepository,
-    stream: str,
-    event_type: str,
-    payload: JsonValue,
-    occurred_at: datetime,
-) -> LedgerEvent:
-    """Build the keyed event a record-stream unit appends at the stream's next position.
-
-    Its index goes into the header of every row the unit writes; a writer
-    racing for the same position loses at commit, and its retry re-reads.
-    """
-    index, previous = next_position(repository.store, stream)
-    draft = LedgerEvent.create(
-        stream=stream,
-        index=index,
-        type=event_type,
-        occurred_at=occurred_at,
-        payload=sanitise_payload(payload),
-        previous_hash=previous,
-    )
-    return keyed(draft, repository)
-
-
 def _int_label(metadata: RecordMetadata, name: str) -> int:
     value = metadata.labels.get(name)
     return value if isinstance(value, int) else -1

@@ -37,10 +37,14 @@ from flowvault.application._approval_support import (
     _purge,
     _signed,
     checkpoint_stream,
-    record_event,
 )
 from flowvault.application._checkpoints import CheckpointService
-from flowvault.application._freshness import StreamPolicy, leaves_unnamed, record_payload
+from flowvault.application._freshness import (
+    StreamPolicy,
+    leaves_unnamed,
+    record_event,
+    record_payload,
+)
 from flowvault.application._graph import (
     KeyedDigester,
     require_integrity,

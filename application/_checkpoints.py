@@ -30,12 +30,12 @@ from flowvault.application._approval_support import (
     _purge,
     _signed,
     checkpoint_stream,
-    record_event,
 )
 from flowvault.application._freshness import (
     CHECKPOINT_KIND,
     StreamPolicy,
     leaves_unnamed,
+    record_event,
     record_payload,
     record_stream,
 )

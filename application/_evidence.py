@@ -21,12 +21,12 @@ from flowvault.application._approval_support import (
     _digest,
     _micros,
     _signed,
-    record_event,
 )
 from flowvault.application._freshness import (
     WITNESS_KIND,
     StreamPolicy,
     leaves_unnamed,
+    record_event,
     record_payload,
     record_stream,
 )

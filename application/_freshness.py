@@ -14,22 +14,25 @@ snapshot, so a write landing in between looks like staleness; a row is
 called stale only when it is still the same row after the evidence was seen.
 
 Records with no stream of their own (checkpoints, approvals and their
-slots, idempotency markers, witnesses) get a *record stream*, named by a
-keyed digest so no natural key is in clear. Its events name, in a
-``records`` list, the key digests of the rows they wrote; a retention
-tombstone names the rows it deleted. The same stream tells a row deleted
-outside flowvault (the stream still vouches for it) from one never written
-or purged.
+slots, idempotency markers, witnesses, action results, graph definitions
+and their versions, run results) get a *record stream*, named by a keyed
+digest so no natural key is in clear. Its events name, in a ``records``
+list, the key digests of the rows they wrote; a retention tombstone, or an
+event's ``deleted`` list, names the rows it deleted. The same stream tells
+a row deleted outside flowvault (the stream still vouches for it) from one
+never written, purged or deleted through its service.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Final, Generic, Protocol, TypeVar
 
 from flowvault.application._graph import RETENTION_TOMBSTONE
 from flowvault.application._records import RecordMetadata
-from flowvault.application._streams import mac_matches, read_stream
+from flowvault.application._sealed import SealedRepository
+from flowvault.application._streams import keyed, mac_matches, next_position, read_stream
 from flowvault.application.ports import SecureObjectStore
 from flowvault.domain import (
     EnvelopeHeader,
@@ -37,6 +40,7 @@ from flowvault.domain import (
     JsonValue,
     LedgerEvent,
     RevisionConflict,
+    sanitise_payload,
 )
 
 FRESH_READ_TRIES: Final = 16
@@ -239,9 +243,17 @@ IDEMPOTENCY_KIND: Final = "idempotency"
 """Record streams ``idempotency/<digest>``: one idempotency marker each, of any service."""
 WITNESS_KIND: Final = "witness"
 """Record streams ``witness/<digest>``: one evidence witness each."""
+ACTION_RESULT_KIND: Final = "action-result"
+"""Record streams ``action-result/<digest>``: one action result each."""
+DEFINITION_KIND: Final = "definition"
+"""Record streams ``definition/<digest>``: a graph definition's head and its versions."""
+RESULT_KIND: Final = "result"
+"""Record streams ``result/<digest>``: one run result each (``RunRepository``)."""
 
 RECORDS_FIELD: Final = "records"
 """Payload field of a record-stream event: the key digests of the rows it wrote."""
+DELETED_FIELD: Final = "deleted"
+"""Payload field of a record-stream event: the key digests of the rows it deleted."""
 
 _TOMBSTONE_FIELDS: Final = ("record", "slot", "idempotency_marker")
 """Fields of a retention tombstone that name a row it deleted."""
@@ -257,17 +269,53 @@ def record_payload(*key_digests: str, **extra: JsonValue) -> dict[str, JsonValue
     return {RECORDS_FIELD: list(key_digests), **extra}
 
 
-def written_by(event: LedgerEvent) -> frozenset[str]:
-    """Return the key digests of the rows ``event`` wrote or, for a tombstone, deleted."""
+def record_event(
+    repository: SealedRepository,
+    stream: str,
+    event_type: str,
+    payload: JsonValue,
+    occurred_at: datetime,
+) -> LedgerEvent:
+    """Build the keyed event a record-stream unit appends at the stream's next position.
+
+    Its index goes into the header of every row the unit writes; a writer
+    racing for the same position loses at commit, and its retry re-reads.
+    """
+    index, previous = next_position(repository.store, stream)
+    draft = LedgerEvent.create(
+        stream=stream,
+        index=index,
+        type=event_type,
+        occurred_at=occurred_at,
+        payload=sanitise_payload(payload),
+        previous_hash=previous,
+    )
+    return keyed(draft, repository)
+
+
+def _named(payload: dict[str, JsonValue], field: str) -> frozenset[str]:
+    listed = payload.get(field)
+    named = listed if isinstance(listed, list) else []
+    return frozenset(name for name in named if isinstance(name, str))
+
+
+def deleted_by(event: LedgerEvent) -> frozenset[str]:
+    """Return the key digests of the rows ``event`` deleted: a tombstone's, or its ``deleted``."""
     payload = event.payload
     if not isinstance(payload, dict):
         return frozenset()
     if event.type == RETENTION_TOMBSTONE:
-        named: list[JsonValue] = [payload.get(field) for field in _TOMBSTONE_FIELDS]
-    else:
-        listed = payload.get(RECORDS_FIELD)
-        named = listed if isinstance(listed, list) else []
-    return frozenset(name for name in named if isinstance(name, str))
+        fields = [payload.get(field) for field in _TOMBSTONE_FIELDS]
+        return frozenset(name for name in fields if isinstance(name, str))
+    return _named(payload, DELETED_FIELD)
+
+
+def written_by(event: LedgerEvent) -> frozenset[str]:
+    """Return the key digests of the rows ``event`` wrote or deleted."""
+    payload = event.payload
+    if not isinstance(payload, dict) or event.type == RETENTION_TOMBSTONE:
+        return deleted_by(event)
+    return _named(payload, RECORDS_FIELD) | _named(payload, DELETED_FIELD)
 
 
 def leaves_unnamed(event: LedgerEvent, header: EnvelopeHeader) -> bool:
@@ -294,21 +342,23 @@ def refuse_if_deleted(
     """Refuse an absent row (``namespace, key_digest``) that its record stream says exists.
 
     A row is legitimately absent when nothing ever wrote it, or when its
-    newest event is a retention tombstone carrying a valid chain MAC (an
-    editor cannot forge one to excuse a deletion). Returns ``True`` when the
+    newest event deleted it (a retention tombstone, or a service's delete)
+    and carries a valid chain MAC (an editor cannot forge one to excuse a
+    deletion). Returns ``True`` when the
     row is there after all, written since the caller looked, so the caller
     reads it again instead of calling a race tampering.
 
     Raises:
-        IntegrityFailure: the stream's newest event for the row wrote it and
-            the row is still absent: it was deleted outside flowvault.
+        IntegrityFailure: the stream's newest event for the row wrote it (or
+            its deletion carries no valid MAC) and the row is still absent:
+            it was deleted outside flowvault.
 
     """
     namespace, key_digest = row
     last = last_writer(store, stream, key_digest)
     if last is None:
         return False
-    if last.type == RETENTION_TOMBSTONE and mac_matches(last, digester):
+    if key_digest in deleted_by(last) and mac_matches(last, digester):
         return False
     if store.peek_metadata(namespace, key_digest) is not None:
         return True

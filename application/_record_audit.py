@@ -9,14 +9,18 @@ stream it verifies, the audit checks the records that stream binds:
 - a workflow, a graph run or a scope's state is read through the same
   freshness check its service applies;
 - a record stream (a checkpoint with its approvals and slots, an
-  idempotency marker, a witness) names in its events every row it wrote:
+  idempotency marker, a witness, an action result, a graph definition with
+  its versions, a run result) names in its events every row it wrote:
   the newest event naming a row must be the one that row names, and a row
-  it names must exist unless that event is a retention tombstone.
+  it names must exist unless that event deleted it (a retention tombstone,
+  or a service's ``deleted`` list), in which case it must be absent;
+- a run's stream is held the same way for the terminal receipt its
+  ``run.<status>`` event names.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -28,25 +32,43 @@ from flowvault.application._approval_support import (
     WITNESSES,
 )
 from flowvault.application._freshness import (
+    ACTION_RESULT_KIND,
     CHECKPOINT_KIND,
+    DEFINITION_KIND,
     IDEMPOTENCY_KIND,
+    RESULT_KIND,
     WITNESS_KIND,
+    deleted_by,
     written_by,
 )
-from flowvault.application._graph import RETENTION_TOMBSTONE
-from flowvault.application._run_service import GRAPH_RUN_IDEMPOTENCY, RunService
+from flowvault.application._run_service import (
+    GRAPH_DEFINITION_VERSIONS,
+    GRAPH_DEFINITIONS,
+    GRAPH_RUN_IDEMPOTENCY,
+    GRAPH_RUN_RECEIPTS,
+    RunService,
+)
+from flowvault.application._runs import RUNS
 from flowvault.application._sealed import SealedRepository
 from flowvault.application._state import StateRepository
 from flowvault.application._verified import verified_events
-from flowvault.application._workflows import IDEMPOTENCY, WorkflowService
+from flowvault.application._workflows import ACTION_RESULTS, IDEMPOTENCY, WorkflowService
 from flowvault.domain import IntegrityFailure, InvalidInput, LedgerEvent, NotFound
 
 RECORD_STREAM_NAMESPACES: Final[Mapping[str, tuple[str, ...]]] = {
     CHECKPOINT_KIND: (CHECKPOINTS, APPROVALS, APPROVAL_SLOTS),
     IDEMPOTENCY_KIND: (IDEMPOTENCY, REQUEST_IDEMPOTENCY, GRAPH_RUN_IDEMPOTENCY),
     WITNESS_KIND: (WITNESSES,),
+    ACTION_RESULT_KIND: (ACTION_RESULTS,),
+    DEFINITION_KIND: (GRAPH_DEFINITIONS, GRAPH_DEFINITION_VERSIONS),
+    RESULT_KIND: (RUNS,),
 }
 """Where the rows a record stream names may live, by the stream's kind."""
+
+
+def _by_service(event: LedgerEvent) -> bool:
+    """Whether a run-stream event is the service's own: callers cannot write ``run.*`` events."""
+    return event.type.startswith("run.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +102,13 @@ class BoundRecords:
         kind, _, name = stream.partition("/")
         if kind in RECORD_STREAM_NAMESPACES:
             return self._record_stream(stream, RECORD_STREAM_NAMESPACES[kind])
+        found = self._bound(stream, kind, name)
+        if kind == "run":
+            found += self._record_stream(stream, (GRAPH_RUN_RECEIPTS,), only=_by_service)
+        return found
+
+    def _bound(self, stream: str, kind: str, name: str) -> list[StaleRecord]:
+        """Read the one record a workflow, run or scope stream binds through its service."""
         try:
             if kind == "workflow":
                 self._workflows.get(name)
@@ -104,7 +133,14 @@ class BoundRecords:
             ]
         return []
 
-    def _record_stream(self, stream: str, namespaces: tuple[str, ...]) -> list[StaleRecord]:
+    def _record_stream(
+        self,
+        stream: str,
+        namespaces: tuple[str, ...],
+        *,
+        only: Callable[[LedgerEvent], bool] | None = None,
+    ) -> list[StaleRecord]:
+        """Hold every row the events of ``stream`` (those ``only`` admits) name to the newest."""
         store = self._repository.store
         try:
             events = verified_events(store, stream, self._repository)
@@ -112,17 +148,25 @@ class BoundRecords:
             return []
         newest: dict[str, LedgerEvent] = {}
         for event in events:
+            if only is not None and not only(event):
+                continue
             for key_digest in written_by(event):
                 newest[key_digest] = event
         found: list[StaleRecord] = []
         for key_digest, event in sorted(newest.items()):
-            if event.type == RETENTION_TOMBSTONE:
-                continue
             located = [
                 (namespace, metadata)
                 for namespace in namespaces
                 if (metadata := store.peek_metadata(namespace, key_digest)) is not None
             ]
+            if key_digest in deleted_by(event):
+                if located:
+                    reason = (
+                        f"event {event.index} of the record's stream deleted it, but it is "
+                        "there: a purged or deleted row put back"
+                    )
+                    found.append(StaleRecord(stream, located[0][0], key_digest, reason))
+                continue
             if not located:
                 reason = (
                     f"the record's stream says event {event.index} wrote it and no purge "

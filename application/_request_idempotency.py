@@ -22,12 +22,12 @@ from flowvault.application._approval_support import (
     _int_label,
     _micros,
     _purge,
-    record_event,
 )
 from flowvault.application._freshness import (
     IDEMPOTENCY_KIND,
     StreamPolicy,
     leaves_unnamed,
+    record_event,
     record_payload,
     record_stream,
 )

@@ -12,15 +12,19 @@ import hmac
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 from pydantic import ValidationError
 
 from flowvault.application._approval_support import _horizon
 from flowvault.application._compaction import compact_after_commit
 from flowvault.application._freshness import (
+    DEFINITION_KIND,
+    DELETED_FIELD,
     IDEMPOTENCY_KIND,
     StreamPolicy,
     leaves_unnamed,
+    record_event,
     record_payload,
     record_stream,
 )
@@ -133,6 +137,11 @@ def _unbound_run_stale(head: LedgerEvent, loaded: _LoadedRun) -> bool:
     return head.type.startswith("run.") and head.to_state != loaded.run.status
 
 
+def _receipt_unbound_stale(_head: LedgerEvent, _opened: SealedDocument) -> bool:
+    """Accept a receipt written before receipts were bound: it is never rewritten."""
+    return False
+
+
 @dataclass(frozen=True, slots=True)
 class _Draft:
     """An event before its position in the stream is known."""
@@ -185,6 +194,15 @@ class RunService:
         self._fresh_marker = StreamPolicy[SealedDocument](
             "run idempotency marker", repository, leaves_record=leaves_unnamed
         )
+        self._fresh_definition = StreamPolicy[SealedDocument](
+            "graph definition", repository, leaves_record=leaves_unnamed
+        )
+        self._fresh_receipt = StreamPolicy[SealedDocument](
+            "terminal receipt",
+            repository,
+            leaves_record=leaves_unnamed,
+            unbound_stale=_receipt_unbound_stale,
+        )
 
     # -- definitions ------------------------------------------------------------
 
@@ -215,14 +233,17 @@ class RunService:
     def _register(
         self, definition_id: str, spec: JsonValue, version: str, *, overwrite: bool
     ) -> DefinitionVersion:
-        head = self._repo.read(GRAPH_DEFINITIONS, definition_id)
+        head = self._head_row(definition_id)
         if head is None:
             made = self._new_version(definition_id, version)
+            event = self._definition_event(
+                definition_id, "definition.registered", record_payload(*self._digests(made))
+            )
             upserts = [
-                self._head_upsert(definition_id, version, Guard.ABSENT),
-                self._version_upsert(made, spec),
+                self._head_upsert(definition_id, version, Guard.ABSENT, event.index),
+                self._version_upsert(made, spec, event.index),
             ]
-            self._store.commit(UnitOfWork(upserts=upserts))
+            self._store.commit(UnitOfWork(upserts=upserts, appends=[event]))
             return made
         current = _head_version(head, definition_id)
         if current == version:
@@ -234,14 +255,20 @@ class RunService:
                 "runs reference the current definition version; pass overwrite=True to replace it",
                 definition_id=definition_id,
             )
-        existing = self._repo.read(GRAPH_DEFINITION_VERSIONS, _joined(definition_id, version))
-        upserts = [self._head_upsert(definition_id, version, head.revision)]
+        existing = self._version_row(definition_id, version)
+        made = (
+            self._new_version(definition_id, version)
+            if existing is None
+            else _definition_version(existing, definition_id, version)[0]
+        )
+        written = self._digests(made) if existing is None else self._digests(made)[:1]
+        event = self._definition_event(
+            definition_id, "definition.registered", record_payload(*written)
+        )
+        upserts = [self._head_upsert(definition_id, version, head.revision, event.index)]
         if existing is None:
-            made = self._new_version(definition_id, version)
-            upserts.append(self._version_upsert(made, spec))
-        else:
-            made = _definition_version(existing, definition_id, version)[0]
-        self._store.commit(UnitOfWork(upserts=upserts))
+            upserts.append(self._version_upsert(made, spec, event.index))
+        self._store.commit(UnitOfWork(upserts=upserts, appends=[event]))
         return made
 
     def _new_version(self, definition_id: str, version: str) -> DefinitionVersion:
@@ -252,26 +279,48 @@ class RunService:
     def get_definition(
         self, definition_id: str, version: str | None = None
     ) -> tuple[DefinitionVersion, JsonValue]:
-        """Return a version of a definition and its spec; the current one by default."""
+        """Return a version of a definition and its spec; the current one by default.
+
+        Raises:
+            IntegrityFailure: the head or version row is older than the
+                definition's record stream says, or missing although the
+                stream records it and no delete.
+            NotFound: no such definition or version.
+
+        """
         _check_definition_id(definition_id)
         if version is None:
             version = self._head(definition_id)[0]
         return self._version(definition_id, _check_version(version))
 
     def definition_versions(self, definition_id: str) -> list[DefinitionVersion]:
-        """Return every stored version of a definition, oldest first."""
+        """Return every stored version of a definition, oldest first.
+
+        Each row is checked against the definition's record stream; a row
+        deleted while it is listed is skipped.
+        """
         _check_definition_id(definition_id)
         self._head(definition_id)
-        found = [
-            _definition_version(opened, definition_id)[0]
-            for opened in self._open_all(
-                GRAPH_DEFINITION_VERSIONS, self._versions_of(definition_id)
+        stream = self._definition_stream(definition_id)
+        found = []
+        for metadata in self._list_all(GRAPH_DEFINITION_VERSIONS, self._versions_of(definition_id)):
+            listed = self._open_row(metadata)
+            opened = (
+                None
+                if listed is None
+                else self._fresh_definition.check_listed(
+                    self._store, stream, listed, partial(self._open_row, metadata)
+                )
             )
-        ]
+            if opened is not None:
+                found.append(_definition_version(opened, definition_id)[0])
         return sorted(found, key=lambda item: (item.created_at, item.version))
 
     def delete_definition(self, definition_id: str) -> int:
         """Delete a definition's head and every version in one unit; return the versions removed.
+
+        The unit appends ``definition.deleted`` to the definition's record
+        stream, naming the deleted rows, so their absence is legitimate.
 
         Raises:
             DefinitionReferenced: any stored run references any version.
@@ -291,8 +340,12 @@ class RunService:
             )
             deletes = [Delete(GRAPH_DEFINITIONS, digest, revision)]
             deletes += [Delete(meta.namespace, meta.key_digest, meta.revision) for meta in versions]
+            gone: list[JsonValue] = [delete.key_digest for delete in deletes]
+            event = self._definition_event(
+                definition_id, "definition.deleted", {DELETED_FIELD: gone}
+            )
             try:
-                self._store.commit(UnitOfWork(deletes=deletes))
+                self._store.commit(UnitOfWork(deletes=deletes, appends=[event]))
             except RevisionConflict:
                 continue
             compact_after_commit(self._store)
@@ -300,22 +353,70 @@ class RunService:
         raise RevisionConflict("definition kept changing; retry", definition_id=definition_id)
 
     def _head(self, definition_id: str) -> tuple[str, int]:
-        opened = self._repo.read(GRAPH_DEFINITIONS, definition_id)
+        opened = self._head_row(definition_id)
         if opened is None:
             raise NotFound("no such definition", definition_id=definition_id)
         return _head_version(opened, definition_id), opened.revision
 
+    def _head_row(self, definition_id: str) -> SealedDocument | None:
+        """Read a definition's head; one its record stream vouches for must be there."""
+        return self._fresh_definition.read_vouched(
+            self._store,
+            self._definition_stream(definition_id),
+            (GRAPH_DEFINITIONS, self._definition_digest(definition_id)),
+            lambda: self._repo.read(GRAPH_DEFINITIONS, definition_id),
+        )
+
     def _version(self, definition_id: str, version: str) -> tuple[DefinitionVersion, JsonValue]:
-        opened = self._repo.read(GRAPH_DEFINITION_VERSIONS, _joined(definition_id, version))
+        opened = self._version_row(definition_id, version)
         if opened is None:
             raise NotFound("no such definition version", definition_id=definition_id)
         return _definition_version(opened, definition_id, version)
 
-    def _head_upsert(self, definition_id: str, current: str, expected: int | Guard) -> Upsert:
-        document = {"definition_id": definition_id, "current": current}
-        return self._repo.prepare(GRAPH_DEFINITIONS, definition_id, document, expected=expected)
+    def _version_row(self, definition_id: str, version: str) -> SealedDocument | None:
+        """Read a definition version; one its definition's stream vouches for must be there."""
+        natural = _joined(definition_id, version)
+        return self._fresh_definition.read_vouched(
+            self._store,
+            self._definition_stream(definition_id),
+            (GRAPH_DEFINITION_VERSIONS, self._version_digest(definition_id, version)),
+            lambda: self._repo.read(GRAPH_DEFINITION_VERSIONS, natural),
+        )
 
-    def _version_upsert(self, made: DefinitionVersion, spec: JsonValue) -> Upsert:
+    def _definition_stream(self, definition_id: str) -> str:
+        """Name the record stream of a definition's head and versions."""
+        return record_stream(DEFINITION_KIND, self._definition_digest(definition_id))
+
+    def _definition_event(
+        self, definition_id: str, event_type: str, payload: JsonValue
+    ) -> LedgerEvent:
+        return record_event(
+            self._repo,
+            self._definition_stream(definition_id),
+            event_type,
+            payload,
+            self._clock.now(),
+        )
+
+    def _digests(self, made: DefinitionVersion) -> tuple[str, str]:
+        """Return the key digests of a definition's head and of the version ``made``."""
+        return (
+            self._definition_digest(made.definition_id),
+            self._version_digest(made.definition_id, made.version),
+        )
+
+    def _head_upsert(
+        self, definition_id: str, current: str, expected: int | Guard, ledger_index: int
+    ) -> Upsert:
+        """Seal a definition head bound to the record-stream event committed with it."""
+        document = {"definition_id": definition_id, "current": current}
+        return self._repo.prepare(
+            GRAPH_DEFINITIONS, definition_id, document, expected=expected, ledger_index=ledger_index
+        )
+
+    def _version_upsert(
+        self, made: DefinitionVersion, spec: JsonValue, ledger_index: int
+    ) -> Upsert:
         labels: dict[str, LabelValue] = {
             "definition": self._definition_digest(made.definition_id),
             "created_at": _micros(made.created_at),
@@ -326,6 +427,7 @@ class RunService:
             {"definition": made.model_dump(mode="json"), "spec": spec},
             expected=Guard.ABSENT,
             labels=labels,
+            ledger_index=ledger_index,
         )
 
     def _definition_digest(self, definition_id: str) -> str:
@@ -357,7 +459,9 @@ class RunService:
         Returns ``(run, created)``. With ``idempotency_key`` the same request
         again returns the first run and ``False``. The definition head is
         rewritten in the same unit, so a concurrent delete or replacement of
-        the definition cannot miss this run's reference.
+        the definition cannot miss this run's reference; the rewrite appends
+        ``definition.referenced`` to the definition's record stream and binds
+        the head to it, so the head from before the start cannot come back.
 
         Raises:
             IdempotencyConflict: the key was used for a different request.
@@ -401,7 +505,10 @@ class RunService:
         fingerprint: str,
     ) -> tuple[GraphRun, UnitOfWork]:
         definition_id = str(request["definition_id"])
-        current, head_revision = self._head(definition_id)
+        head = self._head_row(definition_id)
+        if head is None:
+            raise NotFound("no such definition", definition_id=definition_id)
+        current = _head_version(head, definition_id)
         pinned = request["version"]
         if isinstance(pinned, str):
             self._version(definition_id, pinned)
@@ -424,9 +531,18 @@ class RunService:
             "run.accepted", {"definition_version": run.definition_version}, None, run.status
         )
         appends = self._chain(run_id, [accepted], run.started_at)
+        referenced = _Draft(
+            "definition.referenced",
+            record_payload(self._definition_digest(definition_id)),
+            None,
+            None,
+        )
+        appends += self._chain_on(
+            self._definition_stream(definition_id), [referenced], run.started_at
+        )
         upserts = [
-            self._run_upsert(run, Guard.ABSENT, appends[-1].index),
-            self._head_upsert(definition_id, current, head_revision),
+            self._run_upsert(run, Guard.ABSENT, appends[0].index),
+            self._head_upsert(definition_id, current, head.revision, appends[-1].index),
         ]
         if idempotency_key is not None:
             digest = self._repo.key_digest(GRAPH_RUN_IDEMPOTENCY, idempotency_key)
@@ -744,7 +860,10 @@ class RunService:
 
         The receipt's ``events_digest`` covers the hashes of the events this
         call appends (the caller's, then ``run.<status>``), whose last hash
-        commits to the run's whole chain.
+        commits to the run's whole chain. The ``run.<status>`` event names the
+        receipt's key digest in ``records`` and the receipt's row names that
+        event, so a receipt deleted outside flowvault is refused, not read as
+        never issued.
 
         Raises:
             IntegrityKeyRequired: the service has no integrity key.
@@ -771,9 +890,13 @@ class RunService:
                     "revision": current.revision + 1,
                 },
             )
+            receipt_digest = self._repo.key_digest(GRAPH_RUN_RECEIPTS, run_id)
             ended = _Draft(
                 f"run.{status}",
-                _status_payload(updated, {"final_state_digest": final_digest}),
+                _status_payload(
+                    updated,
+                    record_payload(receipt_digest, final_state_digest=final_digest),
+                ),
                 current.status,
                 status,
             )
@@ -787,6 +910,7 @@ class RunService:
                         run_id,
                         receipt.model_dump(mode="json"),
                         expected=Guard.ABSENT,
+                        ledger_index=appended[-1].index,
                     ),
                 ],
                 appends=appended,
@@ -820,12 +944,20 @@ class RunService:
 
         Raises:
             IntegrityKeyRequired: the service has no integrity key.
-            IntegrityFailure: the signature or the run digest does not verify.
+            IntegrityFailure: the signature or the run digest does not verify,
+                the row names another event than the run's stream says wrote
+                it, or it is missing although that event records it.
             NotFound: the run has no receipt.
 
         """
         integrity = require_integrity(self._integrity)
-        opened = self._repo.read(GRAPH_RUN_RECEIPTS, run_id)
+        digest = self._repo.key_digest(GRAPH_RUN_RECEIPTS, run_id)
+        opened = self._fresh_receipt.read_vouched(
+            self._store,
+            run_stream(run_id),
+            (GRAPH_RUN_RECEIPTS, digest),
+            lambda: self._repo.read(GRAPH_RUN_RECEIPTS, run_id),
+        )
         if opened is None:
             raise NotFound("run has no terminal receipt", run_id=run_id)
         try:
@@ -909,13 +1041,12 @@ class RunService:
                 return
             cursor = page.next_cursor
 
-    def _open_all(self, namespace: str, filters: list[LabelFilter]) -> Iterator[SealedDocument]:
-        for metadata in self._list_all(namespace, filters):
-            record = self._store.load(metadata.namespace, metadata.key_digest)
-            if record is not None:
-                yield self._repo.open(
-                    record, namespace=metadata.namespace, key_digest=metadata.key_digest
-                )
+    def _open_row(self, metadata: RecordMetadata) -> SealedDocument | None:
+        """Open a listed row, or ``None`` if it vanished since the listing."""
+        record = self._store.load(metadata.namespace, metadata.key_digest)
+        if record is None:
+            return None
+        return self._repo.open(record, namespace=metadata.namespace, key_digest=metadata.key_digest)
 
     def compact(self) -> bool:
         """Ask the store to drop stale copies of deleted bytes, if it can."""

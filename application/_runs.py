@@ -1,23 +1,49 @@
-"""The run repository: terminal workflow results, sealed under their run id."""
+"""The run repository: terminal workflow results, sealed under their run id.
+
+Each save appends ``result.saved`` to the result's record stream
+(``result/<digest>``) and binds the row to it, so an older save put back
+whole is refused, and a result deleted outside flowvault is refused rather
+than read as never saved.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from functools import partial
 
 from pydantic import ValidationError
 
-from flowvault.application._records import FilterOp, Guard, LabelFilter, Order, RecordMetadata
-from flowvault.application._sealed import SealedRepository
+from flowvault.application._freshness import (
+    RESULT_KIND,
+    StreamPolicy,
+    leaves_unnamed,
+    record_event,
+    record_payload,
+    record_stream,
+)
+from flowvault.application._records import (
+    FilterOp,
+    Guard,
+    LabelFilter,
+    Order,
+    RecordMetadata,
+    UnitOfWork,
+)
+from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.domain import (
     RUN_ID_PATTERN,
     IntegrityFailure,
     InvalidInput,
     NotFound,
+    RevisionConflict,
     WorkflowResult,
 )
 
 RUNS = "flowvault.runs"
+
+SAVE_RETRIES = 16
+"""How often a save is rebuilt after another save of the same run took its stream position."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -60,27 +86,60 @@ class RunRepository:
     def __init__(self, repository: SealedRepository) -> None:
         self._repo = repository
         self._store = repository.store
+        self._fresh = StreamPolicy[SealedDocument](
+            "run result", repository, leaves_record=leaves_unnamed
+        )
 
     def save(self, result: WorkflowResult) -> RecordMetadata:
-        """Store ``result`` under its run id, replacing an earlier save of the same run."""
+        """Store ``result`` under its run id, replacing an earlier save of the same run.
+
+        Raises:
+            RevisionConflict: other saves of the same run kept winning the race.
+
+        """
         check_run_id(result.run_id)
-        return self._repo.write(
-            RUNS,
-            result.run_id,
-            result.model_dump(mode="json"),
-            expected=Guard.ANY,
-            labels={"finished_at": _micros(result.finished_at)},
-        )
+        digest = self._repo.key_digest(RUNS, result.run_id)
+        for _ in range(SAVE_RETRIES):
+            event = record_event(
+                self._repo,
+                record_stream(RESULT_KIND, digest),
+                "result.saved",
+                record_payload(digest),
+                self._repo.clock.now(),
+            )
+            upsert = self._repo.prepare(
+                RUNS,
+                result.run_id,
+                result.model_dump(mode="json"),
+                expected=Guard.ANY,
+                labels={"finished_at": _micros(result.finished_at)},
+                ledger_index=event.index,
+            )
+            try:
+                self._store.commit(UnitOfWork(upserts=[upsert], appends=[event]))
+            except RevisionConflict:
+                continue
+            return upsert.metadata
+        raise RevisionConflict("run result kept changing; retry")
 
     def load(self, run_id: str) -> WorkflowResult:
         """Return the run stored under ``run_id``.
 
         Raises:
             NotFound: no run is stored under ``run_id``.
-            IntegrityFailure: the row does not verify, or names another run.
+            IntegrityFailure: the row does not verify, names another run, is
+                older than its record stream says, or is missing although the
+                stream records a save.
 
         """
-        opened = self._repo.read(RUNS, check_run_id(run_id))
+        check_run_id(run_id)
+        digest = self._repo.key_digest(RUNS, run_id)
+        opened = self._fresh.read_vouched(
+            self._store,
+            record_stream(RESULT_KIND, digest),
+            (RUNS, digest),
+            lambda: self._repo.read(RUNS, run_id),
+        )
         if opened is None:
             raise NotFound("no such run")
         return self._verified(opened.document, run_id)
@@ -102,7 +161,16 @@ class RunRepository:
         cursor: str | None = None,
         limit: int = 50,
     ) -> RunPage:
-        """Return runs newest-saved first, optionally only those finished at or after ``since``."""
+        """Return runs newest-saved first, optionally only those finished at or after ``since``.
+
+        Each row is checked against its record stream; a row deleted while
+        it is listed is skipped.
+
+        Raises:
+            IntegrityFailure: a row does not verify, names another run, or is
+                older than its record stream says.
+
+        """
         filters = []
         if since is not None:
             filters.append(LabelFilter("finished_at", _micros(_instant(since)), FilterOp.GE))
@@ -111,12 +179,19 @@ class RunRepository:
         )
         runs = []
         for metadata in page.items:
-            record = self._store.load(metadata.namespace, metadata.key_digest)
-            if record is None:
-                continue
-            opened = self._repo.open(
-                record, namespace=metadata.namespace, key_digest=metadata.key_digest
+            listed = self._open_row(metadata)
+            opened = (
+                None
+                if listed is None
+                else self._fresh.check_listed(
+                    self._store,
+                    record_stream(RESULT_KIND, metadata.key_digest),
+                    listed,
+                    partial(self._open_row, metadata),
+                )
             )
+            if opened is None:
+                continue
             document = opened.document
             claimed = document.get("run_id") if isinstance(document, dict) else None
             if not isinstance(claimed, str) or self._repo.key_digest(RUNS, claimed) != (
@@ -125,3 +200,10 @@ class RunRepository:
                 raise IntegrityFailure("stored run names another run than its key")
             runs.append(self._verified(document, claimed))
         return RunPage(runs=tuple(runs), next_cursor=page.next_cursor)
+
+    def _open_row(self, metadata: RecordMetadata) -> SealedDocument | None:
+        """Open a listed row, or ``None`` if it vanished since the listing."""
+        record = self._store.load(metadata.namespace, metadata.key_digest)
+        if record is None:
+            return None
+        return self._repo.open(record, namespace=metadata.namespace, key_digest=metadata.key_digest)

@@ -22,12 +22,15 @@ from pydantic import ValidationError
 
 from flowvault.application._compaction import compact_after_commit
 from flowvault.application._freshness import (
+    ACTION_RESULT_KIND,
     IDEMPOTENCY_KIND,
     StreamPolicy,
     leaves_unnamed,
+    record_event,
     record_payload,
     record_stream,
 )
+from flowvault.application._graph import RETENTION_TOMBSTONE
 from flowvault.application._records import (
     MAX_LIST_LIMIT,
     Delete,
@@ -65,6 +68,7 @@ from flowvault.domain import (
     WorkflowRecord,
     WorkOrder,
     canonical_bytes,
+    format_instant,
     sanitise_payload,
 )
 
@@ -157,6 +161,9 @@ class WorkflowService:
         )
         self._fresh_marker = StreamPolicy[SealedDocument](
             "workflow idempotency marker", repository, leaves_record=leaves_unnamed
+        )
+        self._fresh_result = StreamPolicy[SealedDocument](
+            "action result", repository, leaves_record=leaves_unnamed
         )
 
     @property
@@ -677,9 +684,16 @@ class WorkflowService:
     ) -> ActionResult:
         """Seal ``result`` for ``retention``; the same content again returns the first.
 
+        Each write appends ``action_result.stored`` to the result's record
+        stream and binds the row to it, so an older row put back is refused,
+        and a row deleted outside flowvault is refused rather than written
+        anew as if the action had never run.
+
         Raises:
             InvalidInput: retention outside 1 s .. 30 days, or a non-JSON result.
             IdempotencyConflict: another result is stored under ``action_hash``.
+            IntegrityFailure: the stored row is older than its record stream
+                says, or is missing although the stream records it and no purge.
             NotFound: no such workflow.
 
         """
@@ -690,8 +704,10 @@ class WorkflowService:
         raw = canonical_bytes(result)
         content = self._repo.keyed_digest("flowvault.result/1", raw)
         now = self._clock.now()
+        natural = _joined(workflow_id, action_hash)
+        digest = self._repo.key_digest(ACTION_RESULTS, natural)
         for _ in range(LEDGER_RETRIES):
-            existing = self._repo.read(ACTION_RESULTS, _joined(workflow_id, action_hash))
+            existing = self._read_result(natural)
             expected: int | Guard = Guard.ABSENT
             tombstones: list[LedgerEvent] = []
             if existing is not None:
@@ -717,15 +733,23 @@ class WorkflowService:
                 "workflow": self._repo.key_digest(WORKFLOWS, workflow_id),
                 "expires_at": _micros(made.expires_at),
             }
+            event = record_event(
+                self._repo,
+                record_stream(ACTION_RESULT_KIND, digest),
+                "action_result.stored",
+                record_payload(digest),
+                now,
+            )
             upsert = self._repo.prepare(
                 ACTION_RESULTS,
-                _joined(workflow_id, action_hash),
+                natural,
                 made.model_dump(mode="json"),
                 expected=expected,
                 labels=labels,
+                ledger_index=event.index,
             )
             try:
-                self._store.commit(UnitOfWork(upserts=[upsert], appends=tombstones))
+                self._store.commit(UnitOfWork(upserts=[upsert], appends=[*tombstones, event]))
             except RevisionConflict:
                 continue
             if tombstones:
@@ -734,26 +758,63 @@ class WorkflowService:
         raise RevisionConflict("action result kept changing; retry", workflow_id=workflow_id)
 
     def get_action_result(self, workflow_id: str, action_hash: str) -> ActionResult | None:
-        """Return the result with its body, or ``None`` if absent or expired."""
-        opened = self._repo.read(ACTION_RESULTS, _joined(workflow_id, action_hash))
+        """Return the result with its body, or ``None`` if absent or expired.
+
+        Raises:
+            IntegrityFailure: the row is older than its record stream says, or
+                is missing although the stream records it and no purge.
+
+        """
+        opened = self._read_result(_joined(workflow_id, action_hash))
         if opened is None:
             return None
         stored = _action_result(opened)
         return stored if stored.expires_at > self._clock.now() else None
 
+    def _read_result(self, natural: str) -> SealedDocument | None:
+        """Read an action result's row; one its record stream vouches for must be there."""
+        digest = self._repo.key_digest(ACTION_RESULTS, natural)
+        return self._fresh_result.read_vouched(
+            self._store,
+            record_stream(ACTION_RESULT_KIND, digest),
+            (ACTION_RESULTS, digest),
+            lambda: self._repo.read(ACTION_RESULTS, natural),
+        )
+
     def list_action_results(self, workflow_id: str) -> list[ActionResult]:
-        """Return the unexpired results of a workflow, oldest first, without bodies."""
+        """Return the unexpired results of a workflow, oldest first, without bodies.
+
+        Each row is checked against its record stream; a row deleted while
+        it is listed is skipped.
+
+        Raises:
+            IntegrityFailure: a row does not verify or is older than its stream says.
+
+        """
         self._load(workflow_id)
         now = self._clock.now()
         filters = [
             LabelFilter("workflow", self._repo.key_digest(WORKFLOWS, workflow_id)),
             LabelFilter("expires_at", _micros(now), FilterOp.GT),
         ]
-        found = [
-            _action_result(self._open(meta)).model_copy(update={"result": None})
-            for meta in self._list_all(ACTION_RESULTS, filters)
-        ]
+        found = []
+        for meta in self._list_all(ACTION_RESULTS, filters):
+            opened = self._checked_result(meta)
+            if opened is not None:
+                found.append(_action_result(opened).model_copy(update={"result": None}))
         return sorted(found, key=lambda item: (item.created_at, item.action_hash))
+
+    def _checked_result(self, metadata: RecordMetadata) -> SealedDocument | None:
+        """Open a listed result and check it against its record stream; ``None`` if gone."""
+        opened = self._open_row(metadata)
+        if opened is None:
+            return None
+        return self._fresh_result.check_listed(
+            self._store,
+            record_stream(ACTION_RESULT_KIND, metadata.key_digest),
+            opened,
+            lambda: self._open_row(metadata),
+        )
 
     def _list_all(self, namespace: str, filters: list[LabelFilter]) -> Iterator[RecordMetadata]:
         cursor: str | None = None
@@ -764,19 +825,26 @@ class WorkflowService:
                 return
             cursor = page.next_cursor
 
-    def _open(self, metadata: RecordMetadata) -> SealedDocument:
+    def _open_row(self, metadata: RecordMetadata) -> SealedDocument | None:
         record = self._store.load(metadata.namespace, metadata.key_digest)
         if record is None:
-            raise NotFound("record vanished while it was being read")
+            return None
         return self._repo.open(record, namespace=metadata.namespace, key_digest=metadata.key_digest)
 
     def purge_expired(self, now: datetime | None = None, *, batch_size: int = PURGE_BATCH) -> int:
-        """Delete expired action results in bounded batches, each leaving a tombstone event.
+        """Delete expired action results in bounded batches, each leaving tombstone events.
 
-        Every batch is one unit of work: the deletions and, in each affected
+        Every batch is one unit of work: the deletions; in each affected
         workflow's ledger, an ``action_result.purged`` event naming the action
-        hash, content digest, size and expiry (never the body). Compacts the
-        store afterwards so the purged bytes do not linger on disk.
+        hash, content digest, size and expiry (never the body); and in each
+        result's record stream a ``RETENTION_TOMBSTONE``, so the row is
+        legitimately gone. Compacts the store afterwards so the purged bytes
+        do not linger on disk.
+
+        Raises:
+            IntegrityFailure: an expired row is older than its record stream
+                says; nothing of its batch is deleted.
+
         """
         if now is not None and (not isinstance(now, datetime) or now.utcoffset() is None):
             raise InvalidInput("now must be a timezone-aware datetime")
@@ -791,12 +859,16 @@ class WorkflowService:
             )
             if not page.items:
                 break
+            unit = self._purge_unit(page.items)
+            if not unit.deletes:
+                stalled += 1
+                continue
             try:
-                self._store.commit(self._purge_unit(page.items))
+                self._store.commit(unit)
             except RevisionConflict:
                 stalled += 1
                 continue
-            purged += len(page.items)
+            purged += len(unit.deletes)
         if purged:
             compact_after_commit(self._store)
         return purged
@@ -817,14 +889,32 @@ class WorkflowService:
         deletes, appends = [], []
         heads: dict[str, tuple[int, str]] = {}
         for metadata in expired:
-            stored = _action_result(self._open(metadata))
+            opened = self._checked_result(metadata)
+            if opened is None:
+                continue
+            stored = _action_result(opened)
             stream = stream_of(stored.workflow_id)
             if stream not in heads:
                 heads[stream] = self._next_position(stored.workflow_id)
             event = self._tombstone(stored, *heads[stream])
             heads[stream] = (event.index + 1, event.event_hash)
-            deletes.append(Delete(metadata.namespace, metadata.key_digest, metadata.revision))
+            deletes.append(Delete(metadata.namespace, metadata.key_digest, opened.revision))
             appends.append(event)
+            tombstone: dict[str, JsonValue] = {
+                "kind": "action_result",
+                "record": metadata.key_digest,
+                "expires_at": format_instant(stored.expires_at),
+                "purged_at": format_instant(event.occurred_at),
+            }
+            appends.append(
+                record_event(
+                    self._repo,
+                    record_stream(ACTION_RESULT_KIND, metadata.key_digest),
+                    RETENTION_TOMBSTONE,
+                    tombstone,
+                    event.occurred_at,
+                )
+            )
         return UnitOfWork(deletes=deletes, appends=appends)
 
     def compact(self) -> bool:

@@ -1,0 +1,580 @@
+"""Action results, terminal receipts, graph definitions and run results, bound to the ledger.
+
+Each write of these kinds appends an event that names the row's key digest
+(an action result, a definition with its versions and a run result on a
+record stream of their own; a terminal receipt on its run's stream, in the
+``run.<status>`` event) and the row's header names that event. So an older
+row put back whole is refused by every read, a row deleted outside
+flowvault is refused where the stream says it exists, a retry is refused
+rather than repeated, and the full audit reports both. The attacks go
+through the port itself, which is what an editor of the database leaves
+behind; every adapter runs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+import pytest
+
+from flowvault.adapters.crypto import AesGcmCipher
+from flowvault.adapters.memory import InMemorySecureObjectStore
+from flowvault.application import (
+    ACTION_RESULT_KIND,
+    ACTION_RESULTS,
+    DEFINITION_KIND,
+    GRAPH_DEFINITION_VERSIONS,
+    GRAPH_DEFINITIONS,
+    GRAPH_RUN_RECEIPTS,
+    RESULT_KIND,
+    RETENTION_TOMBSTONE,
+    RUNS,
+    BoundRecords,
+    Delete,
+    Guard,
+    LedgerAudit,
+    RunRepository,
+    RunService,
+    SealedRepository,
+    SecureObjectStore,
+    StoredRecord,
+    UnitOfWork,
+    Upsert,
+    WorkflowService,
+    list_all_streams,
+    mac_matches,
+    read_stream,
+    record_stream,
+    run_stream,
+    stream_of,
+)
+from flowvault.application.testing import FrozenClock, SequentialIds
+from flowvault.domain import (
+    IntegrityFailure,
+    LedgerEvent,
+    NotFound,
+    WorkflowResult,
+    WorkOrder,
+    canonical_json,
+    content_hash,
+)
+
+KEY = bytes(range(5, 37))
+SECRET = "kinds-secret-41c7-never-in-errors"
+DEFINITION = "secretdef41c7"
+RESULT_RUN = "run-secret-41c7"
+ACTION = content_hash("send the invoice")
+SECOND = timedelta(seconds=1)
+DAY = timedelta(days=1)
+STALE = "older than its ledger"
+DELETED = "deleted outside flowvault"
+
+
+class World:
+    """The services that write these kinds, over one store and a frozen clock."""
+
+    def __init__(self, store: SecureObjectStore) -> None:
+        self.store = store
+        self.clock = FrozenClock()
+        self.repository = SealedRepository(store, AesGcmCipher(KEY), self.clock)
+        self.workflows = WorkflowService(self.repository, self.clock, SequentialIds("wf"))
+        self.runs = RunService(
+            self.repository, self.clock, SequentialIds("run"), integrity=self.repository
+        )
+        self.results = RunRepository(self.repository)
+
+    def workflow(self) -> str:
+        record, _ = self.workflows.create(
+            WorkOrder(kind="invoice", requester="ops", idempotency_key="order-1")
+        )
+        return record.workflow_id
+
+    def finished_run(self) -> str:
+        self.runs.register_definition(DEFINITION, {"nodes": [SECRET]})
+        run, _ = self.runs.start_run(DEFINITION, {"input": SECRET})
+        self.runs.set_status(run.run_id, "running", expected_status="accepted")
+        self.runs.finish_run(
+            run.run_id, "completed", expected_status="running", final_state={"s": SECRET}
+        )
+        return run.run_id
+
+    def result(self, status: str = "completed") -> WorkflowResult:
+        return WorkflowResult(
+            run_id=RESULT_RUN,
+            status=status,
+            started_at=self.clock.now(),
+            finished_at=self.clock.now(),
+            output={"answer": SECRET},
+        )
+
+    def digest(self, namespace: str, natural_key: str) -> str:
+        return self.repository.key_digest(namespace, natural_key)
+
+    def row(self, namespace: str, natural_key: str) -> StoredRecord:
+        stored = self.store.load(namespace, self.digest(namespace, natural_key))
+        assert stored is not None
+        return stored
+
+    def replay(self, old: StoredRecord) -> None:
+        """Put an older row back whole, header and ciphertext, as a database editor could."""
+        metadata = old.metadata
+        if self.store.peek_metadata(metadata.namespace, metadata.key_digest) is not None:
+            self.delete(metadata.namespace, metadata.key_digest)
+        expected = Guard.ABSENT if metadata.revision == 1 else Guard.ANY
+        upsert = Upsert(
+            header=metadata.header, payload=old.payload, expected=expected, labels=metadata.labels
+        )
+        self.store.commit(UnitOfWork(upserts=[upsert]))
+
+    def delete(self, namespace: str, key_digest: str) -> None:
+        """Delete a row whole, leaving its streams as they are."""
+        self.store.commit(UnitOfWork(deletes=[Delete(namespace, key_digest, Guard.ANY)]))
+
+    def events(self, stream: str) -> list[LedgerEvent]:
+        return list(read_stream(self.store, stream))
+
+    def audit(self) -> LedgerAudit:
+        return LedgerAudit(
+            self.store, self.repository, BoundRecords(self.repository, self.workflows, self.runs)
+        )
+
+    def reader_at(self, moment: datetime) -> WorkflowService:
+        """Return a workflow service whose clock shows ``moment``, over the same store."""
+        return WorkflowService(self.repository, FrozenClock(moment), SequentialIds("wf"))
+
+
+@pytest.fixture
+def world(backend_store: SecureObjectStore) -> World:
+    """Provide a fresh world on each backend."""
+    return World(backend_store)
+
+
+def _refused(call: Callable[[], object], wording: str) -> IntegrityFailure:
+    """Assert ``call`` fails as INTEGRITY_FAILURE with ``wording`` and no secret."""
+    with pytest.raises(IntegrityFailure) as caught:
+        call()
+    failure = caught.value
+    assert failure.code == "INTEGRITY_FAILURE"
+    assert wording in str(failure)
+    assert "ledger_index" in failure.details
+    for text in (str(failure), repr(failure), canonical_json(dict(failure.details))):
+        assert SECRET not in text
+        assert DEFINITION not in text
+    return failure
+
+
+class _Wrapped:
+    """A store passing everything through, for tests that change one method."""
+
+    def __init__(self, inner: SecureObjectStore) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+class _OlderOnce(_Wrapped):
+    """Returns an older copy of one row on its first load, as if a rewrite landed just after."""
+
+    def __init__(self, inner: SecureObjectStore, older: StoredRecord) -> None:
+        super().__init__(inner)
+        self._older = older
+        self.served = 0
+
+    def load(self, namespace: str, key_digest: str) -> StoredRecord | None:
+        metadata = self._older.metadata
+        if (namespace, key_digest) == (metadata.namespace, metadata.key_digest) and not self.served:
+            self.served += 1
+            return self._older
+        return self._inner.load(namespace, key_digest)
+
+
+def _racing(world: World, older: StoredRecord) -> tuple[_OlderOnce, SealedRepository]:
+    racing = _OlderOnce(world.store, older)
+    repository = SealedRepository(racing, AesGcmCipher(KEY), world.clock)  # type: ignore[arg-type]
+    return racing, repository
+
+
+# -- action results ----------------------------------------------------------------
+
+
+def _replaced_result(world: World) -> tuple[str, StoredRecord, datetime]:
+    """Store a result, let it expire, store another in its place; return the older row."""
+    workflow_id = world.workflow()
+    stored_at = world.clock.now()
+    world.workflows.put_action_result(workflow_id, ACTION, {"v": SECRET}, retention=SECOND)
+    older = world.row(ACTION_RESULTS, f"{workflow_id}\x1f{ACTION}")
+    world.clock.advance(2 * SECOND)
+    world.workflows.put_action_result(workflow_id, ACTION, {"v": 2}, retention=DAY)
+    return workflow_id, older, stored_at
+
+
+def test_each_action_result_write_names_its_record_stream_event(world: World) -> None:
+    """A put and a replacement after expiry each append ``action_result.stored`` naming the row."""
+    workflow_id, _, _ = _replaced_result(world)
+    digest = world.digest(ACTION_RESULTS, f"{workflow_id}\x1f{ACTION}")
+    events = world.events(record_stream(ACTION_RESULT_KIND, digest))
+    assert [e.type for e in events] == ["action_result.stored"] * 2
+    assert all(e.payload == {"records": [digest]} for e in events)
+    assert all(mac_matches(e, world.repository) for e in events)
+    assert world.row(ACTION_RESULTS, f"{workflow_id}\x1f{ACTION}").metadata.header.ledger_index == 1
+    assert world.events(stream_of(workflow_id))[-1].type == "action_result.purged"
+
+
+def test_an_older_action_result_put_back_is_refused_by_every_read(world: World) -> None:
+    """The expired first result put back opens, but a later event of its stream replaced it.
+
+    A reader whose clock shows the first result unexpired would otherwise
+    get it back from the read and from the listing.
+    """
+    workflow_id, older, stored_at = _replaced_result(world)
+    world.replay(older)
+    early = world.reader_at(stored_at)
+    failure = _refused(lambda: early.get_action_result(workflow_id, ACTION), STALE)
+    assert failure.details["ledger_index"] == 0
+    _refused(lambda: early.list_action_results(workflow_id), STALE)
+    _refused(lambda: world.workflows.get_action_result(workflow_id, ACTION), STALE)
+    _refused(
+        lambda: world.workflows.put_action_result(workflow_id, ACTION, {"v": 2}, retention=DAY),
+        STALE,
+    )
+
+
+def test_a_deleted_action_result_is_refused_and_not_stored_again(world: World) -> None:
+    """Its stream still vouches for it: a read and a retried put refuse instead of starting over."""
+    workflow_id = world.workflow()
+    world.workflows.put_action_result(workflow_id, ACTION, {"v": 1}, retention=DAY)
+    digest = world.digest(ACTION_RESULTS, f"{workflow_id}\x1f{ACTION}")
+    world.delete(ACTION_RESULTS, digest)
+    _refused(lambda: world.workflows.get_action_result(workflow_id, ACTION), DELETED)
+    for body in ({"v": 1}, {"v": 2}):
+        _refused(
+            lambda body=body: world.workflows.put_action_result(workflow_id, ACTION, body),
+            DELETED,
+        )
+    assert len(world.events(record_stream(ACTION_RESULT_KIND, digest))) == 1
+    assert world.workflows.get_action_result(workflow_id, content_hash("other")) is None
+
+
+def test_a_purged_action_result_is_gone_and_its_row_cannot_come_back(world: World) -> None:
+    """The purge tombstones the record stream too, so the result reads as absent.
+
+    It can then be stored again, while its purged row put back is refused.
+    """
+    workflow_id = world.workflow()
+    world.workflows.put_action_result(workflow_id, ACTION, {"v": SECRET}, retention=SECOND)
+    purged = world.row(ACTION_RESULTS, f"{workflow_id}\x1f{ACTION}")
+    world.clock.advance(2 * SECOND)
+    assert world.workflows.purge_expired() == 1
+    digest = purged.metadata.key_digest
+    stream = record_stream(ACTION_RESULT_KIND, digest)
+    tombstone = world.events(stream)[-1]
+    assert tombstone.type == RETENTION_TOMBSTONE
+    assert mac_matches(tombstone, world.repository)
+    assert world.workflows.get_action_result(workflow_id, ACTION) is None
+    world.replay(purged)
+    _refused(lambda: world.workflows.get_action_result(workflow_id, ACTION), STALE)
+    stale = world.audit().run().stale
+    assert [(found.namespace, found.key_digest) for found in stale] == [(ACTION_RESULTS, digest)]
+    _refused(world.workflows.purge_expired, STALE)
+    world.delete(ACTION_RESULTS, digest)
+    world.workflows.put_action_result(workflow_id, ACTION, {"v": 3}, retention=DAY)
+    found = world.workflows.get_action_result(workflow_id, ACTION)
+    assert found is not None
+    assert found.result == {"v": 3}
+
+
+def test_an_action_result_rewritten_during_a_read_is_no_false_alarm(world: World) -> None:
+    """A read that met the row just before its rewrite reads again instead of refusing."""
+    workflow_id, _, _ = _replaced_result(world)
+    older = world.row(ACTION_RESULTS, f"{workflow_id}\x1f{ACTION}")
+    world.clock.advance(2 * DAY)
+    world.workflows.put_action_result(workflow_id, ACTION, {"v": 3}, retention=DAY)
+    racing, repository = _racing(world, older)
+    service = WorkflowService(repository, world.clock, SequentialIds("wf"))
+    found = service.get_action_result(workflow_id, ACTION)
+    assert found is not None
+    assert found.result == {"v": 3}
+    assert racing.served == 1
+
+
+# -- terminal receipts ---------------------------------------------------------------
+
+
+def test_a_receipt_is_bound_to_the_event_that_ended_its_run(world: World) -> None:
+    """``run.<status>`` names the receipt's key digest; the receipt's row names that event."""
+    run_id = world.finished_run()
+    ended = world.events(run_stream(run_id))[-1]
+    digest = world.digest(GRAPH_RUN_RECEIPTS, run_id)
+    assert ended.type == "run.completed"
+    assert isinstance(ended.payload, dict)
+    assert ended.payload["records"] == [digest]
+    assert world.row(GRAPH_RUN_RECEIPTS, run_id).metadata.header.ledger_index == ended.index
+    assert world.runs.terminal_receipt(run_id).status == "completed"
+
+
+def test_a_deleted_receipt_is_refused_not_read_as_never_issued(world: World) -> None:
+    """Its run's stream says it was issued; a run ended without one still has none."""
+    run_id = world.finished_run()
+    world.delete(GRAPH_RUN_RECEIPTS, world.digest(GRAPH_RUN_RECEIPTS, run_id))
+    failure = _refused(lambda: world.runs.terminal_receipt(run_id), DELETED)
+    assert failure.details["namespace"] == GRAPH_RUN_RECEIPTS
+    run, _ = world.runs.start_run(DEFINITION, {"input": 2})
+    world.runs.set_status(run.run_id, "cancelled", expected_status="accepted")
+    with pytest.raises(NotFound):
+        world.runs.terminal_receipt(run.run_id)
+
+
+def test_a_receipt_stays_current_after_its_run_is_purged(world: World) -> None:
+    """The purge tombstone after ``run.<status>`` does not name the receipt, so it still reads."""
+    run_id = world.finished_run()
+    receipt = world.runs.terminal_receipt(run_id)
+    world.clock.advance(2 * DAY)
+    assert world.runs.purge_finished_runs(world.clock.now(), DAY) == 1
+    assert world.events(run_stream(run_id))[-1].type == RETENTION_TOMBSTONE
+    assert world.runs.terminal_receipt(run_id) == receipt
+
+
+def test_a_receipt_written_before_the_binding_still_reads(world: World) -> None:
+    """A receipt row without an index (an older build's) is accepted.
+
+    Receipts are never rewritten, so no event can have superseded it.
+    """
+    elsewhere = World(InMemorySecureObjectStore())
+    run_id = elsewhere.finished_run()
+    opened = elsewhere.repository.read(GRAPH_RUN_RECEIPTS, run_id)
+    assert opened is not None
+    world.finished_run()
+    world.delete(GRAPH_RUN_RECEIPTS, world.digest(GRAPH_RUN_RECEIPTS, run_id))
+    world.repository.write(GRAPH_RUN_RECEIPTS, run_id, opened.document, expected=Guard.ABSENT)
+    assert world.row(GRAPH_RUN_RECEIPTS, run_id).metadata.header.ledger_index is None
+    assert world.runs.terminal_receipt(run_id) == elsewhere.runs.terminal_receipt(run_id)
+
+
+# -- graph definitions and their versions ------------------------------------------
+
+
+def _definition_stream(world: World) -> str:
+    return record_stream(DEFINITION_KIND, world.digest(GRAPH_DEFINITIONS, DEFINITION))
+
+
+def test_definition_writes_name_their_record_stream_event(world: World) -> None:
+    """Registering names the head and any new version; a run start names the head it rewrites."""
+    first = world.runs.register_definition(DEFINITION, {"nodes": [1]})
+    second = world.runs.register_definition(DEFINITION, {"nodes": [2]})
+    world.runs.register_definition(DEFINITION, {"nodes": [1]})
+    head = world.digest(GRAPH_DEFINITIONS, DEFINITION)
+    versions = [
+        world.digest(GRAPH_DEFINITION_VERSIONS, f"{DEFINITION}\x1f{made.version}")
+        for made in (first, second)
+    ]
+    events = world.events(_definition_stream(world))
+    assert [e.type for e in events] == ["definition.registered"] * 3
+    assert [e.payload for e in events] == [
+        {"records": [head, versions[0]]},
+        {"records": [head, versions[1]]},
+        {"records": [head]},
+    ]
+    before = world.row(GRAPH_DEFINITIONS, DEFINITION).metadata
+    world.runs.start_run(DEFINITION, {"input": 1})
+    after = world.row(GRAPH_DEFINITIONS, DEFINITION).metadata
+    referenced = world.events(_definition_stream(world))[-1]
+    assert (referenced.type, referenced.payload) == ("definition.referenced", {"records": [head]})
+    assert (before.header.ledger_index, after.header.ledger_index) == (2, 3)
+    assert after.revision == before.revision + 1
+    assert world.audit().run().ok
+
+
+def test_an_older_definition_head_put_back_is_refused_by_every_read(world: World) -> None:
+    """The head naming the first version opens, but a later registration rewrote it."""
+    world.runs.register_definition(DEFINITION, {"nodes": [1]})
+    older = world.row(GRAPH_DEFINITIONS, DEFINITION)
+    world.runs.register_definition(DEFINITION, {"nodes": [2]})
+    world.replay(older)
+    failure = _refused(lambda: world.runs.get_definition(DEFINITION), STALE)
+    assert failure.details["ledger_index"] == 0
+    _refused(lambda: world.runs.definition_versions(DEFINITION), STALE)
+    _refused(lambda: world.runs.start_run(DEFINITION, {"input": 1}), STALE)
+    _refused(lambda: world.runs.register_definition(DEFINITION, {"nodes": [3]}), STALE)
+    _refused(lambda: world.runs.delete_definition(DEFINITION), STALE)
+
+
+def test_a_version_put_back_from_before_a_delete_is_refused(world: World) -> None:
+    """Deleted and registered again, a version's older row names an event two writes back."""
+    made = world.runs.register_definition(DEFINITION, {"nodes": [1]})
+    older = world.row(GRAPH_DEFINITION_VERSIONS, f"{DEFINITION}\x1f{made.version}")
+    assert world.runs.delete_definition(DEFINITION) == 1
+    deleted = world.events(_definition_stream(world))[-1]
+    assert deleted.type == "definition.deleted"
+    assert isinstance(deleted.payload, dict)
+    assert set(deleted.payload["deleted"]) == {
+        world.digest(GRAPH_DEFINITIONS, DEFINITION),
+        older.metadata.key_digest,
+    }
+    with pytest.raises(NotFound):
+        world.runs.get_definition(DEFINITION)
+    world.replay(older)
+    _refused(lambda: world.runs.get_definition(DEFINITION, made.version), STALE)
+    world.delete(GRAPH_DEFINITION_VERSIONS, older.metadata.key_digest)
+    world.runs.register_definition(DEFINITION, {"nodes": [1]})
+    world.clock.advance(SECOND)
+    world.runs.register_definition(DEFINITION, {"nodes": [2]})
+    world.replay(older)
+    _refused(lambda: world.runs.get_definition(DEFINITION, made.version), STALE)
+    _refused(lambda: world.runs.definition_versions(DEFINITION), STALE)
+
+
+def test_deleted_definition_rows_are_refused_and_not_registered_again(world: World) -> None:
+    """A head or version deleted outside flowvault is refused; registering again is too."""
+    made = world.runs.register_definition(DEFINITION, {"nodes": [1]})
+    version = world.digest(GRAPH_DEFINITION_VERSIONS, f"{DEFINITION}\x1f{made.version}")
+    world.delete(GRAPH_DEFINITION_VERSIONS, version)
+    _refused(lambda: world.runs.get_definition(DEFINITION), DELETED)
+    _refused(lambda: world.runs.register_definition(DEFINITION, {"nodes": [1]}), DELETED)
+    _refused(lambda: world.runs.start_run(DEFINITION, {"input": 1}, version=made.version), DELETED)
+    world.delete(GRAPH_DEFINITIONS, world.digest(GRAPH_DEFINITIONS, DEFINITION))
+    _refused(lambda: world.runs.get_definition(DEFINITION), DELETED)
+    _refused(lambda: world.runs.register_definition(DEFINITION, {"nodes": [1]}), DELETED)
+    _refused(lambda: world.runs.start_run(DEFINITION, {"input": 1}), DELETED)
+    assert len(world.events(_definition_stream(world))) == 1
+    with pytest.raises(NotFound):
+        world.runs.get_definition("otherdef")
+
+
+def test_a_definition_head_rewritten_during_a_read_is_no_false_alarm(world: World) -> None:
+    """A read that met the head just before a registration rewrote it reads again."""
+    world.runs.register_definition(DEFINITION, {"nodes": [1]})
+    older = world.row(GRAPH_DEFINITIONS, DEFINITION)
+    second = world.runs.register_definition(DEFINITION, {"nodes": [2]})
+    racing, repository = _racing(world, older)
+    service = RunService(repository, world.clock, SequentialIds("r"), integrity=repository)
+    assert service.get_definition(DEFINITION)[0] == second
+    assert racing.served == 1
+
+
+def test_a_head_put_back_from_before_a_run_start_is_refused(world: World) -> None:
+    """The same content, one revision older: the start's ``definition.referenced`` rewrote it."""
+    world.runs.register_definition(DEFINITION, {"nodes": [1]})
+    older = world.row(GRAPH_DEFINITIONS, DEFINITION)
+    world.runs.start_run(DEFINITION, {"input": 1})
+    world.replay(older)
+    _refused(lambda: world.runs.get_definition(DEFINITION), STALE)
+    _refused(lambda: world.runs.start_run(DEFINITION, {"input": 2}), STALE)
+    assert {(found.namespace, found.key_digest) for found in world.audit().run().stale} == {
+        (GRAPH_DEFINITIONS, older.metadata.key_digest)
+    }
+
+
+# -- run results ---------------------------------------------------------------------
+
+
+def test_each_save_of_a_run_result_names_its_record_stream_event(world: World) -> None:
+    """A save appends ``result.saved`` naming the row, and the row's header names it."""
+    world.results.save(world.result("failed"))
+    world.results.save(world.result())
+    digest = world.digest(RUNS, RESULT_RUN)
+    events = world.events(record_stream(RESULT_KIND, digest))
+    assert [e.type for e in events] == ["result.saved"] * 2
+    assert all(e.payload == {"records": [digest]} for e in events)
+    assert all(mac_matches(e, world.repository) for e in events)
+    assert world.row(RUNS, RESULT_RUN).metadata.header.ledger_index == 1
+    assert world.results.load(RESULT_RUN).status == "completed"
+
+
+def test_an_older_run_result_put_back_is_refused_by_load_and_list(world: World) -> None:
+    """The failed result saved first opens, but a later save of its stream replaced it."""
+    world.results.save(world.result("failed"))
+    older = world.row(RUNS, RESULT_RUN)
+    world.results.save(world.result())
+    world.replay(older)
+    failure = _refused(lambda: world.results.load(RESULT_RUN), STALE)
+    assert failure.details["ledger_index"] == 0
+    _refused(world.results.list, STALE)
+
+
+def test_a_deleted_run_result_is_refused_not_read_as_never_saved(world: World) -> None:
+    """Its record stream records a save: the absence is tampering, not NOT_FOUND."""
+    world.results.save(world.result())
+    world.delete(RUNS, world.digest(RUNS, RESULT_RUN))
+    _refused(lambda: world.results.load(RESULT_RUN), DELETED)
+    assert world.results.list().runs == ()
+    with pytest.raises(NotFound):
+        world.results.load("run-never-saved")
+
+
+def test_a_run_result_rewritten_during_a_read_is_no_false_alarm(world: World) -> None:
+    """A load or a listing that met the row just before a save reads it again."""
+    world.results.save(world.result("failed"))
+    older = world.row(RUNS, RESULT_RUN)
+    world.results.save(world.result())
+    for read in ("load", "list"):
+        racing, repository = _racing(world, older)
+        results = RunRepository(repository)
+        found = results.load(RESULT_RUN) if read == "load" else results.list().runs[0]
+        assert found.status == "completed"
+        assert racing.served == 1
+
+
+# -- the full audit and what the events carry ---------------------------------------
+
+
+def test_a_full_audit_finds_replays_and_deletions_of_every_kind(world: World) -> None:
+    """``LedgerAudit`` with bound records reports each tampered row of these kinds in ``stale``.
+
+    Legitimate removals (a purged action result, a deleted definition, a
+    purged run) leave it ok.
+    """
+    workflow_id, older_result, _ = _replaced_result(world)
+    run_id = world.finished_run()
+    older_head = world.row(GRAPH_DEFINITIONS, DEFINITION)
+    world.runs.register_definition(DEFINITION, {"nodes": [2]}, overwrite=True)
+    world.results.save(world.result("failed"))
+    older_saved = world.row(RUNS, RESULT_RUN)
+    world.results.save(world.result())
+    world.runs.register_definition("gonedef", {"nodes": []})
+    world.runs.delete_definition("gonedef")
+    world.workflows.put_action_result(workflow_id, content_hash("b"), {"v": 1}, retention=SECOND)
+    world.clock.advance(2 * SECOND)
+    assert world.workflows.purge_expired() == 1
+    assert world.runs.purge_finished_runs(world.clock.now(), SECOND) == 1
+    assert world.audit().run().ok
+
+    world.replay(older_result)
+    world.replay(older_head)
+    world.replay(older_saved)
+    receipt = world.digest(GRAPH_RUN_RECEIPTS, run_id)
+    world.delete(GRAPH_RUN_RECEIPTS, receipt)
+    version = world.store.list(GRAPH_DEFINITION_VERSIONS, limit=1).items[0].key_digest
+    world.delete(GRAPH_DEFINITION_VERSIONS, version)
+    report = world.audit().run()
+    assert not report.ok
+    assert all(stream.ok for stream in report.streams)
+    found = {(stale.namespace, stale.key_digest) for stale in report.stale}
+    assert found == {
+        (ACTION_RESULTS, older_result.metadata.key_digest),
+        (GRAPH_DEFINITIONS, older_head.metadata.key_digest),
+        (RUNS, older_saved.metadata.key_digest),
+        (None, receipt),
+        (None, version),
+    }
+
+
+def test_every_new_event_is_keyed_and_names_only_digests(world: World) -> None:
+    """The events these kinds write carry their chain MAC and no natural key or payload."""
+    workflow_id = world.workflow()
+    world.workflows.put_action_result(workflow_id, ACTION, {"v": SECRET})
+    world.finished_run()
+    world.results.save(world.result())
+    world.runs.register_definition("otherdef", {"nodes": []})
+    world.runs.delete_definition("otherdef")
+    kinds = (ACTION_RESULT_KIND, DEFINITION_KIND, RESULT_KIND, "run")
+    streams = [name for name in list_all_streams(world.store) if name.split("/")[0] in kinds]
+    assert len(streams) == 5
+    for name in streams:
+        for text in (SECRET, DEFINITION, "otherdef", RESULT_RUN, workflow_id):
+            assert text not in name
+        for event in world.events(name):
+            assert mac_matches(event, world.repository)
+            for text in (SECRET, DEFINITION, "otherdef", RESULT_RUN):
+                assert text not in canonical_json(event.payload)
