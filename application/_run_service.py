@@ -21,6 +21,7 @@ from flowvault.application._compaction import compact_after_commit
 from flowvault.application._freshness import (
     DEFINITION_KIND,
     DELETED_FIELD,
+    FRESH_READ_TRIES,
     IDEMPOTENCY_KIND,
     StreamPolicy,
     leaves_unnamed,
@@ -47,9 +48,9 @@ from flowvault.application._records import (
     Upsert,
 )
 from flowvault.application._sealed import SealedDocument, SealedRepository
-from flowvault.application._streams import keyed, next_position
+from flowvault.application._streams import keyed, mac_matches, next_position
 from flowvault.application._verified import verified_page
-from flowvault.application.ports import Clock, Compactor, IdFactory
+from flowvault.application.ports import Clock, Compactor, IdFactory, SecureObjectStore
 from flowvault.domain import (
     DEFINITION_ID_PATTERN,
     DIGEST_PATTERN,
@@ -125,6 +126,28 @@ class _LoadedRun:
 
     run: GraphRun
     metadata: RecordMetadata
+
+
+def _purged_run(store: SecureObjectStore, head: LedgerEvent, digester: KeyedDigester) -> bool:
+    """Whether the keyed retention tombstones ending the stream include its run's own.
+
+    Purges of a run's checkpoints and approvals may tombstone its stream
+    after the run itself was purged, so the run's tombstone need not be
+    the head; nothing but tombstones follows it.
+    """
+    event: LedgerEvent | None = head
+    while event is not None and event.type == RETENTION_TOMBSTONE:
+        payload = event.payload
+        if not mac_matches(event, digester):
+            return False
+        if isinstance(payload, dict) and payload.get("kind") == "run":
+            return True
+        if event.index == 0:
+            return False
+        page = store.read_ledger(event.stream, from_index=event.index - 1, limit=1)
+        before = page.events[0] if page.events else None
+        event = before if before is not None and before.index == event.index - 1 else None
+    return False
 
 
 def _leaves_run(event: LedgerEvent, _header: object) -> bool:
@@ -591,13 +614,34 @@ class RunService:
         return self._load(run_id)
 
     def _load(self, run_id: str) -> GraphRun:
-        """Read the current run, checked against the ``run.*`` events of its stream."""
-        loaded, _ = self._fresh.read(
-            self._store, run_stream(run_id), lambda: self._read_row(run_id), with_head=False
-        )
-        if loaded is None:
-            raise NotFound("no such run", run_id=run_id)
-        return loaded.run
+        """Read the current run, checked against the ``run.*`` events of its stream.
+
+        A run is deleted only by a retention purge, whose tombstone then
+        heads its stream (a purged run takes no more events). A run missing
+        while its stream holds events and no such tombstone heads it was
+        deleted outside flowvault. The row is looked for again first, so a
+        start landing between the two reads is read.
+        """
+        stream = run_stream(run_id)
+        for _ in range(FRESH_READ_TRIES):
+            loaded, _ = self._fresh.read(
+                self._store, stream, lambda: self._read_row(run_id), with_head=False
+            )
+            if loaded is not None:
+                return loaded.run
+            head = self._store.ledger_head(stream)
+            if head is None or _purged_run(self._store, head, self._repo):
+                raise NotFound("no such run", run_id=run_id)
+            digest = self._repo.key_digest(GRAPH_RUNS, run_id)
+            if self._store.peek_metadata(GRAPH_RUNS, digest) is None:
+                raise IntegrityFailure(
+                    "graph run is missing, but its ledger stream holds its events and no "
+                    "purge: it was deleted outside flowvault; restore it from a backup",
+                    namespace=GRAPH_RUNS,
+                    key_digest=digest,
+                    missing=True,
+                )
+        raise RevisionConflict("graph run kept changing while it was read; retry")
 
     def _read_row(self, run_id: str) -> _LoadedRun | None:
         opened = self._repo.read(GRAPH_RUNS, run_id)

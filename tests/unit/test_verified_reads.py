@@ -20,6 +20,7 @@ from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.application import (
     CHECKPOINTS,
+    GRAPH_RUNS,
     STATE_NAMESPACE,
     WITNESSES,
     WORKFLOWS,
@@ -540,3 +541,37 @@ def test_a_state_row_deleted_outside_flowvault_is_refused_not_read_as_empty(
     assert state.load().revision is None
     state.save(WorkflowState(step=5))
     assert state.load().state == WorkflowState(step=5)
+
+
+def test_a_workflow_or_run_deleted_outside_flowvault_is_refused_not_unknown(
+    backend_store: SecureObjectStore,
+) -> None:
+    """Their streams hold their events, so a missing record is deleted, not never written.
+
+    A retried create is refused too (no second workflow), and the full
+    audit lists both; a run purged by retention still reads as ``NOT_FOUND``.
+    """
+    repository, workflows, runs = _world(backend_store)
+    order = WorkOrder(kind="k", requester="r", idempotency_key="i")
+    record, _ = workflows.create(order)
+    runs.register_definition("graph", {"nodes": ["a"]})
+    run, _ = runs.start_run("graph", {"t": 1})
+    for namespace, natural in ((WORKFLOWS, record.workflow_id), (GRAPH_RUNS, run.run_id)):
+        digest = repository.key_digest(namespace, natural)
+        row = backend_store.peek_metadata(namespace, digest)
+        assert row is not None
+        backend_store.commit(UnitOfWork(deletes=[Delete(namespace, digest, row.revision)]))
+    for call in (
+        lambda: workflows.get(record.workflow_id),
+        lambda: workflows.create(order),
+        lambda: runs.get_run(run.run_id),
+    ):
+        with pytest.raises(IntegrityFailure) as caught:
+            call()
+        assert caught.value.details["missing"] is True
+    assert backend_store.namespace_counts().get(WORKFLOWS, 0) == 0
+    report = LedgerAudit(backend_store, repository, BoundRecords(repository, workflows, runs)).run()
+    assert {stale.stream for stale in report.stale} >= {
+        stream_of(record.workflow_id),
+        f"run/{run.run_id}",
+    }
