@@ -85,8 +85,11 @@ def test_a_restored_older_copy_is_refused_on_open(tmp_path: Path) -> None:
     assert cli.returncode == 1
     assert "STORE_ROLLED_BACK" in cli.stderr
     assert "flowvault accept-restore" in cli.stderr
-    audit = _run(tmp_path, "ledger", "verify", "--all", home=settings.home)
-    assert audit.returncode == 0, "a read-only audit of the restored copy still runs"
+    audit = _run(tmp_path, "ledger", "verify", "--all", "--json", home=settings.home)
+    assert audit.returncode == 1, "a read-only audit of the restored copy runs and reports it"
+    report = _document(audit)
+    assert report["failures"] == []
+    assert "commit" in str(report["rolled_back"])
 
 
 def test_without_the_mark_the_same_restore_goes_unseen(tmp_path: Path) -> None:
