@@ -183,6 +183,49 @@ class StreamPolicy(Generic[_O]):
                 return None
         raise RevisionConflict(f"{self._what} kept changing while it was read; retry")
 
+    def read_owned(
+        self,
+        store: SecureObjectStore,
+        stream: str,
+        row: tuple[str, str],
+        read: Callable[[], _O | None],
+        *,
+        gone: Callable[[LedgerEvent], bool],
+        with_head: bool = False,
+    ) -> tuple[_O | None, LedgerEvent | None]:
+        """Read a row its own stream began with; missing while the stream says it exists is refused.
+
+        ``gone(head)`` says whether the stream's head shows the row was
+        removed on purpose (a purge, a reset). Otherwise a stream holding
+        events means the row was written, so its absence, once the row is
+        looked for again (a write may have landed between the reads), is a
+        deletion or a move outside flowvault.
+
+        Raises:
+            IntegrityFailure: the row is older than its stream says, or is
+                missing (``details["missing"]``).
+            RevisionConflict: the row kept changing under every attempt.
+
+        """
+        for _ in range(FRESH_READ_TRIES):
+            opened, head = self.read(store, stream, read, with_head=with_head)
+            if opened is not None:
+                return opened, head
+            head = store.ledger_head(stream) if head is None else head
+            if head is None or gone(head):
+                return None, head
+            if store.peek_metadata(*row) is None:
+                namespace, key_digest = row
+                raise IntegrityFailure(
+                    f"{self._what} is missing, but its ledger stream says it was written and "
+                    "not removed since: it was deleted outside flowvault; restore it from a "
+                    "backup",
+                    namespace=namespace,
+                    key_digest=key_digest,
+                    missing=True,
+                )
+        raise RevisionConflict(f"{self._what} kept changing while it was read; retry")
+
     def check_listed(
         self, store: SecureObjectStore, stream: str, listed: _O, reread: Callable[[], _O | None]
     ) -> _O | None:

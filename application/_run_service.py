@@ -21,7 +21,6 @@ from flowvault.application._compaction import compact_after_commit
 from flowvault.application._freshness import (
     DEFINITION_KIND,
     DELETED_FIELD,
-    FRESH_READ_TRIES,
     IDEMPOTENCY_KIND,
     StreamPolicy,
     leaves_unnamed,
@@ -616,32 +615,21 @@ class RunService:
     def _load(self, run_id: str) -> GraphRun:
         """Read the current run, checked against the ``run.*`` events of its stream.
 
-        A run is deleted only by a retention purge, whose tombstone then
-        heads its stream (a purged run takes no more events). A run missing
-        while its stream holds events and no such tombstone heads it was
-        deleted outside flowvault. The row is looked for again first, so a
-        start landing between the two reads is read.
+        A run is deleted only by a retention purge, whose tombstone the
+        stream then ends with; missing without one, it was deleted outside
+        flowvault.
         """
-        stream = run_stream(run_id)
-        for _ in range(FRESH_READ_TRIES):
-            loaded, _ = self._fresh.read(
-                self._store, stream, lambda: self._read_row(run_id), with_head=False
-            )
-            if loaded is not None:
-                return loaded.run
-            head = self._store.ledger_head(stream)
-            if head is None or _purged_run(self._store, head, self._repo):
-                raise NotFound("no such run", run_id=run_id)
-            digest = self._repo.key_digest(GRAPH_RUNS, run_id)
-            if self._store.peek_metadata(GRAPH_RUNS, digest) is None:
-                raise IntegrityFailure(
-                    "graph run is missing, but its ledger stream holds its events and no "
-                    "purge: it was deleted outside flowvault; restore it from a backup",
-                    namespace=GRAPH_RUNS,
-                    key_digest=digest,
-                    missing=True,
-                )
-        raise RevisionConflict("graph run kept changing while it was read; retry")
+        row = (GRAPH_RUNS, self._repo.key_digest(GRAPH_RUNS, run_id))
+        loaded, _ = self._fresh.read_owned(
+            self._store,
+            run_stream(run_id),
+            row,
+            lambda: self._read_row(run_id),
+            gone=lambda head: _purged_run(self._store, head, self._repo),
+        )
+        if loaded is None:
+            raise NotFound("no such run", run_id=run_id)
+        return loaded.run
 
     def _read_row(self, run_id: str) -> _LoadedRun | None:
         opened = self._repo.read(GRAPH_RUNS, run_id)

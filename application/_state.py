@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from flowvault.application._backoff import pause_after_conflict
 from flowvault.application._compaction import compact_after_commit
-from flowvault.application._freshness import FRESH_READ_TRIES, StreamPolicy
+from flowvault.application._freshness import StreamPolicy
 from flowvault.application._records import Delete, Guard, RecordMetadata, UnitOfWork, Upsert
 from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application._streams import TRIM_EVENT, keyed, next_position
@@ -228,26 +228,18 @@ class StateRepository(Generic[M]):
         """Read the row with ``read``, checked against the scope's history.
 
         An absent row whose history says it was written, and not reset
-        since, was deleted (or moved to another address) outside flowvault:
-        reading it as empty would hand out, or let a writer overwrite, a
-        default state. It is refused once the row is still absent after
-        that was seen, so a write landing meanwhile is read instead.
+        since, was deleted (or moved) outside flowvault: reading it as empty
+        would hand out, or let a writer overwrite, a default state.
         """
         stream = history_stream(self._scope)
-        for _ in range(FRESH_READ_TRIES):
-            opened, head = self._fresh.read(self._store, stream, read, with_head=with_head)
-            if opened is not None or not _written_last(self._store, stream, head):
-                return opened, head
-            if self._store.peek_metadata(STATE_NAMESPACE, self._key_digest()) is None:
-                raise IntegrityFailure(
-                    "workflow state is missing, but its history says it was written and "
-                    "not reset since: it was deleted outside flowvault; restore it from a "
-                    "backup, or reset the scope with the recovery verb",
-                    namespace=STATE_NAMESPACE,
-                    key_digest=self._key_digest(),
-                    missing=True,
-                )
-        raise RevisionConflict("workflow state kept changing while it was read; retry")
+        return self._fresh.read_owned(
+            self._store,
+            stream,
+            (STATE_NAMESPACE, self._key_digest()),
+            read,
+            gone=lambda head: not _written_last(self._store, stream, head),
+            with_head=with_head,
+        )
 
     def check_current(self) -> None:
         """Check the row against the scope's history without opening it as the model.

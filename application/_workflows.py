@@ -23,7 +23,6 @@ from pydantic import ValidationError
 from flowvault.application._compaction import compact_after_commit
 from flowvault.application._freshness import (
     ACTION_RESULT_KIND,
-    FRESH_READ_TRIES,
     IDEMPOTENCY_KIND,
     StreamPolicy,
     leaves_unnamed,
@@ -336,29 +335,19 @@ class WorkflowService:
         """Read the current record; one missing while its stream holds events was deleted.
 
         No path deletes a workflow record, and its create commits the record
-        with the stream's first event, so a stream without its record means
-        the row was deleted or moved outside flowvault. The row is looked
-        for again first, so a create landing between the two reads is read.
+        with the stream's first event.
         """
-        stream = stream_of(workflow_id)
-        for _ in range(FRESH_READ_TRIES):
-            loaded, _ = self._fresh.read(
-                self._store, stream, lambda: self._read_row(workflow_id), with_head=False
-            )
-            if loaded is not None:
-                return loaded.record
-            if self._store.ledger_head(stream) is None:
-                raise NotFound("no such workflow", workflow_id=workflow_id)
-            digest = self._repo.key_digest(WORKFLOWS, workflow_id)
-            if self._store.peek_metadata(WORKFLOWS, digest) is None:
-                raise IntegrityFailure(
-                    "workflow record is missing, but its ledger stream holds its events: it "
-                    "was deleted outside flowvault; restore it from a backup",
-                    namespace=WORKFLOWS,
-                    key_digest=digest,
-                    missing=True,
-                )
-        raise RevisionConflict("workflow record kept changing while it was read; retry")
+        row = (WORKFLOWS, self._repo.key_digest(WORKFLOWS, workflow_id))
+        loaded, _ = self._fresh.read_owned(
+            self._store,
+            stream_of(workflow_id),
+            row,
+            lambda: self._read_row(workflow_id),
+            gone=lambda _head: False,
+        )
+        if loaded is None:
+            raise NotFound("no such workflow", workflow_id=workflow_id)
+        return loaded.record
 
     @staticmethod
     def _verified(opened: SealedDocument) -> WorkflowRecord:
