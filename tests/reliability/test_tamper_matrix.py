@@ -49,6 +49,7 @@ from flowvault.application import (
     CHECKPOINTS,
     EVENT_KEYS,
     GRAPH_RUN_IDEMPOTENCY,
+    GRAPH_RUN_RECEIPTS,
     GRAPH_RUNS,
     IDEMPOTENCY,
     REQUEST_IDEMPOTENCY,
@@ -395,10 +396,16 @@ def ledger_verify(runtime: Runtime) -> list[object]:
     """
     report = runtime.audit().run()
     if not report.ok:
-        where = ", ".join(
+        found = [
             f"{failure.defect.value} in {failure.stream} at {failure.index}"
             for failure in report.failures[:3]
-        )
+        ]
+        found += [f"stale record in {stale.stream}" for stale in report.stale[:3]]
+        if report.unreadable_count:
+            found.append(f"{report.unreadable_count} unreadable record(s)")
+        if report.rolled_back is not None:
+            found.append("below the high-water mark")
+        where = ", ".join(found)
         raise IntegrityFailure(f"ledger verify failed: {where}", failed=len(report.failures))
     return [report]
 
@@ -2385,6 +2392,11 @@ def _row_of(namespace: str, natural_key: Callable[[World], str]) -> Callable[[Wo
     return lambda w: record_id(w, namespace, natural_key(w))
 
 
+def _first_action_result(world: World) -> str:
+    workflow, action = world.catalog.action_results[0]
+    return f"{workflow}\x1f{action}"
+
+
 def _roll_back_scope(old: OldRows) -> Callable[[World], None]:
     def apply(world: World) -> None:
         _replay(_state_row("main"), old.state)(world)
@@ -2465,8 +2477,7 @@ def test_replayed_rows(world: World) -> None:
         Attack(
             "replay an older state row and roll its history ledger and head row back",
             _roll_back_scope(old),
-            None,
-            receipt=True,
+            "INTEGRITY_FAILURE",
         ),
         Attack(
             "replay an older workflow record (an earlier state and version)",
@@ -2520,9 +2531,20 @@ def test_replayed_rows(world: World) -> None:
             "INTEGRITY_FAILURE",
         ),
         Attack(
-            "delete a state row (the scope reads back empty, as if new)",
+            "delete a state row (its history says it was written: not read as empty)",
             _delete_record(_state_row("side")),
-            None,
+            "INTEGRITY_FAILURE",
+        ),
+        Attack(
+            "delete an action result (its stream still records the put)",
+            _delete_record(_row_of(ACTION_RESULTS, _first_action_result)),
+            "INTEGRITY_FAILURE",
+            probe=_no_second(ACTION_RESULTS, counts[ACTION_RESULTS] - 1),
+        ),
+        Attack(
+            "delete a terminal receipt (its run.<status> event names it)",
+            _delete_record(_row_of(GRAPH_RUN_RECEIPTS, lambda w: w.catalog.receipts[0])),
+            "INTEGRITY_FAILURE",
         ),
         Attack(
             "delete a remembered idempotency record (recall and remember refuse)",
