@@ -45,11 +45,14 @@ from typing import Any
 import reliability
 
 from flowvault.application import (
+    ACTION_RESULT_KIND,
     APPROVAL_SLOTS,
     APPROVALS,
     CHECKPOINT_KIND,
     CHECKPOINTS,
+    DEFINITION_KIND,
     IDEMPOTENCY_KIND,
+    RESULT_KIND,
     WITNESS_KIND,
     LabelFilter,
     LedgerAudit,
@@ -73,7 +76,16 @@ from flowvault.domain import (
     verify_chain,
 )
 
-RECORD_STREAM_KINDS = frozenset({CHECKPOINT_KIND, IDEMPOTENCY_KIND, WITNESS_KIND})
+RECORD_STREAM_KINDS = frozenset(
+    {
+        ACTION_RESULT_KIND,
+        CHECKPOINT_KIND,
+        DEFINITION_KIND,
+        IDEMPOTENCY_KIND,
+        RESULT_KIND,
+        WITNESS_KIND,
+    }
+)
 """Streams named by a record's keyed digest; their chains are continued like any other."""
 
 WORKER_PATH = Path(__file__).with_name("crash_worker.py")

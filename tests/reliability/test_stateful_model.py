@@ -46,14 +46,17 @@ from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.postgres import PostgresSecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.application import (
+    ACTION_RESULT_KIND,
     APPROVAL_SLOTS,
     APPROVALS,
     CHECKPOINT_KIND,
     CHECKPOINTS,
+    DEFINITION_KIND,
     EVENT_KEYS,
     IDEMPOTENCY,
     IDEMPOTENCY_KIND,
     REQUEST_IDEMPOTENCY,
+    RESULT_KIND,
     STATE_NAMESPACE,
     WITNESS_KIND,
     WORKFLOWS,
@@ -173,7 +176,16 @@ T = TypeVar("T")
 V = TypeVar("V")
 
 
-RECORD_KINDS = frozenset({CHECKPOINT_KIND, IDEMPOTENCY_KIND, WITNESS_KIND})
+RECORD_KINDS = frozenset(
+    {
+        ACTION_RESULT_KIND,
+        CHECKPOINT_KIND,
+        DEFINITION_KIND,
+        IDEMPOTENCY_KIND,
+        RESULT_KIND,
+        WITNESS_KIND,
+    }
+)
 """Record streams, named by keyed digests: the model does not name them; the audit checks them."""
 
 
