@@ -85,8 +85,10 @@ from flowvault.domain import (
 )
 
 KEY: Final = bytes(range(7, 39))
-INTEGRITY_CODES: Final = frozenset({"INTEGRITY_FAILURE", "CHECKPOINT_INTEGRITY_FAILURE"})
-"""The codes a detected tamper may carry: the generic one and the checkpoint service's own."""
+INTEGRITY_CODES: Final = frozenset(
+    {"INTEGRITY_FAILURE", "CHECKPOINT_INTEGRITY_FAILURE", "STORE_ROLLED_BACK"}
+)
+"""Codes a detected tamper may carry: a failed check, or a store below its high-water mark."""
 ACTIONS: Final = tuple(content_hash(f"action-{n}") for n in range(3))
 EVIDENCE: Final = b"evidence body: invoice INV-1 scanned"
 REQUESTS: Final = (("req-1", {"op": "pay", "n": 1}), ("req-2", {"op": "pay", "n": 2}))
