@@ -167,21 +167,30 @@ class StreamPolicy(Generic[_O]):
         row: tuple[str, str],
         read: Callable[[], _O | None],
     ) -> _O | None:
-        """Read a record-stream row; an absent one its stream vouches for is refused.
+        """Read a record-stream row; absent is right only if unwritten or deleted by a keyed event.
+
+        A record stream names many rows, so its head alone cannot say
+        whether this one was removed on purpose: the newest event naming
+        the row must be a deletion carrying a valid chain MAC (an editor
+        cannot forge one to excuse a deletion).
 
         Raises:
             IntegrityFailure: the row is older than its stream says, or it is
-                absent although its stream says it exists (``refuse_if_deleted``).
+                missing although its stream records it and no deletion.
             RevisionConflict: the row kept changing under every attempt.
 
         """
-        for _ in range(FRESH_READ_TRIES):
-            opened, _ = self.read(store, stream, read, with_head=False)
-            if opened is not None:
-                return opened
-            if not refuse_if_deleted(store, stream, row, self._digester, self._what):
+        key_digest = row[1]
+
+        def writer(_head: LedgerEvent) -> LedgerEvent | None:
+            last = last_writer(store, stream, key_digest)
+            if last is None or (
+                key_digest in deleted_by(last) and mac_matches(last, self._digester)
+            ):
                 return None
-        raise RevisionConflict(f"{self._what} kept changing while it was read; retry")
+            return last
+
+        return self.read_owned(store, stream, row, read, writer=writer)[0]
 
     def read_owned(
         self,
@@ -190,20 +199,21 @@ class StreamPolicy(Generic[_O]):
         row: tuple[str, str],
         read: Callable[[], _O | None],
         *,
-        gone: Callable[[LedgerEvent], bool],
+        writer: Callable[[LedgerEvent], LedgerEvent | None],
         with_head: bool = False,
     ) -> tuple[_O | None, LedgerEvent | None]:
-        """Read a row its own stream began with; missing while the stream says it exists is refused.
+        """Read a row its stream vouches for; missing while the stream says it exists is refused.
 
-        ``gone(head)`` says whether the stream's head shows the row was
-        removed on purpose (a purge, a reset). Otherwise a stream holding
-        events means the row was written, so its absence, once the row is
-        looked for again (a write may have landed between the reads), is a
-        deletion or a move outside flowvault.
+        ``writer(head)`` returns the event that says the row exists, or
+        ``None`` when the stream shows it removed on purpose (a purge, a
+        reset) or never written. A row absent while such an event stands,
+        once looked for again (a write may have landed between the reads),
+        was deleted or moved outside flowvault.
 
         Raises:
             IntegrityFailure: the row is older than its stream says, or is
-                missing (``details["missing"]``).
+                missing (``details["missing"]``; ``details["ledger_index"]`` is
+                the event that says it exists).
             RevisionConflict: the row kept changing under every attempt.
 
         """
@@ -212,16 +222,18 @@ class StreamPolicy(Generic[_O]):
             if opened is not None:
                 return opened, head
             head = store.ledger_head(stream) if head is None else head
-            if head is None or gone(head):
+            written = None if head is None else writer(head)
+            if written is None:
                 return None, head
             if store.peek_metadata(*row) is None:
                 namespace, key_digest = row
                 raise IntegrityFailure(
-                    f"{self._what} is missing, but its ledger stream says it was written and "
-                    "not removed since: it was deleted outside flowvault; restore it from a "
-                    "backup",
+                    f"{self._what} is missing, but its ledger stream says it exists (event "
+                    f"{written.index}) and was not removed since: it was deleted outside "
+                    "flowvault; restore it from a backup",
                     namespace=namespace,
                     key_digest=key_digest,
+                    ledger_index=written.index,
                     missing=True,
                 )
         raise RevisionConflict(f"{self._what} kept changing while it was read; retry")
@@ -373,42 +385,3 @@ def last_writer(store: SecureObjectStore, stream: str, key_digest: str) -> Ledge
         if key_digest in written_by(event):
             found = event
     return found
-
-
-def refuse_if_deleted(
-    store: SecureObjectStore,
-    stream: str,
-    row: tuple[str, str],
-    digester: _Digester,
-    what: str,
-) -> bool:
-    """Refuse an absent row (``namespace, key_digest``) that its record stream says exists.
-
-    A row is legitimately absent when nothing ever wrote it, or when its
-    newest event deleted it (a retention tombstone, or a service's delete)
-    and carries a valid chain MAC (an editor cannot forge one to excuse a
-    deletion). Returns ``True`` when the
-    row is there after all, written since the caller looked, so the caller
-    reads it again instead of calling a race tampering.
-
-    Raises:
-        IntegrityFailure: the stream's newest event for the row wrote it (or
-            its deletion carries no valid MAC) and the row is still absent:
-            it was deleted outside flowvault.
-
-    """
-    namespace, key_digest = row
-    last = last_writer(store, stream, key_digest)
-    if last is None:
-        return False
-    if key_digest in deleted_by(last) and mac_matches(last, digester):
-        return False
-    if store.peek_metadata(namespace, key_digest) is not None:
-        return True
-    raise IntegrityFailure(
-        f"{what} is missing, but its ledger stream records it and no purge: "
-        "it was deleted outside flowvault; restore it from a backup",
-        namespace=namespace,
-        key_digest=key_digest,
-        ledger_index=last.index,
-    )

@@ -41,6 +41,7 @@ from flowvault.application._freshness import (
     deleted_by,
     written_by,
 )
+from flowvault.application._records import RecordMetadata
 from flowvault.application._run_service import (
     GRAPH_DEFINITION_VERSIONS,
     GRAPH_DEFINITIONS,
@@ -53,6 +54,7 @@ from flowvault.application._sealed import SealedRepository
 from flowvault.application._state import StateRepository
 from flowvault.application._verified import verified_events
 from flowvault.application._workflows import ACTION_RESULTS, IDEMPOTENCY, WorkflowService
+from flowvault.application.ports import SecureObjectStore
 from flowvault.domain import IntegrityFailure, InvalidInput, LedgerEvent, NotFound
 
 RECORD_STREAM_NAMESPACES: Final[Mapping[str, tuple[str, ...]]] = {
@@ -69,6 +71,17 @@ RECORD_STREAM_NAMESPACES: Final[Mapping[str, tuple[str, ...]]] = {
 def _by_service(event: LedgerEvent) -> bool:
     """Whether a run-stream event is the service's own: callers cannot write ``run.*`` events."""
     return event.type.startswith("run.")
+
+
+def _locate(
+    store: SecureObjectStore, namespaces: tuple[str, ...], key_digest: str
+) -> tuple[str, RecordMetadata] | None:
+    """Find the row ``key_digest`` in the first of ``namespaces`` holding it (one lookup each)."""
+    for namespace in namespaces:
+        metadata = store.peek_metadata(namespace, key_digest)
+        if metadata is not None:
+            return namespace, metadata
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,27 +167,23 @@ class BoundRecords:
                 newest[key_digest] = event
         found: list[StaleRecord] = []
         for key_digest, event in sorted(newest.items()):
-            located = [
-                (namespace, metadata)
-                for namespace in namespaces
-                if (metadata := store.peek_metadata(namespace, key_digest)) is not None
-            ]
+            located = _locate(store, namespaces, key_digest)
             if key_digest in deleted_by(event):
-                if located:
+                if located is not None:
                     reason = (
                         f"event {event.index} of the record's stream deleted it, but it is "
                         "there: a purged or deleted row put back"
                     )
-                    found.append(StaleRecord(stream, located[0][0], key_digest, reason))
+                    found.append(StaleRecord(stream, located[0], key_digest, reason))
                 continue
-            if not located:
+            if located is None:
                 reason = (
                     f"the record's stream says event {event.index} wrote it and no purge "
                     "since, but it is missing: deleted outside flowvault"
                 )
                 found.append(StaleRecord(stream, None, key_digest, reason))
                 continue
-            namespace, metadata = located[0]
+            namespace, metadata = located
             if metadata.header.ledger_index != event.index:
                 reason = (
                     f"the record names event {metadata.header.ledger_index} but event "

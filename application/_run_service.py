@@ -47,7 +47,7 @@ from flowvault.application._records import (
     Upsert,
 )
 from flowvault.application._sealed import SealedDocument, SealedRepository
-from flowvault.application._streams import keyed, mac_matches, next_position
+from flowvault.application._streams import keyed, mac_matches, newest_first, next_position
 from flowvault.application._verified import verified_page
 from flowvault.application.ports import Clock, Compactor, IdFactory, SecureObjectStore
 from flowvault.domain import (
@@ -141,18 +141,12 @@ def _purged_run(store: SecureObjectStore, head: LedgerEvent, digester: KeyedDige
     after the run itself was purged, so the run's tombstone need not be
     the head; nothing but tombstones follows it.
     """
-    event: LedgerEvent | None = head
-    while event is not None and event.type == RETENTION_TOMBSTONE:
-        payload = event.payload
-        if not mac_matches(event, digester):
+    for event in newest_first(store, head):
+        if event.type != RETENTION_TOMBSTONE or not mac_matches(event, digester):
             return False
+        payload = event.payload
         if isinstance(payload, dict) and payload.get("kind") == "run":
             return True
-        if event.index == 0:
-            return False
-        page = store.read_ledger(event.stream, from_index=event.index - 1, limit=1)
-        before = page.events[0] if page.events else None
-        event = before if before is not None and before.index == event.index - 1 else None
     return False
 
 
@@ -634,8 +628,10 @@ class RunService:
             run_stream(run_id),
             row,
             lambda: self._read_row(run_id),
-            gone=lambda head: (
-                _never_started(self._store, head) or _purged_run(self._store, head, self._repo)
+            writer=lambda head: (
+                None
+                if _never_started(self._store, head) or _purged_run(self._store, head, self._repo)
+                else head
             ),
         )
         if loaded is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Generic, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
@@ -22,7 +23,7 @@ from flowvault.application._compaction import compact_after_commit
 from flowvault.application._freshness import StreamPolicy
 from flowvault.application._records import Delete, Guard, RecordMetadata, UnitOfWork, Upsert
 from flowvault.application._sealed import SealedDocument, SealedRepository
-from flowvault.application._streams import TRIM_EVENT, keyed, next_position
+from flowvault.application._streams import TRIM_EVENT, keyed, newest_first, next_position
 from flowvault.application._verified import verified_events
 from flowvault.application.ports import SecureObjectStore
 from flowvault.domain import (
@@ -103,14 +104,12 @@ def _reset_of(event: LedgerEvent, header: EnvelopeHeader) -> bool:
     )
 
 
-def _written_last(store: SecureObjectStore, stream: str, head: LedgerEvent | None) -> bool:
-    """Whether the newest write-or-reset event of the history is a write (trims skipped)."""
-    event = store.ledger_head(stream) if head is None else head
-    while event is not None and event.type == TRIM_EVENT and event.index > 0:
-        page = store.read_ledger(stream, from_index=event.index - 1, limit=1)
-        before = page.events[0] if page.events else None
-        event = before if before is not None and before.index == event.index - 1 else None
-    return event is not None and event.type == STATE_WRITTEN_EVENT
+def _last_write(store: SecureObjectStore, head: LedgerEvent) -> LedgerEvent | None:
+    """Return the newest write-or-reset event of the history if it is a write (trims skipped)."""
+    for event in newest_first(store, head):
+        if event.type != TRIM_EVENT:
+            return event if event.type == STATE_WRITTEN_EVENT else None
+    return None
 
 
 def _unbound_stale(head: LedgerEvent, _opened: SealedDocument) -> bool:
@@ -237,7 +236,7 @@ class StateRepository(Generic[M]):
             stream,
             (STATE_NAMESPACE, self._key_digest()),
             read,
-            gone=lambda head: not _written_last(self._store, stream, head),
+            writer=partial(_last_write, self._store),
             with_head=with_head,
         )
 

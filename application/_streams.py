@@ -53,6 +53,23 @@ def read_stream(store: SecureObjectStore, stream: str) -> Iterator[LedgerEvent]:
         next_index = page.next_index
 
 
+def newest_first(store: SecureObjectStore, head: LedgerEvent) -> Iterator[LedgerEvent]:
+    """Yield ``head`` and the events before it, newest first, until a gap or index 0.
+
+    Readers that judge a stream by its newest events (a purge, a reset, a
+    trim on top) stop after a few; a missing predecessor ends the walk
+    rather than being skipped over.
+    """
+    event: LedgerEvent | None = head
+    while event is not None:
+        yield event
+        if event.index == 0:
+            return
+        page = store.read_ledger(event.stream, from_index=event.index - 1, limit=1)
+        before = page.events[0] if page.events else None
+        event = before if before is not None and before.index == event.index - 1 else None
+
+
 def next_position(store: SecureObjectStore, stream: str) -> tuple[int, str]:
     """Return the index and previous hash the next event of ``stream`` must carry."""
     head = store.ledger_head(stream)

@@ -343,7 +343,7 @@ class WorkflowService:
             stream_of(workflow_id),
             row,
             lambda: self._read_row(workflow_id),
-            gone=lambda _head: False,
+            writer=lambda head: head,
         )
         if loaded is None:
             raise NotFound("no such workflow", workflow_id=workflow_id)
