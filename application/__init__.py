@@ -167,6 +167,7 @@ from flowvault.application._state import (
 from flowvault.application._streams import (
     LEDGER_MAC_TAG,
     TRIM_EVENT,
+    VOUCH_EVENT,
     chain_mac,
     keyed,
     mac_matches,
@@ -175,6 +176,7 @@ from flowvault.application._streams import (
     trim_unit,
 )
 from flowvault.application._verified import StreamVerifier, verified_events, verified_page
+from flowvault.application._vouch import Unvouched, inspect_unvouched, vouch_unit
 from flowvault.application._workflows import (
     ACTION_RESULTS,
     DECISION_STATE,
@@ -258,6 +260,7 @@ __all__ = [
     "STATE_NAMESPACE",
     "STATE_WRITTEN_EVENT",
     "TRIM_EVENT",
+    "VOUCH_EVENT",
     "WITNESSES",
     "WITNESS_KIND",
     "WORKFLOWS",
@@ -337,6 +340,7 @@ __all__ = [
     "StreamVerifier",
     "UnitOfWork",
     "UnreadableRecord",
+    "Unvouched",
     "Upsert",
     "Vacuumer",
     "WorkflowService",
@@ -358,6 +362,7 @@ __all__ = [
     "format_mark",
     "head_note",
     "history_stream",
+    "inspect_unvouched",
     "issue_receipt",
     "keyed",
     "list_all_streams",
@@ -381,4 +386,5 @@ __all__ = [
     "verified_events",
     "verified_page",
     "verify_stream",
+    "vouch_unit",
 ]

@@ -32,7 +32,14 @@ from typing import Final, Generic, Protocol, TypeVar
 from flowvault.application._graph import RETENTION_TOMBSTONE
 from flowvault.application._records import RecordMetadata
 from flowvault.application._sealed import SealedRepository
-from flowvault.application._streams import keyed, mac_matches, next_position, read_stream
+from flowvault.application._streams import (
+    MAINTENANCE_EVENTS,
+    keyed,
+    mac_matches,
+    newest_first,
+    next_position,
+    read_stream,
+)
 from flowvault.application.ports import SecureObjectStore
 from flowvault.domain import (
     EnvelopeHeader,
@@ -104,7 +111,8 @@ class StreamPolicy(Generic[_O]):
         header = opened.metadata.header
         bound = header.ledger_index
         if bound is None and self._unbound is not None:
-            return head is not None and self._unbound(head, opened)
+            judged = None if head is None else _past_maintenance(store, head)
+            return judged is not None and self._unbound(judged, opened)
         if head is None:
             return bound is not None
         bound = -1 if bound is None else bound
@@ -266,6 +274,14 @@ def _named_head(store: SecureObjectStore, stream: str, opened: _Opened | None) -
         return False
     head_index: Callable[[str], int | None] | None = getattr(store, "ledger_head_index", None)
     return head_index is not None and head_index(stream) == bound
+
+
+def _past_maintenance(store: SecureObjectStore, head: LedgerEvent) -> LedgerEvent | None:
+    """Return the newest event that is not a trim or a vouch: the one a row can be judged by."""
+    for event in newest_first(store, head):
+        if event.type not in MAINTENANCE_EVENTS:
+            return event
+    return None
 
 
 def _same_row(now: RecordMetadata, then: RecordMetadata) -> bool:

@@ -47,7 +47,13 @@ from flowvault.application._records import (
     Upsert,
 )
 from flowvault.application._sealed import SealedDocument, SealedRepository
-from flowvault.application._streams import keyed, mac_matches, newest_first, next_position
+from flowvault.application._streams import (
+    MAINTENANCE_EVENTS,
+    keyed,
+    mac_matches,
+    newest_first,
+    next_position,
+)
 from flowvault.application._verified import verified_page
 from flowvault.application.ports import Clock, Compactor, IdFactory, SecureObjectStore
 from flowvault.domain import (
@@ -142,6 +148,8 @@ def _purged_run(store: SecureObjectStore, head: LedgerEvent, digester: KeyedDige
     the head; nothing but tombstones follows it.
     """
     for event in newest_first(store, head):
+        if event.type in MAINTENANCE_EVENTS:
+            continue
         if event.type != RETENTION_TOMBSTONE or not mac_matches(event, digester):
             return False
         payload = event.payload

@@ -23,7 +23,12 @@ from flowvault.application._compaction import compact_after_commit
 from flowvault.application._freshness import StreamPolicy
 from flowvault.application._records import Delete, Guard, RecordMetadata, UnitOfWork, Upsert
 from flowvault.application._sealed import SealedDocument, SealedRepository
-from flowvault.application._streams import TRIM_EVENT, keyed, newest_first, next_position
+from flowvault.application._streams import (
+    MAINTENANCE_EVENTS,
+    keyed,
+    newest_first,
+    next_position,
+)
 from flowvault.application._verified import verified_events
 from flowvault.application.ports import SecureObjectStore
 from flowvault.domain import (
@@ -83,13 +88,13 @@ def _reason(reason_class: str | None, derived: Readability) -> str:
 
 
 def _reset_of(event: LedgerEvent, header: EnvelopeHeader) -> bool:
-    """Whether ``event`` leaves the row as it is: a trim, or a reset of exactly this row.
+    """Whether ``event`` leaves the row as it is: a trim or vouch, or a reset of exactly this row.
 
     A reset that names this row is what a reset interrupted before its
     delete leaves behind.
     """
     payload = event.payload
-    if event.type == TRIM_EVENT:
+    if event.type in MAINTENANCE_EVENTS:
         return True
     if event.type != RESET_EVENT or not isinstance(payload, dict):
         return False
@@ -105,9 +110,12 @@ def _reset_of(event: LedgerEvent, header: EnvelopeHeader) -> bool:
 
 
 def _last_write(store: SecureObjectStore, head: LedgerEvent) -> LedgerEvent | None:
-    """Return the newest write-or-reset event of the history if it is a write (trims skipped)."""
+    """Return the newest write-or-reset event of the history if it is a write.
+
+    Trims and vouches are passed over: they are about the stream, not the row.
+    """
     for event in newest_first(store, head):
-        if event.type != TRIM_EVENT:
+        if event.type not in MAINTENANCE_EVENTS:
             return event if event.type == STATE_WRITTEN_EVENT else None
     return None
 

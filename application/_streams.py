@@ -17,6 +17,12 @@ LEDGER_MAC_TAG: Final = "flowvault.ledger-mac/1"
 TRIM_EVENT: Final = "ledger.trimmed"
 """The event that makes a trim legitimate: the first index kept, the last hash removed."""
 
+VOUCH_EVENT: Final = "ledger.vouched"
+"""A key holder's word for what came before: events without a MAC, or a prefix cut earlier."""
+
+MAINTENANCE_EVENTS: Final = frozenset({TRIM_EVENT, VOUCH_EVENT})
+"""Events about the stream itself: they leave every record it binds as it is."""
+
 
 class _Digester(Protocol):
     def keyed_digest(self, tag: str, data: bytes | str) -> str: ...

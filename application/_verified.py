@@ -10,9 +10,10 @@ first retained event on:
   event follows it (that event's MAC covers every hash before it): a stream
   or a tail with no keyed event after it was written without the key;
 - the retained prefix. A stream whose first retained event is not index 0
-  must hold a ``ledger.trimmed`` event naming exactly that index and the hash
-  of the last event removed; retention writes one with every trim, and only
-  the key can make it, so a prefix cut by someone else is ``truncated``.
+  must hold a ``ledger.trimmed`` event (or a ``ledger.vouched`` one) naming
+  exactly that index and the hash of the last event removed; a trim writes
+  one, and only the key can make it, so a prefix cut by someone else is
+  ``truncated``.
 
 State is O(1) whatever the stream's length, and a page is checked against the
 event just before it, so reading a page costs what it reads.
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from flowvault.application._records import MAX_LIST_LIMIT, LedgerPage
-from flowvault.application._streams import TRIM_EVENT, mac_matches
+from flowvault.application._streams import MAINTENANCE_EVENTS, mac_matches
 from flowvault.application.ports import SecureObjectStore
 from flowvault.domain import (
     GENESIS_HASH,
@@ -63,8 +64,8 @@ class ChainFailure:
 
 
 def _proves_trim(event: LedgerEvent, claim: tuple[int, str]) -> bool:
-    """Whether ``event`` is the trim that removed everything before ``claim``'s index."""
-    if event.type != TRIM_EVENT or not isinstance(event.payload, Mapping):
+    """Whether ``event`` accounts for everything before ``claim``'s index: a trim, or a vouch."""
+    if event.type not in MAINTENANCE_EVENTS or not isinstance(event.payload, Mapping):
         return False
     before, removed = event.payload.get("before_index"), event.payload.get("removed_hash")
     return type(before) is int and (before, removed) == claim

@@ -1,4 +1,4 @@
-"""The ``flowvault`` verbs ledger verify, head and check-receipt, fingerprint and purge.
+"""The ``flowvault`` verbs ledger verify, head, vouch and check-receipt, fingerprint and purge.
 
 ``ledger verify`` and ``ledger head`` open the store for reading only (on
 SQLite with ``mode=ro``: nothing is created, chmod-ed or migrated), so they
@@ -22,6 +22,7 @@ from flowvault.adapters.cli import (
     fingerprint_command,
     ledger_head_command,
     ledger_verify_command,
+    ledger_vouch_command,
     purge_command,
     read_receipt_file,
 )
@@ -48,13 +49,15 @@ from flowvault.application import (
     WorkflowService,
     authenticate,
     compact_fully,
+    inspect_unvouched,
     parse_master_key,
+    vouch_unit,
 )
 from flowvault.composition._bootstrap import open_existing
 from flowvault.composition._cli_base import Verbs, add_verb, file_path
 from flowvault.composition._container import anti_rollback, key_file_store, open_postgres
 from flowvault.composition._settings import Settings
-from flowvault.domain import InvalidInput, KeyRequired
+from flowvault.domain import InvalidInput, KeyRequired, NotFound
 
 MAX_DAYS = 36500
 
@@ -167,6 +170,30 @@ def _check_receipt(args: argparse.Namespace, settings: Settings, io: CommandIO) 
     return check_receipt_command(receipt, load_public_key(args.public_key), io)
 
 
+def _ledger_vouch(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
+    """Show what would be vouched for (read-only), or, given the compared head, vouch."""
+    if args.head_hash is None:
+        with _audited(settings) as audit:
+            if audit.repository is None:
+                raise KeyRequired(
+                    f"vouching is checked under the store key: set {KEY_ENV} or restore the "
+                    "key file"
+                )
+            seen = inspect_unvouched(audit.repository.store, args.stream, audit.repository)
+        return ledger_vouch_command(seen, io, vouched=False)
+    runtime = open_existing(settings)
+    if runtime is None:
+        raise NotFound("no store exists here: there is nothing to vouch for")
+    with runtime:
+        repository = runtime.repository
+        seen = inspect_unvouched(runtime.store, args.stream, repository)
+        unit = vouch_unit(
+            repository, seen, head_hash=args.head_hash, occurred_at=runtime.clock.now()
+        )
+        runtime.store.commit(unit)
+    return ledger_vouch_command(seen, io, vouched=True)
+
+
 def _fingerprint(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
     runtime = open_existing(settings)
     if runtime is None:
@@ -237,8 +264,10 @@ def _days(text: str) -> int:
 def _register_ledger(verbs: Verbs) -> None:
     group = verbs.add_parser(
         "ledger",
-        help="verify ledger chains and print stream heads (read-only)",
-        description="Audit the tamper-evident ledger without changing the store.",
+        help="verify ledger chains, print stream heads, vouch for legacy streams",
+        description=(
+            "Audit the tamper-evident ledger. Every verb but 'vouch --head-hash' only reads."
+        ),
     )
     leaves = group.add_subparsers(dest="ledger_verb", required=True, metavar="VERB")
     verify = add_verb(
@@ -289,6 +318,29 @@ def _register_ledger(verbs: Verbs) -> None:
         handler=_ledger_head,
     )
     head.add_argument("--stream", metavar="NAME", required=True, help="the stream")
+    vouch = add_verb(
+        leaves,
+        "vouch",
+        help="vouch, under the key, for a stream written before MACs or cut before trims",
+        description=(
+            "A stream written before schema 3 carries no chain MAC, and one whose oldest "
+            "events were dropped before trims were put on record has no ledger.trimmed "
+            "event: both fail every keyed verifier (unkeyed, truncated), exactly as a "
+            "stream an editor stripped or cut would. Without --head-hash, check the "
+            "stream's plain chain and print its size and head hash, writing nothing; "
+            "compare them with a copy you trust. With --head-hash, append one keyed "
+            "ledger.vouched event after that head (refused if the head is another), and "
+            "the stream verifies from then on. A stream that verifies, or fails in any "
+            "other way (edited, forged, a MAC missing after a keyed event), is refused."
+        ),
+        handler=_ledger_vouch,
+    )
+    vouch.add_argument("--stream", metavar="NAME", required=True, help="the stream")
+    vouch.add_argument(
+        "--head-hash",
+        metavar="HASH",
+        help="the head hash you compared with a trusted copy; without it nothing is written",
+    )
     check = add_verb(
         leaves,
         "check-receipt",

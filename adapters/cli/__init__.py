@@ -35,6 +35,7 @@ from flowvault.adapters.cli._ledger import (
     fingerprint_command,
     ledger_head_command,
     ledger_verify_command,
+    ledger_vouch_command,
     purge_command,
     read_receipt_file,
 )
@@ -80,6 +81,7 @@ __all__ = [
     "keys_retire_command",
     "ledger_head_command",
     "ledger_verify_command",
+    "ledger_vouch_command",
     "purge_command",
     "read_receipt_file",
     "reset_progress_command",

@@ -25,6 +25,7 @@ from flowvault.application import (
     StaleRecord,
     StateRepository,
     StreamFailure,
+    Unvouched,
     authenticate,
     cold_fingerprint,
     purge,
@@ -246,6 +247,40 @@ def check_receipt_command(receipt: HeadReceipt, verifier: ReceiptVerifier, io: C
             f"issued_at: {format_instant(note.issued_at)}",
         ],
     )
+    return 0
+
+
+# -- ledger vouch -------------------------------------------------------------
+
+
+def ledger_vouch_command(seen: Unvouched, io: CommandIO, *, vouched: bool) -> int:
+    """Print what was (or, before ``--head-hash`` is given, would be) vouched for."""
+    document = {
+        "stream": seen.stream,
+        "events": seen.events,
+        "first_index": seen.first_index,
+        "head_index": seen.head_index,
+        "head_hash": seen.head_hash,
+        "without_mac": seen.without_mac,
+        "cut_prefix": seen.cut_prefix,
+        "vouched": vouched,
+    }
+    lines = [
+        f"stream: {seen.stream}",
+        f"events: {seen.events} (index {seen.first_index} to {seen.head_index})",
+        f"head_hash: {seen.head_hash}",
+        f"without a chain MAC: {'yes' if seen.without_mac else 'no'}",
+        f"events before index {seen.first_index} cut without a trim event: "
+        + ("yes" if seen.cut_prefix else "no"),
+    ]
+    if vouched:
+        lines.append("vouched: a keyed ledger.vouched event now follows the head")
+    else:
+        lines.append(
+            "nothing written: compare this head hash (and the stream) with a copy you trust, "
+            "then run again with --head-hash to vouch for it"
+        )
+    io.emit(document, lines)
     return 0
 
 
