@@ -13,6 +13,7 @@ from datetime import timedelta
 
 import pytest
 from pydantic import BaseModel, ConfigDict
+from row_edits import PassThroughStore, RowEditor
 
 from flowvault.adapters.crypto import AesGcmCipher, derive_integrity_key
 from flowvault.application import (
@@ -21,14 +22,12 @@ from flowvault.application import (
     STATE_NAMESPACE,
     STATE_WRITTEN_EVENT,
     WORKFLOWS,
-    Delete,
     Guard,
     LedgerPage,
     RunService,
     SealedRepository,
     SecureObjectStore,
     StateRepository,
-    StoredRecord,
     UnitOfWork,
     Upsert,
     WorkflowService,
@@ -59,13 +58,12 @@ class Counter(BaseModel):
     note: str = ""
 
 
-class World:
+class World(RowEditor):
     """Workflow service and state repository over one store, with a controlled clock."""
 
     def __init__(self, store: SecureObjectStore) -> None:
-        self.store = store
         self.clock = FrozenClock()
-        self.repository = SealedRepository(store, AesGcmCipher(KEY), self.clock)
+        super().__init__(store, SealedRepository(store, AesGcmCipher(KEY), self.clock))
         self.service = WorkflowService(self.repository, self.clock, SequentialIds("wf"))
         self.runs = RunService(
             self.repository, self.clock, SequentialIds("run"), integrity=self.repository
@@ -90,39 +88,6 @@ class World:
     def create(self) -> str:
         record, _ = self.service.create(self.order())
         return record.workflow_id
-
-    def row(self, namespace: str, natural_key: str) -> StoredRecord:
-        stored = self.store.load(namespace, self.repository.key_digest(namespace, natural_key))
-        assert stored is not None
-        return stored
-
-    def replay(self, old: StoredRecord) -> None:
-        """Put an older row back whole, header and ciphertext, as a database editor could.
-
-        The port's guards never let a revision go back, so the row is deleted
-        first and the old one created where it stood; the port accepts that
-        only for a first revision, which is why every replayed row here is one.
-        """
-        metadata = old.metadata
-        current = self.store.peek_metadata(metadata.namespace, metadata.key_digest)
-        if current is not None:
-            self.store.commit(
-                UnitOfWork(
-                    deletes=[Delete(metadata.namespace, metadata.key_digest, current.revision)]
-                )
-            )
-        self.store.commit(
-            UnitOfWork(
-                upserts=[
-                    Upsert(
-                        header=metadata.header,
-                        payload=old.payload,
-                        expected=Guard.ABSENT,
-                        labels=metadata.labels,
-                    )
-                ]
-            )
-        )
 
 
 @pytest.fixture
@@ -201,17 +166,7 @@ def test_tombstones_after_the_record_event_leave_it_current(world: World) -> Non
     _stale(lambda: world.service.get(workflow_id))
 
 
-class _Wrapped:
-    """A store passing everything through, for tests that change one method."""
-
-    def __init__(self, inner: SecureObjectStore) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._inner, name)
-
-
-class _ForgedTail(_Wrapped):
+class _ForgedTail(PassThroughStore):
     """A ledger showing one more event after the head: a tombstone without a valid MAC."""
 
     def __init__(self, inner: SecureObjectStore, forged: LedgerEvent) -> None:
@@ -256,7 +211,7 @@ def _mac(world: World, event: LedgerEvent) -> str:
     return chain_mac(event, world.repository)
 
 
-class _CutLedger(_Wrapped):
+class _CutLedger(PassThroughStore):
     """A ledger whose newest events were cut off: the head lags the record."""
 
     def ledger_head(self, stream: str) -> LedgerEvent | None:
@@ -276,7 +231,7 @@ def test_a_record_naming_an_event_the_ledger_lacks_is_refused(world: World) -> N
     _stale(lambda: service.get(workflow_id))
 
 
-class _WriterInBetween(_Wrapped):
+class _WriterInBetween(PassThroughStore):
     """Lets another writer commit between a record's load and its stream head's read."""
 
     def __init__(self, inner: SecureObjectStore, write: Callable[[], None], times: int) -> None:
@@ -537,7 +492,7 @@ def test_a_replayed_run_is_refused_by_reads_and_listings(world: World) -> None:
     _stale(world.runs.recover_incomplete_runs)
 
 
-class _NoHeadIndex(_Wrapped):
+class _NoHeadIndex(PassThroughStore):
     """A host's adapter without the optional ``StreamHeads`` capability."""
 
     def __getattr__(self, name: str) -> object:
@@ -546,7 +501,7 @@ class _NoHeadIndex(_Wrapped):
         return super().__getattr__(name)
 
 
-class _CountingHeads(_Wrapped):
+class _CountingHeads(PassThroughStore):
     """Counts how a reader consulted the stream head."""
 
     def __init__(self, inner: SecureObjectStore) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from checkpoint_setup import checkpointed_run, request_approval
 
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.application import (
@@ -45,33 +46,13 @@ def runtime() -> Runtime:
     built.state("main").update_with_events(
         lambda _: (WorkflowState(step=1), [HistoryEvent("state.stepped")])
     )
-    runs = built.graph_runs
-    runs.register_definition("graph.demo", {"nodes": ["a"]})
-    run, _ = runs.start_run("graph.demo", {"t": 1})
-    runs.set_status(run.run_id, "running", expected_status="accepted")
-    checkpoint = built.checkpoints.create_checkpoint(
-        run.run_id,
-        {"node": 1},
-        state={"s": 1},
-        budgets={"tokens": 10},
-        counters={"nodes": 1},
-        dependency_summary={"tools": []},
-        terminal_cursor=None,
-        event_cursor=1,
-    )
-    approval = built.approvals.request_approval(
-        checkpoint.checkpoint_id,
-        expected_state_digest=checkpoint.state_digest,
-        expected_budgets=checkpoint.budgets,
-        expected_counters=checkpoint.counters,
-        expected_dependency_digest=checkpoint.dependency_digest,
-        audience="ops",
-        prompt_digest=content_hash("go?"),
-        allowed_decisions=["approve"],
-        expires_at=clock.now() + timedelta(hours=1),
-    )
+    run, checkpoint = checkpointed_run(built, "graph.demo")
+    expires_at = clock.now() + timedelta(hours=1)
+    approval = request_approval(built.approvals, checkpoint, "ops", expires_at, ["approve"])
     built.approvals.decide(approval.approval_id, "approve", "someone")
-    runs.finish_run(run.run_id, "completed", expected_status="running", final_state={"ok": 1})
+    built.graph_runs.finish_run(
+        run.run_id, "completed", expected_status="running", final_state={"ok": 1}
+    )
     built.idempotency.remember("req", {"op": 1}, {"ok": 1})
     clock.advance(timedelta(days=400))
     built.retention(RetentionPolicy()).run()

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
+from checkpoint_setup import create_checkpoint, request_approval
+from row_edits import PassThroughStore, RowEditor, refused
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore
@@ -33,7 +35,6 @@ from flowvault.application import (
     WITNESSES,
     ApprovalService,
     CheckpointService,
-    Delete,
     EvidenceService,
     Guard,
     IdempotencyService,
@@ -42,10 +43,7 @@ from flowvault.application import (
     SealedRepository,
     SecureObjectStore,
     StoredRecord,
-    UnitOfWork,
-    Upsert,
     WorkflowService,
-    read_stream,
     record_stream,
     run_stream,
     stream_of,
@@ -61,7 +59,6 @@ from flowvault.domain import (
     NotFound,
     WorkOrder,
     canonical_json,
-    content_hash,
 )
 
 KEY = bytes(range(3, 35))
@@ -70,13 +67,12 @@ RUN = "run-0001"
 DAY = timedelta(days=1)
 
 
-class World:
+class World(RowEditor):
     """Every service that writes record-stream rows, over one store and a frozen clock."""
 
     def __init__(self, store: SecureObjectStore) -> None:
-        self.store = store
         self.clock = FrozenClock()
-        self.repository = SealedRepository(store, AesGcmCipher(KEY), self.clock)
+        super().__init__(store, SealedRepository(store, AesGcmCipher(KEY), self.clock))
         repo = self.repository
         self.checkpoints = CheckpointService(repo, self.clock, integrity=repo)
         self.approvals = ApprovalService(
@@ -88,56 +84,11 @@ class World:
         self.runs = RunService(repo, self.clock, SequentialIds("run"), integrity=repo)
 
     def checkpoint(self, cursor: str = "node-b") -> Checkpoint:
-        return self.checkpoints.create_checkpoint(
-            RUN,
-            cursor,
-            state={"iban": SECRET},
-            budgets={"tokens": 10},
-            counters={"nodes": 1},
-            dependency_summary={"tools": []},
-            terminal_cursor=None,
-            event_cursor=1,
-        )
+        return create_checkpoint(self.checkpoints, RUN, cursor, {"iban": SECRET})
 
     def request(self, checkpoint: Checkpoint, audience: str = "finance") -> Approval:
-        return self.approvals.request_approval(
-            checkpoint.checkpoint_id,
-            expected_state_digest=checkpoint.state_digest,
-            expected_budgets=checkpoint.budgets,
-            expected_counters=checkpoint.counters,
-            expected_dependency_digest=checkpoint.dependency_digest,
-            audience=audience,
-            prompt_digest=content_hash(f"prompt {audience}"),
-            allowed_decisions=["approve", "reject"],
-            expires_at=self.clock.now() + timedelta(hours=1),
-        )
-
-    def digest(self, namespace: str, natural_key: str) -> str:
-        return self.repository.key_digest(namespace, natural_key)
-
-    def row(self, namespace: str, natural_key: str) -> StoredRecord:
-        stored = self.store.load(namespace, self.digest(namespace, natural_key))
-        assert stored is not None
-        return stored
-
-    def replay(self, old: StoredRecord) -> None:
-        """Put an older row back whole, header and ciphertext, as a database editor could."""
-        metadata = old.metadata
-        current = self.store.peek_metadata(metadata.namespace, metadata.key_digest)
-        if current is not None:
-            self.delete(metadata.namespace, metadata.key_digest)
-        expected = Guard.ABSENT if metadata.revision == 1 else Guard.ANY
-        upsert = Upsert(
-            header=metadata.header, payload=old.payload, expected=expected, labels=metadata.labels
-        )
-        self.store.commit(UnitOfWork(upserts=[upsert]))
-
-    def delete(self, namespace: str, key_digest: str) -> None:
-        """Delete a row whole, leaving its streams as they are."""
-        self.store.commit(UnitOfWork(deletes=[Delete(namespace, key_digest, Guard.ANY)]))
-
-    def events(self, stream: str) -> list[LedgerEvent]:
-        return list(read_stream(self.store, stream))
+        expires_at = self.clock.now() + timedelta(hours=1)
+        return request_approval(self.approvals, checkpoint, audience, expires_at)
 
     def checkpoint_stream(self, checkpoint_id: str) -> str:
         return record_stream(CHECKPOINT_KIND, self.digest(CHECKPOINTS, checkpoint_id))
@@ -150,16 +101,8 @@ def world(backend_store: SecureObjectStore) -> World:
 
 
 def _refused(call: Callable[[], object], wording: str) -> IntegrityFailure:
-    """Assert ``call`` fails as INTEGRITY_FAILURE with ``wording`` and no secret."""
-    with pytest.raises(IntegrityFailure) as caught:
-        call()
-    failure = caught.value
-    assert failure.code == "INTEGRITY_FAILURE"
-    assert wording in str(failure)
-    assert "ledger_index" in failure.details
-    for text in (str(failure), repr(failure), canonical_json(dict(failure.details))):
-        assert SECRET not in text
-    return failure
+    """Check a refusal with none of this module's secrets in it."""
+    return refused(call, wording, SECRET)
 
 
 STALE = "older than its ledger"
@@ -461,17 +404,7 @@ def test_a_deleted_witness_is_refused_not_captured_again(world: World) -> None:
 # -- what the record streams trust ------------------------------------------------
 
 
-class _Wrapped:
-    """A store passing everything through, for tests that change one method."""
-
-    def __init__(self, inner: SecureObjectStore) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._inner, name)
-
-
-class _ForgedTombstone(_Wrapped):
+class _ForgedTombstone(PassThroughStore):
     """A record stream showing one more event: a tombstone for the row, without a valid MAC."""
 
     def __init__(self, inner: SecureObjectStore, forged: LedgerEvent) -> None:
@@ -513,7 +446,7 @@ def test_an_unkeyed_tombstone_does_not_excuse_a_deleted_row(world: World) -> Non
     _refused(lambda: service.recall("req-1", {"op": 1}), DELETED)
 
 
-class _AbsentOnce(_Wrapped):
+class _AbsentOnce(PassThroughStore):
     """Reports one row absent on its first load, as if it were written just after."""
 
     def __init__(self, inner: SecureObjectStore, namespace: str) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 import pytest
+from row_edits import PassThroughStore, RowEditor, refused
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore
@@ -31,7 +32,6 @@ from flowvault.application import (
     RETENTION_TOMBSTONE,
     RUNS,
     BoundRecords,
-    Delete,
     Guard,
     LedgerAudit,
     RunRepository,
@@ -39,12 +39,9 @@ from flowvault.application import (
     SealedRepository,
     SecureObjectStore,
     StoredRecord,
-    UnitOfWork,
-    Upsert,
     WorkflowService,
     list_all_streams,
     mac_matches,
-    read_stream,
     record_stream,
     run_stream,
     stream_of,
@@ -52,7 +49,6 @@ from flowvault.application import (
 from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.domain import (
     IntegrityFailure,
-    LedgerEvent,
     NotFound,
     WorkflowResult,
     WorkOrder,
@@ -71,13 +67,12 @@ STALE = "older than its ledger"
 DELETED = "deleted outside flowvault"
 
 
-class World:
+class World(RowEditor):
     """The services that write these kinds, over one store and a frozen clock."""
 
     def __init__(self, store: SecureObjectStore) -> None:
-        self.store = store
         self.clock = FrozenClock()
-        self.repository = SealedRepository(store, AesGcmCipher(KEY), self.clock)
+        super().__init__(store, SealedRepository(store, AesGcmCipher(KEY), self.clock))
         self.workflows = WorkflowService(self.repository, self.clock, SequentialIds("wf"))
         self.runs = RunService(
             self.repository, self.clock, SequentialIds("run"), integrity=self.repository
@@ -108,32 +103,6 @@ class World:
             output={"answer": SECRET},
         )
 
-    def digest(self, namespace: str, natural_key: str) -> str:
-        return self.repository.key_digest(namespace, natural_key)
-
-    def row(self, namespace: str, natural_key: str) -> StoredRecord:
-        stored = self.store.load(namespace, self.digest(namespace, natural_key))
-        assert stored is not None
-        return stored
-
-    def replay(self, old: StoredRecord) -> None:
-        """Put an older row back whole, header and ciphertext, as a database editor could."""
-        metadata = old.metadata
-        if self.store.peek_metadata(metadata.namespace, metadata.key_digest) is not None:
-            self.delete(metadata.namespace, metadata.key_digest)
-        expected = Guard.ABSENT if metadata.revision == 1 else Guard.ANY
-        upsert = Upsert(
-            header=metadata.header, payload=old.payload, expected=expected, labels=metadata.labels
-        )
-        self.store.commit(UnitOfWork(upserts=[upsert]))
-
-    def delete(self, namespace: str, key_digest: str) -> None:
-        """Delete a row whole, leaving its streams as they are."""
-        self.store.commit(UnitOfWork(deletes=[Delete(namespace, key_digest, Guard.ANY)]))
-
-    def events(self, stream: str) -> list[LedgerEvent]:
-        return list(read_stream(self.store, stream))
-
     def audit(self) -> LedgerAudit:
         return LedgerAudit(
             self.store, self.repository, BoundRecords(self.repository, self.workflows, self.runs)
@@ -151,30 +120,11 @@ def world(backend_store: SecureObjectStore) -> World:
 
 
 def _refused(call: Callable[[], object], wording: str) -> IntegrityFailure:
-    """Assert ``call`` fails as INTEGRITY_FAILURE with ``wording`` and no secret."""
-    with pytest.raises(IntegrityFailure) as caught:
-        call()
-    failure = caught.value
-    assert failure.code == "INTEGRITY_FAILURE"
-    assert wording in str(failure)
-    assert "ledger_index" in failure.details
-    for text in (str(failure), repr(failure), canonical_json(dict(failure.details))):
-        assert SECRET not in text
-        assert DEFINITION not in text
-    return failure
+    """Check a refusal with none of this module's secrets in it."""
+    return refused(call, wording, SECRET, DEFINITION)
 
 
-class _Wrapped:
-    """A store passing everything through, for tests that change one method."""
-
-    def __init__(self, inner: SecureObjectStore) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._inner, name)
-
-
-class _OlderOnce(_Wrapped):
+class _OlderOnce(PassThroughStore):
     """Returns an older copy of one row on its first load, as if a rewrite landed just after."""
 
     def __init__(self, inner: SecureObjectStore, older: StoredRecord) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from checkpoint_setup import checkpointed_run
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore
@@ -462,20 +463,7 @@ def test_a_full_audit_finds_replayed_and_deleted_rows_of_record_streams(
     """
     clock = FrozenClock()
     runtime = bootstrap(Settings(backend="memory"), key=KEY, clock=clock, store=backend_store)
-    runs = runtime.graph_runs
-    runs.register_definition("graph", {"nodes": ["a"]})
-    run, _ = runs.start_run("graph", {"t": 1})
-    runs.set_status(run.run_id, "running", expected_status="accepted")
-    checkpoint = runtime.checkpoints.create_checkpoint(
-        run.run_id,
-        {"node": 1},
-        state={"s": 1},
-        budgets={"tokens": 10},
-        counters={"nodes": 1},
-        dependency_summary={"tools": []},
-        terminal_cursor=None,
-        event_cursor=1,
-    )
+    _, checkpoint = checkpointed_run(runtime, "graph")
     pending = backend_store.load(
         CHECKPOINTS, runtime.repository.key_digest(CHECKPOINTS, checkpoint.checkpoint_id)
     )
