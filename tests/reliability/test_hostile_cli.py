@@ -344,6 +344,12 @@ def verbs(home: Home) -> st.SearchStrategy[list[str]]:
         ),
         _verb(_words("ledger", "head", "--stream"), ids.map(lambda v: [v]), json_flag),
         _verb(
+            _words("ledger", "vouch", "--stream"),
+            ids.map(lambda v: [v]),
+            _option("--head-hash", value),
+            json_flag,
+        ),
+        _verb(
             _words("ledger", "verify"),
             files.map(lambda v: ["--against", v]),
             _option("--public-key", files),
@@ -397,7 +403,8 @@ JUNK_TOKENS = (
     "--state", "--status", "--run", "--stream", "--all", "--scope", "--reason", "--actor",
     "--decision", "--yes", "--dry-run", "--older-than-days", "--backend", "memory", "-h",
     "keys", "add", "retire", "rotate-key", "--batch-size", "check-receipt", "--against",
-    "--public-key", "signing-key", "--out", "compact", "accept-restore",
+    "--public-key", "signing-key", "--out", "compact", "accept-restore", "vouch",
+    "--head-hash",
 )  # fmt: skip
 """Words the parser knows, shuffled into junk argv (never ``demo``, which would run in full)."""
 
