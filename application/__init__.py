@@ -4,6 +4,7 @@ Hosts import ports and unit-of-work values from here; adapters implement
 the ports; the contract kit lives in ``flowvault.application.testing``.
 """
 
+from flowvault.application._anti_rollback import COMPACT_SLACK, AntiRollback, MarkedStore
 from flowvault.application._approval_support import (
     APPROVAL_SLOTS,
     APPROVALS,
@@ -50,23 +51,7 @@ from flowvault.application._graph import (
     run_stream,
 )
 from flowvault.application._guards import check_append, check_delete, check_upsert
-from flowvault.application._high_water import (
-    COMPACT_SLACK,
-    LOG_GENESIS,
-    LOG_TAG,
-    MARK_HEADER,
-    MARK_TAG,
-    AntiRollback,
-    HighWaterMark,
-    HighWaterStore,
-    MarkedStore,
-    MarkFile,
-    MarkState,
-    MarkWrite,
-    format_mark,
-    parse_mark,
-    replay_log,
-)
+from flowvault.application._high_water_store import HighWaterStore
 from flowvault.application._keys import (
     KEY_ENV,
     MASTER_KEY_BYTES,
@@ -82,6 +67,19 @@ from flowvault.application._keys import (
     parse_master_key,
     resolve_key_ring,
     resolve_master_key,
+)
+from flowvault.application._mark_format import (
+    LOG_GENESIS,
+    LOG_TAG,
+    MARK_HEADER,
+    MARK_TAG,
+    HighWaterMark,
+    MarkFile,
+    MarkState,
+    MarkWrite,
+    format_mark,
+    parse_mark,
+    replay_log,
 )
 from flowvault.application._receipts import (
     RECEIPT_MAC_NAME,

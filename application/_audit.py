@@ -15,9 +15,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Final, Protocol, TypeVar
 
+from flowvault.application._anti_rollback import AntiRollback
 from flowvault.application._compaction import compact_after_commit
 from flowvault.application._graph import KeyedDigester
-from flowvault.application._high_water import AntiRollback
 from flowvault.application._receipts import (
     ReceiptDefect,
     ReceiptSigner,

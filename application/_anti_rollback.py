@@ -8,10 +8,9 @@ set its commit count high again. The mark, kept outside the database
 and the size of every ledger stream it has seen written. A store opened
 below either is refused with ``STORE_ROLLED_BACK``.
 
-The sizes live in an append-only log beside the mark's head: each flush
-appends one line naming the streams its commits grew, and the head carries
-a MAC chain over the lines, so the whole mark is one record under the
-integrity key. The log is compacted into one line of every stream's size
+The sizes live in an append-only log beside the mark's head
+(``_mark_format``): each flush appends one line naming the streams its
+commits grew. The log is compacted into one line of every stream's size
 once it has grown to twice its size after the last compaction. The mark is
 advanced, and made durable, after every commit; the window it cannot see
 is the commit in flight.
@@ -24,115 +23,43 @@ falls back to, as it is after a crash: the mark is written after its commit.
 
 from __future__ import annotations
 
-import hmac
-import json
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Final, Protocol, runtime_checkable
 
 import structlog
 
 from flowvault.application._graph import KeyedDigester
-from flowvault.application._records import (
-    LabelFilter,
-    LedgerPage,
-    Order,
-    RecordMetadata,
-    RecordPage,
-    StoredRecord,
-    UnitOfWork,
+from flowvault.application._mark_format import (
+    LOG_GENESIS,
+    HighWaterMark,
+    MarkFile,
+    MarkState,
+    MarkWrite,
+    format_mark,
+    log_line,
+    log_link,
+    parse_mark,
+    replay_log,
 )
 from flowvault.application.ports import (
     MAX_HEAD_BATCH,
-    SecureObjectStore,
     StoreEpoch,
     StreamCatalog,
     StreamHeadBatch,
     StreamHeads,
 )
 from flowvault.domain import (
-    MAX_SAFE_INTEGER,
-    FlowvaultError,
     IntegrityFailure,
-    InvalidInput,
     LedgerEvent,
     StoreRolledBack,
-    canonical_bytes,
 )
-
-MARK_TAG: Final = "flowvault.high-water/1"
-"""Purpose tag of the head's MAC."""
-
-LOG_TAG: Final = "flowvault.high-water-log/1"
-"""Purpose tag of the MAC chain over the log's lines."""
-
-MARK_HEADER: Final = "flowvault high-water mark 2"
-_EPOCH_ONLY_HEADER: Final = "flowvault high-water mark 1"
-"""Marks written before stream sizes were kept: an epoch and its MAC, no log."""
-
-LOG_GENESIS: Final = "sha256:" + "0" * 64
-"""The chain value of an empty log."""
 
 COMPACT_SLACK: Final = 64 * 1024
 """Log bytes allowed beyond twice the last compaction's size before compacting again."""
 
 _log = structlog.get_logger("flowvault.high_water")
-
-
-@dataclass(frozen=True, slots=True)
-class MarkState:
-    """What a ``MarkFile`` holds: the newest intact head and the log it covers."""
-
-    head: bytes
-    log_size: int
-    log: Callable[[], bytes]
-    """Read the whole log; only a check or a compaction needs it."""
-    passed_over: tuple[bytes, ...] = ()
-    """Heads the reader passed over that may be newer than ``head``.
-
-    The head of a newer slot whose appended log bytes fail their check, or
-    ``b""`` for a slot that fails its own. A torn write leaves these; so
-    does damage that hides a newer head, which only the store can tell apart.
-    """
-    empty: bool = False
-    """The file is there but holds no bytes."""
-
-
-@dataclass(frozen=True, slots=True)
-class MarkWrite:
-    """A new head, with log bytes appended or, when ``replace_log``, replacing the log."""
-
-    head: bytes
-    append: bytes = b""
-    replace_log: bool = False
-
-
-class MarkFile(Protocol):
-    """Where the mark lives: a small file outside the database directory."""
-
-    @property
-    def location(self) -> str:
-        """Where the mark is, for messages."""
-        ...
-
-    def read(self) -> MarkState | None:
-        """Return the mark, or ``None`` when there is no file.
-
-        A file holding no intact head reads as an empty head, which no key
-        verifies; one holding no bytes at all reads as an ``empty`` one.
-        """
-        ...
-
-    def update(self, change: Callable[[MarkState | None], MarkWrite | None]) -> None:
-        """Under an exclusive lock, pass the current mark to ``change`` and write its result.
-
-        ``change`` gets ``None`` when there is no file, or an empty one.
-        ``None`` from ``change`` leaves the mark as it is. The write is
-        durable (fsynced; a torn write or a lost append never replaces a
-        whole mark, it leaves the previous one) before this returns.
-        """
-        ...
 
 
 @runtime_checkable
@@ -142,128 +69,6 @@ class MarkedStore(StoreEpoch, Protocol):
     def ledger_head(self, stream: str) -> LedgerEvent | None:
         """Return the last event of ``stream``, or ``None`` when it is empty."""
         ...
-
-
-@dataclass(frozen=True, slots=True)
-class HighWaterMark:
-    """A verified head: the commit count, and the log's line count, chain value and base size."""
-
-    epoch: int
-    records: int = 0
-    chain: str = LOG_GENESIS
-    base: int = 0
-    """The log's size right after its last compaction."""
-
-
-def _mac(digester: KeyedDigester, mark: HighWaterMark) -> str:
-    fields = [MARK_HEADER, mark.epoch, mark.records, mark.chain, mark.base]
-    return digester.keyed_digest(MARK_TAG, canonical_bytes(fields))
-
-
-def _epoch_only_mac(digester: KeyedDigester, epoch: int) -> str:
-    return digester.keyed_digest(MARK_TAG, canonical_bytes([_EPOCH_ONLY_HEADER, epoch]))
-
-
-def format_mark(mark: HighWaterMark, digester: KeyedDigester) -> bytes:
-    """Render a head: the header, the epoch, the log's summary, and the MAC over them."""
-    return (
-        f"{MARK_HEADER}\nepoch {mark.epoch}\n"
-        f"log {mark.records} {mark.base} {mark.chain}\nmac {_mac(digester, mark)}\n"
-    ).encode("ascii")
-
-
-def _count(digits: str | None) -> int | None:
-    if digits is None or not digits.isdigit() or len(digits) > 16:
-        return None
-    return int(digits) if int(digits) <= MAX_SAFE_INTEGER else None
-
-
-def _field(line: str, name: str) -> str | None:
-    return line[len(name) + 1 :] if line.startswith(name + " ") else None
-
-
-def _is_digest(text: str) -> bool:
-    hexpart = text.removeprefix("sha256:")
-    return len(text) == 71 and len(hexpart) == 64 and all(c in "0123456789abcdef" for c in hexpart)
-
-
-def _read_head(lines: list[str], digester: KeyedDigester) -> tuple[HighWaterMark, str] | None:
-    """Return the head ``lines`` spell and the MAC it must carry, or ``None`` if malformed."""
-    if len(lines) < 4 or lines[-1]:
-        return None
-    epoch = _count(_field(lines[1], "epoch"))
-    if epoch is None:
-        return None
-    if lines[0] == _EPOCH_ONLY_HEADER and len(lines) == 4:
-        return HighWaterMark(epoch), _epoch_only_mac(digester, epoch)
-    summary = (_field(lines[2], "log") or "").split(" ")
-    if lines[0] != MARK_HEADER or len(lines) != 5 or len(summary) != 3:
-        return None
-    records, base = _count(summary[0]), _count(summary[1])
-    if records is None or base is None or not _is_digest(summary[2]):
-        return None
-    mark = HighWaterMark(epoch, records, summary[2], base)
-    return mark, _mac(digester, mark)
-
-
-def parse_mark(content: bytes, digester: KeyedDigester, location: str) -> HighWaterMark:
-    """Return the head a mark holds; ``IntegrityFailure`` if it is malformed or forged.
-
-    A head written before stream sizes were kept holds an epoch alone and
-    reads as a mark with an empty log.
-    """
-    if not isinstance(content, bytes):
-        raise InvalidInput("a high-water mark is read as bytes")
-    try:
-        lines = content.decode("ascii").split("\n")
-    except UnicodeDecodeError:
-        lines = []
-    head = _read_head(lines, digester)
-    mac = _field(lines[-2], "mac") if head is not None else None
-    if head is None or mac is None or not hmac.compare_digest(mac, head[1]):
-        raise IntegrityFailure(
-            f"the high-water mark at {location} does not verify under the store key: it was "
-            "edited, or belongs to a store under another key",
-            location=location,
-        )
-    return head[0]
-
-
-def _link(digester: KeyedDigester, chain: str, line: bytes) -> str:
-    return digester.keyed_digest(LOG_TAG, chain.encode("ascii") + b"\n" + line)
-
-
-def _line(sizes: Mapping[str, int]) -> bytes:
-    return canonical_bytes(dict(sizes)) + b"\n"
-
-
-def replay_log(
-    mark: HighWaterMark, log: bytes, digester: KeyedDigester, location: str
-) -> dict[str, int]:
-    """Return the largest size of every stream the log names, once its chain matches the head.
-
-    Raises:
-        IntegrityFailure: the log is not the one the head's MAC chain covers.
-
-    """
-    if not isinstance(log, bytes):
-        raise InvalidInput("a high-water mark's log is read as bytes")
-    lines = log.split(b"\n")
-    chain = LOG_GENESIS
-    for line in lines[:-1]:
-        chain = _link(digester, chain, line)
-    if lines[-1] or len(lines) - 1 != mark.records or not hmac.compare_digest(chain, mark.chain):
-        raise IntegrityFailure(
-            f"the stream sizes of the high-water mark at {location} do not match its MAC "
-            "chain: the log was edited, cut short or replaced",
-            location=location,
-        )
-    sizes: dict[str, int] = {}
-    for line in lines[:-1]:
-        for stream, size in json.loads(line).items():
-            if isinstance(stream, str) and type(size) is int and size > sizes.get(stream, 0):
-                sizes[stream] = size
-    return sizes
 
 
 def _batches(names: Sequence[str]) -> Iterator[Sequence[str]]:
@@ -488,8 +293,8 @@ class AntiRollback:
     def _fresh(self, epoch: int, sizes: Mapping[str, int]) -> MarkWrite:
         if not sizes:
             return MarkWrite(format_mark(HighWaterMark(epoch), self._digester), replace_log=True)
-        line = _line(sizes)
-        chain = _link(self._digester, LOG_GENESIS, line[:-1])
+        line = log_line(sizes)
+        chain = log_link(self._digester, LOG_GENESIS, line[:-1])
         mark = HighWaterMark(epoch, 1, chain, len(line))
         return MarkWrite(format_mark(mark, self._digester), line, replace_log=True)
 
@@ -534,8 +339,8 @@ class AntiRollback:
                 return MarkWrite(format_mark(replace(mark, epoch=epoch), self._digester))
             if mark.records == 0 or state.log_size > 2 * mark.base + COMPACT_SLACK:
                 return self._compacted(mark, state, epoch, batch)
-            line = _line(batch)
-            chain = _link(self._digester, mark.chain, line[:-1])
+            line = log_line(batch)
+            chain = log_link(self._digester, mark.chain, line[:-1])
             grown = HighWaterMark(epoch, mark.records + 1, chain, mark.base)
             return MarkWrite(format_mark(grown, self._digester), line)
 
@@ -584,96 +389,4 @@ def _raise_sizes(sizes: dict[str, int], more: Mapping[str, int]) -> None:
             sizes[stream] = size
 
 
-class HighWaterStore:
-    """The store with its mark advanced after every commit; everything else passes through.
-
-    Optional capabilities (``StoreStats``, ``Compactor``...) are forwarded as
-    the wrapped store has them, so ``isinstance`` checks see the same store.
-    """
-
-    def __init__(self, store: SecureObjectStore, guard: AntiRollback) -> None:
-        self._store = store
-        self._guard = guard
-
-    @property
-    def wrapped(self) -> SecureObjectStore:
-        """The store underneath."""
-        return self._store
-
-    def load(self, namespace: str, key_digest: str) -> StoredRecord | None:
-        """Forward to the store."""
-        return self._store.load(namespace, key_digest)
-
-    def peek_metadata(self, namespace: str, key_digest: str) -> RecordMetadata | None:
-        """Forward to the store."""
-        return self._store.peek_metadata(namespace, key_digest)
-
-    def list(
-        self,
-        namespace: str,
-        *,
-        filters: Sequence[LabelFilter] = (),
-        order: Order = Order.KEY,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> RecordPage:
-        """Forward to the store."""
-        return self._store.list(namespace, filters=filters, order=order, cursor=cursor, limit=limit)
-
-    def commit(self, unit: UnitOfWork) -> None:
-        """Commit, then advance the mark past this commit before acknowledging it.
-
-        The commit is durable once the store returns; a mark that cannot be
-        written then is logged (``high_water_mark_deferred``) rather than
-        raised, since an error would tell the caller the commit failed and
-        its retry would conflict. The next commit or ``close`` writes it.
-        """
-        self._store.commit(unit)
-        if not unit.empty:
-            self._advance({event.stream: event.index + 1 for event in unit.appends})
-
-    def _advance(self, sizes: Mapping[str, int] | None = None) -> None:
-        try:
-            self._guard.advance(sizes)
-        except FlowvaultError as exc:
-            _log.warning("high_water_mark_deferred", code=exc.code, location=self._guard.location)
-
-    def ledger_head(self, stream: str) -> LedgerEvent | None:
-        """Forward to the store."""
-        return self._store.ledger_head(stream)
-
-    def read_ledger(self, stream: str, *, from_index: int = 0, limit: int = 100) -> LedgerPage:
-        """Forward to the store."""
-        return self._store.read_ledger(stream, from_index=from_index, limit=limit)
-
-    def close(self) -> None:
-        """Advance the mark one last time, then close the store."""
-        try:
-            self._advance()
-        finally:
-            self._store.close()
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._store, name)
-
-    def __repr__(self) -> str:
-        return f"HighWaterStore({self._store!r})"
-
-
-__all__ = [
-    "COMPACT_SLACK",
-    "LOG_GENESIS",
-    "LOG_TAG",
-    "MARK_HEADER",
-    "MARK_TAG",
-    "AntiRollback",
-    "HighWaterMark",
-    "HighWaterStore",
-    "MarkFile",
-    "MarkState",
-    "MarkWrite",
-    "MarkedStore",
-    "format_mark",
-    "parse_mark",
-    "replay_log",
-]
+__all__ = ["COMPACT_SLACK", "AntiRollback", "MarkedStore"]

@@ -1,0 +1,106 @@
+"""The store decorator that advances the high-water mark after every commit it passes on."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import structlog
+
+from flowvault.application._anti_rollback import AntiRollback
+from flowvault.application._records import (
+    LabelFilter,
+    LedgerPage,
+    Order,
+    RecordMetadata,
+    RecordPage,
+    StoredRecord,
+    UnitOfWork,
+)
+from flowvault.application.ports import (
+    SecureObjectStore,
+)
+from flowvault.domain import (
+    FlowvaultError,
+    LedgerEvent,
+)
+
+_log = structlog.get_logger("flowvault.high_water")
+
+
+class HighWaterStore:
+    """The store with its mark advanced after every commit; everything else passes through.
+
+    Optional capabilities (``StoreStats``, ``Compactor``...) are forwarded as
+    the wrapped store has them, so ``isinstance`` checks see the same store.
+    """
+
+    def __init__(self, store: SecureObjectStore, guard: AntiRollback) -> None:
+        self._store = store
+        self._guard = guard
+
+    @property
+    def wrapped(self) -> SecureObjectStore:
+        """The store underneath."""
+        return self._store
+
+    def load(self, namespace: str, key_digest: str) -> StoredRecord | None:
+        """Forward to the store."""
+        return self._store.load(namespace, key_digest)
+
+    def peek_metadata(self, namespace: str, key_digest: str) -> RecordMetadata | None:
+        """Forward to the store."""
+        return self._store.peek_metadata(namespace, key_digest)
+
+    def list(
+        self,
+        namespace: str,
+        *,
+        filters: Sequence[LabelFilter] = (),
+        order: Order = Order.KEY,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> RecordPage:
+        """Forward to the store."""
+        return self._store.list(namespace, filters=filters, order=order, cursor=cursor, limit=limit)
+
+    def commit(self, unit: UnitOfWork) -> None:
+        """Commit, then advance the mark past this commit before acknowledging it.
+
+        The commit is durable once the store returns; a mark that cannot be
+        written then is logged (``high_water_mark_deferred``) rather than
+        raised, since an error would tell the caller the commit failed and
+        its retry would conflict. The next commit or ``close`` writes it.
+        """
+        self._store.commit(unit)
+        if not unit.empty:
+            self._advance({event.stream: event.index + 1 for event in unit.appends})
+
+    def _advance(self, sizes: Mapping[str, int] | None = None) -> None:
+        try:
+            self._guard.advance(sizes)
+        except FlowvaultError as exc:
+            _log.warning("high_water_mark_deferred", code=exc.code, location=self._guard.location)
+
+    def ledger_head(self, stream: str) -> LedgerEvent | None:
+        """Forward to the store."""
+        return self._store.ledger_head(stream)
+
+    def read_ledger(self, stream: str, *, from_index: int = 0, limit: int = 100) -> LedgerPage:
+        """Forward to the store."""
+        return self._store.read_ledger(stream, from_index=from_index, limit=limit)
+
+    def close(self) -> None:
+        """Advance the mark one last time, then close the store."""
+        try:
+            self._advance()
+        finally:
+            self._store.close()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    def __repr__(self) -> str:
+        return f"HighWaterStore({self._store!r})"
+
+
+__all__ = ["HighWaterStore"]
