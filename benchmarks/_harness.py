@@ -17,12 +17,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata
-from typing import Literal, TypeVar
+from typing import Generic, Literal, TypeVar
 
 JsonObject = dict[str, object]
 T = TypeVar("T")
 
 Status = Literal["ok", "skipped", "failed"]
+PeerStatus = Literal["ok", "not installed"]
 
 
 def as_float(value: object) -> float:
@@ -180,8 +181,31 @@ class Summary:
 
 
 @dataclass(frozen=True, slots=True)
+class Peer:
+    """The same work done by the store users would otherwise pick, or why it was not measured."""
+
+    name: str
+    samples: tuple[Sample, ...] = ()
+    status: PeerStatus = "ok"
+    reason: str | None = None
+
+    @property
+    def summary(self) -> Summary:
+        """The peer's figures, measured interleaved with the workload and the baseline."""
+        return Summary.of(self.samples)
+
+    def to_json(self) -> JsonObject:
+        """Return the peer's name and status, and its figures when it ran."""
+        head: JsonObject = {"name": self.name, "status": self.status, "reason": self.reason}
+        return {**head, **self.summary.to_json()} if self.status == "ok" else head
+
+
+@dataclass(frozen=True, slots=True)
 class Row:
-    """One line of the report: a measured workload beside the baseline of the same run."""
+    """One line of the report: a measured workload beside the baseline of the same run.
+
+    ``peer`` is set on the rows where a peer store does the same work.
+    """
 
     id: str
     label: str
@@ -190,6 +214,7 @@ class Row:
     baseline: tuple[Sample, ...]
     notes: str = ""
     unit: str = "op"
+    peer: Peer | None = None
 
     @property
     def summary(self) -> Summary:
@@ -208,12 +233,21 @@ class Row:
         return self.summary.median / base if base > 0 else 0.0
 
     @property
+    def peer_ratio(self) -> float | None:
+        """Median workload rate over the peer's median rate; ``None`` when the peer did not run."""
+        if self.peer is None or self.peer.status != "ok":
+            return None
+        base = self.peer.summary.median
+        return self.summary.median / base if base > 0 else 0.0
+
+    @property
     def errors(self) -> int:
-        """Failed operations of the workload and its baseline together."""
-        return self.summary.errors + self.baseline_summary.errors
+        """Failed operations of the workload, its baseline and its peer together."""
+        peer = self.peer.summary.errors if self.peer is not None else 0
+        return self.summary.errors + self.baseline_summary.errors + peer
 
     def to_json(self) -> JsonObject:
-        """Return the row with every number, the baseline's included."""
+        """Return the row with every number, the baseline's and the peer's included."""
         return {
             "id": self.id,
             "label": self.label,
@@ -221,6 +255,8 @@ class Row:
             **self.summary.to_json(),
             "ratio": self.ratio,
             "baseline": {"name": self.baseline_name, **self.baseline_summary.to_json()},
+            "peer_ratio": self.peer_ratio,
+            "peer": None if self.peer is None else self.peer.to_json(),
             "notes": self.notes,
         }
 
@@ -250,6 +286,45 @@ class ScenarioResult:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class Rounds(Generic[T]):
+    """What each side measured over the interleaved repetitions; ``peer`` is empty without one."""
+
+    baseline: tuple[Sample, ...]
+    peer: tuple[Sample, ...]
+    scenario: tuple[T, ...]
+
+
+def interleave_rounds(
+    repetitions: int,
+    baseline: Callable[[], Sample],
+    scenario: Callable[[], T],
+    *,
+    peer: Callable[[], Sample] | None = None,
+    warmup: bool = True,
+) -> Rounds[T]:
+    """Run the baseline, then the peer (if any), then the scenario, ``repetitions`` times.
+
+    Alternating them exposes all of them to the same drift (other jobs,
+    page cache, disk queue), so their ratios are steadier than any one
+    figure. One unrecorded round first opens files and warms caches.
+    """
+    if warmup:
+        baseline()
+        if peer is not None:
+            peer()
+        scenario()
+    base: list[Sample] = []
+    peers: list[Sample] = []
+    measured: list[T] = []
+    for _ in range(repetitions):
+        base.append(baseline())
+        if peer is not None:
+            peers.append(peer())
+        measured.append(scenario())
+    return Rounds(tuple(base), tuple(peers), tuple(measured))
+
+
 def interleave(
     repetitions: int,
     baseline: Callable[[], Sample],
@@ -257,21 +332,9 @@ def interleave(
     *,
     warmup: bool = True,
 ) -> tuple[tuple[Sample, ...], tuple[T, ...]]:
-    """Run the baseline then the scenario, ``repetitions`` times.
-
-    Alternating them exposes both to the same drift (other jobs, page
-    cache, disk queue), so their ratio is steadier than either figure. One
-    unrecorded round first opens files and warms caches.
-    """
-    if warmup:
-        baseline()
-        scenario()
-    base: list[Sample] = []
-    measured: list[T] = []
-    for _ in range(repetitions):
-        base.append(baseline())
-        measured.append(scenario())
-    return tuple(base), tuple(measured)
+    """Run the baseline then the scenario, ``repetitions`` times (see ``interleave_rounds``)."""
+    rounds = interleave_rounds(repetitions, baseline, scenario, warmup=warmup)
+    return rounds.baseline, rounds.scenario
 
 
 def _figure(value: float) -> str:
@@ -291,21 +354,44 @@ _HEADER = (
     "p50 ms",
     "p99 ms",
     "ratio",
+    "peer ratio",
     "baseline ops/s",
+    "peer ops/s median [min\u2013max]",
+    "peer p50 / p99 ms",
     "notes",
 )
+
+
+def _rates(summary: Summary) -> str:
+    return f"{_figure(summary.median)} [{_figure(summary.minimum)}\u2013{_figure(summary.maximum)}]"
+
+
+def _peer_cells(row: Row) -> tuple[str, str, str]:
+    """Return the peer ratio, rates and latencies; a peer that did not run says why."""
+    peer, ratio = row.peer, row.peer_ratio
+    if peer is None:
+        return "-", "-", "-"
+    if ratio is None:
+        return "-", f"{peer.status}: {peer.reason}", "-"
+    summary = peer.summary
+    latency = f"{_figure(summary.p50_ms)} / {_figure(summary.p99_ms)}"
+    return f"{ratio:.3f}", f"{_rates(summary)} ({peer.name})", latency
 
 
 def _cells(row: Row) -> tuple[str, ...]:
     summary, base = row.summary, row.baseline_summary
     notes = row.notes if not row.errors else f"{row.errors} ERRORS; {row.notes}"
+    peer_ratio, peer_rates, peer_latency = _peer_cells(row)
     return (
         f"{row.id} {row.label}",
-        f"{_figure(summary.median)} [{_figure(summary.minimum)}\u2013{_figure(summary.maximum)}]",
+        _rates(summary),
         _figure(summary.p50_ms),
         _figure(summary.p99_ms),
         f"{row.ratio:.3f}",
+        peer_ratio,
         f"{_figure(base.median)} ({row.baseline_name})",
+        peer_rates,
+        peer_latency,
         notes,
     )
 

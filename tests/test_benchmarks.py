@@ -24,7 +24,8 @@ RUNNER = ROOT / "benchmarks" / "run.py"
 DSN_ENV = "TEST_POSTGRES_DSN"
 RUN_TIMEOUT = 900
 TABLE_HEADER = (
-    "| scenario | ops/s median [min\u2013max] | p50 ms | p99 ms | ratio | baseline ops/s |"
+    "| scenario | ops/s median [min\u2013max] | p50 ms | p99 ms | ratio | peer ratio "
+    "| baseline ops/s | peer ops/s median [min\u2013max] | peer p50 / p99 ms | notes |"
 )
 
 ROWS = {
