@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: test install-dev lint typecheck layers pytest reliability bench demo clean
+.PHONY: test install-dev install-bench lint typecheck layers pytest reliability bench demo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,10 +44,17 @@ reliability: install-dev
 		$(BIN)/pytest -p no:cacheprovider -m reliability $(RELIABILITY_TESTS)
 	$(BIN)/python tests/reliability/report.py $(RELIABILITY_REPORT)
 
+# The bench extra: LangGraph's SQLite checkpointer and pycryptodome, the peer
+# that S1, S2 and S5a measure flowvault against (without it they say so).
+install-bench: install-dev
+	rm -rf build flowvault.egg-info
+	$(PIP) install --no-build-isolation ".[bench]"
+	rm -rf build flowvault.egg-info
+
 # The benchmark suite (minutes; never part of `make test`, which runs only its
 # --quick smoke test). BENCH_ARGS passes options, e.g. BENCH_ARGS="--only S1,S2".
 BENCH_OUT ?= bench-results.json
-bench: install-dev
+bench: install-bench
 	$(BIN)/python benchmarks/run.py --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # The main job: install flowvault and run an approval workflow end to end in a

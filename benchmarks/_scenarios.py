@@ -2,7 +2,8 @@
 
 Every function takes the run's ``Context`` and returns a ``ScenarioResult``
 whose rows pair a flowvault measurement with the baseline measured
-interleaved with it; see ``benchmarks/run.py`` for the list and order.
+interleaved with it; S1, S2 and S5a also interleave the peer doing the same
+work. See ``benchmarks/run.py`` for the list and order.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
@@ -33,6 +35,7 @@ from _baseline import (
 )
 from _harness import (
     JsonObject,
+    Peer,
     Recorder,
     Row,
     Sample,
@@ -42,7 +45,9 @@ from _harness import (
     as_list,
     as_object,
     interleave,
+    interleave_rounds,
 )
+from _peer import PEER_NAME, PeerSaver, peer_unavailable
 from _workload import (
     OPS_PER_WORKFLOW,
     LifecycleRun,
@@ -50,7 +55,9 @@ from _workload import (
     create_workflows,
     open_runtime,
     prefill,
+    prefill_peer,
     run_lifecycles,
+    run_peer_lifecycles,
     sqlite_settings,
 )
 
@@ -145,12 +152,39 @@ class Context:
     tag: str
     worker: Path
     postgres: PostgresTarget | None
+    peer_key: bytes
 
     def raw_sqlite(self, name: str, rows: int = RAW_ROWS, *, seed: int = 1) -> RawSqlite:
         """Create and open a raw baseline database next to the flowvault homes."""
         path = self.work / f"{name}-raw.db"
         RawSqlite.create(path, rows)
         return RawSqlite(path, seed=seed)
+
+    def peer_path(self, name: str) -> Path:
+        """Return where the peer's database for ``name`` lives, beside the baseline's."""
+        return self.work / f"{name}-peer.db"
+
+
+PeerSlot = PeerSaver | Peer | None
+"""A row's peer: a saver to measure, a ``Peer`` saying why none runs, or no peer column."""
+
+
+@contextmanager
+def open_peer(ctx: Context, name: str) -> Iterator[PeerSaver | Peer]:
+    """Open the peer's database for ``name`` (FULL), or yield why the peer cannot run."""
+    reason = peer_unavailable()
+    if reason is not None:
+        yield Peer(PEER_NAME, status="not installed", reason=reason)
+        return
+    saver = PeerSaver(ctx.peer_path(name), ctx.peer_key)
+    try:
+        yield saver
+    finally:
+        saver.close()
+
+
+def _peer_figures(peer: PeerSlot, samples: tuple[Sample, ...]) -> Peer | None:
+    return Peer(PEER_NAME, samples) if isinstance(peer, PeerSaver) else peer
 
 
 def _lifecycle_row(
@@ -163,17 +197,33 @@ def _lifecycle_row(
     count: int,
     baseline_ops: int,
     ctx: Context,
+    peer: PeerSlot = None,
 ) -> Row:
-    """Interleave ``baseline_ops`` raw writes with ``count`` workflows driven to ``completed``."""
+    """Interleave raw writes, the peer's threads and ``count`` workflows driven to ``completed``.
+
+    The peer, when it runs, writes ``count`` threads of one checkpoint per
+    operation; the raw baseline does ``baseline_ops`` single-row writes.
+    """
     orders = Orders(f"{ctx.tag}-{row_id}")
-    base, runs = interleave(
+    saver = peer if isinstance(peer, PeerSaver) else None
+    peer_orders = Orders(f"{ctx.tag}-{row_id}-peer")
+    rounds = interleave_rounds(
         ctx.sizes.repetitions,
         lambda: raw.write_sample(baseline_ops),
         lambda: run_lifecycles(workflows, orders.take(count)).sample(),
+        peer=None if saver is None else lambda: run_peer_lifecycles(saver, peer_orders.take(count)),
     )
     transitions = OPS_PER_WORKFLOW - 1
     notes = f"{count} workflows x (create + {transitions} transitions) per repetition"
-    return Row(row_id, label, runs, baseline_name, base, notes)
+    return Row(
+        row_id,
+        label,
+        rounds.scenario,
+        baseline_name,
+        rounds.baseline,
+        notes,
+        peer=_peer_figures(peer, rounds.peer),
+    )
 
 
 def _read_sample(workflows: WorkflowService, picks: Sequence[str]) -> Sample:
@@ -191,6 +241,18 @@ def _read_sample(workflows: WorkflowService, picks: Sequence[str]) -> Sample:
     return recorder.sample()
 
 
+def _peer_read_sample(peer: PeerSaver, picks: Sequence[str]) -> Sample:
+    recorder = Recorder()
+    for thread_id in picks:
+        started = time.perf_counter()
+        document = peer.latest(thread_id)
+        if document is None or document.get("workflow_id") != thread_id:
+            recorder.errors += 1
+            continue
+        recorder.record(started)
+    return recorder.sample()
+
+
 def _read_row(
     row_id: str,
     label: str,
@@ -201,16 +263,34 @@ def _read_row(
     ids: Sequence[str],
     reads: int,
     ctx: Context,
+    peer: PeerSlot = None,
+    threads: Sequence[str] = (),
 ) -> Row:
-    """Interleave raw primary-key reads with ``get`` of random workflow ids."""
+    """Interleave raw primary-key reads, the peer's reads and ``get`` of random workflow ids.
+
+    The peer, when it runs, reads the latest checkpoint of random ``threads``.
+    """
     picker = random.Random(7)  # noqa: S311 - picks ids to read, not secrets
-    base, samples = interleave(
+    peer_picker = random.Random(7)  # noqa: S311
+    saver = peer if isinstance(peer, PeerSaver) else None
+    rounds = interleave_rounds(
         ctx.sizes.repetitions,
         lambda: raw.read_sample(reads),
         lambda: _read_sample(workflows, [picker.choice(ids) for _ in range(reads)]),
+        peer=None
+        if saver is None
+        else lambda: _peer_read_sample(saver, [peer_picker.choice(threads) for _ in range(reads)]),
     )
     notes = f"{reads} gets of random ids among {len(ids)} workflows per repetition"
-    return Row(row_id, label, samples, baseline_name, base, notes)
+    return Row(
+        row_id,
+        label,
+        rounds.scenario,
+        baseline_name,
+        rounds.baseline,
+        notes,
+        peer=_peer_figures(peer, rounds.peer),
+    )
 
 
 # -- S1 and the memory ceiling -----------------------------------------------
@@ -221,7 +301,10 @@ def s1_sqlite(ctx: Context) -> ScenarioResult:
     count = ctx.sizes.s1_workflows
     raw = ctx.raw_sqlite("s1")
     try:
-        with open_runtime(sqlite_settings(ctx.work / "s1")) as runtime:
+        with (
+            open_runtime(sqlite_settings(ctx.work / "s1")) as runtime,
+            open_peer(ctx, "s1") as peer,
+        ):
             row = _lifecycle_row(
                 "S1",
                 "durable transitions (SQLite, FULL)",
@@ -231,6 +314,7 @@ def s1_sqlite(ctx: Context) -> ScenarioResult:
                 count=count,
                 baseline_ops=count * OPS_PER_WORKFLOW,
                 ctx=ctx,
+                peer=peer,
             )
     finally:
         raw.close()
@@ -260,14 +344,35 @@ def s1_memory(ctx: Context) -> ScenarioResult:
 # -- S2 -------------------------------------------------------------------------
 
 
+def _prefill_peer_threads(ctx: Context, name: str, count: int) -> tuple[list[str], list[str]]:
+    """Write ``count`` threads through a ``synchronous=NORMAL`` saver, closed before measuring.
+
+    Setup only, as ``prefill`` is for flowvault. Returns the thread ids and
+    the stored checkpoint types, which must all be encrypted for the reads
+    to pay what flowvault's do; without the peer, neither.
+    """
+    if peer_unavailable() is not None:
+        return [], []
+    saver = PeerSaver(ctx.peer_path(name), ctx.peer_key, synchronous="NORMAL")
+    try:
+        threads = prefill_peer(saver, Orders(f"{ctx.tag}-{name}-peer").stream(count))
+        types = saver.checkpoint_types()
+    finally:
+        saver.close()
+    if not types or not all(kind.endswith("+aes") for kind in types):
+        raise RuntimeError(f"the peer's checkpoints are not all encrypted: {types}")
+    return threads, types
+
+
 def s2_reads(ctx: Context) -> ScenarioResult:
     """S2: ``get`` of random workflows: load the row and open the sealed record."""
     settings = sqlite_settings(ctx.work / "s2")
     ids: list[str] = []
     prefill(settings, Orders(f"{ctx.tag}-s2").stream(ctx.sizes.s2_workflows), ids)
+    threads, types = _prefill_peer_threads(ctx, "s2", ctx.sizes.s2_workflows)
     raw = ctx.raw_sqlite("s2", rows=ctx.sizes.s2_workflows)
     try:
-        with open_runtime(settings) as runtime:
+        with open_runtime(settings) as runtime, open_peer(ctx, "s2") as peer:
             row = _read_row(
                 "S2",
                 "reads (get)",
@@ -277,10 +382,12 @@ def s2_reads(ctx: Context) -> ScenarioResult:
                 ids=ids,
                 reads=ctx.sizes.s2_reads,
                 ctx=ctx,
+                peer=peer,
+                threads=threads,
             )
     finally:
         raw.close()
-    return ScenarioResult("S2", "reads", [row])
+    return ScenarioResult("S2", "reads", [row], {"peer_checkpoint_types": types})
 
 
 # -- S3 -------------------------------------------------------------------------
@@ -624,13 +731,24 @@ def _process_row(
     settings: JsonObject,
     raw: JsonObject,
     baseline_name: str,
+    *,
+    peer: Peer | Path | None = None,
 ) -> Row:
-    """Interleave raw single-row writers with flowvault writers, one process each."""
+    """Interleave raw single-row writers, peer writers and flowvault writers, one process each.
+
+    ``peer`` is the peer's database file every worker writes its own
+    threads to, a ``Peer`` saying why the peer cannot run, or ``None``.
+    """
     processes, count = ctx.sizes.s5_processes, ctx.sizes.s5_workflows
+    peer_config: JsonObject | None = None
+    if isinstance(peer, Path):
+        key = base64.b64encode(ctx.peer_key).decode("ascii")
+        peer_config = {"path": str(peer), "key": key}
     configs: list[JsonObject] = [
         {
             "settings": settings,
             "raw": raw,
+            "peer": peer_config,
             "row": n,
             "workflows": count,
             "tag": f"{ctx.tag}-{row_id}",
@@ -638,27 +756,48 @@ def _process_row(
         for n in range(processes)
     ]
     with WorkerGroup(ctx, row_id, configs) as group:
-        base, samples = interleave(
+        rounds = interleave_rounds(
             ctx.sizes.repetitions,
             lambda: group.round("baseline"),
             lambda: group.round("scenario"),
+            peer=None if peer_config is None else lambda: group.round("peer"),
         )
+    samples = rounds.scenario
     notes = (
         f"{processes} processes x {count} workflows x {OPS_PER_WORKFLOW} ops; "
         f"errors {sum(s.errors for s in samples)}"
     )
     label = f"{processes} processes, own runtimes, distinct workflows"
-    return Row(row_id, label, samples, f"{baseline_name} x{processes} processes", base, notes)
+    figures = peer if isinstance(peer, Peer) else None
+    if peer_config is not None:
+        figures = Peer(PEER_NAME, rounds.peer)
+    return Row(
+        row_id,
+        label,
+        samples,
+        f"{baseline_name} x{processes} processes",
+        rounds.baseline,
+        notes,
+        peer=figures,
+    )
 
 
 def s5_processes(ctx: Context) -> ScenarioResult:
-    """S5a: several processes, each with its own runtime on one SQLite home."""
+    """S5a: several processes, each with its own runtime on one SQLite home.
+
+    The home and the peer's database are created before the workers start,
+    so none of them races another to lay out the schema.
+    """
     home = ctx.work / "s5a"
     settings: JsonObject = {"backend": "sqlite", "home": str(home)}
     open_runtime(Settings.model_validate(settings)).close()
     raw_path = ctx.work / "s5a-raw.db"
     RawSqlite.create(raw_path, ctx.sizes.s5_processes)
-    row = _process_row(ctx, "S5a", settings, {"kind": "sqlite", "path": str(raw_path)}, RAW_WRITE)
+    peer: Peer | Path
+    with open_peer(ctx, "s5a") as opened:
+        peer = opened if isinstance(opened, Peer) else ctx.peer_path("s5a")
+    raw: JsonObject = {"kind": "sqlite", "path": str(raw_path)}
+    row = _process_row(ctx, "S5a", settings, raw, RAW_WRITE, peer=peer)
     return ScenarioResult("S5a", "concurrent processes", [row], {"errors": row.summary.errors})
 
 

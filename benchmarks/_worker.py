@@ -5,13 +5,15 @@ hold a key or a DSN) arrives as one JSON line on stdin, never in argv.
 
 - ``growth``: prefills one store step by step and measures transitions at
   each size; prints one JSON document, with the process's peak RSS.
-- ``writer``: opens its own runtime and baseline connection, prints
-  ``ready``, then answers each ``baseline`` or ``scenario`` line with one
-  JSON sample stamped on the system-wide monotonic clock; ``quit`` ends it.
+- ``writer``: opens its own runtime, baseline connection and (when
+  configured) peer saver, prints ``ready``, then answers each ``baseline``,
+  ``peer`` or ``scenario`` line with one JSON sample stamped on the
+  system-wide monotonic clock; ``quit`` ends it.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import resource
 import sys
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from _baseline import RawSqlite, open_raw
 from _harness import JsonObject, Sample, as_int, as_list, as_object, interleave
+from _peer import PeerSaver
 from _workload import (
     OPS_PER_WORKFLOW,
     LifecycleRun,
@@ -28,6 +31,7 @@ from _workload import (
     open_runtime,
     prefill,
     run_lifecycles,
+    run_peer_lifecycles,
     sqlite_settings,
 )
 
@@ -101,14 +105,25 @@ def _stamped(sample: Sample, start: float, end: float) -> JsonObject:
     return {**sample.to_json(), "start": start, "end": end}
 
 
+def _open_peer(config: object) -> PeerSaver | None:
+    """Open the peer saver the runner configured, or ``None`` when this row has no peer."""
+    if config is None:
+        return None
+    body = as_object(config)
+    return PeerSaver(Path(str(body["path"])), base64.b64decode(str(body["key"])))
+
+
 def writer(config: Mapping[str, object]) -> None:
-    """Serve ``baseline`` and ``scenario`` rounds until ``quit`` or end of input."""
+    """Serve ``baseline``, ``peer`` and ``scenario`` rounds until ``quit`` or end of input."""
     settings = Settings.model_validate(as_object(config["settings"]))
     row = as_int(config["row"])
     workflows = as_int(config["workflows"])
     orders = Orders(f"{config['tag']}-w{row}")
+    peer_orders = Orders(f"{config['tag']}-w{row}-peer")
     raw = open_raw(as_object(config["raw"]), seed=row)
+    peer: PeerSaver | None = None
     try:
+        peer = _open_peer(config.get("peer"))
         with open_runtime(settings) as runtime:
             print("ready", flush=True)
             for line in sys.stdin:
@@ -118,11 +133,19 @@ def writer(config: Mapping[str, object]) -> None:
                 start = time.monotonic()
                 if command == "baseline":
                     sample = raw.write_sample(workflows * OPS_PER_WORKFLOW, row=row)
-                else:
+                elif command == "peer":
+                    if peer is None:
+                        raise RuntimeError("peer round asked of a writer with no peer")
+                    sample = run_peer_lifecycles(peer, peer_orders.take(workflows))
+                elif command == "scenario":
                     sample = run_lifecycles(runtime.workflows, orders.take(workflows)).sample()
+                else:
+                    raise RuntimeError(f"unknown command {command!r}")
                 print(json.dumps(_stamped(sample, start, time.monotonic())), flush=True)
     finally:
         raw.close()
+        if peer is not None:
+            peer.close()
 
 
 def main(argv: Sequence[str]) -> int:

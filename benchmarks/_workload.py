@@ -1,14 +1,22 @@
-"""The workflow workload every flowvault scenario drives, timed one operation at a time."""
+"""The workflow workload every flowvault scenario drives, timed one operation at a time.
+
+The peer runs the same lifecycle as checkpoints of a thread, one per
+operation, each holding a document shaped like flowvault's workflow record.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
-from _harness import Sample, ms_since, sample_from_latencies
+from _harness import JsonObject, Recorder, Sample, ms_since, sample_from_latencies
+from _peer import PeerSaver
 
 from flowvault.application import WorkflowService
 from flowvault.composition import Runtime, Settings, bootstrap
@@ -19,6 +27,11 @@ LIFECYCLE: Final = ("planning", "executing", "decision", "executing", "completed
 
 OPS_PER_WORKFLOW: Final = 1 + len(LIFECYCLE)
 """One create and every transition of the lifecycle."""
+
+PEER_STATES: Final = ("intake", *LIFECYCLE)
+"""The state each of the peer's checkpoints records: the create's, then each transition's."""
+
+MACHINE_VERSION: Final = "sha256:" + hashlib.sha256(",".join(PEER_STATES).encode()).hexdigest()
 
 
 def sqlite_settings(home: Path, *, synchronous: str = "full") -> Settings:
@@ -138,3 +151,58 @@ def prefill(settings: Settings, orders: Iterable[WorkOrder], ids: list[str] | No
             if ids is not None:
                 ids.append(record.workflow_id)
     return time.perf_counter() - started
+
+
+def workflow_document(
+    thread_id: str, order: WorkOrder, state: str, version: int, created_at: str
+) -> JsonObject:
+    """Return the peer's state: the fields of flowvault's workflow record (about 500 bytes)."""
+    return {
+        "workflow_id": thread_id,
+        "state": state,
+        "state_version": version,
+        "machine_version": MACHINE_VERSION,
+        "work_order": order.model_dump(mode="json"),
+        "created_at": created_at,
+        "updated_at": datetime.now(UTC).isoformat(),
+        "original_content_hash": None,
+        "output_content_hash": None,
+        "stop_reason": None,
+    }
+
+
+def _peer_lifecycle(peer: PeerSaver, order: WorkOrder, recorder: Recorder) -> None:
+    thread_id = order.idempotency_key
+    created_at = datetime.now(UTC).isoformat()
+    parent: str | None = None
+    for step, state in enumerate(PEER_STATES):
+        document = workflow_document(thread_id, order, state, step + 1, created_at)
+        started = time.perf_counter()
+        parent = peer.put(thread_id, document, step, parent)
+        recorder.record(started)
+
+
+def run_peer_lifecycles(peer: PeerSaver, orders: Sequence[WorkOrder]) -> Sample:
+    """Write each order's thread through the lifecycle, one checkpoint per operation.
+
+    A thread whose ``put`` fails is abandoned, as ``run_lifecycles``
+    abandons a workflow; the failure is counted.
+    """
+    recorder = Recorder()
+    for order in orders:
+        try:
+            _peer_lifecycle(peer, order, recorder)
+        except sqlite3.Error:
+            recorder.errors += 1
+    return recorder.sample()
+
+
+def prefill_peer(peer: PeerSaver, orders: Iterable[WorkOrder]) -> list[str]:
+    """Write one ``intake`` checkpoint per order, as ``prefill`` creates; return the thread ids."""
+    threads: list[str] = []
+    created_at = datetime.now(UTC).isoformat()
+    for order in orders:
+        thread_id = order.idempotency_key
+        peer.put(thread_id, workflow_document(thread_id, order, "intake", 1, created_at), 0, None)
+        threads.append(thread_id)
+    return threads

@@ -8,10 +8,13 @@ From the repository root::
 Every figure is a rate over at least five repetitions (median, min, max),
 p50/p99 latency per operation, and a ratio to a raw baseline measured in
 the same run on the same disk (or server), interleaved repetition by
-repetition. The PostgreSQL scenarios use ``--postgres-dsn``, else
-``TEST_POSTGRES_DSN``, else the local default; when the server does not
-answer they are reported as skipped with the reason. ``--quick`` runs the
-same code paths at tiny sizes.
+repetition. S1, S2 and S5a also interleave the peer users would pick
+instead (LangGraph's SqliteSaver with AES-GCM, from the ``bench`` extra)
+and report a ratio to it; without it installed they say so. The
+PostgreSQL scenarios use ``--postgres-dsn``, else ``TEST_POSTGRES_DSN``,
+else the local default; when the server does not answer they are reported
+as skipped with the reason. ``--quick`` runs the same code paths at tiny
+sizes.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import Final
 
 from _harness import JsonObject, ScenarioResult, markdown, run_metadata
+from _peer import PEER_NAME, peer_unavailable, peer_versions
 from _scenarios import (
     FULL,
     QUICK,
@@ -82,6 +86,14 @@ BASELINES: Final = {
     "raw psycopg read": "psycopg, autocommit on; SELECT payload by primary key of a random row",
     "S1 single thread": "S1's workload on the same runtime, one thread, interleaved",
 }
+
+PEER: Final = (
+    "langgraph.checkpoint.sqlite.SqliteSaver on stdlib sqlite3, WAL, synchronous=FULL, the "
+    "raw baseline's busy timeout, otherwise the saver's defaults; "
+    "EncryptedSerializer.from_pycryptodome_aes with a random 256-bit key in AES.MODE_GCM. "
+    "S1/S5a: one put per operation (a thread's checkpoint holding a document shaped like "
+    "flowvault's workflow record); S2: get_tuple of the latest checkpoint of a random thread"
+)
 
 
 def _schema(text: str) -> str:
@@ -187,8 +199,20 @@ def _document(
             "postgres_dsn_given": args.postgres_dsn is not None,
             "postgres_schema": args.postgres_schema,
             "baselines": BASELINES,
-            "interleaved": "per repetition: baseline, then scenario; one warm-up round first",
+            "peer": {
+                "name": PEER_NAME,
+                "description": PEER,
+                "rows": ["S1", "S2", "S5a"],
+                "installed": peer_unavailable() is None,
+                "reason": peer_unavailable(),
+                "versions": peer_versions(),
+            },
+            "interleaved": (
+                "per repetition: baseline, then peer (S1, S2, S5a), then scenario; "
+                "one warm-up round first"
+            ),
             "ratio": "median(scenario ops/s) / median(baseline ops/s)",
+            "peer_ratio": "median(scenario ops/s) / median(peer ops/s)",
         },
         "scenarios": {result.id: result.to_json() for result in results},
     }
@@ -209,6 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tag=secrets.token_hex(4),
         worker=Path(__file__).resolve().with_name("_worker.py"),
         postgres=target,
+        peer_key=os.urandom(32),
     )
     try:
         results = _run_all(ctx, args.only)

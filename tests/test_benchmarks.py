@@ -4,12 +4,14 @@ It asserts no speed: the figures depend on the machine and whatever else
 runs on it. The PostgreSQL scenarios use the server at ``TEST_POSTGRES_DSN``
 in a throwaway schema; without a server the test checks everything else,
 then skips with a one-line reason (and fails under ``CI=true``), as the
-tests marked ``postgres`` do.
+tests marked ``postgres`` do. S1, S2 and S5a carry the peer's figures when
+its packages (the ``bench`` extra) import here, else the reason they do not.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -27,6 +29,8 @@ TABLE_HEADER = (
     "| scenario | ops/s median [min\u2013max] | p50 ms | p99 ms | ratio | peer ratio "
     "| baseline ops/s | peer ops/s median [min\u2013max] | peer p50 / p99 ms | notes |"
 )
+PEER_ROWS = {"S1", "S2", "S5a"}
+PEER_MODULES = ("langgraph.checkpoint.sqlite", "langgraph.checkpoint.serde.encrypted", "Crypto")
 
 ROWS = {
     "S1": ["S1"],
@@ -68,7 +72,34 @@ def _check_figures(figures: dict[str, Any], where: str) -> None:
     assert figures["errors"] == 0, where
 
 
-def _check_scenario(scenario: dict[str, Any], scenario_id: str) -> None:
+def _peer_installed() -> bool:
+    """Whether the runner, started with this interpreter, can import the peer."""
+    try:
+        return all(importlib.util.find_spec(name) is not None for name in PEER_MODULES)
+    except ModuleNotFoundError:
+        return False
+
+
+def _check_peer(row: dict[str, Any], installed: bool) -> None:
+    peer, where = row["peer"], f"{row['id']} peer"
+    if row["id"] not in PEER_ROWS:
+        assert peer is None, where
+        assert row["peer_ratio"] is None, where
+        return
+    assert peer["name"] == "LangGraph SqliteSaver, AES-GCM", where
+    if not installed:
+        assert peer["status"] == "not installed", where
+        assert "install the bench extra" in peer["reason"], where
+        assert row["peer_ratio"] is None, where
+        return
+    assert peer["status"] == "ok", (where, peer["reason"])
+    _check_figures(peer, where)
+    expected = row["ops_per_s"]["median"] / peer["ops_per_s"]["median"]
+    assert row["peer_ratio"] == pytest.approx(expected), where
+    assert row["peer_ratio"] > 0, where
+
+
+def _check_scenario(scenario: dict[str, Any], scenario_id: str, installed: bool) -> None:
     assert scenario["status"] == "ok", (scenario_id, scenario["reason"])
     assert [row["id"] for row in scenario["rows"]] == ROWS[scenario_id]
     for row in scenario["rows"]:
@@ -76,9 +107,16 @@ def _check_scenario(scenario: dict[str, Any], scenario_id: str) -> None:
         _check_figures(row["baseline"], f"{row['id']} baseline")
         assert row["baseline"]["name"], row["id"]
         assert row["ratio"] > 0, row["id"]
+        _check_peer(row, installed)
 
 
-def _check_extras(scenarios: dict[str, Any]) -> None:
+def _check_extras(scenarios: dict[str, Any], installed: bool) -> None:
+    types = scenarios["S2"]["extra"]["peer_checkpoint_types"]
+    if installed:
+        assert types, "the peer stored no checkpoints"
+        assert all(kind.endswith("+aes") for kind in types), types
+    else:
+        assert types == []
     growth = scenarios["S3"]["extra"]
     assert growth["peak_rss_mb"] > 0
     assert growth["growth"]["ordinary_cost_ratio"] > 0
@@ -99,6 +137,13 @@ def _check_table(stdout: str, scenarios: dict[str, Any]) -> None:
         ids = [row["id"] for row in scenario["rows"]] or [scenario["id"]]
         for row_id in ids:
             assert any(line.startswith(f"| {row_id} ") for line in lines), row_id
+        for row in scenario["rows"]:
+            if row["id"] not in PEER_ROWS:
+                continue
+            line = next(line for line in lines if line.startswith(f"| {row['id']} "))
+            ratio = row["peer_ratio"]
+            expected = "not installed: " if ratio is None else f"| {ratio:.3f} |"
+            assert expected in line, (row["id"], line)
 
 
 def test_quick_benchmarks_report_every_scenario(tmp_path: Path, postgres_server) -> None:
@@ -112,16 +157,18 @@ def test_quick_benchmarks_report_every_scenario(tmp_path: Path, postgres_server)
             with contextlib.suppress(Exception):
                 postgres_server.drop_schema(schema)
     scenarios = report["scenarios"]
+    installed = _peer_installed()
     assert list(scenarios) == list(ROWS)
     assert report["ok"] is True
+    assert report["parameters"]["peer"]["installed"] is installed
     assert report["metadata"]["quick"] is True
     for key in ("date", "python", "sqlite_version", "platform", "cpu_count"):
         assert report["metadata"][key], key
     assert report["parameters"]["repetitions"] >= 5
     for scenario_id in ROWS:
         if scenario_id != "S6":
-            _check_scenario(scenarios[scenario_id], scenario_id)
-    _check_extras(scenarios)
+            _check_scenario(scenarios[scenario_id], scenario_id, installed)
+    _check_extras(scenarios, installed)
     _check_table(stdout, scenarios)
     postgres = scenarios["S6"]
     if postgres["status"] == "skipped":
@@ -129,4 +176,4 @@ def test_quick_benchmarks_report_every_scenario(tmp_path: Path, postgres_server)
         if os.environ.get("CI") == "true":
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
-    _check_scenario(postgres, "S6")
+    _check_scenario(postgres, "S6", installed)
