@@ -29,7 +29,6 @@ from flowvault.application._approval_support import (
     _digest,
     _Doomed,
     _horizon,
-    _int_label,
     _joined,
     _list_all,
     _micros,
@@ -426,7 +425,12 @@ class ApprovalService:
     def list_approvals(
         self, run_id: str, status: ApprovalStatus | None = None, limit: int = 50
     ) -> list[Approval]:
-        """Return the run's approvals, newest request first, at most ``limit`` (capped at 200)."""
+        """Return the run's approvals, newest request first, at most ``limit`` (capped at 200).
+
+        Every approval of the run (in ``status``) is opened before the newest
+        are chosen, so the order rests on sealed request times, not on the
+        clear labels a listing returns, which an editor could change.
+        """
         key = require_integrity(self._integrity)
         check_run_id(run_id)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
@@ -436,13 +440,8 @@ class ApprovalService:
             if not isinstance(status, str) or status not in set(ApprovalStatus):
                 raise InvalidInput("status must be pending, decided or expired")
             filters.append(LabelFilter("status", ApprovalStatus(status).value))
-        listed = sorted(
-            _list_all(self._store, APPROVALS, filters),
-            key=lambda meta: (_int_label(meta, "requested_at"), meta.key_digest),
-            reverse=True,
-        )
-        approvals = []
-        for metadata in listed[: min(limit, MAX_LIST_LIMIT)]:
+        found: list[tuple[Approval, str]] = []
+        for metadata in _list_all(self._store, APPROVALS, filters):
             opened = _open_listed(self._repo, metadata)
             checked = None if opened is None else self._checked(key, opened)
             if checked is None:
@@ -450,8 +449,9 @@ class ApprovalService:
             approval = checked[0]
             if approval.run_id != run_id:
                 raise IntegrityFailure("approval names another run than its label")
-            approvals.append(approval)
-        return approvals
+            found.append((approval, metadata.key_digest))
+        found.sort(key=lambda pair: (pair[0].requested_at, pair[1]), reverse=True)
+        return [approval for approval, _ in found[: min(limit, MAX_LIST_LIMIT)]]
 
     def approval_receipt(self, approval: Approval) -> ApprovalReceipt:
         """Build the auditor's receipt: keyed digests and times only, never the plaintext.

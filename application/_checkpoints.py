@@ -174,33 +174,39 @@ class CheckpointService:
     def latest_checkpoint(self, run_id: str) -> Checkpoint | None:
         """Return the run's most recently created checkpoint, verified, or ``None``.
 
-        Ties on the creation instant go to the later event cursor.
+        Ties on the creation instant go to the later event cursor. Every
+        checkpoint of the run is opened before one is chosen: the labels a
+        listing returns are in the clear, and one lowered by an editor would
+        otherwise pass the newest over for an older one unseen. Opening
+        checks each row's labels against its sealed copy, so the choice is
+        made on authentic values; the cost is one open per checkpoint the
+        run holds (retention keeps that number down).
         """
         key = require_integrity(self._integrity)
         check_run_id(run_id)
         filters = [LabelFilter("run", self._repo.key_digest(RUNS, run_id))]
-        for _ in range(RETRIES):
-            newest = max(
-                _list_all(self._store, CHECKPOINTS, filters),
-                key=lambda meta: (
-                    _int_label(meta, "created_at"),
-                    _int_label(meta, "event_cursor"),
-                    meta.key_digest,
-                ),
-                default=None,
-            )
-            if newest is None:
-                return None
-            opened = self._guarded(partial(_open_listed, self._repo, newest))
+        candidates: list[SealedDocument] = []
+        for metadata in _list_all(self._store, CHECKPOINTS, filters):
+            opened = self._guarded(partial(_open_listed, self._repo, metadata))
             if opened is not None:
                 opened = self._checked(opened)
-            if opened is None:
-                continue
-            checkpoint = self._verified(key, opened)
-            if checkpoint.run_id != run_id:
-                raise _broken_checkpoint("it names another run", opened.metadata)
-            return checkpoint
-        raise RevisionConflict("checkpoints of the run kept changing; retry")
+            if opened is not None:
+                candidates.append(opened)
+        newest = max(
+            candidates,
+            key=lambda opened: (
+                _int_label(opened.metadata, "created_at"),
+                _int_label(opened.metadata, "event_cursor"),
+                opened.metadata.key_digest,
+            ),
+            default=None,
+        )
+        if newest is None:
+            return None
+        checkpoint = self._verified(key, newest)
+        if checkpoint.run_id != run_id:
+            raise _broken_checkpoint("it names another run", newest.metadata)
+        return checkpoint
 
     def consume_checkpoint(self, checkpoint_id: str) -> Checkpoint:
         """Mark the checkpoint consumed and return it; this succeeds exactly once.

@@ -21,6 +21,7 @@ from flowvault.application._approval_support import (
     _horizon,
     _int_label,
     _micros,
+    _open_listed,
     _purge,
 )
 from flowvault.application._freshness import (
@@ -167,8 +168,18 @@ class IdempotencyService:
             REQUEST_IDEMPOTENCY,
             filters=filters,
             batch_size=batch_size,
-            doom=_doomed_request,
+            doom=self._doomed,
         )
+
+    def _doomed(self, metadata: RecordMetadata) -> _Doomed | None:
+        """Doom a listed record by its sealed labels, or ``None`` if it vanished meanwhile.
+
+        The listing's labels are in the clear: one an editor backdated would
+        otherwise be purged early, under a keyed tombstone that makes the
+        deletion look like retention's.
+        """
+        opened = _open_listed(self._repo, metadata)
+        return None if opened is None else _doomed_request(opened.metadata)
 
     def _request_digest(self, request: JsonValue) -> str:
         return self._repo.keyed_digest(REQUEST_TAG, canonical_bytes(request))
