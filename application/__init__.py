@@ -68,6 +68,7 @@ from flowvault.application._keys import (
     resolve_key_ring,
     resolve_master_key,
 )
+from flowvault.application._mark_flusher import MARK_LAG_WINDOW, MarkFlusher
 from flowvault.application._mark_format import (
     LOG_GENESIS,
     LOG_TAG,
@@ -231,6 +232,7 @@ __all__ = [
     "LOG_GENESIS",
     "LOG_TAG",
     "MARK_HEADER",
+    "MARK_LAG_WINDOW",
     "MARK_TAG",
     "MASTER_KEY_BYTES",
     "MAX_BATCH",
@@ -294,6 +296,7 @@ __all__ = [
     "LedgerTrim",
     "ListCursor",
     "MarkFile",
+    "MarkFlusher",
     "MarkState",
     "MarkWrite",
     "MarkedStore",

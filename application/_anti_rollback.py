@@ -12,8 +12,9 @@ The sizes live in an append-only log beside the mark's head
 (``_mark_format``): each flush appends one line naming the streams its
 commits grew. The log is compacted into one line of every stream's size
 once it has grown to twice its size after the last compaction. The mark is
-advanced, and made durable, after every commit; the window it cannot see
-is the commit in flight.
+advanced after commits, never before the database holds what it names:
+at once in the strict mode, a bounded window behind in the default one
+(``_mark_flusher``).
 
 A crash can tear the newest head, and the file then falls back to the one
 before. Damage looks the same and would hide the newest head from an older
@@ -297,6 +298,11 @@ class AntiRollback:
         chain = log_link(self._digester, LOG_GENESIS, line[:-1])
         mark = HighWaterMark(epoch, 1, chain, len(line))
         return MarkWrite(format_mark(mark, self._digester), line, replace_log=True)
+
+    def note(self, sizes: Mapping[str, int]) -> None:
+        """Remember stream sizes a commit reached, for the next ``advance`` to write."""
+        with self._pending_lock:
+            _raise_sizes(self._pending, sizes)
 
     def advance(self, sizes: Mapping[str, int] | None = None) -> None:
         """Raise the mark to the store's count and to ``sizes``, where higher; never lower it.

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 import structlog
 
 from flowvault.application._anti_rollback import AntiRollback
+from flowvault.application._mark_flusher import MarkFlusher
 from flowvault.application._records import (
     LabelFilter,
     LedgerPage,
@@ -30,13 +31,19 @@ _log = structlog.get_logger("flowvault.high_water")
 class HighWaterStore:
     """The store with its mark advanced after every commit; everything else passes through.
 
-    Optional capabilities (``StoreStats``, ``Compactor``...) are forwarded as
-    the wrapped store has them, so ``isinstance`` checks see the same store.
+    With a ``flusher`` the mark trails the commits by its window (the
+    default); without one each commit writes and syncs the mark before it
+    returns (the strict mode). Optional capabilities (``StoreStats``,
+    ``Compactor``...) are forwarded as the wrapped store has them, so
+    ``isinstance`` checks see the same store.
     """
 
-    def __init__(self, store: SecureObjectStore, guard: AntiRollback) -> None:
+    def __init__(
+        self, store: SecureObjectStore, guard: AntiRollback, flusher: MarkFlusher | None = None
+    ) -> None:
         self._store = store
         self._guard = guard
+        self._flusher = flusher
 
     @property
     def wrapped(self) -> SecureObjectStore:
@@ -64,16 +71,21 @@ class HighWaterStore:
         return self._store.list(namespace, filters=filters, order=order, cursor=cursor, limit=limit)
 
     def commit(self, unit: UnitOfWork) -> None:
-        """Commit, then advance the mark past this commit before acknowledging it.
+        """Commit, then advance the mark past this commit, now or within the flusher's window.
 
         The commit is durable once the store returns; a mark that cannot be
         written then is logged (``high_water_mark_deferred``) rather than
         raised, since an error would tell the caller the commit failed and
-        its retry would conflict. The next commit or ``close`` writes it.
+        its retry would conflict. A later write or ``close`` writes it.
         """
         self._store.commit(unit)
-        if not unit.empty:
-            self._advance({event.stream: event.index + 1 for event in unit.appends})
+        if unit.empty:
+            return
+        sizes = {event.stream: event.index + 1 for event in unit.appends}
+        if self._flusher is not None:
+            self._flusher.note(sizes)
+        else:
+            self._advance(sizes)
 
     def _advance(self, sizes: Mapping[str, int] | None = None) -> None:
         try:
@@ -90,8 +102,10 @@ class HighWaterStore:
         return self._store.read_ledger(stream, from_index=from_index, limit=limit)
 
     def close(self) -> None:
-        """Advance the mark one last time, then close the store."""
+        """Stop the flusher, advance the mark one last time, then close the store."""
         try:
+            if self._flusher is not None:
+                self._flusher.stop()
             self._advance()
         finally:
             self._store.close()

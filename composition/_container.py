@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import structlog
 from dependency_injector import containers, providers
 from pydantic import SecretStr
 
@@ -18,6 +19,7 @@ from flowvault.application import (
     KeyRing,
     KeyStore,
     MarkedStore,
+    MarkFlusher,
     SealBudget,
     SealCounter,
     SealedRepository,
@@ -29,6 +31,8 @@ from flowvault.application import (
 )
 from flowvault.composition._settings import Settings
 from flowvault.domain import InvalidInput, KeyRequired, StoreUnavailable
+
+_log = structlog.get_logger("flowvault.high_water")
 
 
 def _backend(settings: Settings) -> str:
@@ -160,21 +164,28 @@ def anti_rollback(
     path = settings.high_water_path
     if path is None or not isinstance(store, MarkedStore):
         return None
+    if settings.mark_sync == "off":
+        return None
     return AntiRollback(store, MarkFileStore(path), CipherDigester(cipher))
 
 
 def guard_store(
-    store: SecureObjectStore, guard: AntiRollback | None, enabled: bool
+    settings: Settings, store: SecureObjectStore, guard: AntiRollback | None, enabled: bool
 ) -> SecureObjectStore:
     """Refuse a store older than its high-water mark, else return it advancing the mark.
 
     ``enabled`` is off when a host passed its own store: its mark, if any,
     is the host's to keep.
     """
-    if guard is None or not enabled:
+    if not enabled:
+        return store
+    if settings.mark_sync == "off" and settings.high_water_path is not None:
+        _log.warning("high_water_mark_off", location=str(settings.high_water_path))
+    if guard is None:
         return store
     guard.check()
-    return HighWaterStore(store, guard)
+    lagged = settings.mark_sync == "lagged"
+    return HighWaterStore(store, guard, MarkFlusher(guard) if lagged else None)
 
 
 def build_budget(settings: Settings, store: SecureObjectStore) -> SealBudget:
@@ -215,7 +226,7 @@ class Container(containers.DeclarativeContainer):
     budget = providers.Singleton(build_budget, settings, store)
     guard_enabled: providers.Object[bool] = providers.Object(True)
     rollback_guard = providers.Singleton(anti_rollback, settings, store, cipher)
-    guarded_store = providers.Singleton(guard_store, store, rollback_guard, guard_enabled)
+    guarded_store = providers.Singleton(guard_store, settings, store, rollback_guard, guard_enabled)
     repository = providers.Singleton(SealedRepository, guarded_store, cipher, clock, budget=budget)
     workflows = providers.Singleton(WorkflowService, repository, clock, ids)
 

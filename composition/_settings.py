@@ -27,7 +27,7 @@ HIGH_WATER_FILE = "store.high-water"
 Backend = Literal["sqlite", "memory", "postgres"]
 """Backends this build can select; ``postgres`` needs the ``postgres`` extra."""
 
-_CASE_INSENSITIVE = frozenset({"backend", "synchronous", "log_level", "log_format"})
+_CASE_INSENSITIVE = frozenset({"backend", "synchronous", "mark_sync", "log_level", "log_format"})
 
 
 def check_os_path(path: Path) -> Path:
@@ -69,6 +69,10 @@ class Settings(BaseModel):
     key_file: Path | None = None
     signing_key_file: Path | None = None
     high_water_file: Path | None = None
+    mark_sync: Literal["lagged", "strict", "off"] = "lagged"
+    """When the high-water mark is written: ``lagged`` (default) in the background,
+    at most about 0.1 s behind the last commit; ``strict`` before each commit
+    returns (a second sync per write); ``off`` never: no mark is checked or kept."""
     seal_limit: int = Field(default=2**32, ge=1, le=2**32)
     seal_warn_at: int = Field(default=2**31, ge=1, le=2**32)
     log_level: Literal["debug", "info", "warning", "error"] = "info"

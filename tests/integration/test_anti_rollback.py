@@ -13,10 +13,11 @@ import os
 import shutil
 import sqlite3
 import struct
+import time
 import zlib
 from contextlib import closing
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from cli_helpers import json_document as _document
@@ -26,6 +27,7 @@ from structlog.testing import capture_logs
 
 from flowvault.adapters.system import LOG_OFFSET, SLOT_BYTES, MarkFileStore
 from flowvault.application import (
+    MARK_LAG_WINDOW,
     AntiRollback,
     CipherDigester,
     MarkWrite,
@@ -37,10 +39,19 @@ from flowvault.composition import Runtime, Settings, bootstrap, build_container
 from flowvault.domain import FlowvaultError, IntegrityFailure, StoreRolledBack, WorkflowState
 
 REFUSALS = {"STORE_ROLLED_BACK", "INTEGRITY_FAILURE"}
+MarkSync = Literal["lagged", "strict"]
 
 
-def _settings(home: Path) -> Settings:
-    return Settings(backend="sqlite", home=home)
+@pytest.fixture(params=["lagged", "strict"])
+def mark_sync(request: pytest.FixtureRequest) -> MarkSync:
+    """Both ways of writing the mark: in the background (the default) and before each ack."""
+    mode: MarkSync = request.param
+    return mode
+
+
+def _settings(home: Path, mark_sync: MarkSync) -> Settings:
+    """SQLite settings; the tests of the mark's bytes pin ``strict``, one log line per commit."""
+    return Settings(backend="sqlite", home=home, mark_sync=mark_sync)
 
 
 def _write(settings: Settings, steps: range) -> None:
@@ -71,9 +82,9 @@ def _restore_older_copy(settings: Settings, tmp_path: Path) -> None:
     shutil.copytree(older, settings.data_dir)
 
 
-def test_a_restored_older_copy_is_refused_on_open(tmp_path: Path) -> None:
+def test_a_restored_older_copy_is_refused_on_open(tmp_path: Path, mark_sync: MarkSync) -> None:
     """The mark holds the newer count; opening the older copy fails before anything runs."""
-    settings = _settings(tmp_path / "home")
+    settings = _settings(tmp_path / "home", mark_sync)
     _restore_older_copy(settings, tmp_path)
     mark = settings.high_water_path
     assert mark is not None
@@ -92,9 +103,9 @@ def test_a_restored_older_copy_is_refused_on_open(tmp_path: Path) -> None:
     assert "commit" in str(report["rolled_back"])
 
 
-def test_without_the_mark_the_same_restore_goes_unseen(tmp_path: Path) -> None:
+def test_without_the_mark_the_same_restore_goes_unseen(tmp_path: Path, mark_sync: MarkSync) -> None:
     """The negative control: the older copy is self-consistent, only the mark knows better."""
-    settings = _settings(tmp_path / "home")
+    settings = _settings(tmp_path / "home", mark_sync)
     _restore_older_copy(settings, tmp_path)
     mark = settings.high_water_path
     assert mark is not None
@@ -102,6 +113,27 @@ def test_without_the_mark_the_same_restore_goes_unseen(tmp_path: Path) -> None:
     with capture_logs() as logs, bootstrap(settings) as runtime:
         assert runtime.state("main").load().state == WorkflowState(step=2)
     assert "high_water_mark_started" in [entry["event"] for entry in logs]
+
+
+def test_with_the_mark_off_nothing_is_checked_or_written(tmp_path: Path) -> None:
+    """``FLOWVAULT_MARK_SYNC=off``: the restored copy opens, the open says so, the mark stays."""
+    settings = _settings(tmp_path / "home", "strict")
+    _restore_older_copy(settings, tmp_path)
+    mark = settings.high_water_path
+    assert mark is not None
+    kept = mark.read_bytes()
+    off = Settings.from_env({"FLOWVAULT_HOME": str(settings.home), "FLOWVAULT_MARK_SYNC": "OFF"})
+    assert off.mark_sync == "off"
+    with capture_logs() as logs, bootstrap(off) as runtime:
+        assert runtime.mark is None
+        assert runtime.state("main").load().state == WorkflowState(step=2)
+        runtime.state("main").save(WorkflowState(step=50))
+    assert [entry["event"] for entry in logs if entry["log_level"] == "warning"] == [
+        "high_water_mark_off"
+    ]
+    assert mark.read_bytes() == kept
+    with pytest.raises(StoreRolledBack):
+        bootstrap(settings)
 
 
 def _cut_newest_events(database: Path, count: int) -> str:
@@ -126,9 +158,11 @@ def _cut_newest_events(database: Path, count: int) -> str:
     return str(stream)
 
 
-def test_a_restored_copy_with_its_count_raised_is_refused_by_stream_sizes(tmp_path: Path) -> None:
+def test_a_restored_copy_with_its_count_raised_is_refused_by_stream_sizes(
+    tmp_path: Path, mark_sync: MarkSync
+) -> None:
     """Setting the copy's commit count high hides it from the epoch, not from the sizes."""
-    settings = _settings(tmp_path / "home")
+    settings = _settings(tmp_path / "home", mark_sync)
     _restore_older_copy(settings, tmp_path)
     with closing(sqlite3.connect(settings.database_path)) as connection, connection:
         connection.execute("UPDATE store_epoch SET epoch = 1000000000")
@@ -148,9 +182,9 @@ def test_a_restored_copy_with_its_count_raised_is_refused_by_stream_sizes(tmp_pa
         )
 
 
-def test_events_cut_from_a_stream_are_refused_on_open(tmp_path: Path) -> None:
+def test_events_cut_from_a_stream_are_refused_on_open(tmp_path: Path, mark_sync: MarkSync) -> None:
     """Deleting a stream's newest events, summary row and count made to match, is caught."""
-    settings = _settings(tmp_path / "home")
+    settings = _settings(tmp_path / "home", mark_sync)
     _write(settings, range(6))
     stream = _cut_newest_events(settings.database_path, 2)
     with pytest.raises(StoreRolledBack) as refused:
@@ -172,9 +206,11 @@ def test_events_cut_from_a_stream_are_refused_on_open(tmp_path: Path) -> None:
     assert checks["store.rollback"]["ok"] is False
 
 
-def test_accept_restore_reopens_a_deliberately_restored_copy(tmp_path: Path) -> None:
+def test_accept_restore_reopens_a_deliberately_restored_copy(
+    tmp_path: Path, mark_sync: MarkSync
+) -> None:
     """accept-restore needs --yes off a terminal, then sets the mark to the copy's count."""
-    settings = _settings(tmp_path / "home")
+    settings = _settings(tmp_path / "home", mark_sync)
     _restore_older_copy(settings, tmp_path)
     refused = _run(tmp_path, "accept-restore", home=settings.home)
     assert refused.returncode == 1
@@ -197,9 +233,11 @@ def test_accept_restore_reopens_a_deliberately_restored_copy(tmp_path: Path) -> 
         assert _mark_epoch(mark, runtime) == after
 
 
-def test_every_commit_advances_the_mark_before_it_returns(tmp_path: Path) -> None:
+def test_in_the_strict_mode_every_commit_advances_the_mark_before_it_returns(
+    tmp_path: Path,
+) -> None:
     """After each acknowledged commit the file already holds the store's count."""
-    settings = _settings(tmp_path / "home")
+    settings = _settings(tmp_path / "home", "strict")
     mark = settings.high_water_path
     assert mark is not None
     with bootstrap(settings) as runtime:
@@ -208,9 +246,41 @@ def test_every_commit_advances_the_mark_before_it_returns(tmp_path: Path) -> Non
             assert _mark_epoch(mark, runtime) == _epoch(runtime)
 
 
-def test_an_edited_mark_is_refused(tmp_path: Path) -> None:
+def _caught_up(mark: Path, runtime: Runtime) -> bool:
+    """Wait for the mark to reach the store's count; ``False`` after far longer than the window."""
+    for _ in range(200):
+        if _mark_epoch(mark, runtime) == _epoch(runtime):
+            return True
+        time.sleep(MARK_LAG_WINDOW / 2)
+    return False
+
+
+def test_by_default_the_mark_trails_the_commits_never_leads_and_close_writes_it(
+    tmp_path: Path,
+) -> None:
+    """Read between commits, the mark is never above the store; it catches up, and at close."""
+    settings = _settings(tmp_path / "home", "lagged")
+    mark = settings.high_water_path
+    assert mark is not None
+    with bootstrap(settings) as runtime:
+        runtime.state("main").save(WorkflowState(step=0))
+        assert _caught_up(mark, runtime), "the first commit after a quiet spell is written at once"
+        seen: list[tuple[int, int]] = []
+        for step in range(1, 40):
+            runtime.state("main").save(WorkflowState(step=step))
+            seen.append((_mark_epoch(mark, runtime), _epoch(runtime)))
+        assert all(marked <= count for marked, count in seen)
+        assert _caught_up(mark, runtime)
+        runtime.state("main").save(WorkflowState(step=99))
+        last = _epoch(runtime)
+    state = MarkFileStore(mark).read()
+    assert state is not None
+    assert parse_mark(state.head, runtime.repository, "").epoch == last
+
+
+def test_an_edited_mark_is_refused(tmp_path: Path, mark_sync: MarkSync) -> None:
     """A mark raised by hand (without the key) fails its MAC: INTEGRITY_FAILURE on open."""
-    settings = _settings(tmp_path / "home")
+    settings = _settings(tmp_path / "home", mark_sync)
     _write(settings, range(2))
     mark = settings.high_water_path
     assert mark is not None
@@ -273,7 +343,7 @@ def test_no_flipped_byte_of_the_mark_lets_a_copy_one_commit_older_open(tmp_path:
     or of the line its update appended makes the reader fall back, which
     used to open the copy silently.
     """
-    settings = _settings(tmp_path / "home")
+    settings = _settings(tmp_path / "home", "strict")
     path = settings.high_water_path
     assert path is not None
     _, pristine = _last_commit(settings, tmp_path)
@@ -333,7 +403,7 @@ def test_a_mark_torn_by_a_crash_after_its_commit_still_opens(tmp_path: Path) -> 
     ``high_water_mark_torn_head_passed_over`` and writes the mark afresh;
     beside the copy taken before that commit the same torn mark is refused.
     """
-    settings = _settings(tmp_path / "home")
+    settings = _settings(tmp_path / "home", "strict")
     path = settings.high_water_path
     assert path is not None
     before, after = _last_commit(settings, tmp_path)
@@ -372,7 +442,7 @@ def test_an_older_mark_rebuilt_from_the_file_goes_unseen(tmp_path: Path) -> None
     a mark that looks freshly written; beside the copy it counts, that copy
     opens with nothing logged.
     """
-    settings = _settings(tmp_path / "home")
+    settings = _settings(tmp_path / "home", "strict")
     path = settings.high_water_path
     assert path is not None
     _, after = _last_commit(settings, tmp_path)
@@ -390,9 +460,11 @@ def test_an_older_mark_rebuilt_from_the_file_goes_unseen(tmp_path: Path) -> None
     assert [entry for entry in logs if entry["log_level"] == "warning"] == []
 
 
-def test_an_emptied_mark_is_refused_until_the_restore_is_accepted(tmp_path: Path) -> None:
+def test_an_emptied_mark_is_refused_until_the_restore_is_accepted(
+    tmp_path: Path, mark_sync: MarkSync
+) -> None:
     """A 0-byte mark beside a store holding commits is no missing mark; accept-restore clears it."""
-    settings = _settings(tmp_path / "home")
+    settings = _settings(tmp_path / "home", mark_sync)
     _restore_older_copy(settings, tmp_path)
     mark = settings.high_water_path
     assert mark is not None
@@ -415,7 +487,7 @@ def test_an_emptied_mark_is_refused_until_the_restore_is_accepted(tmp_path: Path
 
 @pytest.mark.postgres
 def test_postgres_keeps_a_mark_where_the_host_names_it(
-    tmp_path: Path, postgres_server: Any, pg_schema: str
+    tmp_path: Path, postgres_server: Any, pg_schema: str, mark_sync: MarkSync
 ) -> None:
     """A sequence set back (as a restored dump would) is refused against the host's mark."""
     mark = tmp_path / "marks" / "pg.high-water"
@@ -426,12 +498,14 @@ def test_postgres_keeps_a_mark_where_the_host_names_it(
         postgres_schema=pg_schema,
         key=encode_master_key(bytes(range(64, 96))),
         high_water_file=mark,
+        mark_sync=mark_sync,
     )
     assert settings.high_water_path == mark
     with bootstrap(settings) as runtime:
         for step in range(4):
             runtime.state("main").save(WorkflowState(step=step))
-        assert _mark_epoch(mark, runtime) == _epoch(runtime)
+        count = _epoch(runtime)
+    assert _mark_epoch(mark, runtime) == count
     with postgres_server.admin() as admin:
         admin.execute(f"SELECT setval('\"{pg_schema}\".store_epoch', 1)")
     with pytest.raises(StoreRolledBack):

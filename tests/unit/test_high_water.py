@@ -23,6 +23,7 @@ from flowvault.application import (
     HighWaterMark,
     HighWaterStore,
     KeyRing,
+    MarkFlusher,
     MarkState,
     MarkWrite,
     UnitOfWork,
@@ -31,7 +32,13 @@ from flowvault.application import (
     replay_log,
 )
 from flowvault.application.testing import make_event
-from flowvault.domain import InsecurePermissions, IntegrityFailure, LedgerEvent, StoreRolledBack
+from flowvault.domain import (
+    InsecurePermissions,
+    IntegrityFailure,
+    LedgerEvent,
+    StoreRolledBack,
+    StoreUnavailable,
+)
 
 KEY = CipherDigester(AesGcmCipher.from_ring(KeyRing(primary=bytes(range(32)))))
 OTHER = CipherDigester(AesGcmCipher.from_ring(KeyRing(primary=bytes(range(64, 96)))))
@@ -596,3 +603,92 @@ def test_an_exposed_or_symlinked_mark_is_refused(tmp_path: Path) -> None:
     state = MarkFileStore(path).read()
     assert state is not None
     assert state.head == b"x"
+
+
+class RecordingGuard(AntiRollback):
+    """The real guard, counting its writes and failing the first ``failures`` of them."""
+
+    def __init__(self, path: Path, store: MemoryStore, failures: int = 0) -> None:
+        super().__init__(store, MarkFileStore(path), KEY)
+        self.writes = 0
+        self.failures = failures
+        self.wrote = threading.Event()
+
+    def advance(self, sizes: Mapping[str, int] | None = None) -> None:
+        """Fail while ``failures`` last, else write; count each write and signal it."""
+        if self.failures:
+            self.failures -= 1
+            raise StoreUnavailable("injected: the mark's disk is full")
+        super().advance(sizes)
+        self.writes += 1
+        self.wrote.set()
+
+
+def _lagged(path: Path, store: MemoryStore, guard: RecordingGuard) -> HighWaterStore:
+    guard.check()
+    return HighWaterStore(store, guard, MarkFlusher(guard, window=0.05))
+
+
+def _commit_one(guarded: HighWaterStore, store: MemoryStore, stream: str) -> None:
+    """Commit one event to ``stream`` through ``guarded``."""
+    head = store.ledger_head(stream)
+    guarded.commit(
+        UnitOfWork(appends=[make_event(stream, 0 if head is None else head.index + 1, head)])
+    )
+
+
+def _flushers() -> int:
+    return sum(thread.name == "flowvault-high-water" for thread in threading.enumerate())
+
+
+def test_a_lagged_mark_is_written_off_the_commit_path_and_in_full_at_close(
+    tmp_path: Path,
+) -> None:
+    """Commits return before the mark is written; a burst costs fewer writes than commits."""
+    store = MemoryStore()
+    path = tmp_path / "mark"
+    guard = RecordingGuard(path, store)
+    guarded = _lagged(path, store, guard)
+    _commit_one(guarded, store, "warm")
+    assert guard.wrote.wait(5), "the first commit after a quiet spell is written at once"
+    before = guard.writes
+    for step in range(50):
+        _commit_one(guarded, store, f"s{step % 5}")
+    assert guard.wrote.wait(5)
+    count = store.epoch()
+    guarded.close()
+    assert guard.writes - before < 50, "commits of one window share a mark write"
+    assert _mark(path).epoch == count
+    assert _sizes(path) == {"warm": 1} | {f"s{n}": 10 for n in range(5)}
+
+
+def test_a_lagged_mark_that_cannot_be_written_is_logged_and_retried(tmp_path: Path) -> None:
+    """A failed background write keeps what it would have written and tries again."""
+    store = MemoryStore()
+    path = tmp_path / "mark"
+    guard = RecordingGuard(path, store)
+    guarded = _lagged(path, store, guard)
+    guard.failures = 2
+    guard.wrote.clear()
+    with capture_logs() as logs:
+        _commit_one(guarded, store, "s")
+        assert guard.wrote.wait(5)
+    assert [entry["code"] for entry in logs if entry["event"] == "high_water_mark_deferred"] == [
+        "STORE_UNAVAILABLE",
+        "STORE_UNAVAILABLE",
+    ]
+    assert _sizes(path) == {"s": 1}
+    guarded.close()
+
+
+def test_closing_the_store_ends_the_flusher_thread(tmp_path: Path) -> None:
+    """The thread starts with the first commit and ends with ``close``; none leaks."""
+    store = MemoryStore()
+    path = tmp_path / "mark"
+    before = _flushers()
+    guarded = _lagged(path, store, RecordingGuard(path, store))
+    assert _flushers() == before
+    _commit_one(guarded, store, "s")
+    assert _flushers() == before + 1
+    guarded.close()
+    assert _flushers() == before
