@@ -332,6 +332,8 @@ class FaultVFS(apsw.VFS):
         self._plan: FaultPlan | None = None
         self.calls: list[str] = []
         """Kinds of the writes, syncs and truncates seen while armed, in order."""
+        self.touched: list[tuple[str, str, int]] = []
+        """The same calls as (kind, file name, offset written or 0), in order."""
         self.fired = 0
         """How many calls the plan acted on."""
         self._armed = False
@@ -344,6 +346,7 @@ class FaultVFS(apsw.VFS):
         with self._lock:
             self._plan = plan
             self.calls = []
+            self.touched = []
             self.fired = 0
             self._armed = True
 
@@ -402,13 +405,14 @@ class FaultVFS(apsw.VFS):
         if self._dead:
             raise io_error(kind, "power was cut")
 
-    def _mutating(self, kind: str, path: str | None) -> bool:
+    def _mutating(self, kind: str, path: str | None, offset: int = 0) -> bool:
         """Count a write, sync or truncate; return ``True`` when it must be skipped (a lie)."""
         with self._lock:
             self._check_alive(kind)
             if path is None or not self._armed:
                 return False
             self.calls.append(kind)
+            self.touched.append((kind, os.path.basename(path), offset))
             plan, count = self._plan, len(self.calls)
             if plan is None or count < plan.at or (count > plan.at and not plan.persistent):
                 return False
@@ -488,7 +492,7 @@ class FaultFile(apsw.VFSFile):
 
     def xWrite(self, data: bytes, offset: int) -> None:
         """Write, into memory until the next sync when volatile."""
-        if self._vfs._mutating("write", self._path):
+        if self._vfs._mutating("write", self._path, offset):
             return
         if not self._volatile():
             super().xWrite(data, offset)

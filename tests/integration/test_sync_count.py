@@ -1,0 +1,213 @@
+"""One sync per acknowledged unit by default: the database's; the mark syncs in the background.
+
+The real SQLite adapter runs over APSW with a file layer that records every
+write and sync SQLite makes to the database and its write-ahead log
+(``FaultVFS``, writing straight through); ``os.fsync`` and ``os.fdatasync``,
+the mark's syncs, are counted per thread. Each unit is counted on the
+thread that calls the service, from the call to its return: what the
+caller waits for before the write is acknowledged. SQLite's own upkeep of
+its log lands on whichever commit crosses it: copying the log into the
+database (every 1,000 pages) and restarting the log, whose new header it
+syncs. Those units are told apart by their writes (to the database file,
+or at the log's offset 0) and counted separately. The strict mode is the
+control: the mark's sync joins every unit.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from apsw_driver import adapter_over, registered
+
+from flowvault.application import HistoryEvent
+from flowvault.composition import Runtime, Settings, bootstrap
+from flowvault.domain import WorkflowState, WorkOrder, content_hash
+
+KEY = bytes(range(32))
+UNITS = 12
+"""Units counted per operation."""
+
+
+class SyncCounter:
+    """``os.fsync`` and ``os.fdatasync`` wrapped to count calls by the thread that makes them."""
+
+    def __init__(self) -> None:
+        self.by_thread: Counter[int] = Counter()
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def installed(self, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+        """Count for the block."""
+        for name in ("fsync", "fdatasync"):
+            monkeypatch.setattr(os, name, self._counting(getattr(os, name)))
+        yield
+        monkeypatch.undo()
+
+    def _counting(self, real: Callable[[int], None]) -> Callable[[int], None]:
+        def sync(fd: int) -> None:
+            with self._lock:
+                self.by_thread[threading.get_ident()] += 1
+            real(fd)
+
+        return sync
+
+
+def _order(name: str) -> WorkOrder:
+    return WorkOrder(kind="sync.count", parameters={"n": name}, requester="t", idempotency_key=name)
+
+
+def _stepped(state: WorkflowState) -> tuple[WorkflowState, list[HistoryEvent]]:
+    step = int(state.model_dump().get("step", 0)) + 1
+    return WorkflowState(step=step), [HistoryEvent("state.stepped", {"to": step})]
+
+
+def _pending_approval(runtime: Runtime, n: int) -> str:
+    """Start a run, checkpoint it and ask for an approval; return the approval's id."""
+    run, _ = runtime.graph_runs.start_run("graph.sync", {"n": n})
+    runtime.graph_runs.set_status(run.run_id, "running", expected_status="accepted")
+    checkpoint = runtime.checkpoints.create_checkpoint(
+        run.run_id,
+        {"node": "approve"},
+        state={"n": n},
+        budgets={"tokens": 1},
+        counters={"nodes": 1},
+        dependency_summary={"tools": []},
+        terminal_cursor=None,
+        event_cursor=1,
+    )
+    approval = runtime.approvals.request_approval(
+        checkpoint.checkpoint_id,
+        expected_state_digest=checkpoint.state_digest,
+        expected_budgets=checkpoint.budgets,
+        expected_counters=checkpoint.counters,
+        expected_dependency_digest=checkpoint.dependency_digest,
+        audience="finance",
+        prompt_digest=content_hash(f"approve {n}?"),
+        allowed_decisions=["approve", "reject"],
+        expires_at=runtime.clock.now() + timedelta(hours=4),
+    )
+    return approval.approval_id
+
+
+Unit = Callable[[], object]
+
+
+def _units(runtime: Runtime) -> dict[str, list[Unit]]:
+    """``UNITS`` calls of each operation, everything they act on made beforehand."""
+    runtime.graph_runs.register_definition("graph.sync", {"nodes": ["approve"]})
+    created = [runtime.workflows.create(_order(f"moved-{n}"))[0] for n in range(UNITS)]
+    runtime.state("main").update_with_events(_stepped)
+    approvals = [_pending_approval(runtime, n) for n in range(UNITS)]
+    workflows, state = runtime.workflows, runtime.state("main")
+    return {
+        "create": [lambda n=n: workflows.create(_order(f"new-{n}")) for n in range(UNITS)],
+        "transition": [
+            lambda wid=record.workflow_id: workflows.transition(
+                wid, "planning", expected_state="intake", expected_version=1
+            )
+            for record in created
+        ],
+        "state update": [lambda: state.update_with_events(_stepped) for _ in range(UNITS)],
+        "approval decide": [
+            lambda aid=aid: runtime.approvals.decide(aid, "approve", "bob@example.org")
+            for aid in approvals
+        ],
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """What one acknowledged unit waited for."""
+
+    database: int
+    """Syncs of the database and its log."""
+    mark: int
+    """``os.fsync``/``os.fdatasync`` calls (the mark's) on the calling thread."""
+    upkeep: bool
+    """Whether SQLite copied its log into the database or restarted the log in this unit."""
+
+
+def _upkeep(touched: list[tuple[str, str, int]], database: str) -> bool:
+    return any(
+        kind != "sync" and (name == database or (name.endswith("-wal") and offset == 0))
+        for kind, name, offset in touched
+    )
+
+
+def _count_units(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mark_sync: Literal["lagged", "strict"]
+) -> dict[str, list[Counted]]:
+    """Run every unit; return what each waited for, by operation."""
+    counted: dict[str, list[Counted]] = {}
+    syncs = SyncCounter()
+    settings = Settings(backend="sqlite", home=tmp_path / mark_sync, mark_sync=mark_sync)
+    caller = threading.get_ident()
+    with (
+        registered(f"sync-count-{mark_sync}", volatile=False) as vfs,
+        adapter_over(vfs.vfs_name),
+        bootstrap(settings, key=KEY) as runtime,
+    ):
+        units = _units(runtime)
+        with syncs.installed(monkeypatch):
+            for operation, calls in units.items():
+                for call in calls:
+                    before = syncs.by_thread[caller]
+                    vfs.arm(None)
+                    call()
+                    kinds = vfs.disarm()
+                    counted.setdefault(operation, []).append(
+                        Counted(
+                            kinds.count("sync"),
+                            syncs.by_thread[caller] - before,
+                            _upkeep(vfs.touched, settings.database_path.name),
+                        )
+                    )
+    return counted
+
+
+def _waits(counted: dict[str, list[Counted]]) -> dict[str, set[tuple[int, int]]]:
+    """Each operation's (database, mark) syncs over its units without SQLite's upkeep."""
+    return {
+        operation: {(unit.database, unit.mark) for unit in units if not unit.upkeep}
+        for operation, units in counted.items()
+    }
+
+
+def _upkeep_units(counted: dict[str, list[Counted]]) -> list[Counted]:
+    return [unit for units in counted.values() for unit in units if unit.upkeep]
+
+
+def test_by_default_each_acknowledged_unit_waits_for_one_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Create, transition, state update and approval decide: the database's sync, and no other.
+
+    The mark never syncs on the caller's thread. A unit that carries
+    SQLite's upkeep of its log waits for up to two syncs more (the copy
+    into the database, then the log's new header), about once per hundred
+    units here.
+    """
+    counted = _count_units(tmp_path, monkeypatch, "lagged")
+    assert set(counted) == {"create", "transition", "state update", "approval decide"}
+    assert _waits(counted) == {operation: {(1, 0)} for operation in counted}
+    upkeep = _upkeep_units(counted)
+    assert all(unit.mark == 0 and 1 <= unit.database <= 3 for unit in upkeep)
+    assert len(upkeep) <= 4, f"{len(upkeep)} of {4 * UNITS} units carried SQLite's upkeep"
+
+
+def test_the_strict_mode_adds_the_marks_sync_to_every_unit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control: with the mark synced before the acknowledgement, two syncs per unit."""
+    counted = _count_units(tmp_path, monkeypatch, "strict")
+    assert _waits(counted) == {operation: {(1, 1)} for operation in counted}
+    assert all(unit.mark == 1 for unit in _upkeep_units(counted))
