@@ -43,7 +43,9 @@ from types import ModuleType
 from typing import Any
 
 import reliability
+from mark_lag import mark_trailed
 
+from flowvault.adapters.system import MarkFileStore
 from flowvault.application import (
     ACTION_RESULT_KIND,
     APPROVAL_SLOTS,
@@ -243,6 +245,13 @@ def fork_server(tmp_path: Path, name: str) -> Iterator[ForkServer]:
 def open_runtime(home: Path) -> Runtime:
     """Reopen the store the way a restarted host does: bootstrap over the same home and key."""
     return bootstrap(Settings(home=home, synchronous="full"), key=MASTER_KEY)
+
+
+def mark_of(home: Path) -> MarkFileStore:
+    """Return the high-water mark a host with ``home`` keeps."""
+    path = Settings(home=home).high_water_path
+    assert path is not None
+    return MarkFileStore(path)
 
 
 def base_task(home: Path, cycle: int) -> dict[str, Any]:
@@ -677,6 +686,8 @@ class LoopRun:
     threaded_kills: int = 0
     grouped_units: int = 0
     """Units the killed writers committed in a transaction shared with others."""
+    marks_behind: int = 0
+    """Reopens after a kill that found the high-water mark trailing the store, as it may."""
 
 
 def crash_loop(
@@ -701,7 +712,9 @@ def crash_loop(
             run.threaded_kills += 1
             run.grouped_units += max((int(ack.get("g", 0)) for ack in acks), default=0)
         hint = max([hint, *(ack["n"] for ack in acks if ack["k"] == "checkpoint")])
+        left = mark_of(world.home).read()
         with open_runtime(world.home) as runtime:
+            run.marks_behind += mark_trailed(left, runtime)
             found = checker.check(runtime, acks)
         run.anomalies += [f"seed {seed} cycle {cycle}: [{a.kind}] {a.text}" for a in found]
         run.kinds += [a.kind for a in found]
@@ -779,10 +792,11 @@ def test_sigkill_crash_loop_keeps_every_acknowledged_write_whole(tmp_path: Path)
                 f"{checker.events_verified} ledger events verified, "
                 f"{checker.records_opened} record opens; {run.threaded_kills} kills of "
                 f"{LANES}-thread writers, which committed {run.grouped_units} units in "
-                f"shared transactions (group commit); control (ack before commit) "
-                f"caught after {control.kills} kills: {control.kinds.count('missing')} "
-                f"acknowledged writes missing, and {len(halves)} hand-torn units seen as "
-                f"half-applied; seed {seed}"
+                f"shared transactions (group commit); {run.marks_behind} reopens found "
+                f"the high-water mark trailing the store, none refused; control (ack "
+                f"before commit) caught after {control.kills} kills: "
+                f"{control.kinds.count('missing')} acknowledged writes missing, and "
+                f"{len(halves)} hand-torn units seen as half-applied; seed {seed}"
             ),
             seconds=watch.seconds,
         )

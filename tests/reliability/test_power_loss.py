@@ -13,9 +13,16 @@ so recovery also runs on databases that were recovered before. The
 ``-shm`` wal-index stays with the default VFS: a reopen after the cut
 rebuilds it from the log (see ``apsw_driver``).
 
+At ``synchronous=FULL`` the store is opened the way a host's settings open
+it, so the high-water mark (written in the background, its default) is
+advanced by the killed runtime and checked by every reopen: a mark that led
+the database, naming a commit a cut took back, would refuse the reopen
+with ``STORE_ROLLED_BACK``, counted as unsound.
+
 The negative control is the same run at ``synchronous=NORMAL``, which does
 not sync the log at commit: it must lose acknowledged commits, or the VFS
-is not simulating a power loss at all.
+is not simulating a power loss at all. It runs without the mark, which
+would refuse the rolled-back store rather than show what was lost.
 """
 
 from __future__ import annotations
@@ -29,10 +36,16 @@ from typing import TypeAlias
 import apsw_driver
 import reliability
 from apsw_driver import Action, FaultPlan, FaultVFS
+from mark_lag import mark_trailed
 
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.adapters.sqlite._connect import Synchronous
-from flowvault.application import STATE_WRITTEN_EVENT, HistoryEvent, stream_of
+from flowvault.adapters.system import MarkFileStore
+from flowvault.application import (
+    STATE_WRITTEN_EVENT,
+    HistoryEvent,
+    stream_of,
+)
 from flowvault.application.testing import FrozenClock
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
@@ -117,6 +130,10 @@ class Tally:
     landed: int = 0
     absent: int = 0
     halfway: int = 0
+    marked: int = 0
+    """Reopens checked against the high-water mark the cut runtime advanced."""
+    behind: int = 0
+    """Of those, reopens where the mark trailed the store (its background write not yet made)."""
     failures: list[str] = field(default_factory=list)
 
 
@@ -278,15 +295,8 @@ def _run_until_cut(
     point = rng.randint(1, MAX_POINT) if rng.random() < 0.5 else None
     in_flight: Unit | None = None
     with apsw_driver.adapter_over(vfs.vfs_name):
-        store = apsw_driver.open_store(chain.path, vfs.vfs_name, synchronous=synchronous)
+        runtime = _open(chain, synchronous, chain.ids)
         try:
-            runtime = bootstrap(
-                _settings(chain, synchronous),
-                key=KEY,
-                store=store,
-                clock=chain.clock,
-                ids=chain.ids,
-            )
             for _ in range(units):
                 unit = _next_unit(chain, rng)
                 unit.call(runtime)
@@ -311,16 +321,34 @@ def _run_until_cut(
             if not vfs.dead:
                 vfs.cut()
         finally:
-            store.close()
+            runtime.close()
     return in_flight
 
 
-def _reopen_and_observe(chain: Chain, synchronous: Synchronous, keys: set[str]) -> Model:
-    """Reopen with the stdlib store; raise ``AssertionError`` unless the files are sound."""
+def _open(chain: Chain, synchronous: Synchronous, ids: PlannedIds | None = None) -> Runtime:
+    """Open the chain's store: through its high-water mark at FULL, as a host's own store else."""
+    settings = _settings(chain, synchronous)
+    if synchronous == "full":
+        return bootstrap(settings, key=KEY, clock=chain.clock, ids=ids)
     store = SQLiteSecureObjectStore.open(chain.path, synchronous=synchronous)
-    with bootstrap(
-        _settings(chain, synchronous), key=KEY, store=store, clock=chain.clock
-    ) as runtime:
+    try:
+        return bootstrap(settings, key=KEY, store=store, clock=chain.clock, ids=ids)
+    except BaseException:
+        store.close()
+        raise
+
+
+def _reopen_and_observe(
+    chain: Chain, synchronous: Synchronous, keys: set[str], tally: Tally
+) -> Model:
+    """Reopen with the stdlib store; raise ``AssertionError`` unless the files are sound."""
+    settings = _settings(chain, synchronous)
+    mark = None if settings.high_water_path is None else MarkFileStore(settings.high_water_path)
+    left = None if mark is None else mark.read()
+    with _open(chain, synchronous) as runtime:
+        if synchronous == "full":
+            tally.marked += 1
+            tally.behind += mark_trailed(left, runtime)
         findings = apsw_driver.integrity_check(chain.path)
         if findings != ["ok"]:
             raise AssertionError(f"integrity_check: {findings[:3]}")
@@ -338,7 +366,7 @@ def _verify(
     expected.append(("absent", before))
     keys = set(before) | {key for _, model in expected for key in model}
     try:
-        seen = _reopen_and_observe(chain, synchronous, keys)
+        seen = _reopen_and_observe(chain, synchronous, keys, tally)
     except (FlowvaultError, AssertionError) as error:
         tally.unsound += 1
         return f"the reopened store is not sound: {error}"
@@ -403,9 +431,10 @@ def test_power_loss_at_synchronous_full_loses_no_acknowledged_commit(tmp_path: P
         f"FULL: {full.trials} cuts ({full.mid_call} mid-call, {full.partial_writeback} with "
         f"partial write-back), {full.acknowledged} acknowledged calls, {full.lost} lost; "
         f"call in flight landed {full.landed}, absent {full.absent}, reset halfway "
-        f"{full.halfway}. Control NORMAL: {control.trials} cuts, {control.lost} acknowledged "
-        f"commits lost in {len(control.failures) - control.unsound} trials, "
-        f"{control.unsound} reopened unsound"
+        f"{full.halfway}; {full.marked} reopens passed the high-water mark ({full.behind} "
+        f"with it trailing the store). Control NORMAL: {control.trials} cuts, "
+        f"{control.lost} acknowledged commits lost in "
+        f"{len(control.failures) - control.unsound} trials, {control.unsound} reopened unsound"
     )
     reliability.record(
         reliability.Figure(

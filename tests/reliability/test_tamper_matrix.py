@@ -35,11 +35,12 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import pytest
 import reliability
 from cli_helpers import json_document, run_cli
+from mark_lag import settle
 from pydantic import BaseModel, SecretStr
 
 from flowvault.application import (
@@ -85,6 +86,10 @@ from flowvault.domain import (
 )
 
 KEY: Final = bytes(range(7, 39))
+MarkSync = Literal["lagged", "strict"]
+MARK_MODES: Final[tuple[MarkSync, ...]] = ("lagged", "strict")
+BOTH_MARK_MODES: Final = pytest.mark.parametrize("world", MARK_MODES, indirect=True)
+"""The deterministic attacks run with the mark written in the background and before each ack."""
 INTEGRITY_CODES: Final = frozenset(
     {"INTEGRITY_FAILURE", "CHECKPOINT_INTEGRITY_FAILURE", "STORE_ROLLED_BACK"}
 )
@@ -1423,7 +1428,7 @@ class World:
     cells: SQLiteCells
     bench: Bench
     backend: Settings | None = None
-    """PostgreSQL settings (``cells`` then a ``PostgresCells``); SQLite's when unset."""
+    """The settings the world was opened with (PostgreSQL's: ``cells`` a ``PostgresCells``)."""
 
     def open_runtime(self) -> Runtime:
         """Bootstrap another runtime over the same file: nothing it reads was read before."""
@@ -1439,10 +1444,15 @@ class World:
         self.runtime.close()
 
 
-def build_world(home: Path) -> World:
-    """Populate a fresh SQLite home and take the reference answers (retries included)."""
+def build_world(home: Path, mark_sync: MarkSync = "lagged") -> World:
+    """Populate a fresh SQLite home and take the reference answers (retries included).
+
+    Its high-water mark is written the way ``mark_sync`` says and has
+    caught up when the world is handed over: what it detects is what lies
+    beyond the lag window.
+    """
     clock = FrozenClock()
-    settings = Settings(backend="sqlite", home=home)
+    settings = Settings(backend="sqlite", home=home, mark_sync=mark_sync)
     runtime = bootstrap(settings, key=KEY, clock=clock, ids=SequentialIds("id"))
     catalog = populate(runtime, clock)
     streams = list_all_streams(runtime.store)
@@ -1452,13 +1462,16 @@ def build_world(home: Path) -> World:
     answers, pools = take_reference(cells, chosen, again)
     reference = read_all(chosen)
     bench = Bench(cells, chosen, again, answers, pools, frozenset({INDEX, MOVED}))
-    return World(home, clock, runtime, catalog, streams, chosen, reference, pools, cells, bench)
+    settle(runtime)
+    return World(
+        home, clock, runtime, catalog, streams, chosen, reference, pools, cells, bench, settings
+    )
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    """Provide a populated SQLite world, closed afterwards."""
-    built = build_world(tmp_path / "home")
+def world(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[World]:
+    """Provide a populated SQLite world, closed afterwards; parametrize it with a ``mark_sync``."""
+    built = build_world(tmp_path / "home", getattr(request, "param", "lagged"))
     try:
         yield built
     finally:
@@ -2016,6 +2029,7 @@ def _copy(
     return lambda w: write_row(w, target(w), columns, read_row(w, source(w), columns))
 
 
+@BOTH_MARK_MODES
 def test_swapped_ciphertexts(world: World) -> None:
     """A ciphertext moved to another row never opens there: the header is its associated data.
 
@@ -2146,6 +2160,7 @@ def _move_to_other_stream(world: World) -> None:
     )
 
 
+@BOTH_MARK_MODES
 def test_ledger_row_edits(world: World) -> None:
     """Edited, deleted, inserted and reordered ledger rows: which the store sees, and which not.
 
@@ -2210,7 +2225,8 @@ def test_ledger_row_edits(world: World) -> None:
 
 
 def rebased(world: World) -> World:
-    """Retake the reference of the same store after the services wrote more."""
+    """Retake the reference of the same store after the services wrote more (the mark caught up)."""
+    settle(world.runtime)
     streams = list_all_streams(world.runtime.store)
     chosen = readers(world.runtime, world.catalog, streams)
     reference = read_all(chosen)
@@ -2443,6 +2459,7 @@ def _no_more_events(world: World, stream: str, count: int) -> None:
     assert len(stored_events(world, stream)) == count
 
 
+@BOTH_MARK_MODES
 def test_replayed_rows(world: World) -> None:
     """An older row replayed whole (ciphertext with its own revision), or a row deleted whole.
 
@@ -2600,6 +2617,7 @@ def test_replayed_rows(world: World) -> None:
     report("Tamper: replayed rows, rollback (SQLite)", run_attacks(world, attacks), watch.seconds)
 
 
+@BOTH_MARK_MODES
 def test_recomputed_ledger_chain(world: World, tmp_path: Path) -> None:
     """A ledger rewritten with recomputed plain hashes and head row: what still sees it.
 
@@ -2931,6 +2949,7 @@ def settle_ledger_attacks(backend: str, found: Sequence[Caught], seconds: float)
     assert not missed, "\n".join(f"{c.kind}: {c.attack}: {'; '.join(c.missed)}" for c in missed)
 
 
+@BOTH_MARK_MODES
 def test_every_ledger_attack_on_every_stream_kind(world: World) -> None:
     """Every ledger attack on a workflow, a run and a scope stream is caught three ways.
 
@@ -2947,7 +2966,9 @@ def test_every_ledger_attack_on_every_stream_kind(world: World) -> None:
 
 
 @pytest.fixture
-def pg_world(tmp_path: Path, postgres_server: Any, pg_schema: str) -> Iterator[World]:
+def pg_world(
+    tmp_path: Path, postgres_server: Any, pg_schema: str, request: pytest.FixtureRequest
+) -> Iterator[World]:
     """Provide a populated PostgreSQL world (raw access over an admin connection), closed after.
 
     It keeps a high-water mark, the configuration under which PostgreSQL
@@ -2961,6 +2982,7 @@ def pg_world(tmp_path: Path, postgres_server: Any, pg_schema: str) -> Iterator[W
         postgres_schema=pg_schema,
         postgres_pool_size=2,
         high_water_file=tmp_path / "mark" / "store.high-water",
+        mark_sync=getattr(request, "param", "lagged"),
     )
     runtime = bootstrap(settings, key=KEY, clock=clock, ids=SequentialIds("id"))
     cells = PostgresCells(postgres_server, pg_schema)
@@ -2981,6 +3003,7 @@ def pg_world(tmp_path: Path, postgres_server: Any, pg_schema: str) -> Iterator[W
         runtime.close()
 
 
+@pytest.mark.parametrize("pg_world", MARK_MODES, indirect=True)
 @pytest.mark.postgres
 def test_every_ledger_attack_on_every_stream_kind_postgres(pg_world: World) -> None:
     """The same ledger attacks on PostgreSQL, each caught by verify, service reads and a receipt.
@@ -3103,6 +3126,7 @@ def test_weakened_readers_report_silently_wrong_data(
 # -- regressions the matrix found ------------------------------------------------------------
 
 
+@BOTH_MARK_MODES
 def test_undecodable_text_is_an_integrity_failure(world: World) -> None:
     """A stored text value that is no longer UTF-8 reads as ``INTEGRITY_FAILURE``.
 
@@ -3157,6 +3181,7 @@ def test_listed_stream_without_events_fails_the_audit(
     assert [(f.stream, f.defect.value) for f in report.failures] == [("workflow/renamed", "edited")]
 
 
+@BOTH_MARK_MODES
 def test_altered_label_index_cannot_steer_a_purge(world: World) -> None:
     """An index row edited to look expired makes the purge fail closed, deleting nothing.
 
