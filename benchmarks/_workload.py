@@ -7,6 +7,7 @@ operation, each holding a document shaped like flowvault's workflow record.
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -35,8 +36,19 @@ MACHINE_VERSION: Final = "sha256:" + hashlib.sha256(",".join(PEER_STATES).encode
 
 
 def sqlite_settings(home: Path, *, synchronous: str = "full") -> Settings:
-    """Return the settings of a SQLite runtime at ``home``; ``full`` is flowvault's default."""
-    return Settings.model_validate({"backend": "sqlite", "home": home, "synchronous": synchronous})
+    """Return the settings of a SQLite runtime at ``home``; ``full`` is flowvault's default.
+
+    ``FLOWVAULT_MARK_SYNC`` picks when the high-water mark is written, as it
+    does for a host (default ``lagged``), so each mode can be measured.
+    """
+    return Settings.model_validate(
+        {
+            "backend": "sqlite",
+            "home": home,
+            "synchronous": synchronous,
+            "mark_sync": os.environ.get("FLOWVAULT_MARK_SYNC", "lagged").strip().lower(),
+        }
+    )
 
 
 def open_runtime(settings: Settings) -> Runtime:
