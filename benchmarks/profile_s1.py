@@ -18,7 +18,8 @@ transitions per workflow), each on a fresh store:
    many small calls, so read the groups as proportions, not microseconds.
 
 It also reports how many WAL frames (pages) one transition's commit
-writes, against one for the raw single-row baseline.
+writes, against one for the raw single-row baseline, and which tables and
+indexes those pages belong to.
 """
 
 from __future__ import annotations
@@ -26,18 +27,21 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import sqlite3
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Final
 
 from _workload import Orders, run_lifecycles, sqlite_settings
 
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
-from flowvault.composition import Settings, bootstrap
+from flowvault.application import HighWaterStore
+from flowvault.composition import Runtime, Settings, bootstrap
 
 GROUPS: Final = (
     ("SQL (sqlite3 calls, sync included)", ("sqlite3.Connection", "sqlite3.Cursor")),
@@ -83,13 +87,20 @@ def _profile(settings: Settings, workflows: int) -> dict[str, float]:
     return {name: seconds / total for name, seconds in shares.items()}
 
 
+def _sqlite_store(runtime: Runtime) -> SQLiteSecureObjectStore | None:
+    """Return the SQLite store under the runtime's high-water decorator, if that is what it is."""
+    store = runtime.store
+    inner = store.wrapped if isinstance(store, HighWaterStore) else store
+    return inner if isinstance(inner, SQLiteSecureObjectStore) else None
+
+
 def _frames_per_transition(home: Path, workflows: int) -> float:
     """Count WAL frames written by transitions alone, with checkpoints held off."""
     settings = sqlite_settings(home, synchronous="normal")
     with bootstrap(settings) as runtime:
         created = [runtime.workflows.create(order)[0] for order in Orders("frames").take(workflows)]
-        store = runtime.store
-        if not isinstance(store, SQLiteSecureObjectStore):
+        store = _sqlite_store(runtime)
+        if store is None:
             raise SystemExit("expected the SQLite store")
         wal = store.path.with_name(store.path.name + "-wal")
         store.compact()
@@ -102,6 +113,47 @@ def _frames_per_transition(home: Path, workflows: int) -> float:
             )
         page_size = 4096 + 24
         return (wal.stat().st_size - before) / page_size / len(created)
+
+
+def _pages(database: Path, page_size: int) -> dict[int, bytes]:
+    data = database.read_bytes()
+    return {n + 1: data[n * page_size : (n + 1) * page_size] for n in range(len(data) // page_size)}
+
+
+def _pages_by_table(home: Path, workflows: int, sample: int = 20) -> dict[str, float] | None:
+    """Return the pages one transition changes, per table or index (``None`` without dbstat).
+
+    Each sampled transition runs between two full checkpoints, and the
+    database file's pages are compared before and after; SQLite's
+    ``dbstat`` names the b-tree each changed page belongs to. The WAL frame
+    count above counts the same pages as the log writes them.
+    """
+    settings = sqlite_settings(home, synchronous="normal")
+    with bootstrap(settings) as runtime:
+        created = [runtime.workflows.create(order)[0] for order in Orders("pages").take(workflows)]
+        store = _sqlite_store(runtime)
+        if store is None:
+            raise SystemExit("expected the SQLite store")
+        with closing(sqlite3.connect(store.path)) as probe:
+            try:
+                probe.execute("SELECT 1 FROM dbstat LIMIT 1").fetchall()
+            except sqlite3.OperationalError:
+                return None
+            page_size = int(probe.execute("PRAGMA page_size").fetchone()[0])
+            changed: Counter[str] = Counter()
+            for record in created[:sample]:
+                store.compact()
+                before = _pages(store.path, page_size)
+                runtime.workflows.transition(
+                    record.workflow_id, "planning", expected_state="intake", expected_version=1
+                )
+                store.compact()
+                owners = dict(probe.execute("SELECT pageno, name FROM dbstat").fetchall())
+                for number, page in _pages(store.path, page_size).items():
+                    if before.get(number) != page:
+                        changed[str(owners.get(number, "free pages"))] += 1
+    count = min(sample, len(created))
+    return {name: pages / count for name, pages in changed.most_common()}
 
 
 def _line(label: str, value: str) -> str:
@@ -123,6 +175,7 @@ def main(argv: list[str]) -> int:
     )
     shares = _profile(sqlite_settings(fresh("profiled")), args.workflows)
     frames = _frames_per_transition(fresh("frames"), args.workflows)
+    by_table = _pages_by_table(fresh("pages"), args.workflows)
     print("| measure | value |")
     print("|---|---|")
     print(_line("S1 per operation, synchronous=full", f"{full:.0f} us"))
@@ -131,6 +184,11 @@ def main(argv: list[str]) -> int:
     print(_line("memory adapter (all work above the port)", f"{memory:.0f} us"))
     print(_line("SQLite adapter and file work (normal - memory)", f"{normal - memory:.0f} us"))
     print(_line("WAL frames written per transition commit", f"{frames:.1f} (raw baseline: 1)"))
+    if by_table is None:
+        print(_line("pages changed per transition, by table", "no dbstat in this SQLite"))
+    else:
+        for name, pages in by_table.items():
+            print(_line(f"pages changed per transition: {name}", f"{pages:.2f}"))
     for name, share in sorted(shares.items(), key=lambda item: -item[1]):
         print(_line(f"profiled self time: {name}", f"{share:.0%}"))
     return 0
