@@ -182,3 +182,34 @@ def test_quick_benchmarks_report_every_scenario(tmp_path: Path, postgres_server)
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
     _check_scenario(postgres, "S6", installed)
+
+
+def test_the_s1_profile_takes_one_transition_apart(tmp_path: Path) -> None:
+    """``profile_s1.py`` runs on a guarded store and names where a transition's pages go."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("FLOWVAULT_")}
+    script = ROOT / "benchmarks" / "profile_s1.py"
+    completed = subprocess.run(
+        [sys.executable, str(script), "--workflows", "8", "--dir", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    rows = dict(
+        line.strip("|").split("|")[:2] for line in completed.stdout.splitlines()[2:] if "|" in line
+    )
+    measures = {name.strip(): value.strip() for name, value in rows.items()}
+    frames = float(measures["WAL frames written per transition commit"].split()[0])
+    assert frames >= 1
+    pages = {
+        name.removeprefix("pages changed per transition: "): float(value)
+        for name, value in measures.items()
+        if name.startswith("pages changed per transition: ")
+    }
+    if pages:
+        assert {"records", "ledger_events"} <= set(pages)
+    else:
+        assert measures["pages changed per transition, by table"] == "no dbstat in this SQLite"
