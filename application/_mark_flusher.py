@@ -7,11 +7,13 @@ background thread writes and syncs the mark at once when it was idle,
 then at most once per window, so a burst of commits costs one mark write
 per window. The mark may lag the database, never lead it: it is written
 after the commits it names have returned. ``close`` stops the thread and
-writes the mark one last time.
+writes the mark one last time; so does an interpreter that exits without
+closing the store, unless it is killed.
 """
 
 from __future__ import annotations
 
+import atexit
 import threading
 from collections.abc import Mapping
 from typing import Final
@@ -52,6 +54,13 @@ class MarkFlusher:
                     target=self._run, name="flowvault-high-water", daemon=True
                 )
                 self._thread.start()
+                atexit.register(self._at_exit)
+
+    def _at_exit(self) -> None:
+        """Write what is pending when the interpreter exits with the store still open."""
+        if not self._stopping.is_set():
+            self.stop()
+            self.flush()
 
     def _run(self) -> None:
         while True:
@@ -78,6 +87,7 @@ class MarkFlusher:
         with self._start_lock:
             self._stopping.set()
             thread = self._thread
+        atexit.unregister(self._at_exit)
         self._due.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join()

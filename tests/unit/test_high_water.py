@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import stat
 import struct
+import subprocess
+import sys
 import threading
 import zlib
 from collections.abc import Mapping, Sequence
@@ -692,3 +694,24 @@ def test_closing_the_store_ends_the_flusher_thread(tmp_path: Path) -> None:
     assert _flushers() == before + 1
     guarded.close()
     assert _flushers() == before
+
+
+def test_an_interpreter_exiting_without_close_writes_the_pending_mark(tmp_path: Path) -> None:
+    """A host that never closes the store still leaves the mark caught up when it exits."""
+    script = f"""
+from pathlib import Path
+from flowvault.composition import Settings, bootstrap
+from flowvault.domain import WorkflowState
+runtime = bootstrap(Settings(home=Path({str(tmp_path)!r}) / "home"), key=bytes(range(32)))
+for step in range(30):
+    runtime.state("main").save(WorkflowState(step=step))
+print(runtime.store.epoch())
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    state = MarkFileStore(tmp_path / "home" / "keys" / "store.high-water").read()
+    assert state is not None
+    digester = CipherDigester(AesGcmCipher.from_ring(KeyRing(primary=bytes(range(32)))))
+    assert parse_mark(state.head, digester, "").epoch == int(done.stdout)
