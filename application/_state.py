@@ -360,7 +360,8 @@ class StateRepository(Generic[M]):
 
         Each re-run waits a random pause that grows with every lost race (at
         most 50 ms), so competing writers spread out instead of colliding
-        again. Raises ``RevisionConflict`` after ``max_retries`` lost races.
+        again. A read that keeps losing to other writers counts as a lost
+        race too. Raises ``RevisionConflict`` after ``max_retries`` lost races.
         """
         return self._update(lambda state: (fn(state), (), ()))
 
@@ -393,7 +394,10 @@ class StateRepository(Generic[M]):
         for attempt in range(self._retries):
             if attempt:
                 pause_after_conflict(attempt)
-            snapshot, head = self._load()
+            try:
+                snapshot, head = self._load()
+            except RevisionConflict:
+                continue
             new, writes, events = step(snapshot.state)
             own = self._unit(new, snapshot.revision, events, _after(head))
             unit = UnitOfWork(
