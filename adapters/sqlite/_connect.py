@@ -68,6 +68,8 @@ class ConnectOptions:
         connection; ``journal_mode`` would write the file header, and
         ``synchronous`` and ``secure_delete`` govern writes it never makes.
         ``query_only`` makes SQLite refuse any write even before the file would.
+        ``wal_autocheckpoint`` is off because the store checkpoints in the
+        background instead (``_checkpointer``).
         """
         if self.read_only:
             return (
@@ -84,6 +86,7 @@ class ConnectOptions:
             ("foreign_keys", "ON", 1),
             ("secure_delete", "ON", 1),
             ("trusted_schema", "OFF", 0),
+            ("wal_autocheckpoint", "0", 0),
         )
 
 

@@ -27,6 +27,7 @@ from flowvault.adapters._rows import (
     stream_state,
 )
 from flowvault.adapters.sqlite import _queries as sql
+from flowvault.adapters.sqlite._checkpointer import CHECKPOINT_PASSIVE, Checkpointer
 from flowvault.adapters.sqlite._commit import (
     INDEX_CEILING,
     PreparedUnit,
@@ -174,6 +175,7 @@ class SQLiteSecureObjectStore:
         self._registry = threading.Lock()
         self._local = threading.local()
         self._closed = False
+        self._checkpointer = None if options.read_only else Checkpointer(self._checkpoint_passive)
 
     @classmethod
     def open(
@@ -392,6 +394,8 @@ class SQLiteSecureObjectStore:
                 busy_timeout=self._options.busy_timeout,
             )
             self._counts.add(group)
+            if self._checkpointer is not None:
+                self._checkpointer.committed(len(group))
         except StoreUnavailable as exc:
             fail_group(group, exc)
         finally:
@@ -486,6 +490,17 @@ class SQLiteSecureObjectStore:
         with self._reading() as connection:
             return dict(connection.execute(sql.KEY_ID_COUNTS).fetchall())
 
+    def _checkpoint_passive(self) -> None:
+        """Copy what the log holds into the database on this thread's own connection.
+
+        Never on the writer: a checkpoint there would hold up every commit
+        behind it, which is what running it in the background avoids.
+        """
+        handle = self._reader()
+        with translated(self._options.busy_timeout), handle.lock:
+            self._check_usable()
+            handle.connection.execute(CHECKPOINT_PASSIVE).fetchall()
+
     def compact(self) -> bool:
         """Checkpoint the WAL into the database and truncate it.
 
@@ -565,6 +580,8 @@ class SQLiteSecureObjectStore:
         if os.getpid() != self._pid:
             self._closed = True
             return
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
         with self._registry:
             if self._closed:
                 return

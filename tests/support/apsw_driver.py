@@ -332,8 +332,8 @@ class FaultVFS(apsw.VFS):
         self._plan: FaultPlan | None = None
         self.calls: list[str] = []
         """Kinds of the writes, syncs and truncates seen while armed, in order."""
-        self.touched: list[tuple[str, str, int]] = []
-        """The same calls as (kind, file name, offset written or 0), in order."""
+        self.touched: list[tuple[str, str, int, int]] = []
+        """The same calls as (kind, file name, offset written or 0, thread ident), in order."""
         self.fired = 0
         """How many calls the plan acted on."""
         self._armed = False
@@ -412,7 +412,7 @@ class FaultVFS(apsw.VFS):
             if path is None or not self._armed:
                 return False
             self.calls.append(kind)
-            self.touched.append((kind, os.path.basename(path), offset))
+            self.touched.append((kind, os.path.basename(path), offset, threading.get_ident()))
             plan, count = self._plan, len(self.calls)
             if plan is None or count < plan.at or (count > plan.at and not plan.persistent):
                 return False
