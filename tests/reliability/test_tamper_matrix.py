@@ -1438,6 +1438,12 @@ class World:
         """Return the home's settings."""
         return self.backend or Settings(backend="sqlite", home=self.home)
 
+    def backend_name(self) -> str:
+        """Name the backend and how the mark is written, as the figures show them."""
+        settings = self.settings()
+        backend = "PostgreSQL" if settings.backend == "postgres" else "SQLite"
+        return f"{backend}, mark {settings.mark_sync}"
+
     def close(self) -> None:
         """Close the raw connection and the runtime."""
         self.cells.close()
@@ -2075,7 +2081,8 @@ def test_swapped_ciphertexts(world: World) -> None:
             "INTEGRITY_FAILURE",
         ),
     ]
-    report("Tamper: swapped ciphertexts (SQLite)", run_attacks(world, attacks), watch.seconds)
+    family = f"Tamper: swapped ciphertexts ({world.backend_name()})"
+    report(family, run_attacks(world, attacks), watch.seconds)
 
 
 def _run(world: World) -> str:
@@ -2221,7 +2228,8 @@ def test_ledger_row_edits(world: World) -> None:
         Attack("swap the indexes of two events", _reorder, "INTEGRITY_FAILURE"),
         Attack("move a middle event to another stream", _move_to_other_stream, "INTEGRITY_FAILURE"),
     ]
-    report("Tamper: ledger row edits (SQLite)", run_attacks(world, attacks), watch.seconds)
+    family = f"Tamper: ledger row edits ({world.backend_name()})"
+    report(family, run_attacks(world, attacks), watch.seconds)
 
 
 def rebased(world: World) -> World:
@@ -2614,7 +2622,8 @@ def test_replayed_rows(world: World) -> None:
             "INTEGRITY_FAILURE",
         ),
     ]
-    report("Tamper: replayed rows, rollback (SQLite)", run_attacks(world, attacks), watch.seconds)
+    family = f"Tamper: replayed rows, rollback ({world.backend_name()})"
+    report(family, run_attacks(world, attacks), watch.seconds)
 
 
 @BOTH_MARK_MODES
@@ -2720,7 +2729,8 @@ def test_recomputed_ledger_chain(world: World, tmp_path: Path) -> None:
             "INTEGRITY_FAILURE",
         ),
     ]
-    report("Tamper: recomputed ledger chain (SQLite)", run_attacks(world, attacks), watch.seconds)
+    family = f"Tamper: recomputed ledger chain ({world.backend_name()})"
+    report(family, run_attacks(world, attacks), watch.seconds)
 
 
 # -- every ledger attack on every kind of stream ----------------------------------------------
@@ -2962,7 +2972,7 @@ def test_every_ledger_attack_on_every_stream_kind(world: World) -> None:
     --against`` a receipt kept before the attack.
     """
     watch = reliability.Stopwatch()
-    settle_ledger_attacks("SQLite", run_ledger_attacks(world), watch.seconds)
+    settle_ledger_attacks(world.backend_name(), run_ledger_attacks(world), watch.seconds)
 
 
 @pytest.fixture
@@ -3012,7 +3022,7 @@ def test_every_ledger_attack_on_every_stream_kind_postgres(pg_world: World) -> N
     the same three.
     """
     watch = reliability.Stopwatch()
-    settle_ledger_attacks("PostgreSQL", run_ledger_attacks(pg_world), watch.seconds)
+    settle_ledger_attacks(pg_world.backend_name(), run_ledger_attacks(pg_world), watch.seconds)
 
 
 # -- negative controls: the suite against deliberately weakened readers ---------------------
