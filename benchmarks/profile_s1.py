@@ -87,30 +87,39 @@ def _profile(settings: Settings, workflows: int) -> dict[str, float]:
     return {name: seconds / total for name, seconds in shares.items()}
 
 
-def _sqlite_store(runtime: Runtime) -> SQLiteSecureObjectStore | None:
-    """Return the SQLite store under the runtime's high-water decorator, if that is what it is."""
+def _created(
+    runtime: Runtime, tag: str, workflows: int
+) -> tuple[list[str], SQLiteSecureObjectStore]:
+    """Create ``workflows`` workflows; return their ids and the SQLite store, its checkpoints off.
+
+    The store's background checkpoint would restart the WAL in the middle
+    of a measurement, so it is stopped; ``compact`` still checkpoints.
+    """
+    ids = [runtime.workflows.create(order)[0].workflow_id for order in Orders(tag).take(workflows)]
     store = runtime.store
     inner = store.wrapped if isinstance(store, HighWaterStore) else store
-    return inner if isinstance(inner, SQLiteSecureObjectStore) else None
+    if not isinstance(inner, SQLiteSecureObjectStore):
+        raise SystemExit("expected the SQLite store")
+    if inner._checkpointer is not None:
+        inner._checkpointer.stop()
+    return ids, inner
+
+
+def _to_planning(runtime: Runtime, workflow_id: str) -> None:
+    workflows = runtime.workflows
+    workflows.transition(workflow_id, "planning", expected_state="intake", expected_version=1)
 
 
 def _frames_per_transition(home: Path, workflows: int) -> float:
     """Count WAL frames written by transitions alone, with checkpoints held off."""
     settings = sqlite_settings(home, synchronous="normal")
     with bootstrap(settings) as runtime:
-        created = [runtime.workflows.create(order)[0] for order in Orders("frames").take(workflows)]
-        store = _sqlite_store(runtime)
-        if store is None:
-            raise SystemExit("expected the SQLite store")
+        created, store = _created(runtime, "frames", workflows)
         wal = store.path.with_name(store.path.name + "-wal")
         store.compact()
-        with store._writing() as connection:
-            connection.execute("PRAGMA wal_autocheckpoint = 0")
         before = wal.stat().st_size
-        for record in created:
-            runtime.workflows.transition(
-                record.workflow_id, "planning", expected_state="intake", expected_version=1
-            )
+        for workflow_id in created:
+            _to_planning(runtime, workflow_id)
         page_size = 4096 + 24
         return (wal.stat().st_size - before) / page_size / len(created)
 
@@ -130,10 +139,7 @@ def _pages_by_table(home: Path, workflows: int, sample: int = 20) -> dict[str, f
     """
     settings = sqlite_settings(home, synchronous="normal")
     with bootstrap(settings) as runtime:
-        created = [runtime.workflows.create(order)[0] for order in Orders("pages").take(workflows)]
-        store = _sqlite_store(runtime)
-        if store is None:
-            raise SystemExit("expected the SQLite store")
+        created, store = _created(runtime, "pages", workflows)
         with closing(sqlite3.connect(store.path)) as probe:
             try:
                 probe.execute("SELECT 1 FROM dbstat LIMIT 1").fetchall()
@@ -141,12 +147,10 @@ def _pages_by_table(home: Path, workflows: int, sample: int = 20) -> dict[str, f
                 return None
             page_size = int(probe.execute("PRAGMA page_size").fetchone()[0])
             changed: Counter[str] = Counter()
-            for record in created[:sample]:
+            for workflow_id in created[:sample]:
                 store.compact()
                 before = _pages(store.path, page_size)
-                runtime.workflows.transition(
-                    record.workflow_id, "planning", expected_state="intake", expected_version=1
-                )
+                _to_planning(runtime, workflow_id)
                 store.compact()
                 owners = dict(probe.execute("SELECT pageno, name FROM dbstat").fetchall())
                 for number, page in _pages(store.path, page_size).items():

@@ -13,7 +13,6 @@ import os
 import shutil
 import sqlite3
 import struct
-import time
 import zlib
 from contextlib import closing
 from pathlib import Path
@@ -22,12 +21,12 @@ from typing import Any, Literal
 import pytest
 from cli_helpers import json_document as _document
 from cli_helpers import run_cli as _run
+from mark_lag import settle
 from psycopg import sql
 from structlog.testing import capture_logs
 
 from flowvault.adapters.system import LOG_OFFSET, SLOT_BYTES, MarkFileStore
 from flowvault.application import (
-    MARK_LAG_WINDOW,
     AntiRollback,
     CipherDigester,
     MarkWrite,
@@ -246,15 +245,6 @@ def test_in_the_strict_mode_every_commit_advances_the_mark_before_it_returns(
             assert _mark_epoch(mark, runtime) == _epoch(runtime)
 
 
-def _caught_up(mark: Path, runtime: Runtime) -> bool:
-    """Wait for the mark to reach the store's count; ``False`` after far longer than the window."""
-    for _ in range(200):
-        if _mark_epoch(mark, runtime) == _epoch(runtime):
-            return True
-        time.sleep(MARK_LAG_WINDOW / 2)
-    return False
-
-
 def test_by_default_the_mark_trails_the_commits_never_leads_and_close_writes_it(
     tmp_path: Path,
 ) -> None:
@@ -264,13 +254,13 @@ def test_by_default_the_mark_trails_the_commits_never_leads_and_close_writes_it(
     assert mark is not None
     with bootstrap(settings) as runtime:
         runtime.state("main").save(WorkflowState(step=0))
-        assert _caught_up(mark, runtime), "the first commit after a quiet spell is written at once"
+        settle(runtime)
         seen: list[tuple[int, int]] = []
         for step in range(1, 40):
             runtime.state("main").save(WorkflowState(step=step))
             seen.append((_mark_epoch(mark, runtime), _epoch(runtime)))
         assert all(marked <= count for marked, count in seen)
-        assert _caught_up(mark, runtime)
+        settle(runtime)
         runtime.state("main").save(WorkflowState(step=99))
         last = _epoch(runtime)
     state = MarkFileStore(mark).read()

@@ -28,10 +28,11 @@ from typing import Literal
 
 import pytest
 from apsw_driver import adapter_over, registered
+from checkpoint_setup import create_checkpoint, request_approval
 
 from flowvault.application import HistoryEvent
 from flowvault.composition import Runtime, Settings, bootstrap
-from flowvault.domain import WorkflowState, WorkOrder, content_hash
+from flowvault.domain import WorkflowState, WorkOrder
 
 KEY = bytes(range(32))
 UNITS = 12
@@ -75,28 +76,9 @@ def _pending_approval(runtime: Runtime, n: int) -> str:
     """Start a run, checkpoint it and ask for an approval; return the approval's id."""
     run, _ = runtime.graph_runs.start_run("graph.sync", {"n": n})
     runtime.graph_runs.set_status(run.run_id, "running", expected_status="accepted")
-    checkpoint = runtime.checkpoints.create_checkpoint(
-        run.run_id,
-        {"node": "approve"},
-        state={"n": n},
-        budgets={"tokens": 1},
-        counters={"nodes": 1},
-        dependency_summary={"tools": []},
-        terminal_cursor=None,
-        event_cursor=1,
-    )
-    approval = runtime.approvals.request_approval(
-        checkpoint.checkpoint_id,
-        expected_state_digest=checkpoint.state_digest,
-        expected_budgets=checkpoint.budgets,
-        expected_counters=checkpoint.counters,
-        expected_dependency_digest=checkpoint.dependency_digest,
-        audience="finance",
-        prompt_digest=content_hash(f"approve {n}?"),
-        allowed_decisions=["approve", "reject"],
-        expires_at=runtime.clock.now() + timedelta(hours=4),
-    )
-    return approval.approval_id
+    checkpoint = create_checkpoint(runtime.checkpoints, run.run_id, {"node": "a"}, {"n": n})
+    expires = runtime.clock.now() + timedelta(hours=4)
+    return request_approval(runtime.approvals, checkpoint, "finance", expires).approval_id
 
 
 Unit = Callable[[], object]
