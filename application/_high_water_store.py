@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
-import structlog
+from collections.abc import Sequence
 
 from flowvault.application._anti_rollback import AntiRollback
-from flowvault.application._mark_flusher import MarkFlusher
+from flowvault.application._mark_flusher import MarkFlusher, advance_or_defer
 from flowvault.application._records import (
     LabelFilter,
     LedgerPage,
@@ -21,11 +19,8 @@ from flowvault.application.ports import (
     SecureObjectStore,
 )
 from flowvault.domain import (
-    FlowvaultError,
     LedgerEvent,
 )
-
-_log = structlog.get_logger("flowvault.high_water")
 
 
 class HighWaterStore:
@@ -85,13 +80,7 @@ class HighWaterStore:
         if self._flusher is not None:
             self._flusher.note(sizes)
         else:
-            self._advance(sizes)
-
-    def _advance(self, sizes: Mapping[str, int] | None = None) -> None:
-        try:
-            self._guard.advance(sizes)
-        except FlowvaultError as exc:
-            _log.warning("high_water_mark_deferred", code=exc.code, location=self._guard.location)
+            advance_or_defer(self._guard, sizes)
 
     def ledger_head(self, stream: str) -> LedgerEvent | None:
         """Forward to the store."""
@@ -106,7 +95,7 @@ class HighWaterStore:
         try:
             if self._flusher is not None:
                 self._flusher.stop()
-            self._advance()
+            advance_or_defer(self._guard)
         finally:
             self._store.close()
 

@@ -24,9 +24,25 @@ from flowvault.application._anti_rollback import AntiRollback
 from flowvault.domain import FlowvaultError
 
 MARK_LAG_WINDOW: Final = 0.1
-"""Seconds the mark may trail the last commit, plus the time of one mark write."""
+"""Seconds between background mark writes: about how far the mark trails the last commit."""
 
 _log = structlog.get_logger("flowvault.high_water")
+
+
+def advance_or_defer(guard: AntiRollback, sizes: Mapping[str, int] | None = None) -> bool:
+    """Advance the mark; on failure log ``high_water_mark_deferred`` and return ``False``.
+
+    The commits it would name are durable already: an error here must not
+    tell their caller they failed. What was not written stays pending for
+    the next write.
+    """
+    try:
+        guard.advance(sizes)
+    except Exception as exc:  # the commit stands; the mark catches up later
+        code = exc.code if isinstance(exc, FlowvaultError) else type(exc).__name__
+        _log.warning("high_water_mark_deferred", code=code, location=guard.location)
+        return False
+    return True
 
 
 class MarkFlusher:
@@ -59,7 +75,7 @@ class MarkFlusher:
     def _at_exit(self) -> None:
         """Write what is pending when the interpreter exits with the store still open."""
         if not self._stopping.is_set():
-            self.stop()
+            self._halt()
             self.flush()
 
     def _run(self) -> None:
@@ -74,23 +90,20 @@ class MarkFlusher:
 
     def flush(self) -> bool:
         """Write the mark now; return whether it was written (a failure is logged, kept pending)."""
-        try:
-            self._guard.advance()
-        except Exception as exc:  # the thread must outlive a failed write
-            code = exc.code if isinstance(exc, FlowvaultError) else type(exc).__name__
-            _log.warning("high_water_mark_deferred", code=code, location=self._guard.location)
-            return False
-        return True
+        return advance_or_defer(self._guard)
 
     def stop(self) -> None:
         """Stop the thread after the write in progress, if any; then flush from the caller."""
+        atexit.unregister(self._at_exit)
+        self._halt()
+
+    def _halt(self) -> None:
         with self._start_lock:
             self._stopping.set()
             thread = self._thread
-        atexit.unregister(self._at_exit)
         self._due.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
 
-__all__ = ["MARK_LAG_WINDOW", "MarkFlusher"]
+__all__ = ["MARK_LAG_WINDOW", "MarkFlusher", "advance_or_defer"]

@@ -71,7 +71,7 @@ class Settings(BaseModel):
     high_water_file: Path | None = None
     mark_sync: Literal["lagged", "strict", "off"] = "lagged"
     """When the high-water mark is written: ``lagged`` (default) in the background,
-    at most about 0.1 s behind the last commit; ``strict`` before each commit
+    about 0.1 s behind the last commit; ``strict`` before each commit
     returns (a second sync per write); ``off`` never: no mark is checked or kept."""
     seal_limit: int = Field(default=2**32, ge=1, le=2**32)
     seal_warn_at: int = Field(default=2**31, ge=1, le=2**32)
