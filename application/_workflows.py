@@ -46,6 +46,7 @@ from flowvault.application._records import (
 from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application._streams import keyed, mac_matches, next_position, read_stream
 from flowvault.application._verified import verified_events
+from flowvault.application._write_cache import WriteCache
 from flowvault.application.ports import Clock, Compactor, IdFactory
 from flowvault.domain import (
     DECISION_TYPES,
@@ -165,6 +166,7 @@ class WorkflowService:
         self._fresh_result = StreamPolicy[SealedDocument](
             "action result", repository, leaves_record=leaves_unnamed
         )
+        self._written = WriteCache[str, tuple[WorkflowRecord, LedgerEvent]]()
 
     @property
     def machine(self) -> StateMachine:
@@ -242,6 +244,7 @@ class WorkflowService:
             if raced is None:
                 raise
             return self._replay(raced, fingerprint), False
+        self._written.put(record.workflow_id, (record, event))
         return record, True
 
     def _marker(self, idempotency_key: str) -> SealedDocument | None:
@@ -321,6 +324,21 @@ class WorkflowService:
                 "workflow record disagrees with its row", workflow_id=workflow_id
             )
         return _Loaded(record, opened.metadata)
+
+    def _write_base(
+        self, workflow_id: str, expected_state: str, expected_version: int
+    ) -> tuple[WorkflowRecord, LedgerEvent | None]:
+        """Return the record and stream head a write starts from.
+
+        This process's own last commit when it is the version the caller
+        expects (the commit's guards prove it still current), else a read.
+        """
+        written = self._written.take(workflow_id) if isinstance(workflow_id, str) else None
+        if written is not None:
+            record = written[0]
+            if (record.state, record.state_version) == (expected_state, expected_version):
+                return written
+        return self._read(workflow_id)
 
     def _read(self, workflow_id: str) -> tuple[WorkflowRecord, LedgerEvent | None]:
         """Read the current record, checked against its stream, and the head it was checked on."""
@@ -424,6 +442,8 @@ class WorkflowService:
         return keyed(event, self._repo)
 
     def _next_position(self, workflow_id: str) -> tuple[int, str]:
+        """Return where a tombstone goes; the cached head of this stream is then stale."""
+        self._written.forget(workflow_id)
         return _position_after(self._store.ledger_head(stream_of(workflow_id)), workflow_id)
 
     def transition(
@@ -453,7 +473,7 @@ class WorkflowService:
         if event_type in DECISION_TYPES:
             raise InvalidInput("decision receipts are written with append_event, not transition")
         for _ in range(LEDGER_RETRIES):
-            current, head = self._read(workflow_id)
+            current, head = self._write_base(workflow_id, expected_state, expected_version)
             self._check_expected(current, expected_state, expected_version)
             self._machine.assert_transition(current.state, target)
             terminal = self._machine.is_terminal(target)
@@ -480,6 +500,7 @@ class WorkflowService:
                 appends=[event],
             )
             if self._commit_or_retry(unit, workflow_id, expected_state, expected_version):
+                self._written.put(workflow_id, (updated, event))
                 if terminal:
                     compact_after_commit(self._store)
                 return updated
@@ -526,7 +547,7 @@ class WorkflowService:
             if replayed is not None:
                 return replayed
         for _ in range(LEDGER_RETRIES):
-            current, head = self._read(workflow_id)
+            current, head = self._write_base(workflow_id, expected_state, expected_version)
             self._check_expected(current, expected_state, expected_version)
             if event_type in DECISION_TYPES and current.state != DECISION_STATE:
                 raise InvalidTransition(
@@ -561,6 +582,7 @@ class WorkflowService:
             unit = UnitOfWork(upserts=upserts, appends=[event])
             try:
                 if self._commit_or_retry(unit, workflow_id, expected_state, expected_version):
+                    self._written.put(workflow_id, (updated, event))
                     return updated, event, True
             except RevisionConflict:
                 if event_key is None:
