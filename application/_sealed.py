@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TypedDict, Unpack
+from typing import Final, TypedDict, Unpack
 
 from pydantic import ValidationError
 
@@ -100,6 +100,10 @@ class CipherDigester:
         return tagged_digest(self._cipher, tag, data)
 
 
+KEY_DIGEST_MEMO: Final = 4096
+"""Natural keys whose digest a repository remembers; every write and read of a record needs one."""
+
+
 class SealedRepository:
     """Seals documents on write and opens and verifies them on read, over any store."""
 
@@ -115,6 +119,7 @@ class SealedRepository:
         self._cipher = cipher
         self._clock = clock
         self._budget = budget or SealBudget(store if isinstance(store, SealCounter) else None)
+        self._digests: dict[tuple[str, str], str] = {}
 
     @property
     def cipher(self) -> Cipher:
@@ -145,9 +150,16 @@ class SealedRepository:
             raise InvalidInput("a namespace must be a non-empty string")
         if not isinstance(natural_key, str) or not natural_key:
             raise InvalidInput("a natural key must be a non-empty string")
-        return self._cipher.keyed_digest(
+        known = self._digests.get((namespace, natural_key))
+        if known is not None:
+            return known
+        digest = self._cipher.keyed_digest(
             canonical_bytes(["flowvault.key/1", namespace, natural_key])
         )
+        if len(self._digests) >= KEY_DIGEST_MEMO:
+            self._digests.clear()
+        self._digests[namespace, natural_key] = digest
+        return digest
 
     def keyed_digest(self, tag: str, data: bytes | str) -> str:
         """Return a keyed digest of ``data`` under a purpose ``tag``.

@@ -6,6 +6,7 @@ under the exact row identity, revision, schema and key it was sealed for.
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 from datetime import UTC, datetime
@@ -14,11 +15,14 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from flowvault.domain._canonical import canonical_bytes, content_hash
+from flowvault.domain._canonical import content_hash
 from flowvault.domain._errors import InvalidInput
 
 AAD_FORMAT = "flowvault.envelope/1"
 """Version tag bound into the associated data; bump it when the layout changes."""
+_text = json.encoder.encode_basestring
+"""How canonical JSON writes a string (``ensure_ascii=False``): quoted, escaped only as needed."""
+_AAD_FORMAT_TEXT = _text(AAD_FORMAT)
 
 MAX_NAMESPACE_LENGTH = 128
 
@@ -125,19 +129,42 @@ class EnvelopeHeader(BaseModel):
         ``ledger_index`` joins only when set, so headers written before it
         existed keep their exact associated data.
         """
-        fields: dict[str, str | int] = {
-            "format": AAD_FORMAT,
-            "namespace": self.namespace,
-            "key_digest": self.key_digest,
-            "sensitivity": self.sensitivity.value,
-            "schema_version": self.schema_version,
-            "key_id": self.key_id,
-            "revision": self.revision,
-            "written_at": format_instant(self.written_at),
-        }
-        if self.ledger_index is not None:
-            fields["ledger_index"] = self.ledger_index
-        return canonical_bytes(fields)
+        return aad_text(self).encode("utf-8")
+
+
+def aad_fields(header: EnvelopeHeader) -> dict[str, str | int]:
+    """Return the fields of ``header``'s associated data, as canonical JSON would hold them."""
+    fields: dict[str, str | int] = {
+        "format": AAD_FORMAT,
+        "namespace": header.namespace,
+        "key_digest": header.key_digest,
+        "sensitivity": header.sensitivity.value,
+        "schema_version": header.schema_version,
+        "key_id": header.key_id,
+        "revision": header.revision,
+        "written_at": format_instant(header.written_at),
+    }
+    if header.ledger_index is not None:
+        fields["ledger_index"] = header.ledger_index
+    return fields
+
+
+def aad_text(header: EnvelopeHeader) -> str:
+    """Return ``canonical_json(aad_fields(header))``, written out in its fixed key order.
+
+    Every read and write computes it, and a validated header needs none of
+    the general encoder's checks: its texts are validated (no lone
+    surrogate), its numbers are bounded integers. The keys appear sorted,
+    as canonical JSON sorts them; a test holds the two equal.
+    """
+    ledger = "" if header.ledger_index is None else f'"ledger_index":{header.ledger_index:d},'
+    return (
+        f'{{"format":{_AAD_FORMAT_TEXT},"key_digest":{_text(header.key_digest)},'
+        f'"key_id":{_text(header.key_id)},{ledger}"namespace":{_text(header.namespace)},'
+        f'"revision":{header.revision:d},"schema_version":{header.schema_version:d},'
+        f'"sensitivity":{_text(header.sensitivity.value)},'
+        f'"written_at":{_text(format_instant(header.written_at))}}}'
+    )
 
 
 def natural_key_digest(namespace: str, natural_key: str) -> str:

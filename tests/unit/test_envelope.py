@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from flowvault.application.testing import EPOCH, make_header
@@ -15,9 +17,11 @@ from flowvault.domain import (
     Readability,
     Receipt,
     Sensitivity,
+    canonical_bytes,
     format_instant,
     natural_key_digest,
 )
+from flowvault.domain._envelope import aad_fields
 
 CHANGES: dict[str, object] = {
     "namespace": "other",
@@ -35,6 +39,44 @@ def test_aad_is_canonical_and_versioned() -> None:
     aad = make_header("ns", "a").aad()
     assert aad.startswith(b'{"format":"flowvault.envelope/1"')
     assert aad == make_header("ns", "a").aad()
+
+
+_printable = st.text(
+    st.characters(blacklist_categories=("Cc", "Cf", "Cs", "Zl", "Zp")), min_size=1, max_size=40
+)
+
+
+@given(
+    namespace=_printable,
+    revision=st.integers(1, 2**53 - 1),
+    schema_version=st.integers(1, 2**31 - 1),
+    ledger_index=st.none() | st.integers(0, 2**53 - 1),
+    sensitivity=st.sampled_from(Sensitivity),
+    key_id=st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,20}", fullmatch=True),
+    micros=st.integers(0, 10**15),
+)
+def test_aad_is_the_canonical_json_of_its_fields(
+    *,
+    namespace: str,
+    revision: int,
+    schema_version: int,
+    ledger_index: int | None,
+    sensitivity: Sensitivity,
+    key_id: str,
+    micros: int,
+) -> None:
+    """The AAD written out field by field is byte for byte the general canonical encoding."""
+    header = EnvelopeHeader(
+        namespace=namespace,
+        key_digest=natural_key_digest("ns", namespace),
+        sensitivity=sensitivity,
+        schema_version=schema_version,
+        key_id=key_id,
+        revision=revision,
+        written_at=EPOCH + timedelta(microseconds=micros),
+        ledger_index=ledger_index,
+    )
+    assert header.aad() == canonical_bytes(aad_fields(header))
 
 
 @pytest.mark.parametrize("field", sorted(CHANGES))
