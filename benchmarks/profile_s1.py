@@ -40,7 +40,7 @@ from typing import Final
 from _workload import Orders, run_lifecycles, sqlite_settings
 
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
-from flowvault.application import HighWaterStore
+from flowvault.application import Guard, HighWaterStore
 from flowvault.composition import Runtime, Settings, bootstrap
 
 GROUPS: Final = (
@@ -103,6 +103,54 @@ def _created(
     if inner._checkpointer is not None:
         inner._checkpointer.stop()
     return ids, inner
+
+
+def _entered(call: Callable[[], object]) -> tuple[int, int]:
+    """Return how many of flowvault's modules and functions one ``call`` enters."""
+    profiler = cProfile.Profile()
+    profiler.runcall(call)
+    stats = pstats.Stats(profiler)
+    ours = [key for key in stats.stats if "/flowvault/" in key[0]]  # type: ignore[attr-defined]
+    return len({key[0] for key in ours}), len(ours)
+
+
+def _path_lengths(home: Path) -> dict[str, tuple[int, int]]:
+    """Measure the path of one write: a transition, from its own last commit and from a read.
+
+    The first transition warms every lazy import and cache; the two measured
+    ones are the steady state. ``repository.write`` is the plain sealed
+    write a host makes without the workflow service.
+    """
+    with bootstrap(sqlite_settings(home, synchronous="normal")) as runtime:
+        workflows = runtime.workflows
+        record, _ = workflows.create(Orders("path").take(1)[0])
+        moved = workflows.transition(
+            record.workflow_id, "planning", expected_state="intake", expected_version=1
+        )
+        cached = _entered(
+            lambda: workflows.transition(
+                moved.workflow_id, "executing", expected_state="planning", expected_version=2
+            )
+        )
+        other = bootstrap(sqlite_settings(home, synchronous="normal"))
+        try:
+            read = _entered(
+                lambda: other.workflows.transition(
+                    moved.workflow_id, "decision", expected_state="executing", expected_version=3
+                )
+            )
+        finally:
+            other.close()
+        repository = runtime.repository
+        repository.write("path.docs", "warm", {"n": 0}, expected=Guard.ABSENT)
+        write = _entered(
+            lambda: repository.write("path.docs", "one", {"n": 1}, expected=Guard.ABSENT)
+        )
+    return {
+        "one `workflows.transition`, from its own last commit": cached,
+        "one `workflows.transition`, its base read from the store": read,
+        "one `repository.write`": write,
+    }
 
 
 def _to_planning(runtime: Runtime, workflow_id: str) -> None:
@@ -180,6 +228,7 @@ def main(argv: list[str]) -> int:
     shares = _profile(sqlite_settings(fresh("profiled")), args.workflows)
     frames = _frames_per_transition(fresh("frames"), args.workflows)
     by_table = _pages_by_table(fresh("pages"), args.workflows)
+    paths = _path_lengths(fresh("path"))
     print("| measure | value |")
     print("|---|---|")
     print(_line("S1 per operation, synchronous=full", f"{full:.0f} us"))
@@ -193,6 +242,8 @@ def main(argv: list[str]) -> int:
     else:
         for name, pages in by_table.items():
             print(_line(f"pages changed per transition: {name}", f"{pages:.2f}"))
+    for name, (modules, functions) in paths.items():
+        print(_line(f"{name}: flowvault modules, functions entered", f"{modules}, {functions}"))
     for name, share in sorted(shares.items(), key=lambda item: -item[1]):
         print(_line(f"profiled self time: {name}", f"{share:.0%}"))
     return 0
