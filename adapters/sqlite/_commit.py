@@ -41,13 +41,17 @@ class PreparedUnit:
     @classmethod
     def build(cls, unit: UnitOfWork) -> PreparedUnit:
         """Encode every write of ``unit``."""
+        labels = [label_writes(upsert) for upsert in unit.upserts]
         return cls(
-            records=[record_params(upsert) for upsert in unit.upserts],
+            records=[
+                record_params(upsert, written.encoded)
+                for upsert, written in zip(unit.upserts, labels, strict=True)
+            ],
             key_ids=[
                 (u.header.key_id, u.header.namespace, u.header.key_digest, u.header.key_id)
                 for u in unit.upserts
             ],
-            labels=[label_writes(upsert) for upsert in unit.upserts],
+            labels=labels,
             deletes=[(delete.namespace, delete.key_digest) for delete in unit.deletes],
             events=[event_params(event) for event in unit.appends],
             heads=_head_rows(unit.appends),
@@ -72,6 +76,12 @@ def _stream_head(connection: sqlite3.Connection, stream: str) -> _Head:
         return None, None
     _, head_index, head_hash = stream_state(rows[0])
     return head_index, head_hash
+
+
+def _stored_row(connection: sqlite3.Connection, address: Params) -> tuple[object, object]:
+    """Return the ``labels`` and ``key_id`` an upsert replaces; ``None`` twice for a new one."""
+    rows = connection.execute(sql.STORED_ROW, address).fetchall()
+    return (rows[0][0], rows[0][1]) if rows else (None, None)
 
 
 def check_guards(connection: sqlite3.Connection, unit: UnitOfWork) -> None:
@@ -106,17 +116,38 @@ def check_guards(connection: sqlite3.Connection, unit: UnitOfWork) -> None:
         heads[event.stream] = (event.index, event.event_hash)
 
 
+def _many(connection: sqlite3.Connection, statement: str, rows: Sequence[Params]) -> None:
+    """Run ``statement`` once per row; no rows, no call into the driver at all."""
+    if rows:
+        connection.executemany(statement, rows)
+
+
 def apply_writes(connection: sqlite3.Connection, prepared: PreparedUnit) -> None:
-    """Write everything, in the reference order: upserts, deletes, appends, trims."""
-    connection.executemany(sql.UPSERT_RECORD, prepared.records)
-    connection.executemany(sql.SET_KEY_ID, prepared.key_ids)
-    for labels in prepared.labels:
-        connection.execute(labels.prune_sql, labels.prune)
-        connection.executemany(sql.UPSERT_TEXT_LABEL, labels.text)
-        connection.executemany(sql.UPSERT_INT_LABEL, labels.integers)
-    connection.executemany(sql.DELETE_RECORD, prepared.deletes)
-    connection.executemany(sql.INSERT_EVENT, prepared.events)
-    connection.executemany(sql.ADVANCE_HEAD, prepared.heads)
+    """Write everything, in the reference order: upserts, deletes, appends, trims.
+
+    Label rows are written only where a record's label set changed, judged
+    against the set its row held before this write.
+    """
+    stored = [_stored_row(connection, labels.address) for labels in prepared.labels]
+    _many(connection, sql.UPSERT_RECORD, prepared.records)
+    _many(
+        connection,
+        sql.SET_KEY_ID,
+        [
+            key_id
+            for key_id, (_, stored_key_id) in zip(prepared.key_ids, stored, strict=True)
+            if stored_key_id is not None and stored_key_id != key_id[0]
+        ],
+    )
+    for labels, (stored_labels, _) in zip(prepared.labels, stored, strict=True):
+        changed = labels.changes(stored_labels)
+        if changed is not None:
+            _many(connection, changed.prune_sql, changed.prune)
+            _many(connection, sql.UPSERT_TEXT_LABEL, changed.text)
+            _many(connection, sql.UPSERT_INT_LABEL, changed.integers)
+    _many(connection, sql.DELETE_RECORD, prepared.deletes)
+    _many(connection, sql.INSERT_EVENT, prepared.events)
+    _many(connection, sql.ADVANCE_HEAD, prepared.heads)
     for before_index, stream in prepared.trims:
         connection.execute(sql.TRIM_STREAM, (before_index, stream))
         connection.execute(sql.TRIM_EVENTS, (stream, stream))

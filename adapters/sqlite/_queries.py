@@ -66,6 +66,10 @@ def prune_labels(count: int) -> str:
     )
 
 
+DELETE_LABEL: Final = f"DELETE FROM record_labels WHERE record_id = {_LABEL_RECORD} AND name = ?"  # noqa: S608
+"""Deletes one label of a record, by name."""
+STORED_ROW: Final = "SELECT labels, key_id FROM records WHERE namespace = ? AND key_digest = ?"
+"""What an upsert replaces, read under the write lock: which label rows and key id change."""
 UPSERT_TEXT_LABEL: Final = (
     "INSERT INTO record_labels (record_id, namespace, name, text_value, int_value) "
     "SELECT id, namespace, ?, ?, NULL FROM records WHERE namespace = ? AND key_digest = ? "

@@ -8,10 +8,11 @@ never as a pydantic or JSON error, and never with its content.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from flowvault.adapters._rows import (
+    MALFORMED,
     Params,
     Row,
 )
@@ -63,12 +64,49 @@ def decode_labels(text: object) -> Mapping[str, LabelValue]:
 
 @dataclass(frozen=True, slots=True)
 class LabelWrites:
-    """One upsert's label statements: prune what changed name or type, then upsert the rest."""
+    """One upsert's label statements: prune what changed name or type, then upsert the rest.
 
+    ``encoded`` is the label set as the record row stores it; comparing it
+    with the stored row's tells which statements a write needs at all.
+    """
+
+    address: Params
+    encoded: str
+    labels: Mapping[str, LabelValue]
     prune_sql: str
-    prune: Params
+    prune: list[Params]
     text: list[Params]
     integers: list[Params]
+
+    def changes(self, stored: object) -> LabelWrites | None:
+        """Return the statements that take label rows from the ``stored`` set to this one.
+
+        ``stored`` is the ``labels`` column the row held before the write:
+        ``None`` for a new record (no rows to prune), equal text for an
+        unchanged set (nothing to write). A stored set that does not decode
+        gets every statement, as if nothing about it were known.
+        """
+        if stored is None:
+            return replace(self, prune=[])
+        if stored == self.encoded:
+            return None
+        try:
+            before = decode_labels(stored)
+        except MALFORMED:
+            return self
+        kept = {
+            name
+            for name, value in self.labels.items()
+            if name in before and isinstance(before[name], str) == isinstance(value, str)
+        }
+        gone = [name for name in before if name not in kept]
+        return replace(
+            self,
+            prune_sql=sql.DELETE_LABEL,
+            prune=[(*self.address, name) for name in gone],
+            text=[row for row in self.text if before.get(str(row[0])) != row[1]],
+            integers=[row for row in self.integers if before.get(str(row[0])) != row[1]],
+        )
 
 
 def label_writes(upsert: Upsert) -> LabelWrites:
@@ -83,15 +121,18 @@ def label_writes(upsert: Upsert) -> LabelWrites:
         kept += [name, not is_text]
         (text if is_text else integers).append((name, value, header.namespace, header.key_digest))
     return LabelWrites(
+        address=(header.namespace, header.key_digest),
+        encoded=encode_labels(labels),
+        labels=labels,
         prune_sql=sql.prune_labels(len(labels)),
-        prune=(header.namespace, header.key_digest, *kept),
+        prune=[(header.namespace, header.key_digest, *kept)],
         text=text,
         integers=integers,
     )
 
 
-def record_params(upsert: Upsert) -> Params:
-    """Return ``UPSERT_RECORD`` parameters for one upsert."""
+def record_params(upsert: Upsert, encoded_labels: str) -> Params:
+    """Return ``UPSERT_RECORD`` parameters for one upsert whose labels encode as given."""
     header, metadata = upsert.header, upsert.metadata
     return (
         header.namespace,
@@ -102,7 +143,7 @@ def record_params(upsert: Upsert) -> Params:
         header.key_id,
         format_instant(header.written_at),
         header.ledger_index,
-        encode_labels(upsert.labels),
+        encoded_labels,
         metadata.byte_length,
         metadata.payload_digest,
         upsert.payload,

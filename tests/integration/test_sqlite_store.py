@@ -15,7 +15,15 @@ from structlog.testing import capture_logs
 
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.adapters.sqlite import _queries as sql
-from flowvault.application import FilterOp, Guard, LabelFilter, LedgerTrim, Order, UnitOfWork
+from flowvault.application import (
+    FilterOp,
+    Guard,
+    LabelFilter,
+    LabelValue,
+    LedgerTrim,
+    Order,
+    UnitOfWork,
+)
 from flowvault.application.testing import make_event, make_upsert
 from flowvault.domain import (
     InsecurePermissions,
@@ -349,7 +357,9 @@ _QUERIES = {
     "read epoch": (sql.STORE_EPOCH, ()),
     "peek": (sql.PEEK_METADATA, (NS, "k")),
     "revision": (sql.STORED_REVISION, (NS, "k")),
+    "stored row": (sql.STORED_ROW, (NS, "k")),
     "clear labels": (sql.CLEAR_LABELS, (NS, "k")),
+    "delete one label": (sql.DELETE_LABEL, (NS, "k", "n")),
     "prune labels": (sql.prune_labels(2), (NS, "k", "n", 1, "status", 0)),
     "upsert text label": (sql.UPSERT_TEXT_LABEL, ("status", "open", NS, "k")),
     "upsert integer label": (sql.UPSERT_INT_LABEL, ("n", 1, NS, "k")),
@@ -502,6 +512,33 @@ def test_rewritten_labels_change_only_what_changed(store: SQLiteSecureObjectStor
     meta = store.peek_metadata(NS, _digest("r"))
     assert meta is not None
     assert dict(meta.labels) == {}
+
+
+def test_an_unchanged_label_set_writes_no_label_row(store: SQLiteSecureObjectStore) -> None:
+    """A rewrite with the labels it had touches neither label rows nor the key id column."""
+    labels: dict[str, LabelValue] = {"a": "x", "n": 1}
+    store.commit(UnitOfWork(upserts=[make_upsert(NS, "r", labels=labels)]))
+    statements: list[str] = []
+    store._writer.connection.set_trace_callback(statements.append)
+    try:
+        store.commit(UnitOfWork(upserts=[make_upsert(NS, "r", expected=1, labels=labels)]))
+    finally:
+        store._writer.connection.set_trace_callback(None)
+    writes = [s for s in statements if not s.startswith(("SELECT", "PRAGMA"))]
+    assert not [s for s in writes if "record_labels" in s or "key_id =" in s], writes
+    assert _label_rows(store) == {("a", "x", None), ("n", None, 1)}
+    assert len(store.list(NS, filters=[LabelFilter("a", "x")]).items) == 1
+
+
+def test_labels_that_no_longer_decode_get_every_label_row_rewritten(
+    store: SQLiteSecureObjectStore,
+) -> None:
+    """An edited label column says nothing about the rows; the next write prunes them all."""
+    store.commit(UnitOfWork(upserts=[make_upsert(NS, "r", labels={"a": "x", "c": 3})]))
+    store._writer.connection.execute("UPDATE records SET labels = 'not json'")
+    store.commit(UnitOfWork(upserts=[make_upsert(NS, "r", expected=1, labels={"b": 2})]))
+    assert _label_rows(store) == {("b", None, 2)}
+    assert not store.list(NS, filters=[LabelFilter("a", "x")]).items
 
 
 def test_compact_truncates_the_wal_once_no_reader_holds_an_old_snapshot(db_path: Path) -> None:
