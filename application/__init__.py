@@ -29,6 +29,11 @@ from flowvault.application._audit import (
     purge,
     verify_stream,
 )
+from flowvault.application._capabilities import (
+    DURABLE_TIER,
+    MAINTENANCE_TIER,
+    StoreCapabilities,
+)
 from flowvault.application._checkpoints import CheckpointService
 from flowvault.application._compaction import compact_after_commit, compact_fully
 from flowvault.application._cursor import ListCursor, effective_limit
@@ -217,6 +222,7 @@ __all__ = [
     "DEFAULT_RETENTION",
     "DEFAULT_SEAL_WARNING",
     "DEFINITION_KIND",
+    "DURABLE_TIER",
     "EVENT_KEYS",
     "FIRST_SEAL_BLOCK",
     "GRAPH_DEFINITIONS",
@@ -231,6 +237,7 @@ __all__ = [
     "LEDGER_MAC_TAG",
     "LOG_GENESIS",
     "LOG_TAG",
+    "MAINTENANCE_TIER",
     "MARK_HEADER",
     "MARK_LAG_WINDOW",
     "MARK_TAG",
@@ -330,6 +337,7 @@ __all__ = [
     "StateProbe",
     "StateRepository",
     "StateSnapshot",
+    "StoreCapabilities",
     "StoreEpoch",
     "StoreStats",
     "StoredRecord",

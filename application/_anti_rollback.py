@@ -31,6 +31,7 @@ from typing import Final, Protocol, runtime_checkable
 
 import structlog
 
+from flowvault.application._capabilities import StoreCapabilities
 from flowvault.application._graph import KeyedDigester
 from flowvault.application._mark_format import (
     LOG_GENESIS,
@@ -44,15 +45,10 @@ from flowvault.application._mark_format import (
     parse_mark,
     replay_log,
 )
-from flowvault.application.ports import (
-    MAX_HEAD_BATCH,
-    StoreEpoch,
-    StreamCatalog,
-    StreamHeadBatch,
-    StreamHeads,
-)
+from flowvault.application.ports import MAX_HEAD_BATCH, StoreEpoch
 from flowvault.domain import (
     IntegrityFailure,
+    InvalidInput,
     LedgerEvent,
     StoreRolledBack,
 )
@@ -63,8 +59,12 @@ COMPACT_SLACK: Final = 64 * 1024
 _log = structlog.get_logger("flowvault.high_water")
 
 
+class _HeadReader(Protocol):
+    def ledger_head(self, stream: str) -> LedgerEvent | None: ...
+
+
 @runtime_checkable
-class MarkedStore(StoreEpoch, Protocol):
+class MarkedStore(StoreEpoch, _HeadReader, Protocol):
     """What the mark reads of a store: its commit count and its streams' heads."""
 
     def ledger_head(self, stream: str) -> LedgerEvent | None:
@@ -78,10 +78,33 @@ def _batches(names: Sequence[str]) -> Iterator[Sequence[str]]:
 
 
 class AntiRollback:
-    """Checks a store against its high-water mark on open, and advances the mark after commits."""
+    """Checks a store against its high-water mark on open, and advances the mark after commits.
 
-    def __init__(self, store: MarkedStore, marks: MarkFile, digester: KeyedDigester) -> None:
+    ``capabilities`` are ``store``'s, when the caller has looked them up
+    already; the mark reads the commit count, stream heads and names
+    through them.
+
+    Raises:
+        InvalidInput: the store keeps no commit count (no ``StoreEpoch``).
+
+    """
+
+    def __init__(
+        self,
+        store: _HeadReader,
+        marks: MarkFile,
+        digester: KeyedDigester,
+        *,
+        capabilities: StoreCapabilities | None = None,
+    ) -> None:
         self._store = store
+        found = StoreCapabilities.of(store) if capabilities is None else capabilities
+        if found.epoch is None:
+            raise InvalidInput("this store keeps no commit count (no StoreEpoch)")
+        self._epoch = found.epoch
+        self._heads = found.heads
+        self._head_batch = found.head_batch
+        self._catalog = found.catalog
         self._marks = marks
         self._digester = digester
         self._written = -1
@@ -115,7 +138,7 @@ class AntiRollback:
 
         """
         state = self._marks.read()
-        current = self._store.epoch()
+        current = self._epoch.epoch()
         if state is None or (state.empty and not current):
             if current:
                 _log.warning("high_water_mark_started", location=self.location, epoch=current)
@@ -140,7 +163,7 @@ class AntiRollback:
 
         """
         state = self._marks.read()
-        current = self._store.epoch()
+        current = self._epoch.epoch()
         if state is None or (state.empty and not current):
             return None
         return self._compared(state, current).epoch
@@ -254,21 +277,21 @@ class AntiRollback:
             )
 
     def _head_indexes(self, names: Sequence[str]) -> Mapping[str, int]:
-        if isinstance(self._store, StreamHeadBatch):
-            return self._store.ledger_head_indexes(names)
-        if isinstance(self._store, StreamHeads):
-            indexes = {name: self._store.ledger_head_index(name) for name in names}
+        if self._head_batch is not None:
+            return self._head_batch.ledger_head_indexes(names)
+        if self._heads is not None:
+            indexes = {name: self._heads.ledger_head_index(name) for name in names}
             return {name: index for name, index in indexes.items() if index is not None}
         heads = {name: self._store.ledger_head(name) for name in names}
         return {name: head.index for name, head in heads.items() if head is not None}
 
     def _sizes_in_store(self) -> dict[str, int]:
         """Every stream's size as the store holds it now; none if it cannot list them."""
-        if not isinstance(self._store, StreamCatalog):
+        if self._catalog is None:
             return {}
         sizes: dict[str, int] = {}
         after: str | None = None
-        while names := self._store.list_streams(after=after, limit=MAX_HEAD_BATCH):
+        while names := self._catalog.list_streams(after=after, limit=MAX_HEAD_BATCH):
             sizes.update((name, index + 1) for name, index in self._head_indexes(names).items())
             after = names[-1]
         return sizes
@@ -323,7 +346,7 @@ class AntiRollback:
                 batch, self._pending = self._pending, {}
                 asked = self._asked
             try:
-                self._write(batch, self._store.epoch())
+                self._write(batch, self._epoch.epoch())
             except BaseException:
                 with self._pending_lock:
                     _raise_sizes(self._pending, batch)
@@ -380,7 +403,7 @@ class AntiRollback:
         """
         found = self._readable(self._marks.read())
         previous = None if found is None else found.epoch
-        current = self._store.epoch()
+        current = self._epoch.epoch()
         self._restart(current, force=True)
         _log.warning(
             "high_water_mark_accepted", location=self.location, previous=previous, epoch=current

@@ -208,7 +208,7 @@ def _purge(
             continue
         purged += len(doomed)
     if purged:
-        compact_after_commit(store)
+        compact_after_commit(repository.capabilities.compactor)
     return purged
 
 

@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import Final, Protocol, TypeVar
 
 from flowvault.application._anti_rollback import AntiRollback
+from flowvault.application._capabilities import StoreCapabilities
 from flowvault.application._compaction import compact_after_commit
 from flowvault.application._graph import KeyedDigester
 from flowvault.application._receipts import (
@@ -28,11 +29,7 @@ from flowvault.application._record_audit import BoundRecords, StaleRecord
 from flowvault.application._retention import RetentionJob, RetentionReport
 from flowvault.application._sealed import SealedRepository
 from flowvault.application._verified import StreamVerifier
-from flowvault.application.ports import (
-    SecureObjectStore,
-    StoreStats,
-    StreamCatalog,
-)
+from flowvault.application.ports import SecureObjectStore, StreamCatalog
 from flowvault.domain import (
     ChainDefect,
     FlowvaultError,
@@ -236,17 +233,17 @@ def _verify_listed(
         return StreamAudit(stream, 0, None, StreamFailure(stream, None, ChainDefect.GAP, reason))
 
 
-def list_all_streams(store: SecureObjectStore) -> list[str]:
-    """Return the name of every stream, sorted.
+def list_all_streams(catalog: StreamCatalog | None) -> list[str]:
+    """Return the name of every stream, sorted; ``catalog`` is the store's, if it has one.
 
     Raises:
         StoreUnavailable: the store cannot enumerate its streams.
 
     """
-    if not isinstance(store, StreamCatalog):
+    if catalog is None:
         raise StoreUnavailable("this store cannot list its ledger streams (no StreamCatalog)")
     names: list[str] = []
-    while page := store.list_streams(after=names[-1] if names else None, limit=_PAGE):
+    while page := catalog.list_streams(after=names[-1] if names else None, limit=_PAGE):
         names.extend(page)
     return names
 
@@ -277,6 +274,9 @@ class LedgerAudit:
         self._repository = repository
         self._bound = bound
         self._mark = mark
+        self._capabilities = (
+            StoreCapabilities.of(store) if repository is None else repository.capabilities
+        )
 
     @property
     def repository(self) -> SealedRepository | None:
@@ -301,7 +301,7 @@ class LedgerAudit:
             return AuditReport(
                 tuple(verify_stream(self._store, name, self._repository) for name in audits)
             )
-        names = list_all_streams(self._store)
+        names = list_all_streams(self._capabilities.catalog)
         audits = progress(names, total=len(names), label="verifying streams")
         verified = tuple(_verify_listed(self._store, name, self._repository) for name in audits)
         counts: Counter[RecordReadability] = Counter(dict.fromkeys(RecordReadability, 0))
@@ -393,7 +393,8 @@ class LedgerAudit:
         return StreamAudit(audit.stream, audit.events, audit.first_index, failure, audit.unkeyed)
 
     def _namespaces(self) -> Mapping[str, int]:
-        return self._store.namespace_counts() if isinstance(self._store, StoreStats) else {}
+        stats = self._capabilities.stats
+        return {} if stats is None else stats.namespace_counts()
 
     def _record_total(self) -> int:
         return sum(self._namespaces().values())
@@ -435,7 +436,7 @@ class PurgeOutcome:
 
 def purge(
     job: RetentionJob,
-    store: SecureObjectStore,
+    capabilities: StoreCapabilities,
     *,
     now: datetime | None = None,
     progress: Progress = no_progress,
@@ -451,5 +452,5 @@ def purge(
         if step == "retention":
             report = job.run(now)
         else:
-            compacted = compact_after_commit(store)
+            compacted = compact_after_commit(capabilities.compactor)
     return PurgeOutcome(report, compacted)

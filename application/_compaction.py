@@ -12,32 +12,33 @@ from __future__ import annotations
 
 import structlog
 
-from flowvault.application.ports import Compactor, SecureObjectStore, Vacuumer
+from flowvault.application._capabilities import StoreCapabilities
+from flowvault.application.ports import Compactor
 from flowvault.domain import StoreBusy, StoreUnavailable
 
 _log = structlog.get_logger("flowvault.compaction")
 
 
-def compact_after_commit(store: SecureObjectStore) -> bool:
+def compact_after_commit(compactor: Compactor | None) -> bool:
     """Compact if the store can; return ``False`` (and log why) if it could not finish."""
-    if not isinstance(store, Compactor):
+    if compactor is None:
         return True
     try:
-        return store.compact()
+        return compactor.compact()
     except (StoreBusy, StoreUnavailable) as exc:
         _log.warning("compaction_deferred", code=exc.code)
         return False
 
 
-def compact_fully(store: SecureObjectStore) -> bool:
+def compact_fully(capabilities: StoreCapabilities) -> bool:
     """Rebuild the store's files if it can, else compact them; return whether it completed.
 
     The explicit ``flowvault compact``: unlike ``compact_after_commit`` it
     lets a busy store's error through, because an operator asked for it and
     should hear that it did not happen.
     """
-    if isinstance(store, Vacuumer):
-        return store.vacuum()
-    if isinstance(store, Compactor):
-        return store.compact()
+    if capabilities.vacuumer is not None:
+        return capabilities.vacuumer.vacuum()
+    if capabilities.compactor is not None:
+        return capabilities.compactor.compact()
     return True

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Final, Generic, Protocol, TypeVar
 
+from flowvault.application._capabilities import StoreCapabilities
 from flowvault.application._graph import RETENTION_TOMBSTONE
 from flowvault.application._records import RecordMetadata
 from flowvault.application._sealed import SealedRepository
@@ -40,7 +41,7 @@ from flowvault.application._streams import (
     next_position,
     read_stream,
 )
-from flowvault.application.ports import SecureObjectStore
+from flowvault.application.ports import SecureObjectStore, StreamHeads
 from flowvault.domain import (
     EnvelopeHeader,
     IntegrityFailure,
@@ -56,8 +57,11 @@ FRESH_READ_TRIES: Final = 16
 _PAGE: Final = 200
 
 
-class _Digester(Protocol):
+class _Repository(Protocol):
     def keyed_digest(self, tag: str, data: bytes | str) -> str: ...
+
+    @property
+    def capabilities(self) -> StoreCapabilities: ...
 
 
 class _Opened(Protocol):
@@ -80,18 +84,19 @@ class StreamPolicy(Generic[_O]):
     That suits kinds whose writes had no event before they were bound.
     """
 
-    __slots__ = ("_digester", "_leaves", "_unbound", "_what")
+    __slots__ = ("_digester", "_heads", "_leaves", "_unbound", "_what")
 
     def __init__(
         self,
         what: str,
-        digester: _Digester,
+        digester: _Repository,
         *,
         leaves_record: LeavesRecord,
         unbound_stale: Callable[[LedgerEvent, _O], bool] | None = None,
     ) -> None:
         self._what = what
         self._digester = digester
+        self._heads = digester.capabilities.heads
         self._leaves = leaves_record
         self._unbound = unbound_stale
 
@@ -148,7 +153,7 @@ class StreamPolicy(Generic[_O]):
         """
         for _ in range(FRESH_READ_TRIES):
             opened = read()
-            if not with_head and _named_head(store, stream, opened):
+            if not with_head and _named_head(self._heads, stream, opened):
                 return opened, None
             head = store.ledger_head(stream)
             if opened is None:
@@ -261,19 +266,14 @@ class StreamPolicy(Generic[_O]):
         return self.read(store, stream, read, with_head=False)[0]
 
 
-def _named_head(store: SecureObjectStore, stream: str, opened: _Opened | None) -> bool:
-    """Whether the row is absent, or names the stream's head by its index alone.
-
-    The ``StreamHeads`` capability is looked up by attribute: a runtime
-    protocol check costs more than the query it would save.
-    """
+def _named_head(heads: StreamHeads | None, stream: str, opened: _Opened | None) -> bool:
+    """Whether the row is absent, or names the stream's head by its index alone."""
     if opened is None:
         return True
     bound = opened.metadata.header.ledger_index
     if bound is None:
         return False
-    head_index: Callable[[str], int | None] | None = getattr(store, "ledger_head_index", None)
-    return head_index is not None and head_index(stream) == bound
+    return heads is not None and heads.ledger_head_index(stream) == bound
 
 
 def _past_maintenance(store: SecureObjectStore, head: LedgerEvent) -> LedgerEvent | None:

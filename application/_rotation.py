@@ -20,7 +20,7 @@ from flowvault.application._records import (
     Upsert,
 )
 from flowvault.application._sealed import SealedRepository
-from flowvault.application.ports import Compactor, StoreStats
+from flowvault.application.ports import StoreStats
 from flowvault.domain import InvalidInput, RevisionConflict
 
 DEFAULT_BATCH = 200
@@ -65,11 +65,11 @@ class KeyRotation:
     def __init__(self, repository: SealedRepository, *, batch_size: int = DEFAULT_BATCH) -> None:
         if type(batch_size) is not int or not 1 <= batch_size <= MAX_BATCH:
             raise InvalidInput(f"the batch size must be between 1 and {MAX_BATCH}")
-        store = repository.store
-        if not isinstance(store, StoreStats):
+        stats = repository.capabilities.stats
+        if stats is None:
             raise InvalidInput("key rotation needs a store that counts records by key id")
         self._repo = repository
-        self._stats: StoreStats = store
+        self._stats: StoreStats = stats
         self._batch = batch_size
 
     def pending(self) -> int:
@@ -89,8 +89,8 @@ class KeyRotation:
                 changed += skipped
                 if progress is not None:
                     progress(resealed, total)
-        store = self._repo.store
-        compacted = store.compact() if resealed and isinstance(store, Compactor) else None
+        compactor = self._repo.capabilities.compactor
+        compacted = compactor.compact() if resealed and compactor is not None else None
         return RotationReport(
             primary_key_id=self._repo.cipher.primary_key_id,
             resealed=resealed,

@@ -55,7 +55,7 @@ from flowvault.application._streams import (
     next_position,
 )
 from flowvault.application._verified import verified_page
-from flowvault.application.ports import Clock, Compactor, IdFactory, SecureObjectStore
+from flowvault.application.ports import Clock, IdFactory, SecureObjectStore
 from flowvault.domain import (
     DEFINITION_ID_PATTERN,
     DIGEST_PATTERN,
@@ -379,7 +379,7 @@ class RunService:
                 self._store.commit(UnitOfWork(deletes=deletes, appends=[event]))
             except RevisionConflict:
                 continue
-            compact_after_commit(self._store)
+            compact_after_commit(self._repo.capabilities.compactor)
             return len(versions)
         raise RevisionConflict("definition kept changing; retry", definition_id=definition_id)
 
@@ -1048,7 +1048,7 @@ class RunService:
                 continue
             purged += count
         if purged:
-            compact_after_commit(self._store)
+            compact_after_commit(self._repo.capabilities.compactor)
         return purged
 
     def _purge_unit(self, listed: Sequence[RecordMetadata]) -> tuple[UnitOfWork, int]:
@@ -1097,7 +1097,8 @@ class RunService:
 
     def compact(self) -> bool:
         """Ask the store to drop stale copies of deleted bytes, if it can."""
-        return self._store.compact() if isinstance(self._store, Compactor) else True
+        compactor = self._repo.capabilities.compactor
+        return True if compactor is None else compactor.compact()
 
 
 def _signature(integrity: KeyedDigester, receipt: TerminalReceipt) -> str:

@@ -16,6 +16,7 @@ from typing import Final, TypedDict, Unpack
 
 from pydantic import ValidationError
 
+from flowvault.application._capabilities import StoreCapabilities
 from flowvault.application._records import (
     ExpectedRevision,
     Guard,
@@ -27,7 +28,7 @@ from flowvault.application._records import (
     _check_expected,
 )
 from flowvault.application._seal_budget import SealBudget
-from flowvault.application.ports import Cipher, Clock, SealCounter, SecureObjectStore
+from flowvault.application.ports import Cipher, Clock, SecureObjectStore
 from flowvault.domain import (
     EnvelopeHeader,
     IntegrityFailure,
@@ -105,7 +106,12 @@ KEY_DIGEST_MEMO: Final = 4096
 
 
 class SealedRepository:
-    """Seals documents on write and opens and verifies them on read, over any store."""
+    """Seals documents on write and opens and verifies them on read, over any store.
+
+    ``capabilities`` are what the store offers beyond the port, found once
+    (by the composition root, which looks them up on the store beneath any
+    decorator); without them they are looked up on ``store`` here.
+    """
 
     def __init__(
         self,
@@ -114,11 +120,13 @@ class SealedRepository:
         clock: Clock,
         *,
         budget: SealBudget | None = None,
+        capabilities: StoreCapabilities | None = None,
     ) -> None:
         self._store = store
         self._cipher = cipher
         self._clock = clock
-        self._budget = budget or SealBudget(store if isinstance(store, SealCounter) else None)
+        self._capabilities = StoreCapabilities.of(store) if capabilities is None else capabilities
+        self._budget = budget or SealBudget(self._capabilities.seals)
         self._digests: dict[tuple[str, str], str] = {}
 
     @property
@@ -140,6 +148,11 @@ class SealedRepository:
     def store(self) -> SecureObjectStore:
         """The store this repository reads and writes."""
         return self._store
+
+    @property
+    def capabilities(self) -> StoreCapabilities:
+        """What the store offers beyond the port, as every service over this repository uses it."""
+        return self._capabilities
 
     def key_digest(self, namespace: str, natural_key: str) -> str:
         """Return the keyed digest that addresses ``natural_key`` in ``namespace``.

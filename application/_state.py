@@ -469,7 +469,7 @@ class StateRepository(Generic[M]):
                     deletes=[Delete(STATE_NAMESPACE, fingerprint.key_digest, fingerprint.revision)]
                 )
             )
-            compact_after_commit(self._store)
+            compact_after_commit(self._repo.capabilities.compactor)
         return fingerprint
 
     def _append_reset(self, payload: JsonValue) -> None:

@@ -47,7 +47,7 @@ from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application._streams import keyed, mac_matches, next_position, read_stream
 from flowvault.application._verified import verified_events
 from flowvault.application._write_cache import WriteCache
-from flowvault.application.ports import Clock, Compactor, IdFactory
+from flowvault.application.ports import Clock, IdFactory
 from flowvault.domain import (
     DECISION_TYPES,
     DEFAULT_LIFECYCLE,
@@ -502,7 +502,7 @@ class WorkflowService:
             if self._commit_or_retry(unit, workflow_id, expected_state, expected_version):
                 self._written.put(workflow_id, (updated, event))
                 if terminal:
-                    compact_after_commit(self._store)
+                    compact_after_commit(self._repo.capabilities.compactor)
                 return updated
         raise RevisionConflict("workflow ledger kept moving; retry", workflow_id=workflow_id)
 
@@ -782,7 +782,7 @@ class WorkflowService:
             except RevisionConflict:
                 continue
             if tombstones:
-                compact_after_commit(self._store)
+                compact_after_commit(self._repo.capabilities.compactor)
             return made
         raise RevisionConflict("action result kept changing; retry", workflow_id=workflow_id)
 
@@ -899,7 +899,7 @@ class WorkflowService:
                 continue
             purged += len(unit.deletes)
         if purged:
-            compact_after_commit(self._store)
+            compact_after_commit(self._repo.capabilities.compactor)
         return purged
 
     def _tombstone(self, stored: ActionResult, index: int, previous_hash: str) -> LedgerEvent:
@@ -948,7 +948,8 @@ class WorkflowService:
 
     def compact(self) -> bool:
         """Ask the store to drop stale copies of scrubbed or purged bytes, if it can."""
-        return self._store.compact() if isinstance(self._store, Compactor) else True
+        compactor = self._repo.capabilities.compactor
+        return True if compactor is None else compactor.compact()
 
 
 def _position_after(head: LedgerEvent | None, workflow_id: str) -> tuple[int, str]:

@@ -22,6 +22,7 @@ from flowvault.application import (
     SealedRepository,
     SecureObjectStore,
     StateRepository,
+    StoreCapabilities,
     WorkflowService,
 )
 from flowvault.composition._container import Container, build_container
@@ -48,6 +49,11 @@ class Runtime:
     ids: IdFactory
     mark: AntiRollback | None = None
     """The high-water mark guarding ``store``; ``None`` where none is kept or the host guards it."""
+
+    @property
+    def capabilities(self) -> StoreCapabilities:
+        """What the store offers beyond the port, looked up once when it was opened."""
+        return self.repository.capabilities
 
     def audit(self) -> LedgerAudit:
         """Return the audit ``ledger verify --all`` runs: keyed, with bound records and the mark.

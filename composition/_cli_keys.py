@@ -37,7 +37,6 @@ from flowvault.application import (
     KeyRing,
     KeyRingStore,
     KeyRotation,
-    StoreStats,
 )
 from flowvault.composition._bootstrap import Runtime, open_existing
 from flowvault.composition._cli_base import Verbs, add_verb, file_path
@@ -80,8 +79,8 @@ def _opened(settings: Settings) -> Iterator[Runtime]:
 
 
 def _entries(runtime: Runtime, ring: KeyRing) -> list[KeyEntry]:
-    stats = runtime.store
-    records = dict(stats.key_id_counts()) if isinstance(stats, StoreStats) else {}
+    stats = runtime.capabilities.stats
+    records = {} if stats is None else dict(stats.key_id_counts())
     budget = runtime.repository.budget
     return key_entries(
         key_id_of(ring.primary),
@@ -116,8 +115,8 @@ def _keys_retire(args: argparse.Namespace, settings: Settings, io: CommandIO) ->
             raise InvalidInput(f"no key with id {args.key_id!r} in the ring: see 'keys list'")
         if by_id[args.key_id] == ring.primary:
             raise InvalidInput("the primary key cannot be retired: add a new key first")
-        stats = runtime.store
-        in_use = stats.key_id_counts().get(args.key_id, 0) if isinstance(stats, StoreStats) else 0
+        stats = runtime.capabilities.stats
+        in_use = 0 if stats is None else stats.key_id_counts().get(args.key_id, 0)
         if in_use:
             raise InvalidInput(
                 f"key {args.key_id} still seals {in_use} record(s): run 'flowvault rotate-key' "

@@ -104,7 +104,11 @@ def keyed_audit(
         WorkflowService(repository, clock, ids),
         RunService(repository, clock, ids, integrity=repository),
     )
-    mark = None if settings is None else anti_rollback(settings, store, cipher)
+    mark = (
+        None
+        if settings is None
+        else anti_rollback(settings, store, cipher, repository.capabilities)
+    )
     return LedgerAudit(store, repository, bound, mark)
 
 
@@ -220,7 +224,7 @@ def _purge(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
     if runtime is None:
         return purge_command(None, None, io)
     with runtime:
-        return purge_command(runtime.retention(policy), runtime.store, io)
+        return purge_command(runtime.retention(policy), runtime.capabilities, io)
 
 
 def _receipt_path(text: str) -> str:
@@ -246,7 +250,7 @@ def _compact(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int
         return compact_command(None, [], io)
     before = [_file_size(path) for path in files] if settings.backend == "sqlite" else []
     with runtime:
-        complete = compact_fully(runtime.store)
+        complete = compact_fully(runtime.capabilities)
     sizes = [(str(path), size, _file_size(path)) for path, size in zip(files, before, strict=False)]
     return compact_command(complete, sizes, io)
 

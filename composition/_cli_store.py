@@ -37,8 +37,8 @@ from flowvault.application import (
     AntiRollback,
     CipherDigester,
     KeyRing,
-    MarkedStore,
     SecureObjectStore,
+    StoreCapabilities,
     StoreStats,
     parse_master_key,
 )
@@ -89,10 +89,10 @@ def _open_store(settings: Settings) -> Iterator[SecureObjectStore]:
         store.close()
 
 
-def _stats(store: SecureObjectStore) -> StoreStats:
-    if not isinstance(store, StoreStats):
+def _stats(capabilities: StoreCapabilities) -> StoreStats:
+    if capabilities.stats is None:
         raise StoreUnavailable("this store cannot report its counts (no StoreStats)")
-    return store
+    return capabilities.stats
 
 
 @contextlib.contextmanager
@@ -160,7 +160,7 @@ def _init_postgres(settings: Settings) -> InitReport:
             "generate one once, keep it in your secrets manager and set it before init"
         )
     with bootstrap(settings) as runtime:
-        if _stats(runtime.store).has_records():
+        if _stats(runtime.capabilities).has_records():
             raise InvalidInput(
                 f"PostgreSQL schema {settings.postgres_schema} already holds a store with data: "
                 "init never overwrites one"
@@ -206,7 +206,7 @@ def _sqlite_status(settings: Settings) -> StoreStatus:
     """Sizes are taken before the store opens, so they show the files at rest."""
     files = _file_sizes(settings)
     with _open_store(settings) as store, _read_only(settings) as connection:
-        stats = _stats(store)
+        stats = _stats(StoreCapabilities.of(store))
         key_ids, namespaces = stats.key_id_counts(), stats.namespace_counts()
         version = _pragma(connection, "user_version")
     return StoreStatus(
@@ -232,7 +232,7 @@ def _postgres_status(settings: Settings) -> StoreStatus:
     )
 
     with _open_store(settings) as store:
-        stats = _stats(store)
+        stats = _stats(StoreCapabilities.of(store))
         key_ids, namespaces = stats.key_id_counts(), stats.namespace_counts()
     return StoreStatus(
         backend="postgres",
@@ -516,7 +516,7 @@ def _sqlite_checks(settings: Settings) -> list[Check]:
     key, found = _configured_key(settings)
     with _open_store(_diagnosed(settings)) as store, _read_only(settings) as connection:
         checks += _pragma_checks(settings, connection)
-        counts = _stats(store).key_id_counts()
+        counts = _stats(StoreCapabilities.of(store)).key_id_counts()
         matches = _ring_check(key, counts)
         usable = key if matches.ok else None
         rollback = _rollback_check(settings, store, usable)
@@ -528,7 +528,7 @@ def _sqlite_checks(settings: Settings) -> list[Check]:
 def _postgres_checks(settings: Settings) -> list[Check]:
     key, found = _configured_key(settings)
     with _open_store(settings) as store:
-        counts = _stats(store).key_id_counts()
+        counts = _stats(StoreCapabilities.of(store)).key_id_counts()
         matches = _ring_check(key, counts)
         usable = key if matches.ok else None
         rollback = _rollback_check(settings, store, usable)
@@ -570,10 +570,11 @@ def _accept_restore(args: argparse.Namespace, settings: Settings, io: CommandIO)
     container = build_container(settings)
     opened = container.store()
     try:
-        counted = opened
-        if not isinstance(counted, MarkedStore):
+        capabilities = container.capabilities()
+        if capabilities.epoch is None:
             raise InvalidInput("this store keeps no commit count (no StoreEpoch)")
-        guard = AntiRollback(counted, MarkFileStore(path), CipherDigester(container.cipher()))
+        digester = CipherDigester(container.cipher())
+        guard = AntiRollback(opened, MarkFileStore(path), digester, capabilities=capabilities)
         previous, current = guard.accept()
     finally:
         opened.close()

@@ -18,13 +18,11 @@ from flowvault.application import (
     HighWaterStore,
     KeyRing,
     KeyStore,
-    MarkedStore,
     MarkFlusher,
     SealBudget,
-    SealCounter,
     SealedRepository,
     SecureObjectStore,
-    StoreStats,
+    StoreCapabilities,
     WorkflowService,
     check_key_matches,
     resolve_key_ring,
@@ -33,6 +31,7 @@ from flowvault.composition._settings import Settings
 from flowvault.domain import InvalidInput, KeyRequired, StoreUnavailable
 
 _log = structlog.get_logger("flowvault.high_water")
+_store_log = structlog.get_logger("flowvault.store")
 
 
 def _backend(settings: Settings) -> str:
@@ -134,15 +133,32 @@ def _shared_keys(settings: Settings) -> SharedStoreKeys:
     return SharedStoreKeys(None if settings.key_file is None else key_file_store(settings))
 
 
+def store_capabilities(store: SecureObjectStore) -> StoreCapabilities:
+    """Look up what the opened store offers beyond the port, and say once what it lacks.
+
+    Every service is handed this one value, so the store is not asked
+    again; the warning names each guarantee flowvault cannot give without
+    a capability, by tier (``docs/adapters.md``).
+    """
+    capabilities = StoreCapabilities.of(store)
+    lost = capabilities.lost()
+    if lost:
+        _store_log.warning("store_guarantees_missing", store=type(store).__name__, lost=lost)
+    return capabilities
+
+
 def build_cipher(
-    settings: Settings, store: SecureObjectStore, key_store: KeyStore, explicit_key: bytes | None
+    settings: Settings,
+    capabilities: StoreCapabilities,
+    key_store: KeyStore,
+    explicit_key: bytes | None,
 ) -> AesGcmCipher:
     """Resolve the key ring under the never-over-data rule and build the cipher.
 
     A store that cannot say whether it holds records is treated as holding
     some, so a key is never invented for it.
     """
-    stats = store if isinstance(store, StoreStats) else None
+    stats = capabilities.stats
     environ = {KEY_ENV: settings.key.get_secret_value()} if settings.key is not None else {}
     ring = resolve_key_ring(
         explicit=explicit_key,
@@ -158,15 +174,19 @@ def build_cipher(
 
 
 def anti_rollback(
-    settings: Settings, store: SecureObjectStore, cipher: Cipher
+    settings: Settings,
+    store: SecureObjectStore,
+    cipher: Cipher,
+    capabilities: StoreCapabilities | None = None,
 ) -> AntiRollback | None:
     """Return the mark guarding ``store``, or ``None`` where none is kept."""
+    found = StoreCapabilities.of(store) if capabilities is None else capabilities
     path = settings.high_water_path
-    if path is None or not isinstance(store, MarkedStore):
+    if path is None or found.epoch is None:
         return None
     if settings.mark_sync == "off":
         return None
-    return AntiRollback(store, MarkFileStore(path), CipherDigester(cipher))
+    return AntiRollback(store, MarkFileStore(path), CipherDigester(cipher), capabilities=found)
 
 
 def guard_store(
@@ -188,10 +208,10 @@ def guard_store(
     return HighWaterStore(store, guard, MarkFlusher(guard) if lagged else None)
 
 
-def build_budget(settings: Settings, store: SecureObjectStore) -> SealBudget:
+def build_budget(settings: Settings, capabilities: StoreCapabilities) -> SealBudget:
     """Count seals in the store when it can keep the count, with the configured limits."""
     return SealBudget(
-        store if isinstance(store, SealCounter) else None,
+        capabilities.seals,
         limit=settings.seal_limit,
         warn_at=settings.seal_warn_at,
     )
@@ -222,12 +242,20 @@ class Container(containers.DeclarativeContainer):
         sqlite=providers.Singleton(key_file_store, settings),
         postgres=providers.Singleton(_shared_keys, settings),
     )
-    cipher = providers.Singleton(build_cipher, settings, store, key_store, explicit_key)
-    budget = providers.Singleton(build_budget, settings, store)
+    capabilities = providers.Singleton(store_capabilities, store)
+    cipher = providers.Singleton(build_cipher, settings, capabilities, key_store, explicit_key)
+    budget = providers.Singleton(build_budget, settings, capabilities)
     guard_enabled: providers.Object[bool] = providers.Object(True)
-    rollback_guard = providers.Singleton(anti_rollback, settings, store, cipher)
+    rollback_guard = providers.Singleton(anti_rollback, settings, store, cipher, capabilities)
     guarded_store = providers.Singleton(guard_store, settings, store, rollback_guard, guard_enabled)
-    repository = providers.Singleton(SealedRepository, guarded_store, cipher, clock, budget=budget)
+    repository = providers.Singleton(
+        SealedRepository,
+        guarded_store,
+        cipher,
+        clock,
+        budget=budget,
+        capabilities=capabilities,
+    )
     workflows = providers.Singleton(WorkflowService, repository, clock, ids)
 
 

@@ -21,9 +21,9 @@ from flowvault.application import (
     RecordReadability,
     RetentionJob,
     RetentionReport,
-    SecureObjectStore,
     StaleRecord,
     StateRepository,
+    StoreCapabilities,
     StreamFailure,
     Unvouched,
     authenticate,
@@ -358,13 +358,15 @@ def _purge_document(outcome: PurgeOutcome, cold_root: bool) -> dict[str, object]
     }
 
 
-def purge_command(job: RetentionJob | None, store: SecureObjectStore | None, io: CommandIO) -> int:
+def purge_command(
+    job: RetentionJob | None, capabilities: StoreCapabilities | None, io: CommandIO
+) -> int:
     """Run the retention job and compaction, then print counts per kind; ``None`` when cold."""
-    cold_root = job is None or store is None
-    if job is None or store is None:
+    cold_root = job is None or capabilities is None
+    if job is None or capabilities is None:
         outcome = PurgeOutcome(RetentionReport(), compacted=True)
     else:
-        outcome = purge(job, store, progress=io.progress)
+        outcome = purge(job, capabilities, progress=io.progress)
     document = _purge_document(outcome, cold_root)
     if io.json_output:
         io.emit(document, [])
