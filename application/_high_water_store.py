@@ -15,12 +15,8 @@ from flowvault.application._records import (
     StoredRecord,
     UnitOfWork,
 )
-from flowvault.application.ports import (
-    SecureObjectStore,
-)
-from flowvault.domain import (
-    LedgerEvent,
-)
+from flowvault.application.ports import SecureObjectStore
+from flowvault.domain import LedgerEvent
 
 
 class HighWaterStore:
@@ -28,9 +24,11 @@ class HighWaterStore:
 
     With a ``flusher`` the mark trails the commits by its window (the
     default); without one each commit writes and syncs the mark before it
-    returns (the strict mode). Optional capabilities (``StoreStats``,
-    ``Compactor``...) are forwarded as the wrapped store has them, so
-    ``isinstance`` checks see the same store.
+    returns (the strict mode). flowvault's services never ask this
+    decorator for an optional capability: they hold the ``StoreCapabilities``
+    found on the wrapped store. The capabilities are still forwarded, as
+    the wrapped store has them, for hosts that reach one through
+    ``Runtime.store`` (``Runtime.capabilities`` is the typed way).
     """
 
     def __init__(
