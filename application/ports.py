@@ -3,6 +3,8 @@
 A host writes an adapter by matching these shapes and proves it with the
 contract kit in ``flowvault.application.testing``. Adapters store and fetch;
 every policy (sealing, hashing, state rules, retention) lives above them.
+The optional capabilities come in two tiers; ``StoreCapabilities`` says
+what each carries and is how the use cases reach them.
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ class IdFactory(Protocol):
 
 @runtime_checkable
 class StreamHeads(Protocol):
-    """Optional capability: a stream's head index without decoding the head event.
+    """Optional, durable-store tier: a stream's head index without decoding the head event.
 
     Record freshness checks compare a record's ledger index with its
     stream's head on every read; reading the index alone spares them
@@ -141,7 +143,7 @@ MAX_HEAD_BATCH: Final = 500
 
 @runtime_checkable
 class StreamHeadBatch(Protocol):
-    """Optional capability: the head indexes of many streams in one round trip.
+    """Optional, durable-store tier: the head indexes of many streams in one round trip.
 
     The high-water mark compares every stream it remembers with the store
     when the store is opened; one lookup per stream would make opening a
@@ -163,7 +165,7 @@ class StreamHeadBatch(Protocol):
 
 @runtime_checkable
 class StoreStats(Protocol):
-    """Optional capability: counts an operator (or key policy) needs without payloads."""
+    """Optional, maintenance tier: counts an operator (or key policy) needs without payloads."""
 
     def has_records(self) -> bool:
         """Return whether any record or ledger event exists; key policy refuses a new key if so.
@@ -184,7 +186,7 @@ class StoreStats(Protocol):
 
 @runtime_checkable
 class SealCounter(Protocol):
-    """Optional capability: a durable count of seals per key id, for the nonce budget.
+    """Optional, maintenance tier: a durable count of seals per key id, for the nonce budget.
 
     AES-GCM with random 96-bit nonces is safe for at most 2^32 seals under
     one key, counted across every process and host sharing the store, so
@@ -213,7 +215,7 @@ class SealCounter(Protocol):
 
 @runtime_checkable
 class StreamCatalog(Protocol):
-    """Optional capability: enumerate the ledger streams, so an audit can verify every one."""
+    """Optional, durable-store tier: list the ledger streams, so an audit can verify every one."""
 
     def list_streams(self, *, after: str | None = None, limit: int = 200) -> list[str]:
         """Return up to ``limit`` names of streams holding events, sorted, after ``after``.
@@ -285,7 +287,7 @@ class Cipher(Protocol):
 
 @runtime_checkable
 class StoreEpoch(Protocol):
-    """Optional capability: a durable count of commits, so an older copy can be told apart."""
+    """Optional, durable-store tier: a durable commit count, so an older copy can be told apart."""
 
     def epoch(self) -> int:
         """Return the store's commit count as stored in it now.
@@ -300,7 +302,7 @@ class StoreEpoch(Protocol):
 
 @runtime_checkable
 class Vacuumer(Protocol):
-    """Optional capability: rebuild the store's files so no free page is left in them."""
+    """Optional, maintenance tier: rebuild the store's files so no free page is left in them."""
 
     def vacuum(self) -> bool:
         """Rewrite the whole store compactly, then compact (see ``Compactor``).
@@ -314,7 +316,7 @@ class Vacuumer(Protocol):
 
 @runtime_checkable
 class Compactor(Protocol):
-    """Optional capability: make deleted and overwritten bytes unrecoverable from disk."""
+    """Optional, maintenance tier: make deleted and overwritten bytes unrecoverable from disk."""
 
     def compact(self) -> bool:
         """Flush write-ahead state into the main file and drop stale copies.
