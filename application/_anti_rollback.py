@@ -64,8 +64,12 @@ class _HeadReader(Protocol):
 
 
 @runtime_checkable
-class MarkedStore(StoreEpoch, _HeadReader, Protocol):
-    """What the mark reads of a store: its commit count and its streams' heads."""
+class MarkedStore(StoreEpoch, Protocol):
+    """A store the mark can guard: its commit count and its streams' heads.
+
+    The mark takes any store and finds the count through ``StoreCapabilities``;
+    this names the shape for hosts that type a store by it.
+    """
 
     def ledger_head(self, stream: str) -> LedgerEvent | None:
         """Return the last event of ``stream``, or ``None`` when it is empty."""

@@ -95,18 +95,6 @@ class StoreCapabilities:
             vacuumer=store if isinstance(store, Vacuumer) else None,
         )
 
-    @property
-    def durable(self) -> bool:
-        """Whether the store offers the whole durable-store tier."""
-        parts = (self.epoch, self.catalog, self.heads, self.head_batch)
-        return all(part is not None for part in parts)
-
-    @property
-    def maintained(self) -> bool:
-        """Whether the store offers the whole maintenance tier."""
-        parts = (self.stats, self.seals, self.compactor, self.vacuumer)
-        return all(part is not None for part in parts)
-
     def lost(self) -> dict[str, tuple[str, ...]]:
         """Return, per tier, what flowvault cannot guarantee for this store; empty if nothing."""
         lost: dict[str, tuple[str, ...]] = {}

@@ -89,14 +89,14 @@ class StreamPolicy(Generic[_O]):
     def __init__(
         self,
         what: str,
-        digester: _Repository,
+        repository: _Repository,
         *,
         leaves_record: LeavesRecord,
         unbound_stale: Callable[[LedgerEvent, _O], bool] | None = None,
     ) -> None:
         self._what = what
-        self._digester = digester
-        self._heads = digester.capabilities.heads
+        self._digester = repository
+        self._heads = repository.capabilities.heads
         self._leaves = leaves_record
         self._unbound = unbound_stale
 

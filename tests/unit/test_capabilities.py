@@ -93,8 +93,6 @@ def test_a_bundled_store_offers_every_guarantee() -> None:
     """The memory store lacks only ``Vacuumer``, which carries no guarantee of its own."""
     store = InMemorySecureObjectStore()
     capabilities = StoreCapabilities.of(store)
-    assert capabilities.durable
-    assert not capabilities.maintained
     assert capabilities.vacuumer is None
     assert capabilities.epoch is capabilities.stats is capabilities.compactor is store
     assert capabilities.lost() == {}
@@ -107,8 +105,6 @@ def test_a_store_with_the_port_alone_has_no_tier() -> None:
     """Every capability is ``None``, and each guarantee it would carry is named under its tier."""
     capabilities = StoreCapabilities.of(PortOnly())
     assert capabilities == StoreCapabilities()
-    assert not capabilities.durable
-    assert not capabilities.maintained
     lost = capabilities.lost()
     assert list(lost) == [DURABLE_TIER, MAINTENANCE_TIER]
     assert [len(lost[DURABLE_TIER]), len(lost[MAINTENANCE_TIER])] == [2, 3]
