@@ -58,19 +58,29 @@ def translate(exc: sqlite3.Error, busy_timeout: float) -> FlowvaultError:
     return StoreUnavailable(f"database operation failed ({name})", code=name)
 
 
+def translated_error(exc: Exception, busy_timeout: float) -> Exception | None:
+    """Return the flowvault error that stands for a driver-side ``exc``; ``None`` for others."""
+    if isinstance(exc, sqlite3.Error):
+        return translate(exc, busy_timeout)
+    if isinstance(exc, UnicodeEncodeError):
+        return InvalidInput("text arguments must be valid Unicode (no lone surrogates)")
+    if isinstance(exc, UnicodeDecodeError):
+        return IntegrityFailure("a stored text value is not valid UTF-8")
+    if isinstance(exc, OverflowError):
+        return InvalidInput("an integer argument is outside SQLite's 64-bit range")
+    if isinstance(exc, OSError):
+        reason = exc.strerror or type(exc).__name__
+        return StoreUnavailable(f"cannot use the database files ({reason})")
+    return None
+
+
 @contextmanager
 def translated(busy_timeout: float) -> Iterator[None]:
     """Re-raise driver exceptions from the block as flowvault errors, chained to the original."""
     try:
         yield
-    except sqlite3.Error as exc:
-        raise translate(exc, busy_timeout) from exc
-    except UnicodeEncodeError as exc:
-        raise InvalidInput("text arguments must be valid Unicode (no lone surrogates)") from exc
-    except UnicodeDecodeError as exc:
-        raise IntegrityFailure("a stored text value is not valid UTF-8") from exc
-    except OverflowError as exc:
-        raise InvalidInput("an integer argument is outside SQLite's 64-bit range") from exc
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        raise StoreUnavailable(f"cannot use the database files ({reason})") from exc
+    except Exception as exc:
+        error = translated_error(exc, busy_timeout)
+        if error is None:
+            raise
+        raise error from exc

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from flowvault.adapters._listing import filter_shapes, list_params, page_of
 from flowvault.adapters._rows import (
+    Row,
     check_stream_page,
     event_from_row,
     head_index,
@@ -43,7 +44,7 @@ from flowvault.adapters.sqlite._connect import (
     rollback_quietly,
     transaction,
 )
-from flowvault.adapters.sqlite._errors import translated
+from flowvault.adapters.sqlite._errors import translated, translated_error
 from flowvault.adapters.sqlite._files import SIDECAR_SUFFIXES, prepare, secure_sidecars
 from flowvault.adapters.sqlite._group import (
     CommitCounts,
@@ -314,6 +315,31 @@ class SQLiteSecureObjectStore:
                 self._check_usable()
                 yield handle.connection
 
+    def _fetch(self, statement: str, params: Sequence[object] = ()) -> builtins.list[Row]:
+        """Run one read statement the way ``_reading`` would and return its rows.
+
+        The same connection choice and error translation, written out flat:
+        the single-statement reads are the hot path of every load, and two
+        generator-based context managers cost more than the statement.
+        """
+        self._check_usable()
+        try:
+            if self._writer.lock.acquire(blocking=False):
+                try:
+                    self._check_usable()
+                    return self._writer.connection.execute(statement, params).fetchall()
+                finally:
+                    self._writer.lock.release()
+            handle = self._reader()
+            with handle.lock:
+                self._check_usable()
+                return handle.connection.execute(statement, params).fetchall()
+        except Exception as exc:
+            error = translated_error(exc, self._options.busy_timeout)
+            if error is None:
+                raise
+            raise error from exc
+
     @contextmanager
     def _writing(self) -> Iterator[sqlite3.Connection]:
         self._check_usable()
@@ -327,16 +353,14 @@ class SQLiteSecureObjectStore:
         """Return the stored record or ``None``."""
         require_text(namespace, "namespace")
         require_text(key_digest, "key_digest")
-        with self._reading() as connection:
-            rows = connection.execute(sql.LOAD_RECORD, (namespace, key_digest)).fetchall()
+        rows = self._fetch(sql.LOAD_RECORD, (namespace, key_digest))
         return record_from_row(rows[0]) if rows else None
 
     def peek_metadata(self, namespace: str, key_digest: str) -> RecordMetadata | None:
         """Return the record's metadata or ``None``; the payload column is never read."""
         require_text(namespace, "namespace")
         require_text(key_digest, "key_digest")
-        with self._reading() as connection:
-            rows = connection.execute(sql.PEEK_METADATA, (namespace, key_digest)).fetchall()
+        rows = self._fetch(sql.PEEK_METADATA, (namespace, key_digest))
         return metadata_from_row(rows[0]) if rows else None
 
     def list(
@@ -354,8 +378,7 @@ class SQLiteSecureObjectStore:
         position = None if cursor is None else ListCursor.decode(cursor, order)
         query = sql.list_query(order, position is not None, filter_shapes(filters))
         params = list_params(namespace, filters, order, position, limit)
-        with self._reading() as connection:
-            rows = connection.execute(query, params).fetchall()
+        rows = self._fetch(query, params)
         return page_of(rows, limit, order, metadata_from_row, filters)
 
     def commit(self, unit: UnitOfWork) -> None:
@@ -417,15 +440,13 @@ class SQLiteSecureObjectStore:
     def ledger_head(self, stream: str) -> LedgerEvent | None:
         """Return the last event of ``stream`` or ``None``."""
         require_text(stream, "stream")
-        with self._reading() as connection:
-            rows = connection.execute(sql.LEDGER_HEAD, (stream,)).fetchall()
+        rows = self._fetch(sql.LEDGER_HEAD, (stream,))
         return event_from_row(rows[0]) if rows else None
 
     def ledger_head_index(self, stream: str) -> int | None:
         """Return the index of the last event of ``stream``, read from the events table."""
         require_text(stream, "stream")
-        with self._reading() as connection:
-            rows = connection.execute(sql.LEDGER_HEAD_INDEX, (stream,)).fetchall()
+        rows = self._fetch(sql.LEDGER_HEAD_INDEX, (stream,))
         return head_index(rows)
 
     def ledger_head_indexes(self, streams: Sequence[str]) -> dict[str, int]:
@@ -438,8 +459,7 @@ class SQLiteSecureObjectStore:
         if not names:
             self._check_usable()
             return {}
-        with self._reading() as connection:
-            rows = connection.execute(sql.ledger_head_indexes(len(names)), names).fetchall()
+        rows = self._fetch(sql.ledger_head_indexes(len(names)), names)
         return head_indexes(rows)
 
     def read_ledger(self, stream: str, *, from_index: int = 0, limit: int = 100) -> LedgerPage:
@@ -468,27 +488,23 @@ class SQLiteSecureObjectStore:
         if after is not None:
             require_text(after, "after")
         limit = effective_limit(limit)
-        with self._reading() as connection:
-            rows = connection.execute(sql.LIST_STREAMS, (after or "", limit)).fetchall()
+        rows = self._fetch(sql.LIST_STREAMS, (after or "", limit))
         return [str(row[0]) for row in rows]
 
     # -- stats ----------------------------------------------------------------
 
     def has_records(self) -> bool:
         """Return whether any record or ledger event exists, without counting them."""
-        with self._reading() as connection:
-            rows = connection.execute(sql.HAS_RECORDS).fetchall()
+        rows = self._fetch(sql.HAS_RECORDS)
         return bool(rows[0][0])
 
     def namespace_counts(self) -> dict[str, int]:
         """Return the number of records per namespace."""
-        with self._reading() as connection:
-            return dict(connection.execute(sql.NAMESPACE_COUNTS).fetchall())
+        return {row[0]: row[1] for row in self._fetch(sql.NAMESPACE_COUNTS)}
 
     def key_id_counts(self) -> dict[str, int]:
         """Return the number of records sealed under each key id."""
-        with self._reading() as connection:
-            return dict(connection.execute(sql.KEY_ID_COUNTS).fetchall())
+        return {row[0]: row[1] for row in self._fetch(sql.KEY_ID_COUNTS)}
 
     def _checkpoint_passive(self) -> None:
         """Copy what the log holds into the database on this thread's own connection.
@@ -555,8 +571,7 @@ class SQLiteSecureObjectStore:
 
     def seal_counts(self) -> dict[str, int]:
         """Return the reserved total per key id; a read-only store answers too."""
-        with self._reading() as connection:
-            return dict(connection.execute(sql.SEAL_COUNTS).fetchall())
+        return {row[0]: row[1] for row in self._fetch(sql.SEAL_COUNTS)}
 
     # -- epoch ----------------------------------------------------------------
 
@@ -566,8 +581,7 @@ class SQLiteSecureObjectStore:
         Every transaction that commits a unit raises it once (see ``_group``),
         so a restored older copy of the file shows a lower count.
         """
-        with self._reading() as connection:
-            return stored_epoch(connection.execute(sql.STORE_EPOCH).fetchall())
+        return stored_epoch(self._fetch(sql.STORE_EPOCH))
 
     # -- lifecycle ------------------------------------------------------------
 
