@@ -213,3 +213,62 @@ def test_the_s1_profile_takes_one_transition_apart(tmp_path: Path) -> None:
         assert {"records", "ledger_events"} <= set(pages)
     else:
         assert measures["pages changed per transition, by table"] == "no dbstat in this SQLite"
+
+
+def _report(date: str, rates: dict[str, tuple[float, float | None]]) -> dict[str, Any]:
+    rows = [
+        {
+            "id": row_id,
+            "label": f"{row_id} label",
+            "ops_per_s": {"median": rate},
+            "p99_ms": 2.0,
+            "ratio": rate / 1000,
+            "peer_ratio": peer,
+        }
+        for row_id, (rate, peer) in rates.items()
+    ]
+    return {
+        "metadata": {"date": date},
+        "scenarios": {
+            "S1": {"status": "ok", "rows": rows},
+            "S6": {"status": "skipped", "rows": []},
+        },
+    }
+
+
+def test_the_summary_reads_several_runs_as_medians_and_ranges(tmp_path: Path) -> None:
+    """``summary.py`` gives each row the median of its runs' medians and their range."""
+    reports = [
+        _report("d1", {"S1": (900.0, 0.3), "S1-memory": (5000.0, None)}),
+        _report("d2", {"S1": (1100.0, 0.4), "S1-memory": (5200.0, None)}),
+        _report("d3", {"S1": (1000.0, 0.2)}),
+    ]
+    names = []
+    for number, report in enumerate(reports):
+        path = tmp_path / f"run{number}.json"
+        path.write_text(json.dumps(report), encoding="utf-8")
+        names.append(str(path))
+    script = ROOT / "benchmarks" / "summary.py"
+    completed = subprocess.run(
+        [sys.executable, str(script), *names],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    lines = completed.stdout.splitlines()
+    assert lines[0] == "3 runs: d1, d2, d3"
+    assert lines[3] == (
+        "| S1 label (3 runs) | 1,000 [900\u20131,100] | 2.00 [2.00\u20132.00] "
+        "| 1.000 [0.900\u20131.100] | 0.300 [0.200\u20130.400] |"
+    )
+    assert lines[4] == (
+        "| S1-memory label (2 runs) | 5,100 [5,000\u20135,200] | 2.00 [2.00\u20132.00] "
+        "| 5.100 [5.000\u20135.200] | - |"
+    )
+    usage = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert usage.returncode == 2
+    assert "usage" in usage.stderr
