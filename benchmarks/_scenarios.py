@@ -61,7 +61,14 @@ from _workload import (
     sqlite_settings,
 )
 
-from flowvault.application import SecureObjectStore, UnitOfWork, WorkflowService, verify_stream
+from flowvault.application import (
+    KeyedDigester,
+    SecureObjectStore,
+    UnitOfWork,
+    WorkflowService,
+    keyed,
+    verify_stream,
+)
 from flowvault.application.ports import Clock
 from flowvault.composition import Settings
 from flowvault.domain import GENESIS_HASH, FlowvaultError, LedgerEvent, WorkOrder
@@ -490,19 +497,28 @@ def _ms_per_op(row: Row) -> float:
 # -- S4 -------------------------------------------------------------------------
 
 
-def build_stream(store: SecureObjectStore, clock: Clock, stream: str, events: int) -> None:
-    """Append a valid hash chain of ``events`` events, ``STREAM_BATCH`` per unit of work."""
+def build_stream(
+    store: SecureObjectStore, clock: Clock, stream: str, events: int, digester: KeyedDigester
+) -> None:
+    """Append a valid keyed hash chain of ``events`` events, ``STREAM_BATCH`` per unit of work.
+
+    Each event carries its chain MAC, as the services' events do, so the
+    pass verifies what ``flowvault ledger verify`` verifies on a real store.
+    """
     previous = GENESIS_HASH
     for first in range(0, events, STREAM_BATCH):
         chunk: list[LedgerEvent] = []
         for index in range(first, min(first + STREAM_BATCH, events)):
-            event = LedgerEvent.create(
-                stream=stream,
-                index=index,
-                type="bench.event",
-                occurred_at=clock.now(),
-                payload={"n": index, "note": "benchmark"},
-                previous_hash=previous,
+            event = keyed(
+                LedgerEvent.create(
+                    stream=stream,
+                    index=index,
+                    type="bench.event",
+                    occurred_at=clock.now(),
+                    payload={"n": index, "note": "benchmark"},
+                    previous_hash=previous,
+                ),
+                digester,
             )
             previous = event.event_hash
             chunk.append(event)
@@ -515,11 +531,13 @@ def _per_event(seconds: float, events: int, errors: int) -> Sample:
     return Sample(events, seconds, (share,), errors)
 
 
-def _verify_pass(store: SecureObjectStore, stream: str, expected: int) -> Sample:
+def _verify_pass(
+    store: SecureObjectStore, stream: str, expected: int, digester: KeyedDigester
+) -> Sample:
     started = time.perf_counter()
-    audit = verify_stream(store, stream)
+    audit = verify_stream(store, stream, digester)
     seconds = time.perf_counter() - started
-    errors = 0 if audit.ok and audit.events == expected else 1
+    errors = 0 if audit.ok and audit.events == expected and not audit.unkeyed else 1
     return _per_event(seconds, audit.events, errors)
 
 
@@ -528,18 +546,21 @@ def _stream_row(ctx: Context) -> Row:
     settings = sqlite_settings(ctx.work / "s4-stream")
     stream = f"bench/{ctx.tag}"
     with open_runtime(settings.model_copy(update={"synchronous": "normal"})) as runtime:
-        build_stream(runtime.store, runtime.clock, stream, events)
+        build_stream(runtime.store, runtime.clock, stream, events, runtime.repository)
     raw = ctx.raw_sqlite("s4-stream")
     try:
         with open_runtime(settings) as runtime:
             base, samples = interleave(
                 ctx.sizes.repetitions,
                 lambda: raw.read_sample(events),
-                lambda: _verify_pass(runtime.store, stream, events),
+                lambda: _verify_pass(runtime.store, stream, events, runtime.repository),
             )
     finally:
         raw.close()
-    notes = f"verify_stream over one stream of {events:,} events; latency = ms per event"
+    notes = (
+        f"keyed verify_stream (hashes and chain MACs) over one stream of {events:,} events; "
+        "latency = ms per event"
+    )
     return Row(
         "S4-stream", "events verified (verify_stream)", samples, RAW_READ, base, notes, "event"
     )
