@@ -82,6 +82,10 @@ def test_exact_form() -> None:
         MAX_SAFE_INTEGER + 1,
         -(MAX_SAFE_INTEGER + 1),
         {1: "non-string key"},
+        {"a": 1, 2: "a non-string key after a string one"},
+        {None: 1},
+        {b"bytes": 1},
+        {"\u00e9": 1, "\udfff": 2},
         {"k": "\ud800"},
         {"\udfff": 1},
         b"bytes",
@@ -96,6 +100,15 @@ def test_encoding_refuses_values_outside_the_profile(value: object) -> None:
     with pytest.raises(InvalidInput) as caught:
         canonical_json(value)
     assert caught.value.code == "INVALID_INPUT"
+
+
+def test_text_keys_are_accepted_whatever_their_script_or_class() -> None:
+    """Non-ASCII keys and keys of a ``str`` subclass encode as their text."""
+
+    class Name(str):
+        __slots__ = ()
+
+    assert canonical_json({"\u00e9": 1, Name("k"): 2}) == '{"k":2,"\u00e9":1}'
 
 
 def test_nesting_at_the_limit_is_accepted() -> None:
