@@ -20,6 +20,7 @@ from flowvault.domain._canonical import (
     canonical_json,
     content_hash,
     digest_bytes,
+    parse_canonical,
     parse_json,
     validate_json,
 )
@@ -194,6 +195,7 @@ __all__ = [
     "is_secret_key",
     "key_hint",
     "natural_key_digest",
+    "parse_canonical",
     "parse_json",
     "parse_receipt",
     "sanitise_payload",

@@ -13,7 +13,7 @@ import hashlib
 import json
 import math
 from collections.abc import Iterable
-from typing import TypeAlias
+from typing import Final, TypeAlias
 
 from flowvault.domain._errors import InvalidInput
 
@@ -115,12 +115,16 @@ def validate_json(value: object) -> JsonValue:
     return value  # type: ignore[return-value]  # checked structurally above
 
 
+_ENCODER: Final = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+"""Built once: ``json.dumps`` with these options builds a new encoder on every call."""
+
+
 def canonical_json(value: object) -> str:
     """Return the canonical text of a JSON value, or raise ``InvalidInput``."""
     validate_json(value)
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
+    return _ENCODER.encode(value)
 
 
 def canonical_bytes(value: object) -> bytes:
@@ -149,6 +153,10 @@ def _constant(_: str) -> float:
     raise _Rejected("NaN and Infinity are not JSON")
 
 
+_STRICT_DECODER: Final = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant)
+_PLAIN_DECODER: Final = json.JSONDecoder()
+
+
 def parse_json(data: str | bytes) -> JsonValue:
     """Parse JSON text strictly into a value inside the profile.
 
@@ -168,7 +176,7 @@ def parse_json(data: str | bytes) -> JsonValue:
     else:
         raise InvalidInput(f"JSON text must be str or bytes, not {type(data).__name__}")
     try:
-        value = json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant)
+        value = _STRICT_DECODER.decode(text)
     except _Rejected as exc:
         raise InvalidInput(str(exc)) from None
     except RecursionError:
@@ -176,3 +184,27 @@ def parse_json(data: str | bytes) -> JsonValue:
     except ValueError:
         raise InvalidInput("malformed JSON text") from None
     return validate_json(value)
+
+
+def parse_canonical(text: str) -> JsonValue:
+    """Parse text that must be exactly the canonical encoding of its value.
+
+    For stored text that was written canonical: the parse needs no Python
+    hooks, because re-encoding the value and comparing it with ``text``
+    refuses everything they would (a duplicate key, a NaN literal) and also
+    any text that is not canonical (whitespace, key order, number or escape
+    spelling), so a value can be hashed as the very text it was read from.
+    Raises ``InvalidInput`` for anything else.
+    """
+    if not isinstance(text, str):
+        raise InvalidInput(f"JSON text must be str, not {type(text).__name__}")
+    try:
+        value = _PLAIN_DECODER.decode(text)
+    except RecursionError:
+        raise InvalidInput(f"nesting deeper than {MAX_DEPTH}") from None
+    except ValueError:
+        raise InvalidInput("malformed JSON text") from None
+    checked = validate_json(value)
+    if _ENCODER.encode(checked) != text:
+        raise InvalidInput("JSON text is not in canonical form")
+    return checked

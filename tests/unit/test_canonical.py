@@ -16,6 +16,7 @@ from flowvault.domain import (
     canonical_bytes,
     canonical_json,
     content_hash,
+    parse_canonical,
     parse_json,
 )
 
@@ -125,30 +126,70 @@ def test_self_referencing_list_is_refused() -> None:
         canonical_json(loop)
 
 
-@pytest.mark.parametrize(
-    "text",
-    [
-        '{"a":1,"a":2}',
-        "NaN",
-        "[Infinity]",
-        "-Infinity",
-        "1e400",
-        str(MAX_SAFE_INTEGER + 1),
-        "1" * 5000,
-        '"\\ud800"',
-        '{"\\udc00":1}',
-        "[" * 100_000 + "]" * 100_000,
-        "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1),
-        "{",
-        "",
-        "\ufeff{}",
-        "[1,]",
-    ],
-)
+HOSTILE_TEXT = [
+    '{"a":1,"a":2}',
+    "NaN",
+    "[Infinity]",
+    "-Infinity",
+    "1e400",
+    str(MAX_SAFE_INTEGER + 1),
+    "1" * 5000,
+    '"\\ud800"',
+    '{"\\udc00":1}',
+    "[" * 100_000 + "]" * 100_000,
+    "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1),
+    "{",
+    "",
+    "\ufeff{}",
+    "[1,]",
+]
+"""JSON text outside the profile, or not JSON at all."""
+
+
+@pytest.mark.parametrize("text", HOSTILE_TEXT)
 def test_parsing_refuses_text_outside_the_profile(text: str) -> None:
     """Hostile JSON text is an INVALID_INPUT, never ValueError or RecursionError."""
     with pytest.raises(InvalidInput):
         parse_json(text)
+
+
+@pytest.mark.parametrize("text", HOSTILE_TEXT)
+def test_canonical_parsing_refuses_text_outside_the_profile(text: str) -> None:
+    """The hook-free parse of stored text refuses all the strict parser does."""
+    with pytest.raises(InvalidInput):
+        parse_canonical(text)
+
+
+@given(json_values)
+def test_canonical_parsing_reads_back_every_encoding(value: object) -> None:
+    """Whatever was written canonical is read back as the same value and text."""
+    text = canonical_json(value)
+    parsed = parse_canonical(text)
+    assert parsed == value
+    assert canonical_json(parsed) == text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"b":1,"a":2}',
+        '{"a": 1}',
+        " 1",
+        "1 ",
+        "[1, 2]",
+        "1.50",
+        "1E2",
+        "1e2",
+        "-0",
+        '"\\u00fc"',
+        '"\\/"',
+    ],
+)
+def test_canonical_parsing_refuses_other_spellings(text: str) -> None:
+    """Text that parses, but not as its value's canonical encoding, is refused."""
+    json.loads(text)
+    with pytest.raises(InvalidInput):
+        parse_canonical(text)
 
 
 def test_parsing_refuses_invalid_utf8() -> None:
