@@ -9,7 +9,14 @@ from typing import Final, Protocol
 
 from flowvault.application._records import LedgerTrim, UnitOfWork
 from flowvault.application.ports import SecureObjectStore
-from flowvault.domain import GENESIS_HASH, InvalidInput, LedgerEvent, canonical_bytes
+from flowvault.domain import (
+    GENESIS_HASH,
+    MAX_SAFE_INTEGER,
+    InvalidInput,
+    LedgerEvent,
+    canonical_bytes,
+    quote_string,
+)
 
 LEDGER_MAC_TAG: Final = "flowvault.ledger-mac/1"
 """Purpose tag of an event's ``chain_mac``."""
@@ -33,9 +40,24 @@ def chain_mac(event: LedgerEvent, digester: _Digester) -> str:
 
     The event hash commits to the previous event's hash, so each MAC covers
     the whole chain before it: someone without the integrity key can
-    recompute the plain hashes but not one MAC.
+    recompute the plain hashes but not one MAC. The message is the canonical
+    JSON of ``[stream, index, event_hash]``; for ASCII text (every digest,
+    and most stream names) it is put together directly, as the encoder would
+    write it, instead of walking and encoding a list per event.
     """
-    body = canonical_bytes([event.stream, event.index, event.event_hash])
+    stream, index, event_hash = event.stream, event.index, event.event_hash
+    body: bytes | str
+    if (
+        type(stream) is str
+        and type(event_hash) is str
+        and type(index) is int
+        and 0 <= index <= MAX_SAFE_INTEGER
+        and stream.isascii()
+        and event_hash.isascii()
+    ):
+        body = f"[{quote_string(stream)},{index},{quote_string(event_hash)}]"
+    else:
+        body = canonical_bytes([stream, index, event_hash])
     return digester.keyed_digest(LEDGER_MAC_TAG, body)
 
 

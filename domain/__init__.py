@@ -22,6 +22,7 @@ from flowvault.domain._canonical import (
     digest_bytes,
     parse_canonical,
     parse_json,
+    quote_string,
     validate_json,
 )
 from flowvault.domain._envelope import (
@@ -198,6 +199,7 @@ __all__ = [
     "parse_canonical",
     "parse_json",
     "parse_receipt",
+    "quote_string",
     "sanitise_payload",
     "validate_json",
     "verify_chain",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final, TypeAlias
 
 from flowvault.domain._errors import InvalidInput
@@ -119,6 +119,14 @@ _ENCODER: Final = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
 )
 """Built once: ``json.dumps`` with these options builds a new encoder on every call."""
+
+
+quote_string: Final[Callable[[str], str]] = json.encoder.encode_basestring
+"""The canonical text of a string known to be inside the profile: the encoder's own quoting.
+
+For building canonical text from parts without walking a value; give it
+only strings already checked (ASCII ones always are).
+"""
 
 
 def canonical_json(value: object) -> str:

@@ -214,6 +214,15 @@ def test_keyed_digest_uses_a_separate_integrity_key() -> None:
     assert digest != AesGcmCipher(KEY_B).keyed_digest(b"natural-key")
 
 
+@given(st.binary(max_size=300), st.binary(min_size=32, max_size=32))
+def test_keyed_digest_is_plain_hmac_sha256(data: bytes, integrity: bytes) -> None:
+    """The resumed pad states give exactly what ``hmac`` computes from the key."""
+    cipher = AesGcmCipher(KEY_A, integrity_key=integrity)
+    expected = hmac.new(integrity, data, hashlib.sha256).hexdigest()
+    assert cipher.keyed_digest(data) == "sha256:" + expected
+    assert cipher.keyed_digest(data) == "sha256:" + expected
+
+
 def test_keyed_digest_follows_the_primary_key() -> None:
     """Digests are computed under the primary key, not a previous one."""
     rotated = AesGcmCipher(KEY_B, previous_keys=[KEY_A])

@@ -6,9 +6,12 @@ from datetime import timedelta
 
 import pytest
 from checkpoint_setup import checkpointed_run, request_approval
+from hypothesis import given
+from hypothesis import strategies as st
 
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.application import (
+    LEDGER_MAC_TAG,
     HistoryEvent,
     LedgerAudit,
     RetentionPolicy,
@@ -21,7 +24,16 @@ from flowvault.application import (
 )
 from flowvault.application.testing import FrozenClock, make_event
 from flowvault.composition import Runtime, Settings, bootstrap
-from flowvault.domain import ChainDefect, LedgerEvent, WorkflowState, WorkOrder, content_hash
+from flowvault.domain import (
+    MAX_SAFE_INTEGER,
+    ChainDefect,
+    InvalidInput,
+    LedgerEvent,
+    WorkflowState,
+    WorkOrder,
+    canonical_bytes,
+    content_hash,
+)
 
 KEY = bytes(range(32))
 
@@ -101,6 +113,34 @@ def test_the_mac_depends_on_the_key_and_on_the_event() -> None:
         assert len(macs) == 3
         marked = keyed(first, one.repository)
         assert marked.event_hash == first.event_hash == marked.computed_hash()
+
+
+class _Message:
+    """Hands back the message a MAC would be taken of, instead of a MAC."""
+
+    def keyed_digest(self, tag: str, data: bytes | str) -> str:
+        raw = data.encode("utf-8") if isinstance(data, str) else data
+        return (tag.encode("utf-8") + b"\x00" + raw).hex()
+
+
+@given(
+    st.text(min_size=1, max_size=40),
+    st.integers(min_value=0, max_value=MAX_SAFE_INTEGER),
+    st.text(alphabet='sha256:0123456789abcdef"\\\n', max_size=71),
+)
+def test_the_mac_message_is_the_canonical_json_of_stream_index_and_hash(
+    stream: str, index: int, event_hash: str
+) -> None:
+    """However the message is put together, it is the general encoder's text byte for byte."""
+    event = LedgerEvent.model_construct(stream=stream, index=index, event_hash=event_hash)
+    try:
+        expected = canonical_bytes([stream, index, event_hash])
+    except InvalidInput:
+        with pytest.raises(InvalidInput):
+            chain_mac(event, _Message())
+        return
+    message = bytes.fromhex(chain_mac(event, _Message()))
+    assert message == LEDGER_MAC_TAG.encode("utf-8") + b"\x00" + expected
 
 
 def _store_with(*events: LedgerEvent) -> InMemorySecureObjectStore:
