@@ -99,20 +99,15 @@ def check_sqlite_version() -> None:
         )
 
 
-def strict_text(data: bytes) -> str:
-    """Decode a TEXT value; bytes that are not UTF-8 raise ``UnicodeDecodeError``.
-
-    The driver's own decoding reports them as a code-less ``OperationalError``
-    quoting the damaged text; ``translated`` turns this one into ``IntegrityFailure``.
-    """
-    return data.decode("utf-8")
-
-
 def connect(options: ConnectOptions) -> sqlite3.Connection:
     """Open a bare connection in autocommit mode; transactions are always explicit.
 
     A read-only connection goes through a ``file:`` URI with ``mode=ro``, so a
-    missing file is an error rather than a new, empty database.
+    missing file is an error rather than a new, empty database. TEXT values
+    are decoded by ``bytes.decode`` (strict UTF-8, called without a Python
+    frame per value): bytes that are not UTF-8 raise ``UnicodeDecodeError``,
+    which ``translated`` turns into ``IntegrityFailure``, where the driver's
+    own decoding would raise a code-less ``OperationalError`` quoting them.
     """
     if options.read_only:
         connection = sqlite3.connect(
@@ -129,7 +124,7 @@ def connect(options: ConnectOptions) -> sqlite3.Connection:
             timeout=options.busy_timeout,
             check_same_thread=False,
         )
-    connection.text_factory = strict_text
+    connection.text_factory = bytes.decode
     return connection
 
 
