@@ -36,7 +36,9 @@ from flowvault.domain._canonical import (
     JsonValue,
     canonical_json,
     content_hash,
-    parse_json,
+    digest_bytes,
+    parse_canonical,
+    quote_string,
 )
 from flowvault.domain._envelope import DIGEST_PATTERN, Digest, UtcDatetime, format_instant
 from flowvault.domain._errors import IntegrityFailure, InvalidInput
@@ -75,7 +77,7 @@ def _copy_json(value: object, info: ValidationInfo) -> JsonValue:
     owned by no one else, so that very object is kept as it is.
     """
     if info.context is not None and info.context.get(_RESTORED_PAYLOAD) is value:
-        return value  # type: ignore[no-any-return]  # parse_json returned it
+        return value  # type: ignore[no-any-return]  # restore parsed it
     try:
         copied: JsonValue = json.loads(canonical_json(value))
     except InvalidInput as exc:
@@ -99,8 +101,21 @@ def _invalid_event(error: ValidationError) -> InvalidInput:
     return InvalidInput("invalid ledger event: " + "; ".join(problems), fields=",".join(fields))
 
 
+def _quoted_or_null(text: str | None) -> str:
+    return "null" if text is None else quote_string(text)
+
+
 class LedgerEvent(BaseModel):
-    """One entry of an audit stream, chained by hash to the entry before it."""
+    """One entry of an audit stream, chained by hash to the entry before it.
+
+    An event rebuilt by ``restore`` keeps, in a slot outside its fields,
+    its payload and the stored canonical text that payload was parsed from,
+    so its hash is taken over that text instead of a fresh encoding. A slot
+    is not copied, compared or dumped: any copy of the event, changed or
+    not, is hashed from its fields again.
+    """
+
+    __slots__ = ("_stored_payload",)
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -173,13 +188,17 @@ class LedgerEvent(BaseModel):
         """Rebuild a stored event from its columns exactly as stored, hash and MAC included.
 
         The payload is parsed strictly from its stored text, and that parse is
-        its only copy. Nothing is rehashed: ``verify_chain`` sees any edit.
-        Raises ``InvalidInput`` for a malformed payload and pydantic's
-        ``ValidationError`` for any other malformed column.
+        its only copy. The text must be the payload's canonical encoding, as
+        every writer stores it, so the event can be hashed as that very text:
+        anything else (whitespace, key order, another spelling of a number)
+        was not written by flowvault. Nothing is rehashed: ``verify_chain``
+        sees any edit. Raises ``InvalidInput`` for a malformed or
+        non-canonical payload and pydantic's ``ValidationError`` for any
+        other malformed column.
         """
         if not isinstance(payload_text, str):
             raise InvalidInput("a stored event payload must be text")
-        payload = parse_json(payload_text)
+        payload = parse_canonical(payload_text)
         fields = {
             "stream": stream,
             "index": index,
@@ -193,7 +212,20 @@ class LedgerEvent(BaseModel):
             "event_key": event_key,
             "chain_mac": chain_mac,
         }
-        return cls.model_validate(fields, context={_RESTORED_PAYLOAD: payload})
+        event = cls.model_validate(fields, context={_RESTORED_PAYLOAD: payload})
+        object.__setattr__(event, "_stored_payload", (payload, payload_text))
+        return event
+
+    def _stored_text(self) -> str | None:
+        """Return the canonical text the payload was restored from, while it is still the payload.
+
+        ``None`` for an event built any other way, or whose payload object
+        was replaced since.
+        """
+        stored: tuple[JsonValue, str] | None = getattr(self, "_stored_payload", None)
+        if stored is None or stored[0] is not self.payload:
+            return None
+        return stored[1]
 
     def body(self) -> dict[str, JsonValue]:
         """Return exactly what ``event_hash`` commits to: every field but it and the MAC."""
@@ -212,7 +244,29 @@ class LedgerEvent(BaseModel):
 
     def computed_hash(self) -> str:
         """Recompute ``event_hash`` from the content; ``InvalidInput`` if it is malformed."""
-        return content_hash(self.body())
+        stored = self._stored_text()
+        if stored is None:
+            return content_hash(self.body())
+        return digest_bytes(self._canonical_body(stored).encode("utf-8"))
+
+    def _canonical_body(self, payload_text: str) -> str:
+        """Return ``canonical_json(self.body())`` put together around canonical payload text.
+
+        Keys in code-point order, as the encoder sorts them; every other
+        value is a validated field, quoted as the encoder quotes it.
+        """
+        return (
+            f'{{"event_key":{_quoted_or_null(self.event_key)}'
+            f',"from_state":{_quoted_or_null(self.from_state)}'
+            f',"index":{self.index}'
+            f',"occurred_at":{quote_string(format_instant(self.occurred_at))}'
+            f',"payload":{payload_text}'
+            f',"previous_hash":{quote_string(self.previous_hash)}'
+            f',"stream":{quote_string(self.stream)}'
+            f',"to_state":{_quoted_or_null(self.to_state)}'
+            f',"type":{quote_string(self.type)}'
+            f',"v":{EVENT_FORMAT_VERSION}}}'
+        )
 
 
 class ChainDefect(StrEnum):
@@ -288,8 +342,15 @@ def _is_authentic(event: LedgerEvent) -> bool:
     """Revalidate as well as rehash, since ``model_copy`` can bypass validation.
 
     The payload is left out of the revalidation (it would only be copied):
-    hashing it checks it against the JSON profile all the same.
+    hashing it checks it against the JSON profile all the same. An event
+    as ``restore`` built it was validated there, and no copy keeps its
+    stored text, so it is only rehashed, over that text.
     """
+    if event._stored_text() is not None:
+        try:
+            return event.computed_hash() == event.event_hash
+        except InvalidInput:
+            return False
     try:
         fields = {**event.__dict__, "payload": None}
         LedgerEvent.model_validate(fields, context={_RESTORED_PAYLOAD: None})

@@ -211,6 +211,27 @@ def test_verify_places_a_row_that_no_longer_decodes(tmp_path: Path, home: Path) 
     assert [(f["stream"], f["index"], f["defect"]) for f in failures] == [(stream, 1, "edited")]
 
 
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [(f'"{MARKER}"', f' "{MARKER}"'), ('{"note"', '{"note" ')],
+)
+def test_verify_refuses_a_payload_respelled_with_the_same_value(
+    tmp_path: Path, home: Path, old: str, new: str
+) -> None:
+    """Whitespace an editor puts into a stored payload fails, though the value parses the same.
+
+    Events are hashed over the text they were stored as, which must be the
+    canonical encoding of their payload.
+    """
+    stream = _marked_workflow(home)
+    _flip(home, stream, 1, old, new)
+    result = _run(tmp_path, "ledger", "verify", "--stream", stream, "--json", home=home)
+    assert result.returncode == 1
+    failures = _document(result)["failures"]
+    assert isinstance(failures, list)
+    assert [(f["stream"], f["index"], f["defect"]) for f in failures] == [(stream, 1, "edited")]
+
+
 def _copy(home: Path, tmp_path: Path) -> Path:
     copy_home = tmp_path / "copy"
     target = _database(copy_home)

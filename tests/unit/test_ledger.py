@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from flowvault.domain._canonical import canonical_json, content_hash
+from flowvault.domain._canonical import canonical_json, content_hash, digest_bytes
+from flowvault.domain._envelope import format_instant
 from flowvault.domain._errors import IntegrityFailure, InvalidInput
 from flowvault.domain._ledger import (
     EVENT_FORMAT_VERSION,
@@ -43,6 +44,24 @@ def _chain(count, *, stream=STREAM, payloads=None):
         events.append(event)
         previous = event.event_hash
     return events
+
+
+def _stored(event, **columns):
+    """Rebuild ``event`` from the columns a store keeps, as the SQL adapters read them back."""
+    stored = {
+        "stream": event.stream,
+        "index": event.index,
+        "type": event.type,
+        "from_state": event.from_state,
+        "to_state": event.to_state,
+        "occurred_at": format_instant(event.occurred_at),
+        "payload_text": canonical_json(event.payload),
+        "previous_hash": event.previous_hash,
+        "event_hash": event.event_hash,
+        "event_key": event.event_key,
+        "chain_mac": event.chain_mac,
+    }
+    return LedgerEvent.restore(**{**stored, **columns})
 
 
 def _rehash(event):
@@ -551,8 +570,14 @@ def _differs(field, old, new):
     data=st.data(),
 )
 def test_any_single_mutation_is_detected(payloads, field, data):
-    """Changing any one field of any one event breaks verification at or next to it."""
+    """Changing any one field of any one event breaks verification at or next to it.
+
+    Half the chains are restored from stored columns first: a changed copy
+    of a restored event must be hashed from its fields, not its stored text.
+    """
     events = _chain(len(payloads), payloads=payloads)
+    if data.draw(st.booleans(), label="restored"):
+        events = [_stored(event) for event in events]
     assert verify_chain(events).ok
     position = data.draw(st.integers(min_value=0, max_value=len(events) - 1), label="position")
     old = getattr(events[position], field)
@@ -568,3 +593,67 @@ def test_any_single_mutation_is_detected(payloads, field, data):
     assert verdict.first_bad_position <= position + 1
     assert verdict.first_bad_position == position
     assert verdict.defect is ChainDefect.EDITED
+
+
+_UNICODE_NAMES = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=12)
+
+
+@settings(deadline=None, max_examples=200)
+@given(
+    payloads=st.lists(_JSON, min_size=1, max_size=5),
+    stream=_UNICODE_NAMES,
+    state=st.none() | _UNICODE_NAMES,
+    event_key=st.none() | _UNICODE_NAMES,
+)
+def test_a_restored_event_hashes_as_its_fields_do(payloads, stream, state, event_key):
+    """Hashing the stored payload text gives exactly the hash of the canonical body."""
+    previous = GENESIS_HASH
+    for index, payload in enumerate(payloads):
+        event = LedgerEvent.create(
+            stream=stream,
+            index=index,
+            type="workflow.stepped",
+            occurred_at=START,
+            payload=payload,
+            previous_hash=previous,
+            from_state=state,
+            to_state=state,
+            event_key=event_key,
+        )
+        restored = _stored(event)
+        assert restored == event
+        assert restored.computed_hash() == content_hash(restored.body()) == event.event_hash
+        assert verify_chain([restored], start_index=index, previous_hash=previous).ok
+        previous = event.event_hash
+
+
+def _hash_over(event, payload_text):
+    """Return the hash an editor would give ``event`` with its body around ``payload_text``."""
+    body = canonical_json({**event.body(), "payload": "\x00"})
+    return digest_bytes(body.replace('"\\u0000"', payload_text).encode("utf-8"))
+
+
+@pytest.mark.parametrize(
+    "payload_text",
+    ['{"step":1, "z":2}', '{"z":2,"step":1}', '{"step":1,"z":2.00}', ' {"step":1,"z":2}'],
+)
+def test_a_payload_stored_in_other_text_is_refused(payload_text):
+    """Stored payload text that is not its value's canonical encoding never verifies.
+
+    Whether the editor kept the event hash or rehashed it over the text as
+    stored, the event is refused when it is read back.
+    """
+    event = _chain(1, payloads=[{"step": 1, "z": 2}])[0]
+    for event_hash in (event.event_hash, _hash_over(event, payload_text)):
+        with pytest.raises(InvalidInput):
+            _stored(event, payload_text=payload_text, event_hash=event_hash)
+
+
+def test_a_restored_event_changed_by_a_copy_is_hashed_from_its_fields():
+    """A copy with a new payload does not carry the text the original was read from."""
+    restored = _stored(_chain(1)[0])
+    changed = restored.model_copy(update={"payload": {"step": 99}})
+
+    assert changed.computed_hash() == content_hash(changed.body()) != restored.event_hash
+    assert verify_chain([changed]).defect is ChainDefect.EDITED
+    assert verify_chain([restored.model_copy()]).ok
