@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
+from typing import Final
 
 from flowvault.adapters._rows import (
     MALFORMED,
@@ -52,14 +53,32 @@ def _decode_label(entry: object) -> LabelValue:
     raise ValueError("label entry")
 
 
+LABEL_MEMO: Final = 512
+"""Distinct label columns remembered decoded; label sets repeat (a state, a kind) across rows."""
+
+_decoded_labels: dict[str, Mapping[str, LabelValue]] = {}
+
+
 def decode_labels(text: object) -> Mapping[str, LabelValue]:
-    """Return the label mapping stored by ``encode_labels``."""
+    """Return the label mapping stored by ``encode_labels``.
+
+    The result is read-only and a function of the column's text alone, so
+    a text seen before is answered from a bounded memo: every record read
+    decodes its labels, and an audit reads every record.
+    """
     if not isinstance(text, str):
         raise TypeError("labels column")
+    known = _decoded_labels.get(text)
+    if known is not None:
+        return known
     body = parse_json(text)
     if not isinstance(body, dict):
         raise ValueError("labels column")
-    return MappingProxyType({name: _decode_label(entry) for name, entry in body.items()})
+    labels = MappingProxyType({name: _decode_label(entry) for name, entry in body.items()})
+    if len(_decoded_labels) >= LABEL_MEMO:
+        _decoded_labels.clear()
+    _decoded_labels[text] = labels
+    return labels
 
 
 @dataclass(frozen=True, slots=True)

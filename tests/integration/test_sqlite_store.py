@@ -13,7 +13,7 @@ import pytest
 from processes import run_together
 from structlog.testing import capture_logs
 
-from flowvault.adapters.sqlite import SQLiteSecureObjectStore
+from flowvault.adapters.sqlite import SQLiteSecureObjectStore, _rows
 from flowvault.adapters.sqlite import _queries as sql
 from flowvault.application import (
     FilterOp,
@@ -648,3 +648,18 @@ def test_reservation_held_off_past_the_timeout_is_store_busy(db_path: Path) -> N
             blocker.close()
         assert store.seal_counts() == {"k1": 5}
         assert store.reserve_seals("k1", 1) == 6
+
+
+def test_label_columns_decode_the_same_from_the_memo() -> None:
+    """A label column seen before decodes to the same read-only mapping; the memo stays bounded."""
+    text = _rows.encode_labels({"state": "intake", "n": 2**62})
+    first, again = _rows.decode_labels(text), _rows.decode_labels(text)
+    assert dict(first) == dict(again) == {"state": "intake", "n": 2**62}
+    with pytest.raises(TypeError):
+        first["state"] = "x"  # type: ignore[index]
+    for number in range(_rows.LABEL_MEMO + 10):
+        assert _rows.decode_labels(_rows.encode_labels({"n": number})) == {"n": number}
+    assert len(_rows._decoded_labels) <= _rows.LABEL_MEMO
+    for _ in range(2):
+        with pytest.raises(ValueError, match="label entry"):
+            _rows.decode_labels('{"n":["int","x"]}')
