@@ -37,6 +37,7 @@ from flowvault.domain import (
     IntegrityFailure,
     InvalidInput,
     KeyRequired,
+    LedgerEvent,
     NotFound,
     StoreRolledBack,
     StoreUnavailable,
@@ -192,6 +193,19 @@ def verify_stream(
         NotFound: the stream holds no events.
 
     """
+    return _verified_stream(store, stream, digester, None)
+
+
+def _verified_stream(
+    store: SecureObjectStore,
+    stream: str,
+    digester: KeyedDigester | None,
+    kept: list[LedgerEvent] | None,
+) -> StreamAudit:
+    """Verify as ``verify_stream`` does, adding every event fed to the verifier to ``kept``.
+
+    The events kept are vouched for only when the audit returned is ``ok``.
+    """
     verifier = StreamVerifier(digester)
     first: int | None = None
     next_index: int | None = 0
@@ -210,6 +224,8 @@ def verify_stream(
         verifier.feed(page.events)
         if verifier.failure is not None:
             break
+        if kept is not None:
+            kept.extend(page.events)
         next_index = page.next_index
     verifier.finish()
     found = verifier.failure
@@ -220,14 +236,17 @@ def verify_stream(
 
 
 def _verify_listed(
-    store: SecureObjectStore, stream: str, digester: KeyedDigester | None
+    store: SecureObjectStore,
+    stream: str,
+    digester: KeyedDigester | None,
+    kept: list[LedgerEvent] | None = None,
 ) -> StreamAudit:
     """Verify a stream the catalog lists; one with no events means the catalog was altered.
 
     Retention never removes a stream's head event, so no listed stream is empty.
     """
     try:
-        return verify_stream(store, stream, digester)
+        return _verified_stream(store, stream, digester, kept)
     except NotFound:
         reason = "the stream catalog lists a stream that holds no events"
         return StreamAudit(stream, 0, None, StreamFailure(stream, None, ChainDefect.GAP, reason))
@@ -303,7 +322,12 @@ class LedgerAudit:
             )
         names = list_all_streams(self._capabilities.catalog)
         audits = progress(names, total=len(names), label="verifying streams")
-        verified = tuple(_verify_listed(self._store, name, self._repository) for name in audits)
+        verified: list[StreamAudit] = []
+        stale: list[StaleRecord] = []
+        for name in audits:
+            audit, found = self._verify_and_hold(name)
+            verified.append(audit)
+            stale.extend(found)
         counts: Counter[RecordReadability] = Counter(dict.fromkeys(RecordReadability, 0))
         unreadable: list[UnreadableRecord] = []
         checks = progress(self._records(), total=self._record_total(), label="opening records")
@@ -311,9 +335,10 @@ class LedgerAudit:
             counts[readability] += 1
             if readability is RecordReadability.UNREADABLE:
                 unreadable.append(record)
-        stale = self._stale(names, progress)
         listed = tuple(unreadable[:MAX_LISTED_UNREADABLE])
-        return AuditReport(verified, dict(counts), listed, stale, self._rolled_back())
+        return AuditReport(
+            tuple(verified), dict(counts), listed, tuple(stale), self._rolled_back()
+        )
 
     def _rolled_back(self) -> str | None:
         if self._mark is None:
@@ -324,11 +349,20 @@ class LedgerAudit:
             return error.message
         return None
 
-    def _stale(self, names: list[str], progress: Progress) -> tuple[StaleRecord, ...]:
-        if self._bound is None or self._repository is None:
-            return ()
-        checks = progress(names, total=len(names), label="checking records against streams")
-        return tuple(stale for name in checks for stale in self._bound.check(name))
+    def _verify_and_hold(self, stream: str) -> tuple[StreamAudit, list[StaleRecord]]:
+        """Verify ``stream``, then hold the records it binds to it (with the key and ``bound``).
+
+        Done stream by stream, so a record stream's events are read once:
+        those just verified under the key are the ones the records are held
+        to, and at most one stream's events are in memory.
+        """
+        bound, repository = self._bound, self._repository
+        if bound is None or repository is None:
+            return _verify_listed(self._store, stream, repository), []
+        handed = bound.repository is repository and bound.reads_events(stream)
+        kept: list[LedgerEvent] | None = [] if handed else None
+        audit = _verify_listed(self._store, stream, repository, kept)
+        return audit, bound.check(stream, events=kept if audit.ok else None)
 
     def issue(
         self,

@@ -20,7 +20,7 @@ stream it verifies, the audit checks the records that stream binds:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -104,20 +104,38 @@ class BoundRecords:
         self._workflows = workflows
         self._runs = runs
 
-    def check(self, stream: str) -> list[StaleRecord]:
+    @property
+    def repository(self) -> SealedRepository:
+        """The repository whose key the records, and the events they are held to, verify under."""
+        return self._repository
+
+    @staticmethod
+    def reads_events(stream: str) -> bool:
+        """Whether ``check`` reads the events of ``stream`` (a record stream's, or a run's)."""
+        kind = stream.partition("/")[0]
+        return kind in RECORD_STREAM_NAMESPACES or kind == "run"
+
+    def check(
+        self, stream: str, *, events: Sequence[LedgerEvent] | None = None
+    ) -> list[StaleRecord]:
         """Return what is wrong with the records ``stream`` binds; empty when all are current.
 
         Streams of other shapes (a host's own) bind no record. A workflow,
         run or state that is absent is not judged here (they are deleted
         only with a tombstone in their stream); a record stream's rows are.
         A stream that fails verification is left to the stream audit.
+        ``events``, when given, are every retained event of ``stream`` as a
+        verification under this repository's key has just passed them; the
+        stream is then not read again.
         """
         kind, _, name = stream.partition("/")
         if kind in RECORD_STREAM_NAMESPACES:
-            return self._record_stream(stream, RECORD_STREAM_NAMESPACES[kind])
+            return self._record_stream(stream, RECORD_STREAM_NAMESPACES[kind], events=events)
         found = self._bound(stream, kind, name)
         if kind == "run":
-            found += self._record_stream(stream, (GRAPH_RUN_RECEIPTS,), only=_by_service)
+            found += self._record_stream(
+                stream, (GRAPH_RUN_RECEIPTS,), only=_by_service, events=events
+            )
         return found
 
     def _bound(self, stream: str, kind: str, name: str) -> list[StaleRecord]:
@@ -152,13 +170,15 @@ class BoundRecords:
         namespaces: tuple[str, ...],
         *,
         only: Callable[[LedgerEvent], bool] | None = None,
+        events: Sequence[LedgerEvent] | None = None,
     ) -> list[StaleRecord]:
         """Hold every row the events of ``stream`` (those ``only`` admits) name to the newest."""
         store = self._repository.store
-        try:
-            events = verified_events(store, stream, self._repository)
-        except IntegrityFailure:
-            return []
+        if events is None:
+            try:
+                events = verified_events(store, stream, self._repository)
+            except IntegrityFailure:
+                return []
         newest: dict[str, LedgerEvent] = {}
         for event in events:
             if only is not None and not only(event):

@@ -13,6 +13,7 @@ behind; every adapter runs them.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
@@ -34,6 +35,7 @@ from flowvault.application import (
     BoundRecords,
     Guard,
     LedgerAudit,
+    LedgerPage,
     RunRepository,
     RunService,
     SealedRepository,
@@ -508,6 +510,40 @@ def test_a_full_audit_finds_replays_and_deletions_of_every_kind(world: World) ->
         (None, receipt),
         (None, version),
     }
+
+
+class _CountingReads(PassThroughStore):
+    """Counts the ledger pages read from the start of each stream."""
+
+    def __init__(self, inner: SecureObjectStore) -> None:
+        super().__init__(inner)
+        self.from_start: Counter[str] = Counter()
+
+    def read_ledger(self, stream: str, *, from_index: int, limit: int) -> LedgerPage:
+        if from_index == 0:
+            self.from_start[stream] += 1
+        return self._inner.read_ledger(stream, from_index=from_index, limit=limit)
+
+
+def test_a_full_audit_reads_each_stream_once(world: World) -> None:
+    """Records are held to the events the audit has just verified, not to a second read."""
+    _replaced_result(world)
+    world.finished_run()
+    world.results.save(world.result())
+    counting = _CountingReads(world.store)
+    repository = SealedRepository(
+        counting, AesGcmCipher(KEY), world.clock, capabilities=world.repository.capabilities
+    )
+    bound = BoundRecords(
+        repository,
+        WorkflowService(repository, world.clock, SequentialIds("wf")),
+        RunService(repository, world.clock, SequentialIds("run"), integrity=repository),
+    )
+    report = LedgerAudit(counting, repository, bound).run()
+    assert report.ok
+    streams = [audit.stream for audit in report.streams]
+    assert any(BoundRecords.reads_events(stream) for stream in streams)
+    assert dict(counting.from_start) == dict.fromkeys(streams, 1)
 
 
 def test_every_new_event_is_keyed_and_names_only_digests(world: World) -> None:
