@@ -20,7 +20,6 @@ from flowvault.domain import (
     IntegrityFailure,
     InvalidInput,
     LedgerEvent,
-    canonical_json,
     format_instant,
 )
 
@@ -102,7 +101,7 @@ def event_params(event: LedgerEvent) -> Params:
         event.from_state,
         event.to_state,
         format_instant(event.occurred_at),
-        canonical_json(event.payload),
+        event.payload_text(),
         event.previous_hash,
         event.event_hash,
         event.event_key,

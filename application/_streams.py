@@ -63,7 +63,7 @@ def chain_mac(event: LedgerEvent, digester: _Digester) -> str:
 
 def keyed(event: LedgerEvent, digester: _Digester) -> LedgerEvent:
     """Return ``event`` carrying its ``chain_mac``; every event the services append is keyed."""
-    return event.model_copy(update={"chain_mac": chain_mac(event, digester)})
+    return event.with_chain_mac(chain_mac(event, digester))
 
 
 def mac_matches(event: LedgerEvent, digester: _Digester) -> bool:

@@ -108,11 +108,13 @@ def _quoted_or_null(text: str | None) -> str:
 class LedgerEvent(BaseModel):
     """One entry of an audit stream, chained by hash to the entry before it.
 
-    An event rebuilt by ``restore`` keeps, in a slot outside its fields,
-    its payload and the stored canonical text that payload was parsed from,
-    so its hash is taken over that text instead of a fresh encoding. A slot
-    is not copied, compared or dumped: any copy of the event, changed or
-    not, is hashed from its fields again.
+    An event built by ``create`` or rebuilt by ``restore`` keeps, in a slot
+    outside its fields, its payload and that payload's canonical text (the
+    encoding ``create`` made once, or the stored text ``restore`` parsed),
+    so its hash, and the row a store writes, are taken from that text
+    instead of a fresh encoding. A slot is not compared or dumped, and a
+    copy keeps it only through ``with_chain_mac``, which leaves the payload
+    as it is: any other copy, changed or not, is encoded from its fields again.
     """
 
     __slots__ = ("_stored_payload",)
@@ -153,21 +155,32 @@ class LedgerEvent(BaseModel):
         can. Invalid fields raise ``InvalidInput``.
         """
         try:
-            draft = cls(
-                stream=stream,
-                index=index,
-                type=type,
-                from_state=from_state,
-                to_state=to_state,
-                occurred_at=occurred_at,
-                payload=payload,
-                previous_hash=previous_hash,
-                event_hash=GENESIS_HASH,
-                event_key=event_key,
-            )
+            text: str | None = canonical_json(payload)
+        except InvalidInput:
+            text = None  # the validator below names the payload among the fields at fault
+        copied = None if text is None else json.loads(text)
+        fields = {
+            "stream": stream,
+            "index": index,
+            "type": type,
+            "from_state": from_state,
+            "to_state": to_state,
+            "occurred_at": occurred_at,
+            "payload": payload if text is None else copied,
+            "previous_hash": previous_hash,
+            "event_hash": GENESIS_HASH,
+            "event_key": event_key,
+        }
+        try:
+            draft = cls.model_validate(fields, context={_RESTORED_PAYLOAD: copied})
         except ValidationError as exc:
             raise _invalid_event(exc) from None
-        return draft.model_copy(update={"event_hash": draft.computed_hash()})
+        if text is None:  # pragma: no cover - the validator refuses what the encoder refused
+            raise InvalidInput("invalid ledger event: payload", fields="payload")
+        event_hash = digest_bytes(draft._canonical_body(text).encode("utf-8"))
+        event = draft.model_copy(update={"event_hash": event_hash})
+        object.__setattr__(event, "_stored_payload", (copied, text))
+        return event
 
     @classmethod
     def restore(
@@ -226,6 +239,19 @@ class LedgerEvent(BaseModel):
         if stored is None or stored[0] is not self.payload:
             return None
         return stored[1]
+
+    def payload_text(self) -> str:
+        """Return the payload's canonical text, as stores keep it: the kept text if there is one."""
+        stored = self._stored_text()
+        return canonical_json(self.payload) if stored is None else stored
+
+    def with_chain_mac(self, chain_mac: str) -> Self:
+        """Return this event carrying ``chain_mac``; the MAC is not hashed, so the text is kept."""
+        event = self.model_copy(update={"chain_mac": chain_mac})
+        stored = getattr(self, "_stored_payload", None)
+        if stored is not None and stored[0] is event.payload:
+            object.__setattr__(event, "_stored_payload", stored)
+        return event
 
     def body(self) -> dict[str, JsonValue]:
         """Return exactly what ``event_hash`` commits to: every field but it and the MAC."""

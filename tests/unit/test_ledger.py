@@ -657,3 +657,41 @@ def test_a_restored_event_changed_by_a_copy_is_hashed_from_its_fields():
     assert changed.computed_hash() == content_hash(changed.body()) != restored.event_hash
     assert verify_chain([changed]).defect is ChainDefect.EDITED
     assert verify_chain([restored.model_copy()]).ok
+
+
+@settings(deadline=None, max_examples=200)
+@given(payload=_JSON, stream=_UNICODE_NAMES, state=st.none() | _UNICODE_NAMES)
+def test_a_created_event_is_hashed_and_stored_as_its_fields_encode(payload, stream, state):
+    """The text ``create`` encodes once gives the hash and stored text the general encoder gives."""
+    event = LedgerEvent.create(
+        stream=stream,
+        index=3,
+        type="workflow.stepped",
+        occurred_at=START,
+        payload=payload,
+        previous_hash=OTHER_HASH,
+        from_state=state,
+        to_state=state,
+        event_key=state,
+    )
+    assert event.event_hash == content_hash(event.body())
+    assert event.payload_text() == canonical_json(event.payload) == canonical_json(payload)
+    maced = event.with_chain_mac(OTHER_HASH)
+    assert maced.chain_mac == OTHER_HASH
+    assert maced.payload_text() == event.payload_text()
+    assert maced.computed_hash() == event.event_hash
+
+
+def test_the_kept_text_follows_the_payload_not_the_callers_object():
+    """Changing the caller's payload, or copying the event with another, never reuses stale text."""
+    payload = {"step": 1, "items": [1, 2]}
+    event = _chain(1, payloads=[payload])[0]
+    payload["items"].append(3)
+    payload["step"] = 2
+
+    assert event.payload_text() == '{"items":[1,2],"step":1}'
+    changed = event.model_copy(update={"payload": {"step": 99}})
+    assert changed.payload_text() == '{"step":99}'
+    assert changed.with_chain_mac(OTHER_HASH).payload_text() == '{"step":99}'
+    assert verify_chain([changed]).defect is ChainDefect.EDITED
+    assert verify_chain([event.with_chain_mac(OTHER_HASH)]).ok
