@@ -115,6 +115,8 @@ class LedgerEvent(BaseModel):
     instead of a fresh encoding. A slot is not compared or dumped, and a
     copy keeps it only through ``with_chain_mac``, which leaves the payload
     as it is: any other copy, changed or not, is encoded from its fields again.
+    The payload is the event's own copy; changing it in place is outside
+    the frozen model's contract, and the kept text, hash and row stay as built.
     """
 
     __slots__ = ("_stored_payload",)
