@@ -3,10 +3,11 @@
 SQLite's own checkpoint runs inside the commit that crosses its threshold,
 so one unit in about a hundred waited for a thousand page writes and two
 more syncs. The writer turns that off (``wal_autocheckpoint = 0``) and one
-background thread per store runs a passive checkpoint, which never blocks
-a writer, on its own connection once ``CHECKPOINT_AFTER_UNITS`` units have
-committed since the last one. Closing the last connection still copies
-and removes the log, as before; ``compact`` still truncates it at once.
+background thread per store runs a passive checkpoint on its own
+connection once ``CHECKPOINT_AFTER_UNITS`` units have committed since the
+last one (the store's ``_checkpoint_passive`` says how the log starts
+over). Closing the last connection still copies and removes the log, as
+before; ``compact`` still truncates it at once.
 """
 
 from __future__ import annotations

@@ -509,11 +509,18 @@ class SQLiteSecureObjectStore:
     def _checkpoint_passive(self) -> None:
         """Copy what the log holds into the database on this thread's own connection.
 
-        Never on the writer: a checkpoint there would hold up every commit
-        behind it, which is what running it in the background avoids.
+        Never on the writer connection: the bulk of the copy runs while
+        commits go on. But SQLite starts the log over only when a write
+        begins with every frame copied, and under steady writes new frames
+        always land during the copy, so the log would grow without bound.
+        A second pass copies the few frames written meanwhile with this
+        process's commits held off, so the next write starts the log over.
         """
         handle = self._reader()
         with translated(self._options.busy_timeout), handle.lock:
+            self._check_usable()
+            handle.connection.execute(CHECKPOINT_PASSIVE).fetchall()
+        with self._writer.lock, translated(self._options.busy_timeout), handle.lock:
             self._check_usable()
             handle.connection.execute(CHECKPOINT_PASSIVE).fetchall()
 
