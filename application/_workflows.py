@@ -44,7 +44,13 @@ from flowvault.application._records import (
     Upsert,
 )
 from flowvault.application._sealed import SealedDocument, SealedRepository
-from flowvault.application._streams import keyed, mac_matches, next_position, read_stream
+from flowvault.application._streams import (
+    keyed,
+    mac_matches,
+    newest_first,
+    next_position,
+    read_stream,
+)
 from flowvault.application._verified import verified_events
 from flowvault.application._write_cache import WriteCache
 from flowvault.application.ports import Clock, IdFactory
@@ -55,6 +61,7 @@ from flowvault.domain import (
     GENESIS_HASH,
     MAX_SAFE_INTEGER,
     ActionResult,
+    ApprovalAlreadyDecided,
     DecisionReceipt,
     IdempotencyConflict,
     IntegrityFailure,
@@ -555,6 +562,8 @@ class WorkflowService:
                     current=current.state,
                     target=current.state,
                 )
+            if event_type in DECISION_TYPES:
+                self._refuse_second_decision(workflow_id, head, body)
             updated = current.model_copy(
                 update={"state_version": current.state_version + 1, "updated_at": self._clock.now()}
             )
@@ -592,6 +601,38 @@ class WorkflowService:
                     raise
                 return replayed
         raise RevisionConflict("workflow ledger kept moving; retry", workflow_id=workflow_id)
+
+    def _refuse_second_decision(
+        self, workflow_id: str, head: LedgerEvent | None, body: JsonValue
+    ) -> None:
+        """Refuse a decision on an action already decided since the workflow entered this state.
+
+        Walks the stream back from ``head`` to the event that entered the
+        decision state. The record's version guard makes the walk and the
+        append one step: a decision committed meanwhile moves the version,
+        so the second writer gets ``RevisionConflict`` and, retried, this.
+        """
+        action_hash = body.get("action_hash") if isinstance(body, dict) else None
+        if head is None:
+            return
+        for event in newest_first(self._store, head):
+            if event.to_state is None:
+                continue
+            if event.from_state != DECISION_STATE or event.to_state != DECISION_STATE:
+                return
+            payload = event.payload
+            if (
+                event.type in DECISION_TYPES
+                and isinstance(payload, dict)
+                and payload.get("action_hash") == action_hash
+            ):
+                raise ApprovalAlreadyDecided(
+                    "this action is already decided while the workflow is in the decision "
+                    "state; a retry of that decision must reuse its event_key",
+                    workflow_id=workflow_id,
+                    action_hash=str(action_hash),
+                    ledger_index=event.index,
+                )
 
     def _receipt_payload(self, event_type: str, payload: Mapping[str, Any]) -> JsonValue:
         body = dict(payload)
