@@ -165,6 +165,7 @@ class ApprovalService:
         if isinstance(allowed_decisions, str) or not isinstance(allowed_decisions, Sequence):
             raise InvalidInput("allowed_decisions must be a sequence of decision names")
         checkpoint, _ = self._checkpoints._require(checkpoint_id)
+        self._checkpoints._require_live_run(checkpoint.run_id)
         if checkpoint.status is not CheckpointStatus.PENDING:
             raise CheckpointConsumed("checkpoint was already consumed", checkpoint_id=checkpoint_id)
         self._check_expectations(
@@ -275,12 +276,17 @@ class ApprovalService:
         """Record ``actor``'s decision and consume the checkpoint, in one unit of work.
 
         Returns the decided approval and the consumed checkpoint to resume
-        from. Checks run in this order, and nothing changes unless stated:
+        from. The same ``actor`` sending the same ``decision`` again (a retry
+        after a lost reply) gets that first result back and writes nothing.
+        Checks run in this order, and nothing changes unless stated:
 
         Raises:
-            ApprovalAlreadyDecided: it was decided or expired already; racing
-                deciders all get this except the one that won.
+            ApprovalAlreadyDecided: it expired, or was decided by another
+                actor or with another decision; racing deciders all get this
+                except the one that won (and its own retries).
             ApprovalDecisionNotAllowed: ``decision`` is not an allowed one.
+            NotFound / InvalidTransition: the approval's run was never
+                started, or has ended (with a run service wired).
             ApprovalExpired: ``now`` is at or past ``expires_at``. The approval
                 is first marked expired and its checkpoint consumed, together,
                 and that is committed before this is raised.
@@ -294,6 +300,9 @@ class ApprovalService:
         for _ in range(RETRIES):
             approval, revision = self._require(key, approval_id)
             if approval.status is not ApprovalStatus.PENDING:
+                replayed = self._replayed(approval, decision, actor)
+                if replayed is not None:
+                    return replayed
                 raise ApprovalAlreadyDecided(
                     f"approval is already {approval.status.value}", approval_id=approval_id
                 )
@@ -302,9 +311,11 @@ class ApprovalService:
                     "decision is not one of the approval's allowed decisions",
                     approval_id=approval_id,
                 )
+            position = next_position(self._store, run_stream(approval.run_id))
+            self._checkpoints._require_live_run(approval.run_id)
             target = self._pending_checkpoint(approval)
             if moment >= approval.expires_at:
-                if self._expire(key, approval, revision, target, moment):
+                if self._expire(key, approval, revision, target, moment, position=position):
                     raise ApprovalExpired(
                         "approval expired before it was decided", approval_id=approval_id
                     )
@@ -330,7 +341,7 @@ class ApprovalService:
                     self._upsert(decided, revision, bound.index),
                     self._checkpoints._upsert(consumed, target[1], bound.index),
                 ],
-                appends=[bound, self._outcome_event(decided, moment)],
+                appends=[bound, self._outcome_event(decided, moment, position)],
             )
             try:
                 self._store.commit(unit)
@@ -352,15 +363,39 @@ class ApprovalService:
             moment,
         )
 
-    def _outcome_event(self, approval: Approval, moment: datetime) -> LedgerEvent:
+    def _replayed(
+        self, approval: Approval, decision: str, actor: str
+    ) -> tuple[Approval, Checkpoint] | None:
+        """Return a decision's first result when the same actor sends it again; else ``None``.
+
+        The checkpoint that decision consumed must still be the one it
+        wrote (consumed at the decision's instant), or nothing is replayed.
+        """
+        if approval.status is not ApprovalStatus.DECIDED:
+            return None
+        if (approval.actor, approval.decision) != (actor, decision):
+            return None
+        found = self._checkpoints._find(approval.checkpoint_id)
+        if found is None:
+            return None
+        checkpoint = found[0]
+        if checkpoint.run_id != approval.run_id or checkpoint.consumed_at != approval.decided_at:
+            return None
+        return approval, checkpoint
+
+    def _outcome_event(
+        self, approval: Approval, moment: datetime, position: tuple[int, str]
+    ) -> LedgerEvent:
         """Build the run's ledger entry for a decision or expiry: the receipt's digests only.
 
         Committed with the decision, so the run's own stream shows who
         decided what (as keyed digests) even after retention removes the
-        approval record.
+        approval record. ``position`` is the run stream's head as read
+        before the run was checked, so a run that ends in between makes
+        this append conflict rather than land after the run's end.
         """
         stream = run_stream(approval.run_id)
-        index, previous = next_position(self._store, stream)
+        index, previous = position
         event = LedgerEvent.create(
             stream=stream,
             index=index,
@@ -402,6 +437,8 @@ class ApprovalService:
         revision: int,
         target: tuple[Checkpoint, int] | None,
         moment: datetime,
+        *,
+        position: tuple[int, str],
     ) -> bool:
         """Commit the expiry and the checkpoint's consumption; ``False`` when raced."""
         expired = _signed(
@@ -415,7 +452,7 @@ class ApprovalService:
         if target is not None:
             consumed = self._checkpoints._consumed(target[0], moment)
             upserts.append(self._checkpoints._upsert(consumed, target[1], bound.index))
-        appends = [bound, self._outcome_event(expired, moment)]
+        appends = [bound, self._outcome_event(expired, moment, position)]
         try:
             self._store.commit(UnitOfWork(upserts=upserts, appends=appends))
         except RevisionConflict:

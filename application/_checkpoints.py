@@ -54,6 +54,7 @@ from flowvault.application._records import (
     UnitOfWork,
     Upsert,
 )
+from flowvault.application._run_service import RunService
 from flowvault.application._runs import RUNS, check_run_id
 from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application.ports import Clock
@@ -62,9 +63,11 @@ from flowvault.domain import (
     CheckpointConsumed,
     CheckpointIntegrityFailure,
     CheckpointStatus,
+    GraphRun,
     IdempotencyConflict,
     IntegrityFailure,
     InvalidInput,
+    InvalidTransition,
     JsonValue,
     LedgerEvent,
     NotFound,
@@ -82,15 +85,28 @@ def _broken_checkpoint(what: str, metadata: RecordMetadata) -> CheckpointIntegri
 
 
 class CheckpointService:
-    """Create, verify and consume the single-use resume points of runs."""
+    """Create, verify and consume the single-use resume points of runs.
+
+    With ``runs`` (``bootstrap()`` always passes its run service), a
+    checkpoint, an approval request or a decision needs a started run that
+    has not ended, so nothing is recorded for a run id no run holds.
+    """
 
     def __init__(
-        self, repository: SealedRepository, clock: Clock, *, integrity: KeyedDigester | None
+        self,
+        repository: SealedRepository,
+        clock: Clock,
+        *,
+        integrity: KeyedDigester | None,
+        runs: RunService | None = None,
     ) -> None:
+        if runs is not None and runs.repository.store is not repository.store:
+            raise InvalidInput("checkpoints and their runs must share one store")
         self._repo = repository
         self._store = repository.store
         self._clock = clock
         self._integrity = integrity
+        self._runs = runs
         self._fresh = StreamPolicy[SealedDocument](
             "checkpoint", repository, leaves_record=leaves_unnamed
         )
@@ -120,6 +136,7 @@ class CheckpointService:
         """
         key = require_integrity(self._integrity)
         check_run_id(run_id)
+        self._require_live_run(run_id)
         draft = _signed(
             Checkpoint,
             key,
@@ -269,6 +286,31 @@ class CheckpointService:
         return _Doomed((delete,), streams, tombstone)
 
     # -- shared with the approval service ---------------------------------------
+
+    def _require_live_run(self, run_id: str) -> GraphRun | None:
+        """Refuse a run id no started run holds, or a run that has ended.
+
+        Checked before anything is written, so a refused call leaves no
+        ``run/<id>`` stream behind for a run that is not there.
+        """
+        if self._runs is None:
+            return None
+        try:
+            run = self._runs.get_run(run_id)
+        except NotFound:
+            raise NotFound(
+                "no such run: start it with graph_runs.start_run before checkpointing it, "
+                "asking for an approval or deciding one",
+                run_id=run_id,
+            ) from None
+        if run.finished:
+            raise InvalidTransition(
+                f"run is already {run.status}: a finished run takes no checkpoint, "
+                "approval request or decision; start a new run instead",
+                run_id=run_id,
+                current=run.status,
+            )
+        return run
 
     def _require(self, checkpoint_id: str) -> tuple[Checkpoint, int]:
         found = self._find(checkpoint_id)

@@ -235,6 +235,11 @@ class RunService:
             unbound_stale=_receipt_unbound_stale,
         )
 
+    @property
+    def repository(self) -> SealedRepository:
+        """The sealed repository runs live in."""
+        return self._repo
+
     # -- definitions ------------------------------------------------------------
 
     def register_definition(
@@ -627,8 +632,9 @@ class RunService:
         A run is deleted only by a retention purge, whose tombstone the
         stream then ends with; missing without one, it was deleted outside
         flowvault. A stream that does not begin with a ``run.*`` event held
-        events for a run id no run was started under (checkpoints and
-        approvals do not check that yet), so there is no record to miss.
+        events for a run id no run was started under (written before
+        checkpoints and approvals checked their run), so there is no record
+        to miss.
         """
         row = (GRAPH_RUNS, self._repo.key_digest(GRAPH_RUNS, run_id))
         loaded, _ = self._fresh.read_owned(

@@ -147,7 +147,8 @@ def open_existing(settings: Settings, *, key: bytes | None = None) -> Runtime | 
 def _assemble(container: Container) -> Runtime:
     repository = container.repository()
     clock, ids = container.clock(), container.ids()
-    checkpoints = CheckpointService(repository, clock, integrity=repository)
+    graph_runs = RunService(repository, clock, ids, integrity=repository)
+    checkpoints = CheckpointService(repository, clock, integrity=repository, runs=graph_runs)
     return Runtime(
         settings=container.settings(),
         store=container.guarded_store(),
@@ -155,7 +156,7 @@ def _assemble(container: Container) -> Runtime:
         repository=repository,
         workflows=container.workflows(),
         runs=RunRepository(repository),
-        graph_runs=RunService(repository, clock, ids, integrity=repository),
+        graph_runs=graph_runs,
         checkpoints=checkpoints,
         approvals=ApprovalService(
             repository, clock, ids, checkpoints=checkpoints, integrity=repository

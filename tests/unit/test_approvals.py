@@ -406,7 +406,7 @@ with SQLiteSecureObjectStore.open(Path(path)) as store:
 
 
 DECIDER = """
-import sys, time
+import os, sys, time
 from pathlib import Path
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
@@ -429,7 +429,7 @@ with SQLiteSecureObjectStore.open(Path(path)) as store:
             raise TimeoutError("the go file never appeared")
         time.sleep(0.005)
     try:
-        service.decide(approval_id, sys.argv[4], "process-actor")
+        service.decide(approval_id, sys.argv[4], f"process-actor-{os.getpid()}")
     except ApprovalAlreadyDecided:
         print("consumed", flush=True)
     else:
@@ -477,7 +477,7 @@ def test_racing_processes_consume_once(tmp_path: Path) -> None:
 
 
 def test_racing_processes_decide_once(tmp_path: Path) -> None:
-    """Eight processes deciding one approval in one SQLite file: exactly one decision lands."""
+    """Eight processes, as eight deciders, deciding one approval: exactly one decision lands."""
     path, go = tmp_path / "data" / "store.db", tmp_path / "go"
     with SQLiteSecureObjectStore.open(path) as store:
         world = World(store)
@@ -771,10 +771,15 @@ def test_checkpoint_resumed_directly_is_consumed(world: World) -> None:
 
 
 def test_racing_deciders_decide_once(world: World) -> None:
-    """Eight threads deciding one approval: one wins, seven get APPROVAL_ALREADY_DECIDED."""
+    """Eight deciders on eight threads: one wins, seven get APPROVAL_ALREADY_DECIDED."""
     made = world.checkpoint()
     approval = world.request(made)
-    outcomes = race(8, lambda: world.approvals.decide(approval.approval_id, DECISION, ACTOR))
+    outcomes = race(
+        8,
+        lambda: world.approvals.decide(
+            approval.approval_id, DECISION, f"{ACTOR}-{threading.get_ident()}"
+        ),
+    )
     winners = [o for o in outcomes if isinstance(o, tuple)]
     assert len(winners) == 1
     losers = [type(o).__name__ for o in outcomes if not isinstance(o, tuple)]
