@@ -63,7 +63,6 @@ from flowvault.domain import (
     CheckpointConsumed,
     CheckpointIntegrityFailure,
     CheckpointStatus,
-    GraphRun,
     IdempotencyConflict,
     IntegrityFailure,
     InvalidInput,
@@ -287,14 +286,14 @@ class CheckpointService:
 
     # -- shared with the approval service ---------------------------------------
 
-    def _require_live_run(self, run_id: str) -> GraphRun | None:
+    def _require_live_run(self, run_id: str) -> None:
         """Refuse a run id no started run holds, or a run that has ended.
 
         Checked before anything is written, so a refused call leaves no
         ``run/<id>`` stream behind for a run that is not there.
         """
         if self._runs is None:
-            return None
+            return
         try:
             run = self._runs.get_run(run_id)
         except NotFound:
@@ -310,7 +309,6 @@ class CheckpointService:
                 run_id=run_id,
                 current=run.status,
             )
-        return run
 
     def _require(self, checkpoint_id: str) -> tuple[Checkpoint, int]:
         found = self._find(checkpoint_id)
