@@ -443,7 +443,7 @@ def _decide(
 def test_decide_happy_path_then_already_decided(
     tmp_path: Path, home: Path, prepared: Prepared
 ) -> None:
-    """A decision prints the receipt's digests; deciding again is APPROVAL_ALREADY_DECIDED."""
+    """A decision prints the receipt's digests; a retry prints it again, another is refused."""
     result = _decide(tmp_path, home, prepared.approval, APPROVE, "--json")
     assert result.returncode == 0, result.stderr
     shown = _document(result)["approval"]
@@ -459,7 +459,8 @@ def test_decide_happy_path_then_already_decided(
         assert (decided.actor, decided.decision) == (ACTOR, APPROVE)
         assert runtime.approvals.approval_receipt(decided).actor == shown["actor_digest"]
     again = _decide(tmp_path, home, prepared.approval, APPROVE, "--json")
-    assert _error_code(again) == "APPROVAL_ALREADY_DECIDED"
+    assert again.returncode == 0, again.stderr
+    assert _document(again)["approval"] == shown
     human = _decide(tmp_path, home, prepared.approval, REJECT)
     assert human.returncode == 1
     assert "error: APPROVAL_ALREADY_DECIDED" in human.stderr
@@ -495,7 +496,7 @@ def test_decide_not_allowed_changes_nothing(tmp_path: Path, home: Path, prepared
 def test_decide_expired(tmp_path: Path, home: Path, prepared: Prepared) -> None:
     """Past its deadline a decision is APPROVAL_EXPIRED and the approval shows expired."""
     with bootstrap(_settings(home)) as runtime:
-        short = _request(runtime, prepared.finished_run, 9, timedelta(seconds=1)).approval_id
+        short = _request(runtime, prepared.paused_run, 9, timedelta(seconds=1)).approval_id
     time.sleep(1.2)
     assert _error_code(_decide(tmp_path, home, short, APPROVE, "--json")) == "APPROVAL_EXPIRED"
     shown = _document(_run(tmp_path, home, "approvals", "show", short, "--json"))["approval"]
