@@ -488,19 +488,13 @@ def scope(bench: Bench) -> list[Boundary]:
 
 
 def run_id(bench: Bench) -> list[Boundary]:
-    """Return the edges of a run id's 3 to 128 characters."""
+    """Return the edges of a run id's 3 to 128 characters.
+
+    Checked where a run id is read, as a checkpoint now needs a started run.
+    """
 
     def create(name: str) -> None:
-        bench.runtime.checkpoints.create_checkpoint(
-            name,
-            {"node": "a"},
-            state={},
-            budgets={},
-            counters={},
-            dependency_summary={},
-            terminal_cursor=None,
-            event_cursor=0,
-        )
+        bench.runtime.checkpoints.latest_checkpoint(name)
 
     return [
         Boundary("longest", lambda: create("r" * 128), lambda: create("r" * 129), INVALID),

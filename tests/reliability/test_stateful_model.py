@@ -20,7 +20,7 @@ import hashlib
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -53,6 +53,9 @@ from flowvault.application import (
     CHECKPOINTS,
     DEFINITION_KIND,
     EVENT_KEYS,
+    GRAPH_DEFINITION_VERSIONS,
+    GRAPH_DEFINITIONS,
+    GRAPH_RUNS,
     IDEMPOTENCY,
     IDEMPOTENCY_KIND,
     REQUEST_IDEMPOTENCY,
@@ -67,6 +70,7 @@ from flowvault.application import (
     Order,
     RecordMetadata,
     RecordPage,
+    RunService,
     SecureObjectStore,
     StoredRecord,
     StoreStats,
@@ -106,6 +110,9 @@ RECORD_KEYS = ("doc-1", "doc-2", "doc-3")
 ORDER_KEYS = ("order-1", "order-2", "order-3")
 EVENT_KEY_CHOICES = (None, "note-1", "note-1", "note-2")
 RUNS = ("run-a", "run-b")
+"""Started and running before each example: a checkpoint needs a live run."""
+RUN_DEFINITION = "model.run"
+SEEDED_RECORDS = {GRAPH_RUNS: len(RUNS), GRAPH_DEFINITIONS: 1, GRAPH_DEFINITION_VERSIONS: 1}
 CURSORS = ("n1", "n2")
 AUDIENCES = ("finance", "legal")
 DEADLINE = EPOCH + timedelta(hours=2)
@@ -187,6 +194,17 @@ RECORD_KINDS = frozenset(
     }
 )
 """Record streams, named by keyed digests: the model does not name them; the audit checks them."""
+
+
+class _NamedIds:
+    """Issue the given ids in order, so the seeded runs have the names the model uses."""
+
+    def __init__(self, names: Iterator[str]) -> None:
+        self._names = names
+
+    def new_id(self) -> str:
+        """Return the next name."""
+        return next(self._names)
 
 
 class Divergence(AssertionError):
@@ -501,9 +519,25 @@ class VaultMachine(RuleBasedStateMachine):
         fault = None if self.fault_type is None else self.fault_type()
         self.backend = self.backend_type(fault)
         self.runtime = self.backend.open(self.clock, self.ids)
+        self._start_runs()
         self._verified: dict[str, list[LedgerEvent]] = {}
         self._started = False
         self.tally.examples += 1
+
+    def _start_runs(self) -> None:
+        """Start ``RUNS`` under their own ids, outside the model's id sequence, and run them."""
+        names = iter(RUNS)
+        repository = self.runtime.repository
+        runs = RunService(repository, self.clock, _NamedIds(names), integrity=repository)
+        try:
+            runs.register_definition(RUN_DEFINITION, {"nodes": ["a"]})
+            for name in RUNS:
+                runs.start_run(RUN_DEFINITION, {})
+                runs.set_status(name, "running", expected_status="accepted")
+                self.model.run_events[name] = 2
+        except FlowvaultError as exc:
+            self.backend.dispose(self.runtime)
+            raise self._diverged(f"starting the model's runs: raised {exc.code}") from exc
 
     def teardown(self) -> None:
         """Close the runtime and remove the example's store."""
@@ -1035,7 +1069,7 @@ class VaultMachine(RuleBasedStateMachine):
         counts = cast(StoreStats, self.runtime.store).namespace_counts()
         predicted_counts = {
             NAMESPACES[kind]: len(keys) for kind, keys in expected_keys.items() if keys
-        }
+        } | SEEDED_RECORDS
         self._agree("records per namespace", dict(counts), predicted_counts)
         revisions: dict[str, dict[str, int]] = {}
         digest = self.runtime.repository.key_digest

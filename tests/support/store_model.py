@@ -331,6 +331,8 @@ class StoreModel:
     ) -> Outcome[tuple[Approval, Checkpoint]]:
         """Decide once; a second decide is ``APPROVAL_ALREADY_DECIDED`` (docs/approvals.md).
 
+        The same actor with the same decision again gets the first result back.
+
         ``at`` is the instant the caller decides at (the clock's when omitted);
         at or past the deadline the approval expires and its checkpoint is
         consumed, committed before ``APPROVAL_EXPIRED`` is raised.
@@ -340,7 +342,7 @@ class StoreModel:
         if approval is None:
             return refused(NOT_FOUND)
         if approval.status != "pending":
-            return refused(APPROVAL_ALREADY_DECIDED)
+            return self._replayed(approval, decision, actor)
         if decision not in ALLOWED_DECISIONS:
             return refused(APPROVAL_DECISION_NOT_ALLOWED)
         checkpoint = self.checkpoints[approval.checkpoint_id]
@@ -354,6 +356,16 @@ class StoreModel:
         used = self._consumed(checkpoint, moment)
         decided = self._settle(approval, moment, status="decided", decision=decision, actor=actor)
         return Outcome(value=(decided, used))
+
+    def _replayed(
+        self, approval: Approval, decision: str, actor: str
+    ) -> Outcome[tuple[Approval, Checkpoint]]:
+        """Return the first result to the same actor and decision; else refuse it as decided."""
+        used = self.checkpoints.get(approval.checkpoint_id)
+        first = (approval.status, approval.decision, approval.actor)
+        if used is not None and first == ("decided", decision, actor):
+            return Outcome(value=(approval, used))
+        return refused(APPROVAL_ALREADY_DECIDED)
 
     def _settle(
         self,
