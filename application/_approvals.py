@@ -156,6 +156,8 @@ class ApprovalService:
                 (a stale view, not tampering); ``details["fields"]`` names them.
             CheckpointIntegrityFailure: the checkpoint does not verify.
             CheckpointConsumed: the checkpoint was already consumed.
+            NotFound / InvalidTransition: the checkpoint's run was never
+                started, or has ended (with a run service wired).
             ApprovalRequestConflict: another request is pending for the same
                 checkpoint and audience.
             InvalidInput: malformed fields, or ``expires_at`` not in the future.

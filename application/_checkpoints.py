@@ -131,7 +131,9 @@ class CheckpointService:
 
         The id follows from run and cursor, so a retried create finds the
         first. Raises ``IdempotencyConflict`` when that id already holds other
-        content, and ``IntegrityKeyRequired`` without an integrity key.
+        content, ``IntegrityKeyRequired`` without an integrity key, and, with
+        a run service wired, ``NotFound`` for a run never started and
+        ``InvalidTransition`` for one that has ended.
         """
         key = require_integrity(self._integrity)
         check_run_id(run_id)
