@@ -323,7 +323,10 @@ class ApprovalService:
                     )
                 continue
             if target is None:
-                raise self._consumed_elsewhere(key, approval)
+                refused = self._consumed_elsewhere(key, approval)
+                if refused is None:
+                    continue
+                raise refused
             decided = _signed(
                 Approval,
                 key,
@@ -420,13 +423,15 @@ class ApprovalService:
             )
         return found
 
-    def _consumed_elsewhere(self, key: KeyedDigester, approval: Approval) -> Exception:
-        """Say why a decision cannot consume: a racing decider won, or something else did."""
+    def _consumed_elsewhere(self, key: KeyedDigester, approval: Approval) -> Exception | None:
+        """Say why a decision cannot consume; ``None`` when a racing decision settled the approval.
+
+        The caller then reads the approval again, so a decider racing its
+        own retry gets the first result rather than a refusal.
+        """
         current, _ = self._require(key, approval.approval_id)
         if current.status is not ApprovalStatus.PENDING:
-            return ApprovalAlreadyDecided(
-                f"approval is already {current.status.value}", approval_id=approval.approval_id
-            )
+            return None
         return CheckpointConsumed(
             "the approval's checkpoint was already consumed",
             checkpoint_id=approval.checkpoint_id,
