@@ -46,7 +46,7 @@ def summarise(reports: Sequence[dict[str, Any]]) -> list[str]:
     for report in reports:
         for row in _rows(report):
             by_id.setdefault(row["id"], []).append(row)
-            labels.setdefault(row["id"], row["label"])
+            labels.setdefault(row["id"], f"{row['id']} {row['label']}")
     lines = list(HEADER)
     for row_id, rows in by_id.items():
         rates = [row["ops_per_s"]["median"] for row in rows]

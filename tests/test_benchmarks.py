@@ -219,7 +219,7 @@ def _report(date: str, rates: dict[str, tuple[float, float | None]]) -> dict[str
     rows = [
         {
             "id": row_id,
-            "label": f"{row_id} label",
+            "label": "label",
             "ops_per_s": {"median": rate},
             "p99_ms": 2.0,
             "ratio": rate / 1000,
