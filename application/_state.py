@@ -18,6 +18,7 @@ from typing import Generic, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
 
+from flowvault.application._approval_support import DECIDER_TAG
 from flowvault.application._backoff import pause_after_conflict
 from flowvault.application._compaction import compact_after_commit
 from flowvault.application._freshness import StreamPolicy
@@ -454,11 +455,13 @@ class StateRepository(Generic[M]):
         the reset again completes it. Resetting an absent state succeeds and
         records that it was absent. A reset that deleted compacts the store
         afterwards, so the state's old seals leave the write-ahead log too.
+        The actor is recorded as the keyed digest a decider gets, so the
+        ledger names no one in clear and one person has one digest.
         """
         fingerprint = self.fingerprint(reason_class)
         payload: dict[str, JsonValue] = {
             "fingerprint": fingerprint.model_dump(mode="json"),
-            "actor": actor,
+            "actor": self._repo.keyed_digest(DECIDER_TAG, actor),
             "source": source,
             "reason": fingerprint.reason_class,
         }

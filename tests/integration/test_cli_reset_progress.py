@@ -131,12 +131,13 @@ def test_reset_deletes_state_and_records_a_plaintext_free_event(tmp_path: Path) 
         events = main.history()
         other = runtime.state("other").load()
         other_history = runtime.state("other").history()
+        actor_digest = runtime.repository.keyed_digest("flowvault.decider/1", "ops")
     assert [event.type for event in other_history] == [STATE_WRITTEN_EVENT]
     assert [event.type for event in events] == [STATE_WRITTEN_EVENT, RESET_EVENT]
     payload = events[1].payload
     assert isinstance(payload, dict)
     assert payload["fingerprint"] == fingerprint
-    assert payload["actor"] == "ops"
+    assert payload["actor"] == actor_digest
     assert payload["source"] == "flowvault reset-progress"
     assert payload["reason"] == "corrupt"
     assert MARKER not in json.dumps(events[0].model_dump(mode="json"))

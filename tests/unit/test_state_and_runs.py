@@ -54,6 +54,10 @@ class Counter(BaseModel):
     note: str = ""
 
 
+DECIDER_TAG = "flowvault.decider/1"
+"""The keyed digest an approval's decider gets; a reset's actor gets the same."""
+
+
 class World:
     """Repositories over one store, with a clock the test controls."""
 
@@ -313,7 +317,7 @@ def test_reset_records_then_deletes_only_the_state(world: World) -> None:
     written, event = world.state().history()
     assert (written.type, event.type) == (STATE_WRITTEN_EVENT, RESET_EVENT)
     assert isinstance(event.payload, dict)
-    assert event.payload["actor"] == "ops"
+    assert event.payload["actor"] == world.repository.keyed_digest(DECIDER_TAG, "ops")
     assert event.payload["source"] == "test"
     assert event.payload["fingerprint"] == fingerprint.model_dump(mode="json")
     assert MARKER not in canonical_json(event.payload)
@@ -479,3 +483,21 @@ def test_conflict_pauses_grow_and_stay_capped(monkeypatch: pytest.MonkeyPatch) -
         _backoff.pause_after_conflict(lost)
     assert ceilings[:4] == [0.0005, 0.001, 0.002, 0.004]
     assert max(ceilings) == _backoff.LONGEST_PAUSE
+
+
+def test_the_reset_actor_is_recorded_as_a_keyed_digest_only(world: World) -> None:
+    """A reset event names its actor by a decider's keyed digest: one per person, none in clear."""
+    actor = "ops-person@example.org"
+    world.state().save(Counter(count=1))
+    world.state().reset(actor=actor, source="test")
+    world.state().save(Counter(count=2))
+    world.state().reset(actor=actor, source="test")
+    world.state().reset(actor="someone-else", source="test")
+    resets = [event for event in world.state().history() if event.type == RESET_EVENT]
+    digests = [event.payload["actor"] for event in resets if isinstance(event.payload, dict)]
+    expected = world.repository.keyed_digest(DECIDER_TAG, actor)
+    assert digests[:2] == [expected, expected]
+    assert digests[2] == world.repository.keyed_digest(DECIDER_TAG, "someone-else") != expected
+    for event in resets:
+        assert actor not in canonical_json(event.payload)
+        assert "someone-else" not in canonical_json(event.payload)
