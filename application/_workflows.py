@@ -612,9 +612,9 @@ class WorkflowService:
         append one step: a decision committed meanwhile moves the version,
         so the second writer gets ``RevisionConflict`` and, retried, this.
         """
-        action_hash = body.get("action_hash") if isinstance(body, dict) else None
         if head is None:
             return
+        action_hash = body.get("action_hash") if isinstance(body, dict) else None
         for event in newest_first(self._store, head):
             if event.to_state is None:
                 continue

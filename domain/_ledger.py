@@ -179,10 +179,8 @@ class LedgerEvent(BaseModel):
             raise _invalid_event(exc) from None
         if text is None:  # pragma: no cover - the validator refuses what the encoder refused
             raise InvalidInput("invalid ledger event: payload", fields="payload")
-        event_hash = digest_bytes(draft._canonical_body(text).encode("utf-8"))
-        event = draft.model_copy(update={"event_hash": event_hash})
-        object.__setattr__(event, "_stored_payload", (copied, text))
-        return event
+        object.__setattr__(draft, "_stored_payload", (copied, text))
+        return draft._copy_keeping_text({"event_hash": draft.computed_hash()})
 
     @classmethod
     def restore(
@@ -249,7 +247,11 @@ class LedgerEvent(BaseModel):
 
     def with_chain_mac(self, chain_mac: str) -> Self:
         """Return this event carrying ``chain_mac``; the MAC is not hashed, so the text is kept."""
-        event = self.model_copy(update={"chain_mac": chain_mac})
+        return self._copy_keeping_text({"chain_mac": chain_mac})
+
+    def _copy_keeping_text(self, update: dict[str, str]) -> Self:
+        """Return a copy with ``update`` (fields other than the payload), its text kept."""
+        event = self.model_copy(update=update)
         stored = getattr(self, "_stored_payload", None)
         if stored is not None and stored[0] is event.payload:
             object.__setattr__(event, "_stored_payload", stored)

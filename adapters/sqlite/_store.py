@@ -9,10 +9,11 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 from flowvault.adapters._listing import filter_shapes, list_params, page_of
 from flowvault.adapters._rows import (
@@ -79,6 +80,8 @@ from flowvault.domain import (
     StoreBusy,
     StoreUnavailable,
 )
+
+T = TypeVar("T")
 
 _FORKED = "store opened before fork; open a new one in the child"
 _OPEN_RETRY_PAUSE = 0.01
@@ -291,54 +294,39 @@ class SQLiteSecureObjectStore:
             self._readers.discard(handle)
         handle.close()
 
-    @contextmanager
-    def _reading(self) -> Iterator[sqlite3.Connection]:
-        """Read on the writer connection when no commit holds it, else on this thread's reader.
+    def _read(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``work`` on the writer connection if no commit holds it, else on the thread's reader.
 
         In WAL mode a connection drops its page cache whenever another
         connection has written since its last read, so a reader that follows
         every commit re-reads each page from the file. The writer's cache
         stays valid across its own commits; borrowing it while it is idle
         makes a read-after-write (load, transition, load) hit that cache.
-        """
-        self._check_usable()
-        with translated(self._options.busy_timeout):
-            if self._writer.lock.acquire(blocking=False):
-                try:
-                    self._check_usable()
-                    yield self._writer.connection
-                finally:
-                    self._writer.lock.release()
-                return
-            handle = self._reader()
-            with handle.lock:
-                self._check_usable()
-                yield handle.connection
-
-    def _fetch(self, statement: str, params: Sequence[object] = ()) -> builtins.list[Row]:
-        """Run one read statement the way ``_reading`` would and return its rows.
-
-        The same connection choice and error translation, written out flat:
-        the single-statement reads are the hot path of every load, and two
-        generator-based context managers cost more than the statement.
+        Written flat rather than as a context manager: reads are the hot
+        path of every load, and two generator-based context managers cost
+        more than a one-row statement.
         """
         self._check_usable()
         try:
             if self._writer.lock.acquire(blocking=False):
                 try:
                     self._check_usable()
-                    return self._writer.connection.execute(statement, params).fetchall()
+                    return work(self._writer.connection)
                 finally:
                     self._writer.lock.release()
             handle = self._reader()
             with handle.lock:
                 self._check_usable()
-                return handle.connection.execute(statement, params).fetchall()
+                return work(handle.connection)
         except Exception as exc:
             error = translated_error(exc, self._options.busy_timeout)
             if error is None:
                 raise
             raise error from exc
+
+    def _fetch(self, statement: str, params: Sequence[object] = ()) -> builtins.list[Row]:
+        """Return the rows of one read statement, run as ``_read`` runs its work."""
+        return self._read(lambda connection: connection.execute(statement, params).fetchall())
 
     @contextmanager
     def _writing(self) -> Iterator[sqlite3.Connection]:
@@ -473,9 +461,14 @@ class SQLiteSecureObjectStore:
         if isinstance(from_index, bool) or not isinstance(from_index, int) or from_index < 0:
             raise InvalidInput("from_index must not be negative")
         start = min(from_index, INDEX_CEILING)
-        with self._reading() as connection, transaction(connection, "BEGIN"):
-            state = connection.execute(sql.STREAM_STATE, (stream,)).fetchall()
-            rows = connection.execute(sql.LEDGER_PAGE, (stream, start, limit + 1)).fetchall()
+
+        def page(connection: sqlite3.Connection) -> tuple[builtins.list[Row], builtins.list[Row]]:
+            with transaction(connection, "BEGIN"):
+                state = connection.execute(sql.STREAM_STATE, (stream,)).fetchall()
+                rows = connection.execute(sql.LEDGER_PAGE, (stream, start, limit + 1)).fetchall()
+            return state, rows
+
+        state, rows = self._read(page)
         events = tuple(event_from_row(row) for row in rows[:limit])
         mark = stream_state(state[0]) if state else None
         check_stream_page(mark, start, events, last_page=len(rows) <= limit)
