@@ -13,7 +13,7 @@ from flowvault.application._approval_support import (
     REQUEST_IDEMPOTENCY,
     WITNESSES,
 )
-from flowvault.application._approvals import ApprovalService
+from flowvault.application._approvals import ApprovalService, ExpiryReport, SignedDecision
 from flowvault.application._audit import (
     MAX_LISTED_UNREADABLE,
     AuditReport,
@@ -37,6 +37,7 @@ from flowvault.application._capabilities import (
 from flowvault.application._checkpoints import CheckpointService
 from flowvault.application._compaction import compact_after_commit, compact_fully
 from flowvault.application._cursor import ListCursor, effective_limit
+from flowvault.application._decider_keys import DECIDER_KEY_KIND, DECIDER_KEYS
 from flowvault.application._evidence import EvidenceService
 from flowvault.application._freshness import (
     ACTION_RESULT_KIND,
@@ -198,6 +199,7 @@ from flowvault.application.ports import (
     Cipher,
     Clock,
     Compactor,
+    DecisionSignatures,
     IdFactory,
     SealCounter,
     SecureObjectStore,
@@ -217,6 +219,8 @@ __all__ = [
     "CHECKPOINTS",
     "CHECKPOINT_KIND",
     "COMPACT_SLACK",
+    "DECIDER_KEYS",
+    "DECIDER_KEY_KIND",
     "DECISION_STATE",
     "DEFAULT_BATCH",
     "DEFAULT_RETENTION",
@@ -280,9 +284,11 @@ __all__ = [
     "CipherDigester",
     "Clock",
     "Compactor",
+    "DecisionSignatures",
     "Delete",
     "EvidenceService",
     "ExpectedRevision",
+    "ExpiryReport",
     "FilterOp",
     "GraphRunPage",
     "Guard",
@@ -333,6 +339,7 @@ __all__ = [
     "SealedDocument",
     "SealedRepository",
     "SecureObjectStore",
+    "SignedDecision",
     "StaleRecord",
     "StateProbe",
     "StateRepository",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from pydantic import ValidationError
@@ -38,6 +39,7 @@ from flowvault.application._approval_support import (
     checkpoint_stream,
 )
 from flowvault.application._checkpoints import CheckpointService
+from flowvault.application._decider_keys import DeciderKeys
 from flowvault.application._freshness import (
     StreamPolicy,
     leaves_unnamed,
@@ -60,11 +62,13 @@ from flowvault.application._records import (
     UnitOfWork,
     Upsert,
 )
+from flowvault.application._run_service import RunService
 from flowvault.application._runs import RUNS, check_run_id
 from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application._streams import keyed, next_position
-from flowvault.application.ports import Clock, IdFactory
+from flowvault.application.ports import Clock, DecisionSignatures, IdFactory
 from flowvault.domain import (
+    MAX_DECIDERS,
     Approval,
     ApprovalAlreadyDecided,
     ApprovalDecisionNotAllowed,
@@ -78,11 +82,16 @@ from flowvault.domain import (
     CheckpointStatus,
     IntegrityFailure,
     InvalidInput,
+    InvalidTransition,
     JsonValue,
     LedgerEvent,
     NotFound,
+    RejectionRule,
     RevisionConflict,
+    Vote,
     canonical_bytes,
+    canonical_json,
+    decision_statement,
     format_instant,
 )
 
@@ -95,10 +104,45 @@ def _stale(checkpoint: Checkpoint, fields: list[str]) -> RevisionConflict:
     )
 
 
+def _outcome(approval: Approval) -> str:
+    """Name what a decision's unit did: ``voted`` while a quorum still waits, else the status."""
+    return "voted" if approval.status is ApprovalStatus.PENDING else approval.status.value
+
+
 def _check_actor(actor: object) -> str:
     if not isinstance(actor, str) or not actor or len(actor) > MAX_ACTOR:
         raise InvalidInput(f"actor must be a string of 1..{MAX_ACTOR} characters")
     return actor
+
+
+AWAITING_APPROVAL = "awaiting_approval"
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiryReport:
+    """What one expiry pass did."""
+
+    expired_approvals: int
+    failed_runs: int
+
+
+@dataclass(frozen=True, slots=True)
+class SignedDecision:
+    """A decider's signed decision: the statement (canonical JSON text), the signature, the decider.
+
+    ``decider`` is the keyed digest the approval's receipt uses; the
+    signature is checked with the decider's public key alone.
+    """
+
+    statement: str
+    signature: str
+    decider: str
+
+    def to_json(self) -> str:
+        """Return the statement file an auditor checks with ``approvals verify-decision``."""
+        return canonical_json(
+            {"statement": self.statement, "signature": self.signature, "decider": self.decider}
+        )
 
 
 class ApprovalService:
@@ -116,6 +160,7 @@ class ApprovalService:
         *,
         checkpoints: CheckpointService,
         integrity: KeyedDigester | None,
+        signatures: DecisionSignatures | None = None,
     ) -> None:
         if checkpoints.repository.store is not repository.store:
             raise InvalidInput("approvals and their checkpoints must share one store")
@@ -125,6 +170,7 @@ class ApprovalService:
         self._ids = ids
         self._checkpoints = checkpoints
         self._integrity = integrity
+        self._keys = DeciderKeys(repository, signatures)
         self._fresh = StreamPolicy[SealedDocument](
             "approval", repository, leaves_record=leaves_unnamed
         )
@@ -144,11 +190,19 @@ class ApprovalService:
         prompt_digest: str,
         allowed_decisions: Sequence[str],
         expires_at: datetime,
+        required: int = 1,
+        deciders: Sequence[str] | None = None,
+        rejection: RejectionRule | str = RejectionRule.ANY,
     ) -> Approval:
         """Ask ``audience`` to decide on a pending checkpoint, bound to its integrity digest.
 
         An identical pending request for the same checkpoint and audience is
-        returned as it is.
+        returned as it is. ``required`` above one, or named ``deciders``,
+        makes a quorum approval: ``required`` distinct deciders (of
+        ``deciders`` when named, kept only as keyed digests) must approve,
+        ``allowed_decisions`` must be exactly ``approve`` and ``reject``, and
+        ``rejection`` says when rejections settle it (``any``: one does;
+        ``quorum``: ``required`` do).
 
         Raises:
             RevisionConflict: the verified checkpoint no longer matches the
@@ -177,6 +231,14 @@ class ApprovalService:
             expected_counters,
             expected_dependency_digest,
         )
+        if deciders is not None and (
+            isinstance(deciders, str)
+            or not isinstance(deciders, Sequence)
+            or not all(isinstance(name, str) and name for name in deciders)
+        ):
+            raise InvalidInput("deciders must be a sequence of non-empty decider names")
+        if rejection not in set(RejectionRule):
+            raise InvalidInput("rejection must be 'any' or 'quorum'")
         fields: dict[str, object] = {
             "checkpoint_id": checkpoint_id,
             "run_id": checkpoint.run_id,
@@ -186,6 +248,11 @@ class ApprovalService:
             "allowed_decisions": tuple(allowed_decisions),
             "requested_at": self._clock.now(),
             "expires_at": _aware(expires_at, "expires_at"),
+            "required": required,
+            "deciders": tuple(
+                key.keyed_digest(DECIDER_TAG, _check_actor(name)) for name in deciders or ()
+            ),
+            "rejection": RejectionRule(rejection),
         }
         draft = _signed(Approval, key, APPROVAL_TAG, {**fields, "approval_id": "draft"})
         for _ in range(RETRIES):
@@ -273,51 +340,71 @@ class ApprovalService:
         return self._require(require_integrity(self._integrity), approval_id)[0]
 
     def decide(
-        self, approval_id: str, decision: str, actor: str, now: datetime | None = None
+        self,
+        approval_id: str,
+        decision: str,
+        actor: str,
+        now: datetime | None = None,
+        *,
+        signature: bytes | None = None,
     ) -> tuple[Approval, Checkpoint]:
-        """Record ``actor``'s decision and consume the checkpoint, in one unit of work.
+        """Record ``actor``'s decision; consume the checkpoint once the approval is settled.
 
-        Returns the decided approval and the consumed checkpoint to resume
-        from. The same ``actor`` sending the same ``decision`` again (a retry
-        after a lost reply) gets that first result back and writes nothing.
-        Checks run in this order, and nothing changes unless stated:
+        Returns the approval and its checkpoint: consumed (the point to
+        resume from) once the approval is decided, still pending while a
+        quorum approval waits for more votes. The same ``actor`` sending
+        the same ``decision`` again (a retry after a lost reply) gets the
+        current result back and writes nothing. A decider with a registered
+        key must pass ``signature``, their Ed25519 signature of
+        ``decision_statement(approval, decision)``. Checks run in this
+        order, and nothing changes unless stated:
 
         Raises:
             ApprovalAlreadyDecided: it expired, or was decided by another
-                actor or with another decision; racing deciders all get this
-                except the one that won (and its own retries).
-            ApprovalDecisionNotAllowed: ``decision`` is not an allowed one.
+                actor or with another decision, or this decider already voted
+                otherwise; racing deciders all get this except the ones whose
+                decisions counted (and their own retries).
+            ApprovalDecisionNotAllowed: ``decision`` is not an allowed one, or
+                ``actor`` is not one of a quorum approval's named deciders.
+            DecisionSignatureInvalid: the decider has a registered key and the
+                signature is missing or not theirs over this decision.
             NotFound / InvalidTransition: the approval's run was never
                 started, or has ended (with a run service wired).
             ApprovalExpired: ``now`` is at or past ``expires_at``. The approval
                 is first marked expired and its checkpoint consumed, together,
-                and that is committed before this is raised.
+                and the run moved to ``failed`` (see ``expire_overdue``), before
+                this is raised.
             CheckpointConsumed: the checkpoint was consumed by something else
                 (a resume, or an approval for another audience).
 
         """
         key = require_integrity(self._integrity)
         _check_actor(actor)
+        voter = key.keyed_digest(DECIDER_TAG, actor)
         moment = self._clock.now() if now is None else _aware(now, "now")
-        for _ in range(RETRIES):
+        signed: str | None = None
+        checked_signature = False
+        for _ in range(RETRIES + MAX_DECIDERS):
             approval, revision = self._require(key, approval_id)
+            replayed = self._replayed(approval, decision, actor, voter, moment)
+            if replayed is not None:
+                return replayed
             if approval.status is not ApprovalStatus.PENDING:
-                replayed = self._replayed(approval, decision, actor)
-                if replayed is not None:
-                    return replayed
                 raise ApprovalAlreadyDecided(
                     f"approval is already {approval.status.value}", approval_id=approval_id
                 )
-            if decision not in approval.allowed_decisions:
-                raise ApprovalDecisionNotAllowed(
-                    "decision is not one of the approval's allowed decisions",
-                    approval_id=approval_id,
+            self._check_decider(approval, decision, voter)
+            if not checked_signature:
+                signed = self._keys.checked_signature(
+                    actor, decision_statement(approval, decision), signature
                 )
+                checked_signature = True
             position = next_position(self._store, run_stream(approval.run_id))
             self._checkpoints._require_live_run(approval.run_id)
             target = self._pending_checkpoint(approval)
             if moment >= approval.expires_at:
                 if self._expire(key, approval, revision, target, moment, position=position):
+                    self._fail_if_stranded(approval.run_id)
                     raise ApprovalExpired(
                         "approval expired before it was decided", approval_id=approval_id
                     )
@@ -327,33 +414,77 @@ class ApprovalService:
                 if refused is None:
                     continue
                 raise refused
-            decided = _signed(
-                Approval,
+            outcome = self._with_decision(
                 key,
-                APPROVAL_TAG,
-                {
-                    **approval.model_dump(),
-                    "status": ApprovalStatus.DECIDED,
-                    "decision": decision,
-                    "actor": actor,
-                    "decided_at": moment,
-                },
+                approval,
+                decision=decision,
+                actor=actor,
+                voter=voter,
+                signature=signed,
+                moment=moment,
             )
-            consumed = self._checkpoints._consumed(target[0], moment)
-            bound = self._bound_event(decided, moment, consumes=True)
+            settled = outcome.status is ApprovalStatus.DECIDED
+            bound = self._bound_event(outcome, moment, consumes=settled)
+            upserts = [self._upsert(outcome, revision, bound.index)]
+            checkpoint = target[0]
+            if settled:
+                checkpoint = self._checkpoints._consumed(target[0], moment)
+                upserts.append(self._checkpoints._upsert(checkpoint, target[1], bound.index))
             unit = UnitOfWork(
-                upserts=[
-                    self._upsert(decided, revision, bound.index),
-                    self._checkpoints._upsert(consumed, target[1], bound.index),
-                ],
-                appends=[bound, self._outcome_event(decided, moment, position)],
+                upserts=upserts, appends=[bound, self._outcome_event(outcome, moment, position)]
             )
             try:
                 self._store.commit(unit)
             except RevisionConflict:
                 continue
-            return decided, consumed
+            return outcome, checkpoint
         raise RevisionConflict("approval kept changing; retry", approval_id=approval_id)
+
+    @staticmethod
+    def _check_decider(approval: Approval, decision: str, voter: str) -> None:
+        if decision not in approval.allowed_decisions:
+            raise ApprovalDecisionNotAllowed(
+                "decision is not one of the approval's allowed decisions",
+                approval_id=approval.approval_id,
+            )
+        if approval.deciders and voter not in approval.deciders:
+            raise ApprovalDecisionNotAllowed(
+                "actor is not one of the approval's deciders", approval_id=approval.approval_id
+            )
+        if any(vote.decider == voter and vote.decision != decision for vote in approval.votes):
+            raise ApprovalAlreadyDecided(
+                "this decider already voted otherwise", approval_id=approval.approval_id
+            )
+
+    @staticmethod
+    def _with_decision(
+        key: KeyedDigester,
+        approval: Approval,
+        *,
+        decision: str,
+        actor: str,
+        voter: str,
+        signature: str | None,
+        moment: datetime,
+    ) -> Approval:
+        """Return the approval with this decision counted, decided once it settles it."""
+        fields = approval.model_dump()
+        if approval.quorum or signature is not None:
+            vote = Vote(decider=voter, decision=decision, decided_at=moment, signature=signature)
+            fields["votes"] = (*approval.votes, vote)
+        settled = (
+            approval.model_copy(update={"votes": fields["votes"]}).tally()
+            if approval.quorum
+            else decision
+        )
+        if settled is not None:
+            fields |= {
+                "status": ApprovalStatus.DECIDED,
+                "decision": settled,
+                "actor": actor,
+                "decided_at": moment,
+            }
+        return _signed(Approval, key, APPROVAL_TAG, fields)
 
     def _bound_event(self, approval: Approval, moment: datetime, *, consumes: bool) -> LedgerEvent:
         """Build the checkpoint-stream event a decision or expiry binds its rows to."""
@@ -363,30 +494,39 @@ class ApprovalService:
         return record_event(
             self._repo,
             checkpoint_stream(self._repo, approval.checkpoint_id),
-            f"checkpoint.approval_{approval.status.value}",
+            f"checkpoint.approval_{_outcome(approval)}",
             record_payload(*written),
             moment,
         )
 
     def _replayed(
-        self, approval: Approval, decision: str, actor: str
+        self, approval: Approval, decision: str, actor: str, voter: str, moment: datetime
     ) -> tuple[Approval, Checkpoint] | None:
-        """Return a decision's first result when the same actor sends it again; else ``None``.
+        """Return the current result when a decider sends the same decision again; else ``None``.
 
-        The checkpoint that decision consumed must still be the one it
-        wrote (consumed at the decision's instant), or nothing is replayed.
+        A decided approval replays only for its deciding actor and decision,
+        or a quorum vote cast the same way, and only while the checkpoint is
+        the one the decision consumed; a pending quorum approval replays for
+        a decider who voted the same way, before the deadline, while its
+        checkpoint is pending.
         """
-        if approval.status is not ApprovalStatus.DECIDED:
-            return None
-        if (approval.actor, approval.decision) != (actor, decision):
-            return None
-        found = self._checkpoints._find(approval.checkpoint_id)
-        if found is None:
+        if approval.quorum:
+            cast = any(v.decider == voter and v.decision == decision for v in approval.votes)
+        else:
+            cast = approval.status is ApprovalStatus.DECIDED and (
+                (approval.actor, approval.decision) == (actor, decision)
+            )
+        found = self._checkpoints._find(approval.checkpoint_id) if cast else None
+        if found is None or found[0].run_id != approval.run_id:
             return None
         checkpoint = found[0]
-        if checkpoint.run_id != approval.run_id or checkpoint.consumed_at != approval.decided_at:
-            return None
-        return approval, checkpoint
+        if approval.status is ApprovalStatus.PENDING:
+            current = moment < approval.expires_at and checkpoint.status is CheckpointStatus.PENDING
+        else:
+            current = approval.status is ApprovalStatus.DECIDED and (
+                checkpoint.consumed_at == approval.decided_at
+            )
+        return (approval, checkpoint) if current else None
 
     def _outcome_event(
         self, approval: Approval, moment: datetime, position: tuple[int, str]
@@ -404,7 +544,7 @@ class ApprovalService:
         event = LedgerEvent.create(
             stream=stream,
             index=index,
-            type=f"approval.{approval.status.value}",
+            type=f"approval.{_outcome(approval)}",
             occurred_at=moment,
             payload=self.approval_receipt(approval).body(),
             previous_hash=previous,
@@ -466,14 +606,145 @@ class ApprovalService:
             return False
         return True
 
+    def expire_overdue(self, now: datetime | None = None) -> ExpiryReport:
+        """Record every overdue pending approval's expiry; fail the runs left waiting.
+
+        Each expiry is the same unit of work a late ``decide`` commits (the
+        approval expired, its checkpoint consumed, events in both streams).
+        Then every run still ``awaiting_approval`` whose newest approval has
+        expired and which has no pending one moves to ``failed`` (its event's
+        detail says ``approval_expired``), so no run waits forever. An
+        approval whose run has already ended is left as it is (it lists as
+        expired). Safe to repeat: a pass after a crash finishes what the last
+        one began.
+        """
+        key = require_integrity(self._integrity)
+        moment = self._clock.now() if now is None else _aware(now, "now")
+        expired = 0
+        pending = [LabelFilter("status", ApprovalStatus.PENDING.value)]
+        for metadata in list(_list_all(self._store, APPROVALS, pending)):
+            opened = _open_listed(self._repo, metadata)
+            checked = None if opened is None else self._checked(key, opened)
+            if checked is not None and checked[0].status_at(moment) is ApprovalStatus.EXPIRED:
+                expired += self._expire_overdue(key, checked[0].approval_id, moment)
+        failed = 0
+        runs = self._checkpoints._runs
+        if runs is not None:
+            cursor: str | None = None
+            waiting: list[str] = []
+            while True:
+                page = runs.list_runs(AWAITING_APPROVAL, cursor=cursor, limit=MAX_LIST_LIMIT)
+                waiting += [run.run_id for run in page.runs]
+                if page.next_cursor is None:
+                    break
+                cursor = page.next_cursor
+            failed = sum(self._fail_if_stranded(run_id) for run_id in waiting)
+        return ExpiryReport(expired_approvals=expired, failed_runs=failed)
+
+    def _expire_overdue(self, key: KeyedDigester, approval_id: str, moment: datetime) -> bool:
+        """Commit one overdue approval's expiry; ``False`` if it settled or its run ended."""
+        for _ in range(RETRIES):
+            found = self._find(key, approval_id)
+            if found is None:
+                return False
+            approval, revision = found
+            if approval.status_at(moment) is not ApprovalStatus.EXPIRED or (
+                approval.status is not ApprovalStatus.PENDING
+            ):
+                return False
+            position = next_position(self._store, run_stream(approval.run_id))
+            try:
+                self._checkpoints._require_live_run(approval.run_id)
+            except (NotFound, InvalidTransition):
+                return False
+            target = self._pending_checkpoint(approval)
+            if self._expire(key, approval, revision, target, moment, position=position):
+                return True
+        return False
+
+    def _fail_if_stranded(self, run_id: str) -> bool:
+        """Fail a run awaiting approval whose newest approval expired and none is pending."""
+        runs = self._checkpoints._runs
+        if runs is None or not self._stranded(runs, run_id):
+            return False
+        try:
+            runs.set_status(
+                run_id,
+                "failed",
+                expected_status=AWAITING_APPROVAL,
+                payload={"reason": "approval_expired"},
+            )
+        except RevisionConflict:
+            return False
+        return True
+
+    def _stranded(self, runs: RunService, run_id: str) -> bool:
+        try:
+            if runs.get_run(run_id).status != AWAITING_APPROVAL:
+                return False
+        except NotFound:
+            return False
+        approvals = self._approvals_of(require_integrity(self._integrity), run_id)
+        if not approvals or any(a.status is ApprovalStatus.PENDING for a in approvals):
+            return False
+        newest = max(approvals, key=lambda approval: approval.requested_at)
+        return newest.status is ApprovalStatus.EXPIRED
+
+    def _approvals_of(self, key: KeyedDigester, run_id: str) -> list[Approval]:
+        filters = [LabelFilter("run", self._repo.key_digest(RUNS, run_id))]
+        found: list[Approval] = []
+        for metadata in _list_all(self._store, APPROVALS, filters):
+            opened = _open_listed(self._repo, metadata)
+            checked = None if opened is None else self._checked(key, opened)
+            if checked is not None and checked[0].run_id == run_id:
+                found.append(checked[0])
+        return found
+
+    def register_decider_key(self, decider: str, public_key_pem: bytes) -> None:
+        """Register ``decider``'s Ed25519 public key (PEM); their decisions must be signed from now.
+
+        Registering the same key again changes nothing; another key
+        replaces it for later decisions.
+
+        Raises:
+            InvalidInput: not a PEM Ed25519 public key, or no signature
+                checker is wired (``bootstrap()`` wires one).
+
+        """
+        self._keys.register(_check_actor(decider), public_key_pem, self._clock.now())
+
+    def decision_statement(self, approval_id: str, decision: str) -> bytes:
+        """Return the bytes a decider signs to make ``decision`` on the approval."""
+        approval = self.get_approval(approval_id)
+        if decision not in approval.allowed_decisions:
+            raise ApprovalDecisionNotAllowed(
+                "decision is not one of the approval's allowed decisions", approval_id=approval_id
+            )
+        return decision_statement(approval, decision)
+
+    def signed_decisions(self, approval: Approval) -> list[SignedDecision]:
+        """Return the approval's signed decisions, each checkable with a public key alone."""
+        return [
+            SignedDecision(
+                statement=decision_statement(approval, vote.decision).decode("utf-8"),
+                signature=vote.signature,
+                decider=vote.decider,
+            )
+            for vote in approval.votes
+            if vote.signature is not None
+        ]
+
     def list_approvals(
         self, run_id: str, status: ApprovalStatus | None = None, limit: int = 50
     ) -> list[Approval]:
         """Return the run's approvals, newest request first, at most ``limit`` (capped at 200).
 
-        Every approval of the run (in ``status``) is opened before the newest
-        are chosen, so the order rests on sealed request times, not on the
-        clear labels a listing returns, which an editor could change.
+        ``status`` filters on the status as of now (``Approval.status_at``):
+        a pending approval past its deadline lists as expired, not pending,
+        before any pass has recorded its expiry. Every approval of the run is
+        opened before the newest are chosen, so the order rests on sealed
+        request times, not on the clear labels a listing returns, which an
+        editor could change.
         """
         key = require_integrity(self._integrity)
         check_run_id(run_id)
@@ -483,7 +754,9 @@ class ApprovalService:
         if status is not None:
             if not isinstance(status, str) or status not in set(ApprovalStatus):
                 raise InvalidInput("status must be pending, decided or expired")
-            filters.append(LabelFilter("status", ApprovalStatus(status).value))
+            if status == ApprovalStatus.DECIDED:
+                filters.append(LabelFilter("status", ApprovalStatus.DECIDED.value))
+        now = self._clock.now()
         found: list[tuple[Approval, str]] = []
         for metadata in _list_all(self._store, APPROVALS, filters):
             opened = _open_listed(self._repo, metadata)
@@ -493,7 +766,8 @@ class ApprovalService:
             approval = checked[0]
             if approval.run_id != run_id:
                 raise IntegrityFailure("approval names another run than its label")
-            found.append((approval, metadata.key_digest))
+            if status is None or approval.status_at(now) == status:
+                found.append((approval, metadata.key_digest))
         found.sort(key=lambda pair: (pair[0].requested_at, pair[1]), reverse=True)
         return [approval for approval, _ in found[: min(limit, MAX_LIST_LIMIT)]]
 
@@ -525,6 +799,13 @@ class ApprovalService:
             decision=keyed("flowvault.approval-decision/1", approval.decision),
             actor=keyed(DECIDER_TAG, approval.actor),
             decided_at=approval.decided_at,
+            required=approval.required if approval.quorum else None,
+            votes=key.keyed_digest(
+                "flowvault.approval-votes/1",
+                canonical_bytes([vote.model_dump(mode="json") for vote in approval.votes]),
+            )
+            if approval.votes
+            else None,
         )
 
     def purge(self, now: datetime, older_than: timedelta, batch_size: int = PURGE_BATCH) -> int:

@@ -31,6 +31,7 @@ from flowvault.application._approval_support import (
     REQUEST_IDEMPOTENCY,
     WITNESSES,
 )
+from flowvault.application._decider_keys import DECIDER_KEY_KIND, DECIDER_KEYS
 from flowvault.application._freshness import (
     ACTION_RESULT_KIND,
     CHECKPOINT_KIND,
@@ -64,6 +65,7 @@ RECORD_STREAM_NAMESPACES: Final[Mapping[str, tuple[str, ...]]] = {
     ACTION_RESULT_KIND: (ACTION_RESULTS,),
     DEFINITION_KIND: (GRAPH_DEFINITIONS, GRAPH_DEFINITION_VERSIONS),
     RESULT_KIND: (RUNS,),
+    DECIDER_KEY_KIND: (DECIDER_KEYS,),
 }
 """Where the rows a record stream names may live, by the stream's kind."""
 

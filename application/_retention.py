@@ -27,10 +27,14 @@ class RetentionReport:
     decided_approvals: int = 0
     idempotency_records: int = 0
     finished_runs: int = 0
+    expired_approvals: int = 0
+    """Overdue approvals whose expiry the pass recorded (not deletions)."""
+    failed_runs: int = 0
+    """Runs left awaiting an expired approval that the pass moved to ``failed``."""
 
     @property
     def total(self) -> int:
-        """All deletions of the pass."""
+        """All deletions of the pass (expiries are not deletions)."""
         return (
             self.action_results
             + self.consumed_checkpoints
@@ -67,7 +71,10 @@ class RetentionJob:
         self._idempotency = idempotency
 
     def run(self, now: datetime | None = None) -> RetentionReport:
-        """Delete everything past its horizon at ``now`` (the clock's time by default).
+        """Expire overdue approvals, then delete everything past its horizon at ``now``.
+
+        ``now`` is the clock's time by default. The expiry pass is
+        ``ApprovalService.expire_overdue``, so no run waits on a dead approval.
 
         Every horizon is computed before anything is deleted, so a ``now``
         that is naive, or too early to subtract an age from, is refused
@@ -83,7 +90,10 @@ class RetentionJob:
         def purge(horizon: timedelta | None, purger: Purger) -> int:
             return 0 if horizon is None else purger(at, horizon, batch)
 
+        expiry = self._approvals.expire_overdue(at)
         return RetentionReport(
+            expired_approvals=expiry.expired_approvals,
+            failed_runs=expiry.failed_runs,
             action_results=self._workflows.purge_expired(at, batch_size=batch),
             decided_approvals=purge(policy.decided_approvals, self._approvals.purge),
             consumed_checkpoints=purge(policy.consumed_checkpoints, self._checkpoints.purge),

@@ -327,3 +327,25 @@ class Compactor(Protocol):
         and a later call will.
         """
         ...
+
+
+@runtime_checkable
+class DecisionSignatures(Protocol):
+    """Ed25519 checks of deciders' signatures, by public keys the host registered for them.
+
+    Kept behind a port so the application stays free of a crypto library;
+    the composition root binds the ``cryptography`` implementation.
+    """
+
+    def public_key(self, pem: bytes) -> bytes:
+        """Return the raw 32-byte key of a PEM (SubjectPublicKeyInfo) Ed25519 public key.
+
+        Raises:
+            InvalidInput: ``pem`` holds no Ed25519 public key.
+
+        """
+        ...
+
+    def verify(self, public_key: bytes, message: bytes, signature: bytes) -> bool:
+        """Return whether ``signature`` is raw ``public_key``'s Ed25519 signature of ``message``."""
+        ...

@@ -159,7 +159,12 @@ def _assemble(container: Container) -> Runtime:
         graph_runs=graph_runs,
         checkpoints=checkpoints,
         approvals=ApprovalService(
-            repository, clock, ids, checkpoints=checkpoints, integrity=repository
+            repository,
+            clock,
+            ids,
+            checkpoints=checkpoints,
+            integrity=repository,
+            signatures=container.signatures(),
         ),
         idempotency=IdempotencyService(repository, clock),
         evidence=EvidenceService(repository, clock, integrity=repository),

@@ -6,7 +6,12 @@ import structlog
 from dependency_injector import containers, providers
 from pydantic import SecretStr
 
-from flowvault.adapters.crypto import AesGcmCipher, FileKeyStore, generate_master_key
+from flowvault.adapters.crypto import (
+    AesGcmCipher,
+    Ed25519DecisionSignatures,
+    FileKeyStore,
+    generate_master_key,
+)
 from flowvault.adapters.memory import InMemoryKeyStore, InMemorySecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.adapters.system import MarkFileStore, RandomIdFactory, SystemClock
@@ -229,6 +234,7 @@ class Container(containers.DeclarativeContainer):
     settings = providers.Singleton(Settings.from_env)
     clock = providers.Singleton(SystemClock)
     ids = providers.Singleton(RandomIdFactory)
+    signatures = providers.Singleton(Ed25519DecisionSignatures)
     explicit_key: providers.Object[bytes | None] = providers.Object(None)
     store = providers.Selector(
         providers.Callable(_backend, settings),

@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBytes, model_validator
 
-from flowvault.domain._canonical import MAX_SAFE_INTEGER, JsonValue, content_hash, digest_bytes
+from flowvault.domain._canonical import (
+    MAX_SAFE_INTEGER,
+    JsonValue,
+    canonical_bytes,
+    content_hash,
+    digest_bytes,
+)
 from flowvault.domain._envelope import Digest, UtcDatetime
 from flowvault.domain._fingerprint import Receipt
 from flowvault.domain._state import RunId
@@ -35,6 +42,12 @@ MAX_ACTOR = 256
 MAX_DECISIONS = 16
 MAX_LOCATOR = 2048
 MAX_BUDGET_ENTRIES = 64
+MAX_DECIDERS = 64
+"""Largest audience of named deciders (and so largest quorum) one approval may have."""
+APPROVE = "approve"
+REJECT = "reject"
+QUORUM_DECISIONS = (APPROVE, REJECT)
+"""The only decisions a quorum approval offers: each decider approves or rejects."""
 
 
 class CheckpointStatus(StrEnum):
@@ -50,6 +63,15 @@ class ApprovalStatus(StrEnum):
     PENDING = "pending"
     DECIDED = "decided"
     EXPIRED = "expired"
+
+
+class RejectionRule(StrEnum):
+    """When rejections settle a quorum approval as rejected."""
+
+    ANY = "any"
+    """One rejection rejects."""
+    QUORUM = "quorum"
+    """``required`` rejections reject, or approval can no longer reach ``required``."""
 
 
 def checkpoint_id_for(run_id: str, next_cursor: JsonValue) -> str:
@@ -81,6 +103,12 @@ def _check_budgets(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
+def _check_deciders(value: tuple[str, ...]) -> tuple[str, ...]:
+    if len(set(value)) != len(value):
+        raise ValueError("must not repeat a decider")
+    return tuple(sorted(value))
+
+
 CheckpointId = Annotated[str, AfterValidator(_check_checkpoint_id)]
 Decision = Annotated[str, Field(pattern=DECISION_PATTERN.pattern)]
 Decisions = Annotated[
@@ -92,6 +120,10 @@ PrintableText = Annotated[str, AfterValidator(_check_printable)]
 Counter = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER, strict=True)]
 Budgets = Annotated[dict[str, Json], AfterValidator(_check_budgets)]
 Counters = Annotated[dict[str, Counter], AfterValidator(_check_budgets)]
+Deciders = Annotated[
+    tuple[Digest, ...], Field(max_length=MAX_DECIDERS), AfterValidator(_check_deciders)
+]
+Ed25519Signature = Annotated[str, Field(pattern=r"^[0-9a-f]{128}$")]
 
 
 class Checkpoint(BaseModel):
@@ -143,11 +175,31 @@ class Checkpoint(BaseModel):
         )
 
 
+class Vote(BaseModel):
+    """One decider's decision on a quorum approval; the decider is a keyed digest.
+
+    ``signature`` is the decider's Ed25519 signature (hex) of the decision
+    statement, present when the decider has a registered public key.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    decider: Digest
+    decision: Decision
+    decided_at: UtcDatetime
+    signature: Ed25519Signature | None = None
+
+
+_QUORUM_FIELDS = frozenset({"required", "deciders", "rejection", "votes"})
+
+
 class Approval(BaseModel):
     """A request for a human decision on one checkpoint, bound to its integrity digest.
 
     ``audience``, ``actor`` and ``decision`` are stored only sealed; receipts
-    carry keyed digests of them.
+    carry keyed digests of them. A quorum approval (``required`` above one,
+    or named ``deciders``) collects ``votes`` from distinct deciders and is
+    settled by ``tally``; ``actor`` is then the decider whose vote settled it.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -165,7 +217,69 @@ class Approval(BaseModel):
     decision: Decision | None = Field(default=None, repr=False)
     actor: PrintableText | None = Field(default=None, max_length=MAX_ACTOR, repr=False)
     decided_at: UtcDatetime | None = None
+    required: int = Field(default=1, ge=1, le=MAX_DECIDERS, strict=True)
+    deciders: Deciders = ()
+    rejection: RejectionRule = RejectionRule.ANY
+    votes: tuple[Vote, ...] = Field(default=(), max_length=MAX_DECIDERS)
     integrity_digest: Digest
+
+    @property
+    def quorum(self) -> bool:
+        """Whether this approval collects votes rather than taking one decision."""
+        return self.required > 1 or bool(self.deciders)
+
+    def tally(self) -> str | None:
+        """Return the decision the votes settle on (``approve``/``reject``), or ``None`` yet.
+
+        With ``RejectionRule.ANY`` one rejection rejects; with ``QUORUM``
+        ``required`` rejections do, and so does a closed audience that can no
+        longer give ``required`` approvals.
+        """
+        approvals = sum(vote.decision == APPROVE for vote in self.votes)
+        rejections = len(self.votes) - approvals
+        if self.rejection is RejectionRule.ANY and rejections:
+            return REJECT
+        if approvals >= self.required:
+            return APPROVE
+        if rejections >= self.required:
+            return REJECT
+        if self.deciders and approvals + len(self.deciders) - len(self.votes) < self.required:
+            return REJECT
+        return None
+
+    def status_at(self, now: datetime) -> ApprovalStatus:
+        """Return the status as of ``now``: a pending approval past its deadline is expired."""
+        if self.status is ApprovalStatus.PENDING and now >= self.expires_at:
+            return ApprovalStatus.EXPIRED
+        return self.status
+
+    @model_validator(mode="after")
+    def _quorum_consistent(self) -> Self:
+        if not self.quorum:
+            if self.rejection is not RejectionRule.ANY:
+                raise ValueError("a rejection rule needs a quorum approval")
+            if self.votes and (
+                len(self.votes) > 1
+                or self.status is not ApprovalStatus.DECIDED
+                or self.votes[0].decision != self.decision
+            ):
+                raise ValueError("a single-decider approval records only its deciding vote")
+            return self
+        if self.allowed_decisions != QUORUM_DECISIONS:
+            raise ValueError("a quorum approval's decisions are exactly approve and reject")
+        if self.deciders and self.required > len(self.deciders):
+            raise ValueError("required must not exceed the number of deciders")
+        voters = [vote.decider for vote in self.votes]
+        if len(set(voters)) != len(voters):
+            raise ValueError("each decider votes at most once")
+        if self.deciders and not set(voters) <= set(self.deciders):
+            raise ValueError("a vote comes from a decider outside the audience")
+        settled = self.tally()
+        if self.status is ApprovalStatus.DECIDED and settled != self.decision:
+            raise ValueError("a decided quorum approval's decision is its votes' tally")
+        if self.status is ApprovalStatus.PENDING and settled is not None:
+            raise ValueError("a pending quorum approval's votes must not settle it")
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -181,8 +295,16 @@ class Approval(BaseModel):
         return self
 
     def integrity_body(self) -> dict[str, Any]:
-        """Return what ``integrity_digest`` covers: every other field, as JSON."""
-        return self.model_dump(mode="json", exclude={"integrity_digest"})
+        """Return what ``integrity_digest`` covers: every other field, as JSON.
+
+        A single-decider approval leaves the quorum fields out, so approvals
+        stored before quorums existed still verify.
+        """
+        exclude = {"integrity_digest"}
+        if not self.quorum:
+            exclude |= {name for name in _QUORUM_FIELDS if not getattr(self, name)}
+            exclude |= {"required", "rejection"}
+        return self.model_dump(mode="json", exclude=exclude)
 
     def request(self) -> dict[str, Any]:
         """Return what makes two requests identical: the request, not its outcome."""
@@ -195,6 +317,9 @@ class Approval(BaseModel):
                 "prompt_digest",
                 "allowed_decisions",
                 "expires_at",
+                "required",
+                "deciders",
+                "rejection",
             },
         )
 
@@ -214,6 +339,37 @@ class ApprovalReceipt(Receipt):
     decision: Digest | None = None
     actor: Digest | None = None
     decided_at: UtcDatetime | None = None
+    required: int | None = None
+    votes: Digest | None = None
+
+    def body(self) -> dict[str, Any]:
+        """Return the canonical body; a single-decider receipt has no quorum fields."""
+        body = super().body()
+        for name in ("required", "votes"):
+            if body[name] is None:
+                del body[name]
+        return body
+
+
+DECISION_STATEMENT = "flowvault.decision/1"
+
+
+def decision_statement(approval: Approval, decision: str) -> bytes:
+    """Return the bytes a decider signs: this approval, its checkpoint's state, one decision.
+
+    Canonical JSON, readable by an auditor, naming no audience, actor or
+    prompt in clear; bound to the checkpoint's integrity digest, so a
+    signature cannot be carried over to another checkpoint or approval.
+    """
+    return canonical_bytes(
+        {
+            "statement": DECISION_STATEMENT,
+            "approval_id": approval.approval_id,
+            "checkpoint_digest": approval.checkpoint_digest,
+            "prompt_digest": approval.prompt_digest,
+            "decision": decision,
+        }
+    )
 
 
 class Witness(BaseModel):

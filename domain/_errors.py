@@ -162,6 +162,16 @@ class ApprovalAlreadyDecided(FlowvaultError):
     code = "APPROVAL_ALREADY_DECIDED"
 
 
+class DecisionSignatureInvalid(FlowvaultError):
+    """Raised when a decider with a registered key sends no signature, or one that fails.
+
+    Once a decider has a public key on file, only decisions signed with
+    its private key count as theirs, so an auditor can check them offline.
+    """
+
+    code = "DECISION_SIGNATURE_INVALID"
+
+
 class StoreRolledBack(FlowvaultError):
     """Raised on opening a store older than this host has already seen it.
 

@@ -10,6 +10,7 @@ from flowvault.adapters.crypto._cipher import (
 from flowvault.adapters.crypto._key_file import FileKeyStore
 from flowvault.adapters.crypto._signing import (
     SIGNER_NAME,
+    Ed25519DecisionSignatures,
     Ed25519ReceiptSigner,
     Ed25519ReceiptVerifier,
     create_signing_key,
@@ -21,6 +22,7 @@ __all__ = [
     "SIGNER_NAME",
     "WIRE_VERSION",
     "AesGcmCipher",
+    "Ed25519DecisionSignatures",
     "Ed25519ReceiptSigner",
     "Ed25519ReceiptVerifier",
     "FileKeyStore",

@@ -99,6 +99,30 @@ class Ed25519ReceiptVerifier(_Named):
         return True
 
 
+class Ed25519DecisionSignatures:
+    """Checks deciders' Ed25519 signatures by raw public keys (a ``DecisionSignatures``)."""
+
+    def public_key(self, pem: bytes) -> bytes:
+        """Return the raw key of a PEM Ed25519 public key, as ``keys signing-key`` writes one."""
+        key: object = None
+        if isinstance(pem, bytes) and len(pem) <= MAX_PUBLIC_KEY_FILE_BYTES:
+            try:
+                key = serialization.load_pem_public_key(pem)
+            except (ValueError, TypeError, UnsupportedAlgorithm):
+                key = None
+        if not isinstance(key, Ed25519PublicKey):
+            raise InvalidInput("a decider's key must be a PEM Ed25519 public key")
+        return _raw_public(key)
+
+    def verify(self, public_key: bytes, message: bytes, signature: bytes) -> bool:
+        """Return whether ``signature`` is ``public_key``'s signature of ``message``."""
+        try:
+            Ed25519PublicKey.from_public_bytes(public_key).verify(signature, message)
+        except (InvalidSignature, ValueError):
+            return False
+        return True
+
+
 def _file_store(path: Path, allow_insecure_permissions: bool) -> FileKeyStore:
     return FileKeyStore(
         path.parent, file_name=path.name, allow_insecure_permissions=allow_insecure_permissions
@@ -200,6 +224,7 @@ def load_public_key(path: Path) -> Ed25519ReceiptVerifier:
 
 __all__ = [
     "SIGNER_NAME",
+    "Ed25519DecisionSignatures",
     "Ed25519ReceiptSigner",
     "Ed25519ReceiptVerifier",
     "create_signing_key",
