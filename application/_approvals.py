@@ -335,6 +335,10 @@ class ApprovalService:
             raise IntegrityFailure("approval slot names a missing approval")
         return found[0]
 
+    def status_of(self, approval: Approval) -> ApprovalStatus:
+        """Return ``approval``'s status now: pending past its deadline reads as expired."""
+        return approval.status_at(self._clock.now())
+
     def get_approval(self, approval_id: str) -> Approval:
         """Return the verified approval; ``NotFound`` if there is none."""
         return self._require(require_integrity(self._integrity), approval_id)[0]

@@ -4,26 +4,37 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 from flowvault.adapters.cli import (
     CommandIO,
     DecideRequest,
     approvals_decide_command,
+    approvals_expire_command,
     approvals_list_command,
+    approvals_register_key_command,
     approvals_show_command,
+    approvals_signed_command,
+    approvals_statement_command,
+    read_text_file,
     runs_list_command,
     runs_show_command,
+    verify_decision_command,
     workflows_list_command,
     workflows_show_command,
 )
+from flowvault.adapters.crypto import load_public_key
 from flowvault.application import ApprovalService, RunService, WorkflowService
 from flowvault.composition._bootstrap import Runtime, open_existing
-from flowvault.composition._cli_base import Verbs, add_verb
+from flowvault.composition._cli_base import Verbs, add_verb, file_path
 from flowvault.composition._settings import Settings
-from flowvault.domain import RUN_LIFECYCLE, ApprovalStatus
+from flowvault.domain import RUN_LIFECYCLE, ApprovalStatus, InvalidInput
 
 S = TypeVar("S")
+
+SIGNATURE_BYTES = 64
+SIGNATURE_FILE_LIMIT = 256
 
 DEFAULT_LIMIT = 50
 COLD_NOTE = "On a cold root it creates nothing."
@@ -91,9 +102,63 @@ def _approvals_show(args: argparse.Namespace, settings: Settings, io: CommandIO)
 
 def _approvals_decide(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
     request = DecideRequest(
-        approval_id=args.approval_id, decision=args.decision, actor=args.actor, yes=args.yes
+        approval_id=args.approval_id,
+        decision=args.decision,
+        actor=args.actor,
+        yes=args.yes,
+        signature=None if args.signature_file is None else _signature(args.signature_file),
     )
     return _with(settings, _approvals, lambda found: approvals_decide_command(found, request, io))
+
+
+def _signature(path: Path) -> bytes:
+    """Read a signature file: 64 raw bytes (as ``openssl pkeyutl -sign`` writes) or hex text."""
+    try:
+        content = path.read_bytes()[: 2 * SIGNATURE_FILE_LIMIT]
+    except OSError as error:
+        raise InvalidInput(f"cannot read signature file {path}: {error.strerror}") from None
+    if len(content) == SIGNATURE_BYTES:
+        return content
+    try:
+        return bytes.fromhex(content.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        raise InvalidInput(
+            f"signature file {path} holds neither 64 raw bytes nor hex text"
+        ) from None
+
+
+def _approvals_expire(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
+    del args
+    return _with(settings, _approvals, lambda found: approvals_expire_command(found, io))
+
+
+def _approvals_statement(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
+    return _with(
+        settings,
+        _approvals,
+        lambda found: approvals_statement_command(found, args.approval_id, args.decision, io),
+    )
+
+
+def _approvals_signed(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
+    return _with(
+        settings, _approvals, lambda found: approvals_signed_command(found, args.approval_id, io)
+    )
+
+
+def _approvals_register_key(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
+    pem = read_text_file(str(args.public_key), io.stdin, "public key").encode("utf-8")
+    return _with(
+        settings,
+        _approvals,
+        lambda found: approvals_register_key_command(found, args.actor, pem, io),
+    )
+
+
+def _approvals_verify_decision(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
+    del settings
+    document = read_text_file(args.statement, io.stdin, "signed decision")
+    return verify_decision_command(document, load_public_key(args.public_key), io)
 
 
 # -- parsers -------------------------------------------------------------------
@@ -196,6 +261,73 @@ def _register_approvals(verbs: Verbs) -> None:
     decide.add_argument("--decision", required=True, help="one of the allowed decisions")
     decide.add_argument("--actor", required=True, help="who decides (stored sealed, shown keyed)")
     decide.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    decide.add_argument(
+        "--signature-file",
+        type=file_path,
+        metavar="FILE",
+        help="the actor's Ed25519 signature of the decision statement (raw or hex); "
+        "required once the actor has a registered key",
+    )
+    _register_signing_verbs(group)
+    add_verb(
+        group,
+        "expire",
+        help="record every overdue approval's expiry and fail the runs left waiting",
+        description="Record the expiry of every pending approval past its deadline (its "
+        "checkpoint is consumed with it), then move each run still awaiting_approval whose "
+        "newest approval expired, with none pending, to failed. Prints the counts; safe to "
+        "repeat. On a cold root it creates nothing.",
+        handler=_approvals_expire,
+    )
+
+
+def _register_signing_verbs(group: Verbs) -> None:
+    statement = add_verb(
+        group,
+        "statement",
+        help="print the exact bytes a decider signs for a decision",
+        description="Print the decision statement (canonical JSON) a decider with a "
+        "registered key signs, e.g. with 'openssl pkeyutl -sign -rawin'.",
+        handler=_approvals_statement,
+    )
+    statement.add_argument("approval_id", help="the approval id")
+    statement.add_argument("--decision", required=True, help="one of the allowed decisions")
+    register = add_verb(
+        group,
+        "register-key",
+        help="register a decider's Ed25519 public key; their decisions must then be signed",
+        description="Register the Ed25519 public key (PEM) of a decider. From then on a "
+        "decision by that actor counts only with --signature-file, and its signed statement "
+        "can be checked by anyone holding the public key.",
+        handler=_approvals_register_key,
+    )
+    register.add_argument("--actor", required=True, help="the decider (stored sealed)")
+    register.add_argument(
+        "public_key", type=file_path, metavar="PUBLIC_KEY", help="the public key file (PEM)"
+    )
+    signed = add_verb(
+        group,
+        "signed",
+        help="print an approval's signed decisions, one JSON line each, for an auditor",
+        description="Print each signed decision of an approval as one JSON line: the "
+        "statement, the signature and the decider's keyed digest. Check a line with "
+        "'approvals verify-decision' and the decider's public key alone.",
+        handler=_approvals_signed,
+    )
+    signed.add_argument("approval_id", help="the approval id")
+    verify = add_verb(
+        group,
+        "verify-decision",
+        help="check a signed decision with the decider's public key alone",
+        description="Check that a line printed by 'approvals signed' was signed by the "
+        "holder of the given key: no store and no store key are needed. Exits 1 "
+        "(INTEGRITY_FAILURE) when the signature is not that key's.",
+        handler=_approvals_verify_decision,
+    )
+    verify.add_argument("statement", metavar="FILE", help="the signed decision ('-' for stdin)")
+    verify.add_argument(
+        "--public-key", type=file_path, metavar="FILE", required=True, help="the public key (PEM)"
+    )
 
 
 def register(verbs: Verbs) -> None:

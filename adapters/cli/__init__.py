@@ -3,10 +3,15 @@
 from flowvault.adapters.cli._browse import (
     DecideRequest,
     approvals_decide_command,
+    approvals_expire_command,
     approvals_list_command,
+    approvals_register_key_command,
     approvals_show_command,
+    approvals_signed_command,
+    approvals_statement_command,
     runs_list_command,
     runs_show_command,
+    verify_decision_command,
     workflows_list_command,
     workflows_show_command,
 )
@@ -38,6 +43,7 @@ from flowvault.adapters.cli._ledger import (
     ledger_vouch_command,
     purge_command,
     read_receipt_file,
+    read_text_file,
 )
 from flowvault.adapters.cli._reset import ResetRequest, reset_progress_command
 from flowvault.adapters.cli._store import (
@@ -66,8 +72,12 @@ __all__ = [
     "StoreStatus",
     "accept_restore_command",
     "approvals_decide_command",
+    "approvals_expire_command",
     "approvals_list_command",
+    "approvals_register_key_command",
     "approvals_show_command",
+    "approvals_signed_command",
+    "approvals_statement_command",
     "check_receipt_command",
     "compact_command",
     "doctor_command",
@@ -84,6 +94,7 @@ __all__ = [
     "ledger_vouch_command",
     "purge_command",
     "read_receipt_file",
+    "read_text_file",
     "reset_progress_command",
     "rotate_key_command",
     "runs_list_command",
@@ -91,6 +102,7 @@ __all__ = [
     "short",
     "signing_key_command",
     "status_command",
+    "verify_decision_command",
     "workflows_list_command",
     "workflows_show_command",
 ]

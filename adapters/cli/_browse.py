@@ -8,17 +8,20 @@ empty and ``show``/``decide`` report ``NOT_FOUND``; nothing is created.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from flowvault.adapters.cli._io import CommandIO
-from flowvault.application import ApprovalService, RunService, WorkflowService
+from flowvault.application import ApprovalService, ReceiptVerifier, RunService, WorkflowService
 from flowvault.domain import (
     Approval,
     ApprovalReceipt,
     ApprovalStatus,
     GraphRun,
+    IntegrityFailure,
+    InvalidInput,
     JsonValue,
     LedgerEvent,
     NotFound,
@@ -40,6 +43,7 @@ class DecideRequest:
     decision: str
     actor: str
     yes: bool
+    signature: bytes | None = None
 
 
 # -- shared formatting ---------------------------------------------------------
@@ -220,10 +224,10 @@ APPROVAL_COLUMNS = (
 )
 
 
-def _approval_row(approval: Approval) -> Fields:
+def _approval_row(approval: Approval, status: ApprovalStatus) -> Fields:
     return {
         "approval_id": approval.approval_id,
-        "status": approval.status.value,
+        "status": status.value,
         "requested_at": _instant(approval.requested_at),
         "expires_at": _instant(approval.expires_at),
         "decided_at": _instant(approval.decided_at),
@@ -231,9 +235,14 @@ def _approval_row(approval: Approval) -> Fields:
     }
 
 
-def _approval_detail(approval: Approval, receipt: ApprovalReceipt) -> Fields:
+def _approval_detail(
+    approval: Approval, receipt: ApprovalReceipt, status: ApprovalStatus
+) -> Fields:
     return {
-        **_approval_row(approval),
+        **_approval_row(approval, status),
+        "required": approval.required,
+        "vote_count": len(approval.votes),
+        "signed_vote_count": sum(vote.signature is not None for vote in approval.votes),
         "run_id": approval.run_id,
         "checkpoint_id": approval.checkpoint_id,
         "integrity_digest": approval.integrity_digest,
@@ -248,7 +257,9 @@ def _approval_detail(approval: Approval, receipt: ApprovalReceipt) -> Fields:
 
 
 def _show_approval(approvals: ApprovalService, approval: Approval, io: CommandIO) -> None:
-    fields = _approval_detail(approval, approvals.approval_receipt(approval))
+    fields = _approval_detail(
+        approval, approvals.approval_receipt(approval), approvals.status_of(approval)
+    )
     io.emit({"approval": fields}, _detail_lines(f"approval {approval.approval_id}", fields))
 
 
@@ -261,8 +272,14 @@ def approvals_list_command(
 ) -> int:
     """List a run's approvals, newest request first; ``approvals`` is ``None`` on a cold root."""
     wanted = None if status is None else ApprovalStatus(status)
-    found = [] if approvals is None else approvals.list_approvals(run_id, wanted, limit)
-    rows = [_approval_row(approval) for approval in found]
+    rows = (
+        []
+        if approvals is None
+        else [
+            _approval_row(approval, approvals.status_of(approval))
+            for approval in approvals.list_approvals(run_id, wanted, limit)
+        ]
+    )
     return _listing(io, "approvals", APPROVAL_COLUMNS, rows, cold_root=approvals is None)
 
 
@@ -291,10 +308,99 @@ def approvals_decide_command(
         if not io.confirm(question):
             io.err.write("aborted: nothing was decided\n")
             return 1
-    decided, resume_from = approvals.decide(request.approval_id, request.decision, request.actor)
+    decided, checkpoint = approvals.decide(
+        request.approval_id, request.decision, request.actor, signature=request.signature
+    )
+    settled = decided.status is not ApprovalStatus.PENDING
     fields = {
-        **_approval_detail(decided, approvals.approval_receipt(decided)),
-        "resume_checkpoint_id": resume_from.checkpoint_id,
+        **_approval_detail(decided, approvals.approval_receipt(decided), decided.status),
+        "resume_checkpoint_id": checkpoint.checkpoint_id if settled else None,
     }
-    io.emit({"approval": fields}, _detail_lines(f"decided: approval {decided.approval_id}", fields))
+    title = "decided" if settled else "vote recorded, waiting for the quorum"
+    io.emit({"approval": fields}, _detail_lines(f"{title}: approval {decided.approval_id}", fields))
     return 0
+
+
+def approvals_expire_command(approvals: ApprovalService | None, io: CommandIO) -> int:
+    """Record every overdue approval's expiry and fail the runs left waiting; print counts."""
+    report = None if approvals is None else approvals.expire_overdue()
+    fields: Fields = {
+        "expired_approvals": 0 if report is None else report.expired_approvals,
+        "failed_runs": 0 if report is None else report.failed_runs,
+    }
+    io.emit(fields, _detail_lines("expiry pass", fields))
+    return 0
+
+
+def approvals_statement_command(
+    approvals: ApprovalService | None, approval_id: str, decision: str, io: CommandIO
+) -> int:
+    """Write the exact bytes a decider signs for ``decision`` to standard output."""
+    if approvals is None:
+        raise _cold("approval")
+    io.out.write(approvals.decision_statement(approval_id, decision).decode("utf-8") + "\n")
+    return 0
+
+
+def approvals_signed_command(
+    approvals: ApprovalService | None, approval_id: str, io: CommandIO
+) -> int:
+    """Print the approval's signed decisions, one statement document per line, for auditors."""
+    if approvals is None:
+        raise _cold("approval")
+    signed = approvals.signed_decisions(approvals.get_approval(approval_id))
+    if io.json_output:
+        io.emit({"signed_decisions": [json.loads(item.to_json()) for item in signed]}, [])
+    else:
+        io.out.write("".join(item.to_json() + "\n" for item in signed))
+    return 0
+
+
+def approvals_register_key_command(
+    approvals: ApprovalService | None, actor: str, public_key_pem: bytes, io: CommandIO
+) -> int:
+    """Register a decider's public key; their decisions must carry its signature from now on."""
+    if approvals is None:
+        raise _cold("store")
+    approvals.register_decider_key(actor, public_key_pem)
+    io.emit({"registered": True}, ["decider key registered: this actor must sign decisions now"])
+    return 0
+
+
+def verify_decision_command(document: str, verifier: ReceiptVerifier, io: CommandIO) -> int:
+    """Check a signed decision with a public key alone; ``IntegrityFailure`` if it fails."""
+    statement, signature, decider = _signed_decision(document)
+    if not verifier.verify(statement.encode("utf-8"), signature):
+        raise IntegrityFailure("the signature is not this public key's over the statement")
+    fields: Fields = {"ok": True, "decider": decider}
+    parsed = json.loads(statement)
+    if isinstance(parsed, dict):
+        fields |= {name: parsed.get(name) for name in STATEMENT_FIELDS}
+    io.emit(fields, _detail_lines("signed decision: ok", fields))
+    return 0
+
+
+STATEMENT_FIELDS = ("statement", "approval_id", "checkpoint_digest", "prompt_digest", "decision")
+SIGNED_FIELDS = ("statement", "signature", "decider")
+SIGNATURE_HEX = 128
+
+
+def _signed_decision(document: str) -> tuple[str, bytes, str]:
+    """Parse a statement document as ``approvals signed`` prints it; ``InvalidInput`` if not."""
+    try:
+        parsed = json.loads(document)
+    except ValueError:
+        parsed = None
+    fields = parsed if isinstance(parsed, dict) else {}
+    statement, signature, decider = (fields.get(name) for name in SIGNED_FIELDS)
+    raw = b""
+    if isinstance(signature, str) and len(signature) == SIGNATURE_HEX:
+        try:
+            raw = bytes.fromhex(signature)
+        except ValueError:
+            raw = b""
+    if not (isinstance(statement, str) and isinstance(decider, str) and raw):
+        raise InvalidInput(
+            "not a signed decision: expected one JSON line as 'approvals signed' prints it"
+        )
+    return statement, raw, decider

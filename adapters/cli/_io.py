@@ -33,6 +33,10 @@ FIXES: dict[str, str] = {
     "INVALID_INPUT": "correct what the message names (see --help for the arguments)",
     "REVISION_CONFLICT": "someone changed it meanwhile; reload and retry",
     "KEY_EXHAUSTED": "run 'flowvault keys add', then 'flowvault rotate-key'",
+    "DECISION_SIGNATURE_INVALID": (
+        "sign the output of 'flowvault approvals statement' with the actor's registered key "
+        "and pass it with --signature-file"
+    ),
     "STORE_ROLLED_BACK": (
         "put the newest copy of the database back; if this older copy was restored on "
         "purpose, run 'flowvault accept-restore'"

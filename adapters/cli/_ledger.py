@@ -182,8 +182,8 @@ def _read_stdin(stdin: TextIO) -> bytes:
     return stdin.read(MAX_RECEIPT_BYTES + 1).encode("utf-8", "surrogateescape")
 
 
-def read_receipt_file(path: str, stdin: TextIO) -> HeadReceipt:
-    """Read and parse a receipt file, or ``stdin`` for ``-``; ``InvalidInput`` otherwise."""
+def read_text_file(path: str, stdin: TextIO, what: str = "receipt") -> str:
+    """Read a small UTF-8 file, or ``stdin`` for ``-``; ``InvalidInput`` naming ``what``."""
     try:
         if path == "-":
             content = _read_stdin(stdin)
@@ -191,16 +191,20 @@ def read_receipt_file(path: str, stdin: TextIO) -> HeadReceipt:
             with Path(path).open("rb") as file:
                 content = file.read(MAX_RECEIPT_BYTES + 1)
     except OSError as error:
-        raise InvalidInput(f"cannot read receipt {path}: {error.strerror}", path=path) from None
+        raise InvalidInput(f"cannot read {what} {path}: {error.strerror}", path=path) from None
     except ValueError:
-        raise InvalidInput("a receipt path must not contain a NUL byte") from None
+        raise InvalidInput(f"a {what} path must not contain a NUL byte") from None
     if len(content) > MAX_RECEIPT_BYTES:
-        raise InvalidInput(f"receipt {path} is larger than {MAX_RECEIPT_BYTES} bytes", path=path)
+        raise InvalidInput(f"{what} {path} is larger than {MAX_RECEIPT_BYTES} bytes", path=path)
     try:
-        text = content.decode("utf-8")
+        return content.decode("utf-8")
     except UnicodeDecodeError:
-        raise InvalidInput(f"receipt {path} is not UTF-8 text", path=path) from None
-    return parse_receipt(text)
+        raise InvalidInput(f"{what} {path} is not UTF-8 text", path=path) from None
+
+
+def read_receipt_file(path: str, stdin: TextIO) -> HeadReceipt:
+    """Read and parse a receipt file, or ``stdin`` for ``-``; ``InvalidInput`` otherwise."""
+    return parse_receipt(read_text_file(path, stdin))
 
 
 def _receipt_document(receipt: HeadReceipt) -> dict[str, object]:

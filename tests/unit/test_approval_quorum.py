@@ -365,7 +365,8 @@ def test_an_overdue_approval_lists_as_expired_before_any_pass(runtime: Runtime) 
     run, checkpoint = paused(runtime)
     approval_id = ask(runtime, checkpoint, required=1, deciders=None)
     approvals = runtime.approvals
-    assert [a.approval_id for a in approvals.list_approvals(run.run_id, ApprovalStatus.PENDING)] == [approval_id]
+    pending = approvals.list_approvals(run.run_id, ApprovalStatus.PENDING)
+    assert [a.approval_id for a in pending] == [approval_id]
     assert isinstance(runtime.clock, FrozenClock)
     runtime.clock.advance(2 * HOUR)
     assert approvals.list_approvals(run.run_id, ApprovalStatus.PENDING) == []

@@ -30,6 +30,7 @@ CODES = {
     "CheckpointConsumed": "CHECKPOINT_CONSUMED",
     "IntegrityKeyRequired": "INTEGRITY_KEY_REQUIRED",
     "ApprovalRequestConflict": "APPROVAL_REQUEST_CONFLICT",
+    "DecisionSignatureInvalid": "DECISION_SIGNATURE_INVALID",
     "ApprovalExpired": "APPROVAL_EXPIRED",
     "ApprovalDecisionNotAllowed": "APPROVAL_DECISION_NOT_ALLOWED",
     "ApprovalAlreadyDecided": "APPROVAL_ALREADY_DECIDED",

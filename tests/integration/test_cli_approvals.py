@@ -1,0 +1,174 @@
+"""``flowvault approvals`` expiry, quorum votes and signed decisions, as real subprocesses.
+
+Data is prepared in-process on a real SQLite home; the verbs run as the
+installed console script. A signed decision is then checked by a process
+that has no store and no store key, only the decider's public key.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from checkpoint_setup import create_checkpoint
+from cli_helpers import json_document, run_cli
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from flowvault.composition import Settings, bootstrap
+from flowvault.domain import ApprovalStatus, content_hash
+
+ANN = "decider-marker-ann@example.org"
+BEN = "decider-marker-ben@example.org"
+
+
+def _paused(home: Path, *, expires_in: timedelta, **quorum: object) -> tuple[str, str]:
+    """Start, checkpoint and pause a run on a SQLite home; return (run id, approval id)."""
+    with bootstrap(Settings(backend="sqlite", home=home)) as runtime:
+        runs = runtime.graph_runs
+        runs.register_definition("wire.send", {"nodes": ["send"]})
+        run, _ = runs.start_run("wire.send", {"amount": 9000})
+        runs.set_status(run.run_id, "running", expected_status="accepted")
+        checkpoint = create_checkpoint(runtime.checkpoints, run.run_id, {"n": 1}, {"s": 1})
+        runs.set_status(run.run_id, "awaiting_approval", expected_status="running")
+        approval = runtime.approvals.request_approval(
+            checkpoint.checkpoint_id,
+            expected_state_digest=checkpoint.state_digest,
+            expected_budgets=checkpoint.budgets,
+            expected_counters=checkpoint.counters,
+            expected_dependency_digest=checkpoint.dependency_digest,
+            audience="board",
+            prompt_digest=content_hash("Send?"),
+            allowed_decisions=["approve", "reject"],
+            expires_at=runtime.clock.now() + expires_in,
+            **quorum,  # type: ignore[arg-type]
+        )
+        return run.run_id, approval.approval_id
+
+
+def _clean(*results: object) -> None:
+    for result in results:
+        text = str(getattr(result, "stdout", "")) + str(getattr(result, "stderr", ""))
+        assert "decider-marker" not in text
+
+
+def test_an_overdue_approval_lists_expired_and_expire_fails_the_run(tmp_path: Path) -> None:
+    """Past the deadline it lists expired; ``approvals expire`` records that and fails the run."""
+    home = tmp_path / "home"
+    deadline = time.monotonic() + 8
+    run_id, approval_id = _paused(home, expires_in=timedelta(seconds=8))
+    listed = run_cli(tmp_path, "approvals", "list", "--run", run_id, "--json", home=home)
+    assert [row["status"] for row in json_document(listed)["approvals"]] == ["pending"]  # type: ignore[index, union-attr]
+    time.sleep(max(0.0, deadline - time.monotonic()) + 0.2)
+    listed = run_cli(tmp_path, "approvals", "list", "--run", run_id, "--json", home=home)
+    assert [row["status"] for row in json_document(listed)["approvals"]] == ["expired"]  # type: ignore[index, union-attr]
+    pending = run_cli(
+        tmp_path, "approvals", "list", "--run", run_id, "--status", "pending", home=home
+    )
+    assert pending.stdout == "no approvals\n"
+    expired = run_cli(tmp_path, "approvals", "expire", "--json", home=home)
+    assert expired.returncode == 0, expired.stderr
+    assert json_document(expired) == {"expired_approvals": 1, "failed_runs": 1}
+    again = run_cli(tmp_path, "approvals", "expire", home=home)
+    assert "expired_approvals: 0" in again.stdout
+    with bootstrap(Settings(backend="sqlite", home=home)) as runtime:
+        assert runtime.approvals.get_approval(approval_id).status is ApprovalStatus.EXPIRED
+        assert runtime.graph_runs.get_run(run_id).status == "failed"
+
+
+def test_quorum_votes_signed_decisions_and_an_offline_check(tmp_path: Path) -> None:
+    """Two of two, one signed: the vote waits, the second decides, the signature checks offline."""
+    home = tmp_path / "home"
+    _, approval_id = _paused(home, expires_in=timedelta(hours=1), required=2, deciders=(ANN, BEN))
+    private = Ed25519PrivateKey.generate()
+    public = tmp_path / "ann.pub"
+    public.write_bytes(
+        private.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    registered = run_cli(
+        tmp_path, "approvals", "register-key", "--actor", ANN, str(public), home=home
+    )
+    assert registered.returncode == 0, registered.stderr
+    decide = ["approvals", "decide", approval_id, "--decision", "approve", "--yes", "--json"]
+    unsigned = run_cli(tmp_path, *decide, "--actor", ANN, home=home)
+    assert unsigned.returncode == 1
+    assert json_document(unsigned)["error"]["code"] == "DECISION_SIGNATURE_INVALID"  # type: ignore[index]
+    assert "approvals statement" in unsigned.stdout
+    statement = run_cli(
+        tmp_path, "approvals", "statement", approval_id, "--decision", "approve", home=home
+    )
+    assert statement.returncode == 0, statement.stderr
+    signature = tmp_path / "ann.sig"
+    signature.write_bytes(private.sign(statement.stdout.rstrip("\n").encode("utf-8")))
+    voted = run_cli(
+        tmp_path, *decide, "--actor", ANN, "--signature-file", str(signature), home=home
+    )
+    assert voted.returncode == 0, voted.stderr
+    shown = json_document(voted)["approval"]
+    assert isinstance(shown, dict)
+    assert (shown["status"], shown["vote_count"], shown["signed_vote_count"]) == ("pending", 1, 1)
+    assert shown["resume_checkpoint_id"] is None
+    decided = run_cli(tmp_path, *decide, "--actor", BEN, home=home)
+    shown = json_document(decided)["approval"]
+    assert isinstance(shown, dict)
+    assert (shown["status"], shown["required"], shown["vote_count"]) == ("decided", 2, 2)
+    assert str(shown["resume_checkpoint_id"]).startswith("cp_")
+    signed = run_cli(tmp_path, "approvals", "signed", approval_id, home=home)
+    (line,) = signed.stdout.splitlines()
+    kept = tmp_path / "decision.json"
+    kept.write_text(line + "\n")
+    nowhere = tmp_path / "no-store-here"
+    checked = run_cli(
+        tmp_path, "approvals", "verify-decision", str(kept), "--public-key", str(public),
+        "--json", home=nowhere,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stderr
+    document = json_document(checked)
+    assert (document["ok"], document["approval_id"], document["decision"]) == (
+        True,
+        approval_id,
+        "approve",
+    )
+    assert not nowhere.exists()
+    other = Ed25519PrivateKey.generate().public_key()
+    other_public = tmp_path / "other.pub"
+    other_public.write_bytes(
+        other.public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    wrong_key = run_cli(
+        tmp_path, "approvals", "verify-decision", str(kept), "--public-key", str(other_public),
+        home=nowhere,
+    )  # fmt: skip
+    assert wrong_key.returncode == 1
+    assert "INTEGRITY_FAILURE" in wrong_key.stderr
+    edited = json.loads(line)
+    edited["statement"] = edited["statement"].replace('"approve"', '"reject"')
+    kept.write_text(json.dumps(edited))
+    tampered = run_cli(
+        tmp_path, "approvals", "verify-decision", str(kept), "--public-key", str(public),
+        home=nowhere,
+    )  # fmt: skip
+    assert tampered.returncode == 1
+    assert "INTEGRITY_FAILURE" in tampered.stderr
+    kept.write_text("not a statement")
+    garbage = run_cli(
+        tmp_path, "approvals", "verify-decision", str(kept), "--public-key", str(public),
+        home=nowhere,
+    )  # fmt: skip
+    assert "INVALID_INPUT" in garbage.stderr
+    _clean(registered, unsigned, statement, voted, decided, signed, checked, wrong_key, tampered)
+
+
+@pytest.mark.parametrize("verb", [["expire"], ["statement", "x", "--decision", "approve"]])
+def test_cold_root_creates_nothing(tmp_path: Path, verb: list[str]) -> None:
+    """On a home with no store the verbs create nothing."""
+    home = tmp_path / "cold"
+    run_cli(tmp_path, "approvals", *verb, home=home)
+    assert not home.exists()
