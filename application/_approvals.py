@@ -110,9 +110,32 @@ def _outcome(approval: Approval) -> str:
 
 
 def _check_actor(actor: object) -> str:
-    if not isinstance(actor, str) or not actor or len(actor) > MAX_ACTOR:
-        raise InvalidInput(f"actor must be a string of 1..{MAX_ACTOR} characters")
+    """Refuse what cannot name a decider; deciders are keyed as UTF-8, so text must encode."""
+    if (
+        not isinstance(actor, str)
+        or not actor
+        or len(actor) > MAX_ACTOR
+        or not actor.isprintable()
+        or not _encodes(actor)
+    ):
+        raise InvalidInput(
+            f"actor must be printable text of 1..{MAX_ACTOR} characters (a decider's name)"
+        )
     return actor
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_approval(approval: object) -> Approval:
+    if not isinstance(approval, Approval):
+        raise InvalidInput("expected an Approval as the service returned it")
+    return approval
 
 
 AWAITING_APPROVAL = "awaiting_approval"
@@ -337,7 +360,7 @@ class ApprovalService:
 
     def status_of(self, approval: Approval) -> ApprovalStatus:
         """Return ``approval``'s status now: pending past its deadline reads as expired."""
-        return approval.status_at(self._clock.now())
+        return _check_approval(approval).status_at(self._clock.now())
 
     def get_approval(self, approval_id: str) -> Approval:
         """Return the verified approval; ``NotFound`` if there is none."""
@@ -728,6 +751,7 @@ class ApprovalService:
 
     def signed_decisions(self, approval: Approval) -> list[SignedDecision]:
         """Return the approval's signed decisions, each checkable with a public key alone."""
+        _check_approval(approval)
         return [
             SignedDecision(
                 statement=decision_statement(approval, vote.decision).decode("utf-8"),

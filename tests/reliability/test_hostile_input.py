@@ -43,6 +43,8 @@ from typing import Any, TypeVar
 import hostile
 import pytest
 import reliability
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import HealthCheck, find, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
@@ -716,6 +718,13 @@ def _checkpoint_ids(k: Known) -> st.SearchStrategy[Any]:
     return text(k.checkpoint.checkpoint_id, k.spare_checkpoint_id)
 
 
+_DECIDER_PEM = (
+    Ed25519PrivateKey.generate()
+    .public_key()
+    .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+)
+
+
 def _approval_ids(k: Known) -> st.SearchStrategy[Any]:
     return text(k.approval.approval_id)
 
@@ -1156,6 +1165,9 @@ def _approval_rows() -> list[EntryPoint]:
                     st.lists(text("approve", "reject"), max_size=17), text("approve")
                 ),
                 expires_at=TIMES,
+                required=st.one_of(st.just(1), INTS),
+                deciders=opt(st.one_of(st.lists(text("ann", "ben"), max_size=4), text("ann"))),
+                rejection=text("any", "quorum"),
             ),
             lambda w, a: _approvals(w).request_approval(a.pop("checkpoint_id"), **a),
         ),
@@ -1171,9 +1183,40 @@ def _approval_rows() -> list[EntryPoint]:
                 decision=text("approve", "reject"),
                 actor=text("bob@example.org"),
                 now=opt(TIMES),
+                signature=opt(st.one_of(st.binary(max_size=80), text("sig"))),
             ),
             lambda w, a: _approvals(w).decide(**a),
             writes_before_refusing=(ApprovalExpired,),
+        ),
+        EntryPoint(
+            "ApprovalService.status_of",
+            lambda k: args(approval=st.one_of(st.just(k.approval), text("approval"), JSON)),
+            lambda w, a: _approvals(w).status_of(**a),
+        ),
+        EntryPoint(
+            "ApprovalService.signed_decisions",
+            lambda k: args(approval=st.one_of(st.just(k.approval), text("approval"), JSON)),
+            lambda w, a: _approvals(w).signed_decisions(**a),
+        ),
+        EntryPoint(
+            "ApprovalService.expire_overdue",
+            lambda k: args(now=opt(TIMES)),
+            lambda w, a: _approvals(w).expire_overdue(**a),
+        ),
+        EntryPoint(
+            "ApprovalService.register_decider_key",
+            lambda k: args(
+                decider=text("bob@example.org"),
+                public_key_pem=st.one_of(
+                    st.just(_DECIDER_PEM), st.binary(max_size=200), text("key")
+                ),
+            ),
+            lambda w, a: _approvals(w).register_decider_key(**a),
+        ),
+        EntryPoint(
+            "ApprovalService.decision_statement",
+            lambda k: args(approval_id=_approval_ids(k), decision=text("approve", "reject")),
+            lambda w, a: _approvals(w).decision_statement(**a),
         ),
         EntryPoint(
             "ApprovalService.list_approvals",
