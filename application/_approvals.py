@@ -14,8 +14,6 @@ import hmac
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
-from pydantic import ValidationError
-
 from flowvault.application._approval_support import (
     APPROVAL_SLOTS,
     APPROVAL_TAG,
@@ -616,7 +614,7 @@ class ApprovalService:
     def _verified(self, key: KeyedDigester, opened: SealedDocument) -> Approval:
         try:
             approval = Approval.model_validate(opened.document)
-        except ValidationError:
+        except InvalidInput:
             raise IntegrityFailure(
                 "approval has an unexpected shape", key_digest=opened.metadata.key_digest
             ) from None

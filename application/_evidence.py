@@ -11,8 +11,6 @@ import base64
 import binascii
 from datetime import datetime
 
-from pydantic import ValidationError
-
 from flowvault.application._approval_support import (
     MAX_WITNESS_BYTES,
     WITNESS_TAG,
@@ -182,7 +180,7 @@ class EvidenceService:
                 raise ValueError("no content")
             raw = base64.b64decode(str(document["content"]), validate=True)
             return Witness.model_validate({**document, "content": raw})
-        except (ValueError, binascii.Error, ValidationError):
+        except (ValueError, binascii.Error, InvalidInput):
             raise IntegrityFailure(
                 "witness has an unexpected shape", key_digest=opened.metadata.key_digest
             ) from None

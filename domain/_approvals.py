@@ -13,12 +13,13 @@ import unicodedata
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBytes, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, StrictBytes, model_validator
 
 from flowvault.domain._canonical import MAX_SAFE_INTEGER, JsonValue, content_hash, digest_bytes
 from flowvault.domain._envelope import Digest, UtcDatetime
 from flowvault.domain._fingerprint import Receipt
 from flowvault.domain._state import RunId
+from flowvault.domain._values import ValueModel
 from flowvault.domain._workflow import Json
 
 CHECKPOINT_ID_PATTERN = re.compile(r"^cp_[0-9a-f]{32}$")
@@ -94,7 +95,7 @@ Budgets = Annotated[dict[str, Json], AfterValidator(_check_budgets)]
 Counters = Annotated[dict[str, Counter], AfterValidator(_check_budgets)]
 
 
-class Checkpoint(BaseModel):
+class Checkpoint(ValueModel):
     """A sealed resume point of a run: its state, budgets and counters at one cursor.
 
     ``state_digest`` and ``dependency_digest`` are content hashes of the sealed
@@ -143,7 +144,7 @@ class Checkpoint(BaseModel):
         )
 
 
-class Approval(BaseModel):
+class Approval(ValueModel):
     """A request for a human decision on one checkpoint, bound to its integrity digest.
 
     ``audience``, ``actor`` and ``decision`` are stored only sealed; receipts
@@ -216,7 +217,7 @@ class ApprovalReceipt(Receipt):
     decided_at: UtcDatetime | None = None
 
 
-class Witness(BaseModel):
+class Witness(ValueModel):
     """Captured evidence: the bytes retrieved from a locator, stored once per content digest."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -25,7 +25,6 @@ from typing import Any
 import pytest
 import reliability
 from psycopg import sql
-from pydantic import ValidationError
 from wiring import Wired
 
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
@@ -649,7 +648,7 @@ def stop_reason(bench: Bench) -> list[Boundary]:
 
 
 def work_order_fields(bench: Bench) -> list[Boundary]:
-    """Return the edges of a work order's fields, refused when the order is built."""
+    """Return the edges of a work order's fields, refused as ``INVALID_INPUT`` when it is built."""
     base: dict[str, Any] = {"kind": "k", "requester": "r", "idempotency_key": "i"}
 
     def order(**changes: Any) -> Callable[[], object]:
@@ -663,19 +662,17 @@ def work_order_fields(bench: Bench) -> list[Boundary]:
         _expect(created, "not created")
 
     return [
-        Boundary("all at their limits", create_at_limits, order(kind="k" * 65), ValidationError),
-        Boundary("kind", order(kind="k" * 64), order(kind="k" * 65), ValidationError),
-        Boundary(
-            "requester", order(requester="r" * 200), order(requester="r" * 201), ValidationError
-        ),
+        Boundary("all at their limits", create_at_limits, order(kind="k" * 65), INVALID),
+        Boundary("kind", order(kind="k" * 64), order(kind="k" * 65), INVALID),
+        Boundary("requester", order(requester="r" * 200), order(requester="r" * 201), INVALID),
         Boundary(
             "idempotency key",
             order(idempotency_key="i" * 256),
             order(idempotency_key="i" * 257),
-            ValidationError,
+            INVALID,
         ),
-        Boundary("priority, highest", order(priority=100), order(priority=101), ValidationError),
-        Boundary("priority, lowest", order(priority=-100), order(priority=-101), ValidationError),
+        Boundary("priority, highest", order(priority=100), order(priority=101), INVALID),
+        Boundary("priority, lowest", order(priority=-100), order(priority=-101), INVALID),
     ]
 
 
