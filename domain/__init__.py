@@ -4,6 +4,7 @@ Everything a host needs from the domain is importable from here.
 """
 
 from flowvault.domain._approvals import (
+    MAX_WITNESS_LOCATORS,
     Approval,
     ApprovalReceipt,
     ApprovalStatus,
@@ -122,6 +123,7 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_RECEIPT_BYTES",
     "MAX_SAFE_INTEGER",
+    "MAX_WITNESS_LOCATORS",
     "REASON_PATTERN",
     "RECEIPT_ORIGIN_PREFIX",
     "REDACTED",

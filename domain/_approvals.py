@@ -35,6 +35,8 @@ MAX_AUDIENCE = 256
 MAX_ACTOR = 256
 MAX_DECISIONS = 16
 MAX_LOCATOR = 2048
+MAX_WITNESS_LOCATORS = 16
+"""Most locators one witness records: the first and up to 15 later ones."""
 MAX_BUDGET_ENTRIES = 64
 
 
@@ -93,6 +95,7 @@ PrintableText = Annotated[str, AfterValidator(_check_printable)]
 Counter = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER, strict=True)]
 Budgets = Annotated[dict[str, Json], AfterValidator(_check_budgets)]
 Counters = Annotated[dict[str, Counter], AfterValidator(_check_budgets)]
+Locator = Annotated[PrintableText, Field(min_length=1, max_length=MAX_LOCATOR)]
 
 
 class Checkpoint(ValueModel):
@@ -218,12 +221,19 @@ class ApprovalReceipt(Receipt):
 
 
 class Witness(ValueModel):
-    """Captured evidence: the bytes retrieved from a locator, stored once per content digest."""
+    """Captured evidence: the bytes retrieved from locators, stored once per content digest.
+
+    ``locator`` is where the content was first captured from; ``later_locators``
+    every other source it was captured from since, in capture order.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     content_digest: Digest
-    locator: PrintableText = Field(min_length=1, max_length=MAX_LOCATOR, repr=False)
+    locator: Locator = Field(repr=False)
+    later_locators: tuple[Locator, ...] = Field(
+        default=(), max_length=MAX_WITNESS_LOCATORS - 1, repr=False
+    )
     media_type: Annotated[str, Field(pattern=MEDIA_TYPE_PATTERN.pattern)]
     authority_class: Annotated[str, Field(pattern=AUTHORITY_CLASS_PATTERN.pattern)]
     size_bytes: Counter
@@ -240,6 +250,24 @@ class Witness(ValueModel):
             raise ValueError("content does not match its digest and size")
         return self
 
+    @model_validator(mode="after")
+    def _locators_distinct(self) -> Self:
+        if len(set(self.locators)) != len(self.locators):
+            raise ValueError("a locator is recorded twice")
+        return self
+
+    @property
+    def locators(self) -> tuple[str, ...]:
+        """Every locator the content was captured from, the first one first."""
+        return (self.locator, *self.later_locators)
+
     def integrity_body(self) -> dict[str, Any]:
-        """Return what ``integrity_digest`` covers: every field but the bytes (named by digest)."""
-        return self.model_dump(mode="json", exclude={"integrity_digest", "content"})
+        """Return what ``integrity_digest`` covers: every field but the bytes (named by digest).
+
+        A witness with one locator leaves ``later_locators`` out, so a witness
+        stored before later locators were kept verifies as it did.
+        """
+        left_out = {"integrity_digest", "content"}
+        if not self.later_locators:
+            left_out.add("later_locators")
+        return self.model_dump(mode="json", exclude=left_out)

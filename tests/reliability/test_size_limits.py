@@ -41,8 +41,10 @@ from flowvault.application import _records as records_module
 from flowvault.application.testing import FrozenClock, make_event, make_upsert
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
+    MAX_WITNESS_LOCATORS,
     FlowvaultError,
     PayloadTooLarge,
+    Witness,
     WorkflowState,
     WorkOrder,
     canonical_bytes,
@@ -635,6 +637,24 @@ def locator(bench: Bench) -> list[Boundary]:
     ]
 
 
+def witness_locators(bench: Bench) -> list[Boundary]:
+    """Return the edges of the 16 locators one witness records."""
+    content = bench.fresh("mirrored").encode()
+
+    def capture(number: int) -> Witness:
+        return bench.runtime.evidence.capture_witness(
+            f"https://m{number}.example.org/", content, "text/plain", "web", bench.clock.now()
+        )
+
+    def fill() -> None:
+        kept = [capture(number) for number in range(MAX_WITNESS_LOCATORS)][-1]
+        _expect(len(kept.locators) == MAX_WITNESS_LOCATORS, "a locator was not kept")
+
+    return [
+        Boundary("locators", fill, lambda: capture(MAX_WITNESS_LOCATORS), INVALID),
+    ]
+
+
 def stop_reason(bench: Bench) -> list[Boundary]:
     """Return the edges of a stop reason's 200 characters."""
 
@@ -971,6 +991,7 @@ CASES: dict[str, Callable[[Bench], list[Boundary]]] = {
     "allowed-decisions": allowed_decisions,
     "budget-entries": budget_entries,
     "locator": locator,
+    "witness-locators": witness_locators,
     "stop-reason": stop_reason,
     "work-order-fields": work_order_fields,
     "action-result-retention": action_result_retention,
