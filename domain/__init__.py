@@ -100,6 +100,7 @@ from flowvault.domain._state import (
     WorkflowState,
 )
 from flowvault.domain._state_machine import DEFAULT_LIFECYCLE, StateMachine, StateMachineJson
+from flowvault.domain._values import ValueModel
 from flowvault.domain._workflow import (
     DECISION_APPROVED,
     DECISION_REJECTED,
@@ -184,6 +185,7 @@ __all__ = [
     "StoreUnavailable",
     "TerminalReceipt",
     "UtcDatetime",
+    "ValueModel",
     "Witness",
     "WorkOrder",
     "WorkflowRecord",

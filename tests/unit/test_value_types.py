@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from flowvault import application, domain
-from flowvault.domain import FlowvaultError, InvalidInput, WorkflowResult
+from flowvault import application, composition, domain
+from flowvault.composition import Settings
+from flowvault.domain import FlowvaultError, InvalidInput, ValueModel, WorkflowResult
 
 SECRET = "s3cret-value-that-must-not-leak"
 
@@ -27,7 +28,7 @@ class _Secret:
 def _exported_models() -> list[type[BaseModel]]:
     found = {
         value
-        for module in (domain, application)
+        for module in (domain, application, composition)
         for value in (getattr(module, name) for name in module.__all__)
         if isinstance(value, type) and issubclass(value, BaseModel)
     }
@@ -36,7 +37,8 @@ def _exported_models() -> list[type[BaseModel]]:
 
 MODELS = _exported_models()
 FIELDED = [model for model in MODELS if model.model_fields]
-"""Models with declared fields; ``WorkflowState`` takes any field a host names."""
+"""Models with declared fields; ``WorkflowState`` takes any field a host names, and
+``ValueModel``, their base, declares none."""
 
 
 def _assert_secret_free(error: FlowvaultError) -> None:
@@ -49,10 +51,20 @@ def _named(error: InvalidInput) -> set[str]:
 
 
 def test_the_walk_finds_every_model() -> None:
-    """The walk below covers the models the issue names, and all the others."""
+    """The walk covers the models the issue names and all the others, each a frozen value."""
     names = {model.__name__ for model in MODELS}
-    assert {"WorkflowResult", "Witness", "Approval", "Checkpoint", "LedgerEvent"} <= names
-    assert len(MODELS) >= 15
+    assert {
+        "WorkflowResult",
+        "Witness",
+        "Approval",
+        "Checkpoint",
+        "LedgerEvent",
+        "Settings",
+    } <= names
+    assert len(MODELS) >= 20
+    values = [model for model in MODELS if model is not ValueModel]
+    assert all(issubclass(model, ValueModel) for model in values)
+    assert all(model.model_config.get("frozen") for model in values)
 
 
 @pytest.mark.parametrize("model", FIELDED, ids=lambda model: model.__name__)
@@ -137,6 +149,15 @@ def test_nested_payload_keys_are_not_named() -> None:
     with pytest.raises(InvalidInput) as caught:
         WorkflowResult.model_validate(_result(summary={SECRET: {1, 2}}))
     assert caught.value.details["fields"] == "summary"
+    _assert_secret_free(caught.value)
+
+
+def test_settings_built_by_a_host_name_the_field_not_the_secret() -> None:
+    """``Settings`` built directly refuses like every value; its DSN, a secret, is not echoed."""
+    dsn = f"postgresql://app:{SECRET}@db.example/app"
+    with pytest.raises(InvalidInput) as caught:
+        Settings(backend="oracle", postgres_dsn=dsn, busy_timeout=-1)  # type: ignore[arg-type]
+    assert caught.value.details["fields"] == "backend,busy_timeout"
     _assert_secret_free(caught.value)
 
 
