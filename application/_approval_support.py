@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeVar
 
-from pydantic import ValidationError
-
 from flowvault.application._compaction import compact_after_commit
 from flowvault.application._freshness import CHECKPOINT_KIND, record_stream
 from flowvault.application._graph import (
@@ -92,29 +90,11 @@ def _aware(moment: object, what: str) -> datetime:
     return moment
 
 
-def _validated(model: type[_Signed], fields: Mapping[str, object]) -> _Signed:
-    """Build a model from caller input, as ``InvalidInput`` naming only the bad fields."""
-    try:
-        return model.model_validate(fields)
-    except ValidationError as exc:
-        raise _invalid(model.__name__.lower(), exc) from None
-
-
-def _invalid(what: str, error: ValidationError) -> InvalidInput:
-    """Name the failing fields and our own cross-field rules; pydantic's text may echo input."""
-    issues = error.errors()
-    names = sorted({str(issue["loc"][0]) for issue in issues if issue["loc"]})
-    rules = sorted(
-        str(issue["msg"]).removeprefix("Value error, ") for issue in issues if not issue["loc"]
-    )
-    return InvalidInput(f"invalid {what}: " + "; ".join([*names, *rules]), fields=",".join(names))
-
-
 def _signed(
     model: type[_Signed], key: KeyedDigester, tag: str, fields: Mapping[str, Any]
 ) -> _Signed:
     """Validate ``fields`` and stamp the keyed digest of everything the model's body covers."""
-    draft = _validated(model, {**fields, "integrity_digest": GENESIS_HASH})
+    draft = model.model_validate({**fields, "integrity_digest": GENESIS_HASH})
     return draft.model_copy(update={"integrity_digest": _digest(key, tag, draft)})
 
 

@@ -15,8 +15,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from pydantic import ValidationError
-
 from flowvault.application._approval_support import (
     APPROVAL_SLOTS,
     APPROVAL_TAG,
@@ -925,7 +923,7 @@ class ApprovalService:
     def _verified(self, key: KeyedDigester, opened: SealedDocument) -> Approval:
         try:
             approval = Approval.model_validate(opened.document)
-        except ValidationError:
+        except InvalidInput:
             raise IntegrityFailure(
                 "approval has an unexpected shape", key_digest=opened.metadata.key_digest
             ) from None

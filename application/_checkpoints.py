@@ -13,8 +13,6 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from functools import partial
 
-from pydantic import ValidationError
-
 from flowvault.application._approval_support import (
     CHECKPOINT_TAG,
     CHECKPOINTS,
@@ -377,7 +375,7 @@ class CheckpointService:
     def _verified(self, key: KeyedDigester, opened: SealedDocument) -> Checkpoint:
         try:
             checkpoint = Checkpoint.model_validate(opened.document)
-        except ValidationError:
+        except InvalidInput:
             raise _broken_checkpoint("unexpected shape", opened.metadata) from None
         checks = {
             "key": self._repo.key_digest(CHECKPOINTS, checkpoint.checkpoint_id)

@@ -1,8 +1,10 @@
 """Evidence witnesses, stored once per content digest and verified on every read.
 
-Each witness is bound to the ``witness.captured`` event of its own record
-stream, so a witness deleted outside flowvault is refused rather than read
-as never captured (and captured again under another locator or time).
+Each witness is bound to the newest event of its own record stream that
+wrote it (``witness.captured``, then ``witness.located`` for each locator
+added), so a witness deleted outside flowvault is refused rather than read
+as never captured (and captured again under another locator or time), and
+an older copy put back, short of a locator, is refused as stale.
 """
 
 from __future__ import annotations
@@ -10,8 +12,6 @@ from __future__ import annotations
 import base64
 import binascii
 from datetime import datetime
-
-from pydantic import ValidationError
 
 from flowvault.application._approval_support import (
     MAX_WITNESS_BYTES,
@@ -23,6 +23,7 @@ from flowvault.application._approval_support import (
     _signed,
 )
 from flowvault.application._freshness import (
+    FRESH_READ_TRIES,
     WITNESS_KIND,
     StreamPolicy,
     leaves_unnamed,
@@ -35,6 +36,7 @@ from flowvault.application._graph import (
     require_integrity,
 )
 from flowvault.application._records import (
+    ExpectedRevision,
     Guard,
     UnitOfWork,
 )
@@ -42,6 +44,7 @@ from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application.ports import Clock
 from flowvault.domain import (
     DIGEST_PATTERN,
+    MAX_WITNESS_LOCATORS,
     IntegrityFailure,
     InvalidInput,
     NotFound,
@@ -76,14 +79,20 @@ class EvidenceService:
     ) -> Witness:
         """Store ``content`` as evidence retrieved from ``locator``, once per content digest.
 
-        Capturing the same bytes again returns the first witness unchanged,
-        whatever locator or time the repeat names.
+        The first capture fixes the witness's media type, authority class and
+        times. Capturing the same bytes from another locator adds that
+        locator to the witness (``witness.located``), up to
+        ``MAX_WITNESS_LOCATORS``; from a locator it already records, it
+        returns the witness unchanged.
 
         Raises:
             PayloadTooLarge: ``content`` exceeds ``MAX_WITNESS_BYTES``.
             InvalidInput: a locator over 2048 characters or with control
                 characters, a media type that is not ``type/subtype``, an
-                authority class that is not a short lowercase name, or a naive time.
+                authority class that is not a short lowercase name, a naive
+                time, or a new locator for a witness that already records
+                ``MAX_WITNESS_LOCATORS``.
+            RevisionConflict: the witness kept changing under every attempt.
 
         """
         key = require_integrity(self._integrity)
@@ -95,7 +104,7 @@ class EvidenceService:
                 size=len(content),
                 limit=MAX_WITNESS_BYTES,
             )
-        witness = _signed(
+        first = _signed(
             Witness,
             key,
             WITNESS_TAG,
@@ -110,37 +119,58 @@ class EvidenceService:
                 "content": content,
             },
         )
-        existing = self._find(key, witness.content_digest)
-        if existing is not None:
-            return existing
+        expected: ExpectedRevision
+        for _ in range(FRESH_READ_TRIES):
+            found = self._find(key, first.content_digest)
+            if found is None:
+                written, expected, event_type = first, Guard.ABSENT, "witness.captured"
+            else:
+                stored, revision = found
+                if locator in stored.locators:
+                    return stored
+                written = self._located(key, stored, locator)
+                expected, event_type = revision, "witness.located"
+            try:
+                self._write(written, expected, event_type)
+            except RevisionConflict:
+                continue
+            return written
+        raise RevisionConflict("witness kept changing while it was captured; retry")
+
+    def _located(self, key: KeyedDigester, witness: Witness, locator: str) -> Witness:
+        """Return ``witness`` also recording ``locator``, signed again."""
+        if len(witness.locators) >= MAX_WITNESS_LOCATORS:
+            raise InvalidInput(
+                f"witness already records {MAX_WITNESS_LOCATORS} locators",
+                limit=MAX_WITNESS_LOCATORS,
+            )
+        fields = witness.model_dump(exclude={"integrity_digest"})
+        later = (*witness.later_locators, locator)
+        return _signed(Witness, key, WITNESS_TAG, {**fields, "later_locators": later})
+
+    def _write(self, witness: Witness, expected: ExpectedRevision, event_type: str) -> None:
+        """Commit ``witness`` bound to a new event of its stream; ``RevisionConflict`` if raced."""
         document = {
             **witness.model_dump(mode="json", exclude={"content"}),
-            "content": base64.b64encode(content).decode("ascii"),
+            "content": base64.b64encode(witness.content).decode("ascii"),
         }
         record = self._repo.key_digest(WITNESSES, witness.content_digest)
         event = record_event(
             self._repo,
             record_stream(WITNESS_KIND, record),
-            "witness.captured",
+            event_type,
             record_payload(record),
-            witness.captured_at,
+            self._clock.now(),
         )
         upsert = self._repo.prepare(
             WITNESSES,
             witness.content_digest,
             document,
-            expected=Guard.ABSENT,
+            expected=expected,
             labels={"captured_at": _micros(witness.captured_at)},
             ledger_index=event.index,
         )
-        try:
-            self._store.commit(UnitOfWork(upserts=[upsert], appends=[event]))
-        except RevisionConflict:
-            raced = self._find(key, witness.content_digest)
-            if raced is None:
-                raise
-            return raced
-        return witness
+        self._store.commit(UnitOfWork(upserts=[upsert], appends=[event]))
 
     def load_witness(self, content_digest: str) -> Witness:
         """Return the verified witness for ``content_digest``; ``NotFound`` if none.
@@ -155,9 +185,10 @@ class EvidenceService:
         found = self._find(key, content_digest)
         if found is None:
             raise NotFound("no such witness")
-        return found
+        return found[0]
 
-    def _find(self, key: KeyedDigester, content_digest: str) -> Witness | None:
+    def _find(self, key: KeyedDigester, content_digest: str) -> tuple[Witness, int] | None:
+        """Return the verified witness and its row's revision, or ``None`` if never captured."""
         record = self._repo.key_digest(WITNESSES, content_digest)
         opened = self._fresh.read_vouched(
             self._store,
@@ -172,7 +203,7 @@ class EvidenceService:
             raise IntegrityFailure("witness is stored under another digest")
         if _digest(key, WITNESS_TAG, witness) != witness.integrity_digest:
             raise IntegrityFailure("witness failed its keyed integrity check")
-        return witness
+        return witness, opened.revision
 
     @staticmethod
     def _decoded(opened: SealedDocument) -> Witness:
@@ -182,7 +213,7 @@ class EvidenceService:
                 raise ValueError("no content")
             raw = base64.b64decode(str(document["content"]), validate=True)
             return Witness.model_validate({**document, "content": raw})
-        except (ValueError, binascii.Error, ValidationError):
+        except (ValueError, binascii.Error, InvalidInput):
             raise IntegrityFailure(
                 "witness has an unexpected shape", key_digest=opened.metadata.key_digest
             ) from None

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
 
-from pydantic import ValidationError
-
 from flowvault.application._approval_support import _horizon
 from flowvault.application._compaction import compact_after_commit
 from flowvault.application._freshness import (
@@ -1015,7 +1013,7 @@ class RunService:
             raise NotFound("run has no terminal receipt", run_id=run_id)
         try:
             receipt = TerminalReceipt.model_validate(opened.document)
-        except (ValidationError, InvalidInput):
+        except InvalidInput:
             raise IntegrityFailure("sealed terminal receipt has an unexpected shape") from None
         if not hmac.compare_digest(_signature(integrity, receipt), receipt.signature):
             raise IntegrityFailure("terminal receipt signature does not verify", run_id=run_id)
@@ -1181,7 +1179,7 @@ def _definition_version(
     document = _mapping(opened)
     try:
         made = DefinitionVersion.model_validate(document.get("definition"))
-    except ValidationError:
+    except InvalidInput:
         raise IntegrityFailure("sealed definition version has an unexpected shape") from None
     spec = document.get("spec")
     if made.definition_id != definition_id or made.version != (version or made.version):
@@ -1194,7 +1192,7 @@ def _definition_version(
 def _run(opened: SealedDocument) -> GraphRun:
     try:
         run = GraphRun.model_validate(_mapping(opened).get("run"))
-    except ValidationError:
+    except InvalidInput:
         raise IntegrityFailure("sealed run has an unexpected shape") from None
     if run.revision != opened.revision:
         raise IntegrityFailure("run record disagrees with its row revision")
@@ -1203,11 +1201,7 @@ def _run(opened: SealedDocument) -> GraphRun:
 
 def _new_run(**fields: object) -> GraphRun:
     """Build a run from caller values, as a typed error that names fields but not values."""
-    try:
-        return GraphRun.model_validate(fields)
-    except ValidationError as exc:
-        names = sorted({str(error["loc"][0]) for error in exc.errors() if error["loc"]})
-        raise InvalidInput("invalid run: " + ", ".join(names)) from None
+    return GraphRun.model_validate(fields)
 
 
 def _changed_run(run: GraphRun, changes: Mapping[str, object]) -> GraphRun:

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from functools import partial
 
-from pydantic import ValidationError
-
 from flowvault.application._freshness import (
     RESULT_KIND,
     StreamPolicy,
@@ -148,7 +146,7 @@ class RunRepository:
     def _verified(document: object, run_id: str) -> WorkflowResult:
         try:
             result = WorkflowResult.model_validate(document)
-        except ValidationError:
+        except InvalidInput:
             raise IntegrityFailure("stored run has an unexpected shape") from None
         if result.run_id != run_id:
             raise IntegrityFailure("stored run names another run than its key")

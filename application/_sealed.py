@@ -14,8 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, TypedDict, Unpack
 
-from pydantic import ValidationError
-
 from flowvault.application._capabilities import StoreCapabilities
 from flowvault.application._records import (
     ExpectedRevision,
@@ -196,20 +194,16 @@ class SealedRepository:
         _check_expected(expected)
         key_digest = self.key_digest(namespace, natural_key)
         labels = options.get("labels") or {}
-        try:
-            header = EnvelopeHeader(
-                namespace=namespace,
-                key_digest=key_digest,
-                sensitivity=options.get("sensitivity", Sensitivity.CONFIDENTIAL),
-                schema_version=options.get("schema_version", 1),
-                key_id=self._cipher.primary_key_id,
-                revision=self._next_revision(namespace, key_digest, expected),
-                written_at=self._clock.now(),
-                ledger_index=options.get("ledger_index"),
-            )
-        except ValidationError as exc:
-            fields = sorted({str(error["loc"][0]) for error in exc.errors() if error["loc"]})
-            raise InvalidInput("invalid record header: " + ", ".join(fields)) from None
+        header = EnvelopeHeader(
+            namespace=namespace,
+            key_digest=key_digest,
+            sensitivity=options.get("sensitivity", Sensitivity.CONFIDENTIAL),
+            schema_version=options.get("schema_version", 1),
+            key_id=self._cipher.primary_key_id,
+            revision=self._next_revision(namespace, key_digest, expected),
+            written_at=self._clock.now(),
+            ledger_index=options.get("ledger_index"),
+        )
         body = {"v": SEALED_BODY_VERSION, "labels": dict(labels), "document": document}
         plaintext = canonical_bytes(body)
         self._budget.charge(header.key_id)

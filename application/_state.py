@@ -226,7 +226,7 @@ class StateRepository(Generic[M]):
             return StateSnapshot(self._model(), None), head
         try:
             state = self._model.model_validate(opened.document)
-        except ValidationError:
+        except (ValidationError, InvalidInput):
             raise IntegrityFailure("stored state does not match its model") from None
         return StateSnapshot(state, opened.revision), head
 

@@ -8,16 +8,14 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     SecretStr,
-    ValidationError,
     field_validator,
     model_validator,
 )
 
-from flowvault.domain import InvalidInput
+from flowvault.domain import InvalidInput, ValueModel
 
 ENV_PREFIX = "FLOWVAULT_"
 DATABASE_FILE = "flowvault.db"
@@ -54,7 +52,7 @@ def default_home(environ: Mapping[str, str] | None = None) -> Path:
     return Path(base) / "flowvault"
 
 
-class Settings(BaseModel):
+class Settings(ValueModel):
     """What the composition root needs to choose and configure adapters."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -171,10 +169,10 @@ class Settings(BaseModel):
             values["home"] = default_home(source)
         try:
             return cls.model_validate(values)
-        except ValidationError as exc:
-            fields = sorted(
-                {str(error["loc"][0]) if error["loc"] else "seal_warn_at" for error in exc.errors()}
-            )
+        except InvalidInput as exc:
+            refused = set(str(exc.details.get("fields", "")).split(",")) & set(cls.model_fields)
+            unknown = set(values) - set(cls.model_fields)
+            fields = sorted(refused | unknown) or ["seal_warn_at"]
             raise InvalidInput(
                 "invalid flowvault settings: " + ", ".join(ENV_PREFIX + f.upper() for f in fields)
             ) from None

@@ -7,6 +7,7 @@ from flowvault.domain._approvals import (
     APPROVE,
     DECISION_STATEMENT,
     MAX_DECIDERS,
+    MAX_WITNESS_LOCATORS,
     REJECT,
     Approval,
     ApprovalReceipt,
@@ -107,6 +108,7 @@ from flowvault.domain._state import (
     WorkflowState,
 )
 from flowvault.domain._state_machine import DEFAULT_LIFECYCLE, StateMachine, StateMachineJson
+from flowvault.domain._values import ValueModel
 from flowvault.domain._workflow import (
     DECISION_APPROVED,
     DECISION_REJECTED,
@@ -133,6 +135,7 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_RECEIPT_BYTES",
     "MAX_SAFE_INTEGER",
+    "MAX_WITNESS_LOCATORS",
     "REASON_PATTERN",
     "RECEIPT_ORIGIN_PREFIX",
     "REDACTED",
@@ -196,6 +199,7 @@ __all__ = [
     "StoreUnavailable",
     "TerminalReceipt",
     "UtcDatetime",
+    "ValueModel",
     "Vote",
     "Witness",
     "WorkOrder",

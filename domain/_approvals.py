@@ -14,7 +14,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBytes, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, StrictBytes, model_validator
 
 from flowvault.domain._canonical import (
     MAX_SAFE_INTEGER,
@@ -26,6 +26,7 @@ from flowvault.domain._canonical import (
 from flowvault.domain._envelope import Digest, UtcDatetime
 from flowvault.domain._fingerprint import Receipt
 from flowvault.domain._state import RunId
+from flowvault.domain._values import ValueModel
 from flowvault.domain._workflow import Json
 
 CHECKPOINT_ID_PATTERN = re.compile(r"^cp_[0-9a-f]{32}$")
@@ -41,6 +42,8 @@ MAX_AUDIENCE = 256
 MAX_ACTOR = 256
 MAX_DECISIONS = 16
 MAX_LOCATOR = 2048
+MAX_WITNESS_LOCATORS = 16
+"""Most locators one witness records: the first and up to 15 later ones."""
 MAX_BUDGET_ENTRIES = 64
 MAX_DECIDERS = 64
 """Largest audience of named deciders (and so largest quorum) one approval may have."""
@@ -124,9 +127,10 @@ Deciders = Annotated[
     tuple[Digest, ...], Field(max_length=MAX_DECIDERS), AfterValidator(_check_deciders)
 ]
 Ed25519Signature = Annotated[str, Field(pattern=r"^[0-9a-f]{128}$")]
+Locator = Annotated[PrintableText, Field(min_length=1, max_length=MAX_LOCATOR)]
 
 
-class Checkpoint(BaseModel):
+class Checkpoint(ValueModel):
     """A sealed resume point of a run: its state, budgets and counters at one cursor.
 
     ``state_digest`` and ``dependency_digest`` are content hashes of the sealed
@@ -175,7 +179,7 @@ class Checkpoint(BaseModel):
         )
 
 
-class Vote(BaseModel):
+class Vote(ValueModel):
     """One decider's decision on a quorum approval; the decider is a keyed digest.
 
     ``signature`` is the decider's Ed25519 signature (hex) of the decision
@@ -193,7 +197,7 @@ class Vote(BaseModel):
 _QUORUM_FIELDS = frozenset({"required", "deciders", "rejection", "votes"})
 
 
-class Approval(BaseModel):
+class Approval(ValueModel):
     """A request for a human decision on one checkpoint, bound to its integrity digest.
 
     ``audience``, ``actor`` and ``decision`` are stored only sealed; receipts
@@ -372,13 +376,20 @@ def decision_statement(approval: Approval, decision: str) -> bytes:
     )
 
 
-class Witness(BaseModel):
-    """Captured evidence: the bytes retrieved from a locator, stored once per content digest."""
+class Witness(ValueModel):
+    """Captured evidence: the bytes retrieved from locators, stored once per content digest.
+
+    ``locator`` is where the content was first captured from; ``later_locators``
+    every other source it was captured from since, in capture order.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     content_digest: Digest
-    locator: PrintableText = Field(min_length=1, max_length=MAX_LOCATOR, repr=False)
+    locator: Locator = Field(repr=False)
+    later_locators: tuple[Locator, ...] = Field(
+        default=(), max_length=MAX_WITNESS_LOCATORS - 1, repr=False
+    )
     media_type: Annotated[str, Field(pattern=MEDIA_TYPE_PATTERN.pattern)]
     authority_class: Annotated[str, Field(pattern=AUTHORITY_CLASS_PATTERN.pattern)]
     size_bytes: Counter
@@ -395,6 +406,24 @@ class Witness(BaseModel):
             raise ValueError("content does not match its digest and size")
         return self
 
+    @model_validator(mode="after")
+    def _locators_distinct(self) -> Self:
+        if len(set(self.locators)) != len(self.locators):
+            raise ValueError("a locator is recorded twice")
+        return self
+
+    @property
+    def locators(self) -> tuple[str, ...]:
+        """Every locator the content was captured from, the first one first."""
+        return (self.locator, *self.later_locators)
+
     def integrity_body(self) -> dict[str, Any]:
-        """Return what ``integrity_digest`` covers: every field but the bytes (named by digest)."""
-        return self.model_dump(mode="json", exclude={"integrity_digest", "content"})
+        """Return what ``integrity_digest`` covers: every field but the bytes (named by digest).
+
+        A witness with one locator leaves ``later_locators`` out, so a witness
+        stored before later locators were kept verifies as it did.
+        """
+        left_out = {"integrity_digest", "content"}
+        if not self.later_locators:
+            left_out.add("later_locators")
+        return self.model_dump(mode="json", exclude=left_out)

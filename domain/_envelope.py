@@ -13,10 +13,11 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field
 
 from flowvault.domain._canonical import content_hash
 from flowvault.domain._errors import InvalidInput
+from flowvault.domain._values import ValueModel
 
 AAD_FORMAT = "flowvault.envelope/1"
 """Version tag bound into the associated data; bump it when the layout changes."""
@@ -103,7 +104,7 @@ def format_instant(value: object) -> str:
     return utc.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
-class EnvelopeHeader(BaseModel):
+class EnvelopeHeader(ValueModel):
     """Identity and provenance of one sealed payload; all of it is authenticated."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -6,11 +6,12 @@ from datetime import datetime
 from enum import Enum, StrEnum
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from flowvault.domain._canonical import content_hash
 from flowvault.domain._envelope import Digest, Namespace, UtcDatetime, format_instant
 from flowvault.domain._errors import InvalidInput
+from flowvault.domain._values import ValueModel
 
 
 class Readability(StrEnum):
@@ -21,7 +22,7 @@ class Readability(StrEnum):
     ABSENT = "absent"
 
 
-class Fingerprint(BaseModel):
+class Fingerprint(ValueModel):
     """What can be said about a record without revealing its payload."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -38,7 +39,7 @@ class Fingerprint(BaseModel):
 _RECEIPT_SAFE = (Enum, int, bool, datetime, type(None))
 
 
-class Receipt(BaseModel):
+class Receipt(ValueModel):
     """A digest-only record that can be handed to an auditor as it is.
 
     Subclasses add fields; every string field must be a digest, a known

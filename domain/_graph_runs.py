@@ -9,13 +9,14 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, ClassVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field
 
 from flowvault.domain._canonical import MAX_SAFE_INTEGER
 from flowvault.domain._envelope import Digest, UtcDatetime
 from flowvault.domain._fingerprint import Receipt
 from flowvault.domain._state import RUN_ID_PATTERN
 from flowvault.domain._state_machine import StateMachine
+from flowvault.domain._values import ValueModel
 from flowvault.domain._workflow import Json
 
 DEFINITION_ID_PATTERN = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
@@ -86,7 +87,7 @@ TerminalStatus = Annotated[str, AfterValidator(_check_terminal)]
 _Counter = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER, strict=True)]
 
 
-class DefinitionVersion(BaseModel):
+class DefinitionVersion(ValueModel):
     """One stored content of a graph definition, named by its content hash."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -96,7 +97,7 @@ class DefinitionVersion(BaseModel):
     created_at: UtcDatetime
 
 
-class GraphRun(BaseModel):
+class GraphRun(ValueModel):
     """One execution of a pinned definition version; input and final state are sealed."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -22,12 +22,10 @@ from typing import Annotated, Self
 import pydantic
 from pydantic import (
     AfterValidator,
-    BaseModel,
     ConfigDict,
     Field,
     PlainValidator,
     StringConstraints,
-    ValidationError,
     ValidationInfo,
 )
 
@@ -42,6 +40,7 @@ from flowvault.domain._canonical import (
 )
 from flowvault.domain._envelope import DIGEST_PATTERN, Digest, UtcDatetime, format_instant
 from flowvault.domain._errors import IntegrityFailure, InvalidInput
+from flowvault.domain._values import ValueModel
 
 GENESIS_HASH = "sha256:" + "0" * 64
 """The ``previous_hash`` of the event at index 0."""
@@ -94,18 +93,11 @@ _Payload = Annotated[pydantic.JsonValue, PlainValidator(_copy_json)]
 """Pydantic's own alias, because it cannot build a schema from the recursive ``JsonValue``."""
 
 
-def _invalid_event(error: ValidationError) -> InvalidInput:
-    """Name the failing fields and rules; pydantic's own text would echo the input."""
-    problems = sorted({f"{issue['loc'][0]}: {issue['msg']}" for issue in error.errors()})
-    fields = sorted({str(issue["loc"][0]) for issue in error.errors()})
-    return InvalidInput("invalid ledger event: " + "; ".join(problems), fields=",".join(fields))
-
-
 def _quoted_or_null(text: str | None) -> str:
     return "null" if text is None else quote_string(text)
 
 
-class LedgerEvent(BaseModel):
+class LedgerEvent(ValueModel):
     """One entry of an audit stream, chained by hash to the entry before it.
 
     An event built by ``create`` or rebuilt by ``restore`` keeps, in a slot
@@ -173,10 +165,7 @@ class LedgerEvent(BaseModel):
             "event_hash": GENESIS_HASH,
             "event_key": event_key,
         }
-        try:
-            draft = cls.model_validate(fields, context={_RESTORED_PAYLOAD: copied})
-        except ValidationError as exc:
-            raise _invalid_event(exc) from None
+        draft = cls.model_validate(fields, context={_RESTORED_PAYLOAD: copied})
         if text is None:  # pragma: no cover - the validator refuses what the encoder refused
             raise InvalidInput("invalid ledger event: payload", fields="payload")
         object.__setattr__(draft, "_stored_payload", (copied, text))
@@ -206,8 +195,7 @@ class LedgerEvent(BaseModel):
         anything else (whitespace, key order, another spelling of a number)
         was not written by flowvault. Nothing is rehashed: ``verify_chain``
         sees any edit. Raises ``InvalidInput`` for a malformed or
-        non-canonical payload and pydantic's ``ValidationError`` for any
-        other malformed column.
+        non-canonical payload or any other malformed column.
         """
         if not isinstance(payload_text, str):
             raise InvalidInput("a stored event payload must be text")
@@ -385,7 +373,7 @@ def _is_authentic(event: LedgerEvent) -> bool:
         fields = {**event.__dict__, "payload": None}
         LedgerEvent.model_validate(fields, context={_RESTORED_PAYLOAD: None})
         return event.computed_hash() == event.event_hash
-    except (ValidationError, InvalidInput):
+    except InvalidInput:
         return False
 
 

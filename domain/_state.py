@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from flowvault.domain._envelope import Digest, UtcDatetime
 from flowvault.domain._fingerprint import Readability
+from flowvault.domain._values import ValueModel
 from flowvault.domain._workflow import Json
 
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{2,127}$")
@@ -36,7 +37,7 @@ def _check_status(value: str) -> str:
 RunId = Annotated[str, AfterValidator(_check_run_id)]
 
 
-class WorkflowState(BaseModel):
+class WorkflowState(ValueModel):
     """The default state document: any JSON fields a host wants, frozen once built.
 
     Hosts that want a schema subclass ``BaseModel`` themselves and hand the
@@ -46,7 +47,7 @@ class WorkflowState(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow")
 
 
-class ResetFingerprint(BaseModel):
+class ResetFingerprint(ValueModel):
     """A plaintext-free summary of a state row taken before it is reset.
 
     On a cold root (no store at all) only scope, readability and reason are
@@ -68,7 +69,7 @@ class ResetFingerprint(BaseModel):
     payload_digest: Digest | None = None
 
 
-class WorkflowResult(BaseModel):
+class WorkflowResult(ValueModel):
     """The terminal record of one workflow run, stored sealed under its run id."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -9,11 +9,12 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, ClassVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field
 
 from flowvault.domain._canonical import JsonValue, content_hash, validate_json
 from flowvault.domain._envelope import Digest, UtcDatetime
 from flowvault.domain._fingerprint import Receipt
+from flowvault.domain._values import ValueModel
 
 _KIND = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 MAX_IDEMPOTENCY_KEY = 256
@@ -41,7 +42,7 @@ Kind = Annotated[str, AfterValidator(_check_kind)]
 Json = Annotated[Any, AfterValidator(_check_json)]
 
 
-class WorkOrder(BaseModel):
+class WorkOrder(ValueModel):
     """What a requester asks a workflow to do; ``parameters`` are sealed and never logged."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -69,7 +70,7 @@ class WorkOrder(BaseModel):
         return self.model_copy(update={"parameters": {}})
 
 
-class WorkflowRecord(BaseModel):
+class WorkflowRecord(ValueModel):
     """The current state of one workflow, as the service returns it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -86,7 +87,7 @@ class WorkflowRecord(BaseModel):
     stop_reason: str | None = Field(default=None, max_length=MAX_STOP_REASON)
 
 
-class ActionResult(BaseModel):
+class ActionResult(ValueModel):
     """A sealed action result and its retention window; ``result`` is absent in listings."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

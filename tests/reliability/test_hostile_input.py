@@ -109,6 +109,7 @@ from flowvault.domain import (
     FlowvaultError,
     HeadNote,
     HeadReceipt,
+    InvalidInput,
     LedgerEvent,
     ReceiptSignature,
     RevisionConflict,
@@ -375,16 +376,23 @@ def judge(
 # -- argument builders -----------------------------------------------------------------
 
 
+def _refused_fields(error: ValidationError | InvalidInput) -> set[str]:
+    """Name the fields a model refused: a host model's pydantic error, or flowvault's own."""
+    if isinstance(error, InvalidInput):
+        return set(str(error.details.get("fields", "")).split(","))
+    return {str(issue["loc"][0]) for issue in error.errors() if issue["loc"]}
+
+
 def _built(model: type[M], fields: Mapping[str, Any], fallback: Mapping[str, Any]) -> M:
     """Validate ``fields``; replace each refused field by its fallback, then all of them."""
     try:
         return model.model_validate(dict(fields))
-    except ValidationError as error:
-        refused = {str(issue["loc"][0]) for issue in error.errors() if issue["loc"]}
+    except (ValidationError, InvalidInput) as error:
+        refused = _refused_fields(error)
     patched = {**fields, **{name: fallback[name] for name in refused if name in fallback}}
     try:
         return model.model_validate(patched)
-    except ValidationError:
+    except (ValidationError, InvalidInput):
         return model.model_validate(dict(fallback))
 
 
@@ -583,7 +591,7 @@ def _tampered_approval(world: World, a: Arguments) -> object:
 def _header(namespace: object, key: object, revision: object) -> Any:
     try:
         return make_header(namespace, key, revision=revision)  # type: ignore[arg-type]
-    except (ValidationError, FlowvaultError):
+    except FlowvaultError:
         return make_header("hostile.records", "fallback", revision=1)
 
 

@@ -25,7 +25,6 @@ from typing import Any
 import pytest
 import reliability
 from psycopg import sql
-from pydantic import ValidationError
 from wiring import Wired
 
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
@@ -42,8 +41,10 @@ from flowvault.application import _records as records_module
 from flowvault.application.testing import FrozenClock, make_event, make_upsert
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
+    MAX_WITNESS_LOCATORS,
     FlowvaultError,
     PayloadTooLarge,
+    Witness,
     WorkflowState,
     WorkOrder,
     canonical_bytes,
@@ -636,6 +637,24 @@ def locator(bench: Bench) -> list[Boundary]:
     ]
 
 
+def witness_locators(bench: Bench) -> list[Boundary]:
+    """Return the edges of the 16 locators one witness records."""
+    content = bench.fresh("mirrored").encode()
+
+    def capture(number: int) -> Witness:
+        return bench.runtime.evidence.capture_witness(
+            f"https://m{number}.example.org/", content, "text/plain", "web", bench.clock.now()
+        )
+
+    def fill() -> None:
+        kept = [capture(number) for number in range(MAX_WITNESS_LOCATORS)][-1]
+        _expect(len(kept.locators) == MAX_WITNESS_LOCATORS, "a locator was not kept")
+
+    return [
+        Boundary("locators", fill, lambda: capture(MAX_WITNESS_LOCATORS), INVALID),
+    ]
+
+
 def stop_reason(bench: Bench) -> list[Boundary]:
     """Return the edges of a stop reason's 200 characters."""
 
@@ -649,7 +668,7 @@ def stop_reason(bench: Bench) -> list[Boundary]:
 
 
 def work_order_fields(bench: Bench) -> list[Boundary]:
-    """Return the edges of a work order's fields, refused when the order is built."""
+    """Return the edges of a work order's fields, refused as ``INVALID_INPUT`` when it is built."""
     base: dict[str, Any] = {"kind": "k", "requester": "r", "idempotency_key": "i"}
 
     def order(**changes: Any) -> Callable[[], object]:
@@ -663,19 +682,17 @@ def work_order_fields(bench: Bench) -> list[Boundary]:
         _expect(created, "not created")
 
     return [
-        Boundary("all at their limits", create_at_limits, order(kind="k" * 65), ValidationError),
-        Boundary("kind", order(kind="k" * 64), order(kind="k" * 65), ValidationError),
-        Boundary(
-            "requester", order(requester="r" * 200), order(requester="r" * 201), ValidationError
-        ),
+        Boundary("all at their limits", create_at_limits, order(kind="k" * 65), INVALID),
+        Boundary("kind", order(kind="k" * 64), order(kind="k" * 65), INVALID),
+        Boundary("requester", order(requester="r" * 200), order(requester="r" * 201), INVALID),
         Boundary(
             "idempotency key",
             order(idempotency_key="i" * 256),
             order(idempotency_key="i" * 257),
-            ValidationError,
+            INVALID,
         ),
-        Boundary("priority, highest", order(priority=100), order(priority=101), ValidationError),
-        Boundary("priority, lowest", order(priority=-100), order(priority=-101), ValidationError),
+        Boundary("priority, highest", order(priority=100), order(priority=101), INVALID),
+        Boundary("priority, lowest", order(priority=-100), order(priority=-101), INVALID),
     ]
 
 
@@ -974,6 +991,7 @@ CASES: dict[str, Callable[[Bench], list[Boundary]]] = {
     "allowed-decisions": allowed_decisions,
     "budget-entries": budget_entries,
     "locator": locator,
+    "witness-locators": witness_locators,
     "stop-reason": stop_reason,
     "work-order-fields": work_order_fields,
     "action-result-retention": action_result_retention,

@@ -2480,8 +2480,10 @@ def test_replayed_rows(world: World) -> None:
     marker (a workflow's or run's idempotency marker, an event key, an
     approval slot, a remembered request) or witness is still recorded by
     its stream, so the original call retried is refused instead of repeated.
-    Idempotency markers, slots and witnesses are written once, so an older
-    copy of one is the same row; their attack is deletion. Still not
+    Idempotency markers and slots are written once, and the witness here is
+    captured from one locator, so an older copy of one is the same row;
+    their attack is deletion (a witness put back without a later locator
+    is covered in ``tests/unit/test_record_freshness.py``). Still not
     caught: a deleted state row reads as a scope never written, and a state
     row rolled back together with its stream is a truncation, shown only by
     a kept ``ledger head`` receipt. The ciphertext of an older revision

@@ -22,6 +22,7 @@ from flowvault.application import (
     MAX_WITNESS_BYTES,
     REQUEST_IDEMPOTENCY,
     RETENTION_TOMBSTONE,
+    WITNESS_KIND,
     WITNESSES,
     ApprovalService,
     CheckpointService,
@@ -33,10 +34,12 @@ from flowvault.application import (
     UnitOfWork,
     Upsert,
     read_stream,
+    record_stream,
     run_stream,
 )
 from flowvault.application.testing import FrozenClock, SequentialIds, make_event
 from flowvault.domain import (
+    MAX_WITNESS_LOCATORS,
     Approval,
     ApprovalAlreadyDecided,
     ApprovalDecisionNotAllowed,
@@ -58,6 +61,7 @@ from flowvault.domain import (
     PayloadTooLarge,
     RevisionConflict,
     StoreBusy,
+    Witness,
     canonical_json,
     content_hash,
     digest_bytes,
@@ -995,8 +999,14 @@ def test_malformed_idempotency_input_is_refused(
 # -- evidence witnesses -----------------------------------------------------------------
 
 
-def test_witness_is_stored_once_per_content(world: World) -> None:
-    """Capturing the same bytes again returns the first witness, whatever the repeat names."""
+def _witness_events(world: World, content_digest: str) -> list[LedgerEvent]:
+    return world.stream(
+        record_stream(WITNESS_KIND, world.repository.key_digest(WITNESSES, content_digest))
+    )
+
+
+def test_witness_is_stored_once_per_content_and_keeps_every_locator(world: World) -> None:
+    """The same bytes from a second locator add that locator; the first source is kept."""
     content = b"%PDF-1.7 \x00\xff" + SECRET.encode()
     first = world.evidence.capture_witness(
         "https://example.test/doc?token=abc",
@@ -1007,14 +1017,104 @@ def test_witness_is_stored_once_per_content(world: World) -> None:
     )
     assert first.content_digest == digest_bytes(content)
     assert first.size_bytes == len(content)
+    assert first.locators == ("https://example.test/doc?token=abc",)
     world.clock.advance()
     again = world.evidence.capture_witness(
         "https://mirror.test/doc", content, "text/plain", "secondary", world.clock.now()
     )
-    assert again == first
-    assert world.evidence.load_witness(first.content_digest) == first
+    assert again.locators == ("https://example.test/doc?token=abc", "https://mirror.test/doc")
+    assert again.locator == first.locator
+    assert again.model_dump(exclude={"later_locators", "integrity_digest"}) == first.model_dump(
+        exclude={"later_locators", "integrity_digest"}
+    )
+    assert world.evidence.load_witness(first.content_digest) == again
     assert len(world.store.list(WITNESSES).items) == 1
-    assert "token=abc" not in repr(first)
+    events = _witness_events(world, first.content_digest)
+    assert [event.type for event in events] == ["witness.captured", "witness.located"]
+    assert "mirror.test" not in canonical_json([event.payload for event in events])
+    assert "token=abc" not in repr(again)
+    assert "mirror.test" not in repr(again)
+
+
+def test_a_recorded_locator_captured_again_changes_nothing(world: World) -> None:
+    """Repeating a capture from the first or a later locator returns the witness as stored."""
+    content = b"evidence body"
+    world.evidence.capture_witness(
+        "https://a.test/", content, "text/plain", "primary", world.clock.now()
+    )
+    both = world.evidence.capture_witness(
+        "https://b.test/", content, "text/plain", "primary", world.clock.now()
+    )
+    assert both.locators == ("https://a.test/", "https://b.test/")
+    before = world.visible(), _witness_events(world, both.content_digest)
+    world.clock.advance()
+    for locator in ("https://a.test/", "https://b.test/"):
+        repeat = world.evidence.capture_witness(
+            locator, content, "text/html", "secondary", world.clock.now()
+        )
+        assert repeat == both
+    assert (world.visible(), _witness_events(world, both.content_digest)) == before
+
+
+def test_a_witness_records_at_most_its_bound_of_locators(world: World) -> None:
+    """Up to ``MAX_WITNESS_LOCATORS`` are kept; one more is INVALID_INPUT with nothing written."""
+    content = b"widely mirrored"
+    now = world.clock.now()
+    for number in range(MAX_WITNESS_LOCATORS):
+        kept = world.evidence.capture_witness(
+            f"https://m{number}.test/", content, "text/plain", "primary", now
+        )
+    assert kept.locators == tuple(f"https://m{n}.test/" for n in range(MAX_WITNESS_LOCATORS))
+    before = world.visible(), _witness_events(world, kept.content_digest)
+    with pytest.raises(InvalidInput) as caught:
+        world.evidence.capture_witness(
+            "https://one-more.test/", content, "text/plain", "primary", now
+        )
+    assert caught.value.details["limit"] == MAX_WITNESS_LOCATORS
+    assert "one-more" not in str(caught.value)
+    assert (world.visible(), _witness_events(world, kept.content_digest)) == before
+    assert (
+        world.evidence.capture_witness("https://m3.test/", content, "text/plain", "primary", now)
+        == kept
+    )
+
+
+def test_a_witness_stored_with_one_locator_still_reads(world: World) -> None:
+    """A witness document written before later locators were kept has no such field; it verifies."""
+    content = b"captured by an older release"
+    made = world.evidence.capture_witness(
+        "https://a.test/", content, "text/plain", "primary", world.clock.now()
+    )
+
+    def older_shape(document: dict[str, JsonValue]) -> None:
+        assert document.pop("later_locators") == []
+
+    world.plant(WITNESSES, made.content_digest, older_shape)
+    assert world.evidence.load_witness(made.content_digest) == made
+    grown = world.evidence.capture_witness(
+        "https://b.test/", content, "text/plain", "primary", world.clock.now()
+    )
+    assert grown.locators == ("https://a.test/", "https://b.test/")
+    assert world.evidence.load_witness(made.content_digest) == grown
+
+
+def test_concurrent_captures_from_new_locators_keep_them_all(world: World) -> None:
+    """Racing captures of one content from different locators lose none of them."""
+    content = b"raced evidence"
+    now = world.clock.now()
+    locators = [f"https://r{number}.test/" for number in range(4)]
+    calls = iter(locators)
+    lock = threading.Lock()
+
+    def capture() -> object:
+        with lock:
+            locator = next(calls)
+        return world.evidence.capture_witness(locator, content, "text/plain", "primary", now)
+
+    outcomes = race(len(locators), capture)
+    assert all(isinstance(outcome, Witness) for outcome in outcomes), outcomes
+    stored = world.evidence.load_witness(digest_bytes(content))
+    assert sorted(stored.locators) == locators
 
 
 @pytest.mark.parametrize(
@@ -1068,6 +1168,10 @@ def _forge_locator(document: dict[str, JsonValue]) -> None:
     document["locator"] = "https://forged.test/"
 
 
+def _forge_later_locators(document: dict[str, JsonValue]) -> None:
+    document["later_locators"] = ["https://forged.test/"]
+
+
 def _forge_content(document: dict[str, JsonValue]) -> None:
     document["content"] = "Zm9yZ2Vk"
 
@@ -1083,7 +1187,14 @@ def _forge_encoding(document: dict[str, JsonValue]) -> None:
 
 
 @pytest.mark.parametrize(
-    "forge", [_forge_locator, _forge_content, _forge_content_and_size, _forge_encoding]
+    "forge",
+    [
+        _forge_locator,
+        _forge_later_locators,
+        _forge_content,
+        _forge_content_and_size,
+        _forge_encoding,
+    ],
 )
 def test_tampered_witness_fails_on_read(
     world: World, forge: Callable[[dict[str, JsonValue]], None]

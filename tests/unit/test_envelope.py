@@ -7,7 +7,6 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pydantic import ValidationError
 
 from flowvault.application.testing import EPOCH, make_header
 from flowvault.domain import (
@@ -112,7 +111,7 @@ def test_invalid_fields_are_refused(field: str, value: object) -> None:
     """Headers with malformed fields cannot be built."""
     fields = make_header("ns", "a").model_dump()
     fields[field] = value
-    with pytest.raises(ValidationError):
+    with pytest.raises(InvalidInput):
         EnvelopeHeader(**fields)
 
 

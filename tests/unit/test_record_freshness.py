@@ -401,6 +401,33 @@ def test_a_deleted_witness_is_refused_not_captured_again(world: World) -> None:
     )
 
 
+def test_a_witness_put_back_without_a_later_locator_is_refused(world: World) -> None:
+    """Adding a locator binds the row to ``witness.located``; the older row put back is stale."""
+    content = SECRET.encode()
+    witness = world.evidence.capture_witness(
+        "https://example.org/a", content, "text/plain", "primary", world.clock.now()
+    )
+    one_locator = world.row(WITNESSES, witness.content_digest)
+    grown = world.evidence.capture_witness(
+        "https://example.org/b", content, "text/plain", "primary", world.clock.now()
+    )
+    record = world.digest(WITNESSES, witness.content_digest)
+    events = world.events(record_stream(WITNESS_KIND, record))
+    assert [e.type for e in events] == ["witness.captured", "witness.located"]
+    assert all(e.payload == {"records": [record]} for e in events)
+    assert world.row(WITNESSES, witness.content_digest).metadata.header.ledger_index == 1
+    world.replay(one_locator)
+    failure = _refused(lambda: world.evidence.load_witness(witness.content_digest), STALE)
+    assert failure.details["ledger_index"] == 0
+    _refused(
+        lambda: world.evidence.capture_witness(
+            "https://example.org/b", content, "text/plain", "primary", world.clock.now()
+        ),
+        STALE,
+    )
+    assert grown.locators == ("https://example.org/a", "https://example.org/b")
+
+
 # -- what the record streams trust ------------------------------------------------
 
 

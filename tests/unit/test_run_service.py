@@ -8,7 +8,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
@@ -736,7 +735,7 @@ def test_receipt_model_is_terminal_and_digest_only(world: World) -> None:
     """A receipt cannot claim a live status or carry a plaintext field."""
     receipt = world.finish(world.running())
     for change in ({"status": "running"}, {"run": "run-000001"}):
-        with pytest.raises(ValidationError):
+        with pytest.raises(InvalidInput):
             TerminalReceipt.model_validate({**receipt.model_dump(), **change})
 
 
