@@ -6,6 +6,7 @@ from flowvault.adapters.cli._browse import (
     approvals_list_command,
     approvals_show_command,
     runs_list_command,
+    runs_receipt_command,
     runs_show_command,
     workflows_list_command,
     workflows_show_command,
@@ -37,6 +38,7 @@ from flowvault.adapters.cli._ledger import (
     ledger_verify_command,
     ledger_vouch_command,
     purge_command,
+    read_any_receipt_file,
     read_receipt_file,
 )
 from flowvault.adapters.cli._reset import ResetRequest, reset_progress_command
@@ -83,10 +85,12 @@ __all__ = [
     "ledger_verify_command",
     "ledger_vouch_command",
     "purge_command",
+    "read_any_receipt_file",
     "read_receipt_file",
     "reset_progress_command",
     "rotate_key_command",
     "runs_list_command",
+    "runs_receipt_command",
     "runs_show_command",
     "short",
     "signing_key_command",
