@@ -16,7 +16,12 @@ from cli_helpers import json_document as _document
 from cli_helpers import run_cli as _run
 
 from flowvault.composition import Settings, bootstrap
-from flowvault.domain import KeyRequired, parse_terminal_receipt
+from flowvault.domain import (
+    InsecurePermissions,
+    InvalidInput,
+    KeyRequired,
+    parse_terminal_receipt,
+)
 
 INPUT_MARKER = "terminal-input-3a9e-do-not-leak"
 FINAL_MARKER = "terminal-final-61bd-do-not-leak"
@@ -177,8 +182,22 @@ def test_a_run_not_ended_has_no_receipt(tmp_path: Path, ended: Ended) -> None:
     assert not (tmp_path / "cold").exists()
 
 
-def test_a_signing_key_that_does_not_load_is_refused_not_skipped(tmp_path: Path) -> None:
-    """A configured key that is missing fails bootstrap, rather than ending runs unsigned."""
-    with pytest.raises(KeyRequired) as caught:
-        bootstrap(_settings(tmp_path / "home", tmp_path / "missing.pem"))
-    assert caught.value.code == "KEY_REQUIRED"
+@pytest.mark.parametrize("problem", ["missing", "group-readable", "not-a-key"])
+def test_a_signing_key_that_does_not_load_is_refused_not_skipped(
+    tmp_path: Path, problem: str
+) -> None:
+    """A configured key that does not load fails the open, rather than ending runs unsigned."""
+    key = tmp_path / "keys" / "receipts.pem"
+    if problem != "missing":
+        assert _run(tmp_path, "keys", "signing-key", "--out", str(key)).returncode == 0
+    if problem == "group-readable":
+        key.chmod(0o640)
+    if problem == "not-a-key":
+        key.write_text("not a key\n")
+    expected = {
+        "missing": KeyRequired,
+        "group-readable": InsecurePermissions,
+        "not-a-key": InvalidInput,
+    }[problem]
+    with pytest.raises(expected):
+        bootstrap(_settings(tmp_path / "home", key))

@@ -22,7 +22,9 @@ from flowvault.application import (
     SealedRepository,
     SecureObjectStore,
     UnitOfWork,
+    authenticate,
     authenticate_terminal,
+    issue_receipt,
     read_stream,
     run_stream,
     sign_terminal_receipt,
@@ -30,10 +32,12 @@ from flowvault.application import (
 from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.domain import (
     RUN_LIFECYCLE,
+    HeadReceipt,
     IntegrityFailure,
     IntegrityKeyRequired,
     InvalidInput,
     LedgerEvent,
+    ReceiptSignature,
     TerminalReceipt,
     canonical_bytes,
     content_hash,
@@ -298,6 +302,33 @@ def test_a_terminal_signature_is_bound_to_its_own_tag(world: World) -> None:
     verifier = world.signer.verifier()
     assert verifier.verify(message, raw)
     assert not verifier.verify(canonical_bytes(receipt.unsigned_body()), raw)
+
+
+def test_head_and_terminal_signatures_do_not_pass_for_each_other(world: World) -> None:
+    """One key signs both kinds; neither kind's signature checks as the other's."""
+    run_id = world.running()
+    receipt = world.service.finish_run(
+        run_id, "completed", expected_status="running", final_state=None
+    )
+    head = issue_receipt(
+        world.store,
+        world.repository,
+        run_stream(run_id),
+        issued_at=world.clock.now(),
+        signers=(world.signer,),
+    )
+    verifier = world.signer.verifier()
+    authenticate(head, verifier)
+    head_line = head.signed_by(verifier.name, verifier.hint)[0]
+    swapped = _edited(receipt, ed25519_signature=base64.b64encode(head_line.value).decode())
+    with pytest.raises(IntegrityFailure, match="altered or forged"):
+        authenticate_terminal(swapped, verifier)
+    assert receipt.ed25519_signature is not None
+    terminal_line = ReceiptSignature(
+        verifier.name, verifier.hint, base64.b64decode(receipt.ed25519_signature)
+    )
+    with pytest.raises(IntegrityFailure, match="altered or forged"):
+        authenticate(HeadReceipt(head.note, (terminal_line,)), verifier)
 
 
 @pytest.mark.parametrize(
