@@ -711,18 +711,19 @@ class RunService:
 
         """
         _check_status(expected_status)
-        integrity = require_integrity(self._integrity) if target in RUN_LIFECYCLE.terminal else None
         for _ in range(RUN_RETRIES):
             current = self._load(run_id)
             _check_expected(current, expected_status)
             RUN_LIFECYCLE.assert_transition(current.status, target)
+            ending = target in RUN_LIFECYCLE.terminal
+            integrity = require_integrity(self._integrity) if ending else None
             now = self._clock.now()
             changes: dict[str, object] = {"status": target, "revision": current.revision + 1}
             if node_count is not None:
                 changes["node_count"] = node_count
             if failed_attempts is not None:
                 changes["failed_attempts"] = failed_attempts
-            if target in RUN_LIFECYCLE.terminal:
+            if ending:
                 changes["finished_at"] = now
             updated = _changed_run(current, changes)
             detail: dict[str, JsonValue] = {"detail": sanitise_payload(payload or {})}
