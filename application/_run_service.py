@@ -795,6 +795,11 @@ class RunService:
         those runs. Each run moves through ``set_status``, so each gets its
         event and its terminal receipt in one unit; a run that moved on
         meanwhile is left alone.
+
+        Raises:
+            IntegrityKeyRequired: a run is to be ended and the service has no
+                integrity key to write its receipt with.
+
         """
         return sum(self._recover(status) for status in ("accepted", "running"))
 

@@ -217,6 +217,9 @@ def test_ending_a_run_without_an_integrity_key_is_refused(world: World) -> None:
         keyless.set_status(run_id, "cancelled", expected_status="running")
     assert caught.value.code == "INTEGRITY_KEY_REQUIRED"
     assert world.visible(run_id) == before
+    with pytest.raises(IntegrityKeyRequired):
+        keyless.recover_incomplete_runs()
+    assert world.visible(run_id) == before
     keyless.set_status(run_id, "checkpointed", expected_status="running")
 
 
