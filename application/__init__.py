@@ -97,9 +97,11 @@ from flowvault.application._receipts import (
     ReceiptSigner,
     ReceiptVerifier,
     authenticate,
+    authenticate_terminal,
     compare_with_receipt,
     head_note,
     issue_receipt,
+    sign_terminal_receipt,
 )
 from flowvault.application._record_audit import BoundRecords, StaleRecord
 from flowvault.application._records import (
@@ -361,6 +363,7 @@ __all__ = [
     "Vacuumer",
     "WorkflowService",
     "authenticate",
+    "authenticate_terminal",
     "chain_mac",
     "check_append",
     "check_delete",
@@ -397,6 +400,7 @@ __all__ = [
     "resolve_key_ring",
     "resolve_master_key",
     "run_stream",
+    "sign_terminal_receipt",
     "stream_of",
     "trim_unit",
     "verified_events",

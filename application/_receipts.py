@@ -6,15 +6,20 @@ copy of the database was restored, or that its whole history was rewritten
 with recomputed hashes. Each receipt carries a MAC under the integrity key
 (checkable by whoever holds the store key) and, when a signing key is
 configured, Ed25519 signatures that anyone can check with the public key.
+Terminal receipts of runs are signed by the same key, over a message with
+its own tag, and checked here with the public key alone.
 """
 
 from __future__ import annotations
 
+import base64
 import hmac
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Final, Protocol
+
+from pydantic import ValidationError
 
 from flowvault.application._graph import KeyedDigester
 from flowvault.application.ports import SecureObjectStore
@@ -25,6 +30,7 @@ from flowvault.domain import (
     InvalidInput,
     NotFound,
     ReceiptSignature,
+    TerminalReceipt,
 )
 
 RECEIPT_MAC_TAG: Final = "flowvault.ledger-receipt/1"
@@ -163,6 +169,51 @@ def authenticate(receipt: HeadReceipt, verifier: ReceiptVerifier) -> None:
         )
 
 
+def sign_terminal_receipt(receipt: TerminalReceipt, signer: ReceiptSigner) -> TerminalReceipt:
+    """Return ``receipt`` naming ``signer``'s key and carrying its Ed25519 signature.
+
+    Raises:
+        InvalidInput: ``signer`` does not make Ed25519 signatures.
+
+    """
+    hinted = receipt.model_copy(update={"signer_hint": signer.hint.hex()})
+    signature = base64.b64encode(signer.sign(hinted.signed_message())).decode("ascii")
+    try:
+        return TerminalReceipt.model_validate(
+            {**hinted.model_dump(), "ed25519_signature": signature}
+        )
+    except ValidationError:
+        raise InvalidInput("terminal receipts are signed with an Ed25519 key only") from None
+
+
+def authenticate_terminal(receipt: TerminalReceipt, verifier: ReceiptVerifier) -> None:
+    """Return if ``verifier``'s public key signed ``receipt``; else ``IntegrityFailure``.
+
+    Needs neither the store nor its key: the receipt carries everything
+    its signature covers.
+    """
+    if receipt.signer_hint is None or receipt.ed25519_signature is None:
+        raise IntegrityFailure(
+            "the terminal receipt carries no Ed25519 signature: it was issued without a "
+            "signing key",
+            signer=verifier.name,
+        )
+    if receipt.signer_hint != verifier.hint.hex():
+        raise IntegrityFailure(
+            f"the terminal receipt carries no {verifier.name} signature for this key: it "
+            "was not issued under it",
+            signer=verifier.name,
+        )
+    raw = base64.b64decode(receipt.ed25519_signature)
+    canonical = base64.b64encode(raw).decode("ascii") == receipt.ed25519_signature
+    if not canonical or not verifier.verify(receipt.signed_message(), raw):
+        raise IntegrityFailure(
+            f"the terminal receipt's {verifier.name} signature does not verify: the receipt "
+            "was altered or forged",
+            signer=verifier.name,
+        )
+
+
 class ReceiptDefect(StrEnum):
     """How a stream departs from a receipt kept earlier."""
 
@@ -232,7 +283,9 @@ __all__ = [
     "ReceiptSigner",
     "ReceiptVerifier",
     "authenticate",
+    "authenticate_terminal",
     "compare_with_receipt",
     "head_note",
     "issue_receipt",
+    "sign_terminal_receipt",
 ]

@@ -3,7 +3,8 @@
 Built only on the sealed repository and the store port, so it behaves the
 same on every adapter. Every mutation is one unit of work: a run's record,
 its events in ``run_stream(run_id)``, its idempotency marker and its terminal
-receipt commit together or not at all.
+receipt commit together or not at all. Every move to a terminal status,
+whichever call makes it, writes the run's terminal receipt in that unit.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from flowvault.application._graph import (
     require_integrity,
     run_stream,
 )
+from flowvault.application._receipts import ReceiptSigner, sign_terminal_receipt
 from flowvault.application._records import (
     MAX_LIST_LIMIT,
     Delete,
@@ -196,9 +198,11 @@ def _ledger_only(conflict: RevisionConflict) -> bool:
 class RunService:
     """Keep graph definitions and runs, move runs through their lifecycle, sign how they end.
 
-    ``integrity`` signs terminal receipts and digests final states; pass the
+    ``integrity`` MACs terminal receipts and digests final states; pass the
     sealed repository itself in normal use. Without it, everything but
-    ``finish_run`` and ``terminal_receipt`` still works.
+    ending a run and ``terminal_receipt`` still works. ``signer``, an
+    Ed25519 key, also signs each terminal receipt, so that it can be
+    checked with the public key alone.
     """
 
     def __init__(
@@ -208,12 +212,14 @@ class RunService:
         ids: IdFactory,
         *,
         integrity: KeyedDigester | None,
+        signer: ReceiptSigner | None = None,
     ) -> None:
         self._repo = repository
         self._store = repository.store
         self._clock = clock
         self._ids = ids
         self._integrity = integrity
+        self._signer = signer
         self._fresh = StreamPolicy[_LoadedRun](
             "run record",
             repository,
@@ -690,10 +696,13 @@ class RunService:
     ) -> GraphRun:
         """Move a run to ``target`` if it still has ``expected_status``; record a ``run.*`` event.
 
-        A terminal ``target`` stamps ``finished_at`` but signs nothing; use
-        ``finish_run`` to store a final state and a receipt.
+        A terminal ``target`` stamps ``finished_at`` and writes the run's
+        terminal receipt in the same unit, as ``finish_run`` does, over the
+        final state the run already holds; use ``finish_run`` to store one.
 
         Raises:
+            IntegrityKeyRequired: ``target`` is terminal and the service has
+                no integrity key.
             RevisionConflict: the run has another status (both named).
             InvalidTransition: the run lifecycle forbids the move.
             NotFound: no such run.
@@ -704,26 +713,29 @@ class RunService:
             current = self._load(run_id)
             _check_expected(current, expected_status)
             RUN_LIFECYCLE.assert_transition(current.status, target)
+            ending = target in RUN_LIFECYCLE.terminal
+            integrity = require_integrity(self._integrity) if ending else None
             now = self._clock.now()
             changes: dict[str, object] = {"status": target, "revision": current.revision + 1}
             if node_count is not None:
                 changes["node_count"] = node_count
             if failed_attempts is not None:
                 changes["failed_attempts"] = failed_attempts
-            if target in RUN_LIFECYCLE.terminal:
+            if ending:
                 changes["finished_at"] = now
             updated = _changed_run(current, changes)
-            moved = _Draft(
-                f"run.{target}",
-                _status_payload(updated, {"detail": sanitise_payload(payload or {})}),
-                current.status,
-                target,
-            )
-            appends = self._chain(run_id, [moved], now)
-            unit = UnitOfWork(
-                upserts=[self._run_upsert(updated, current.revision, appends[-1].index)],
-                appends=appends,
-            )
+            detail: dict[str, JsonValue] = {"detail": sanitise_payload(payload or {})}
+            if integrity is not None:
+                unit = self._ending(integrity, current, updated, [], detail=detail, now=now)[1]
+            else:
+                moved = _Draft(
+                    f"run.{target}", _status_payload(updated, detail), current.status, target
+                )
+                appends = self._chain(run_id, [moved], now)
+                unit = UnitOfWork(
+                    upserts=[self._run_upsert(updated, current.revision, appends[-1].index)],
+                    appends=appends,
+                )
             if self._commit_or_retry(unit, run_id, expected_status):
                 return updated
         raise RevisionConflict("run ledger kept moving; retry", run_id=run_id)
@@ -779,7 +791,13 @@ class RunService:
 
         For a host starting up: no worker of its own can still be executing
         those runs. Each run moves through ``set_status``, so each gets its
-        event; a run that moved on meanwhile is left alone.
+        event and its terminal receipt in one unit; a run that moved on
+        meanwhile is left alone.
+
+        Raises:
+            IntegrityKeyRequired: a run is to be ended and the service has no
+                integrity key to write its receipt with.
+
         """
         return sum(self._recover(status) for status in ("accepted", "running"))
 
@@ -914,7 +932,8 @@ class RunService:
         commits to the run's whole chain. The ``run.<status>`` event names the
         receipt's key digest in ``records`` and the receipt's row names that
         event, so a receipt deleted outside flowvault is refused, not read as
-        never issued.
+        never issued. With a signer, the receipt also carries its Ed25519
+        signature.
 
         Raises:
             IntegrityKeyRequired: the service has no integrity key.
@@ -926,7 +945,6 @@ class RunService:
         if not isinstance(status, str) or status not in RUN_LIFECYCLE.terminal:
             raise InvalidInput("finish_run needs a terminal status; use set_status otherwise")
         _check_status(expected_status)
-        final_digest = integrity.keyed_digest(_FINAL_STATE_TAG, canonical_bytes(final_state))
         for _ in range(RUN_RETRIES):
             current = self._load(run_id)
             _check_expected(current, expected_status)
@@ -941,34 +959,53 @@ class RunService:
                     "revision": current.revision + 1,
                 },
             )
-            receipt_digest = self._repo.key_digest(GRAPH_RUN_RECEIPTS, run_id)
-            ended = _Draft(
-                f"run.{status}",
-                _status_payload(
-                    updated,
-                    record_payload(receipt_digest, final_state_digest=final_digest),
-                ),
-                current.status,
-                status,
-            )
-            appended = self._chain(run_id, [*_caller_drafts(events, current.status), ended], now)
-            receipt = self._signed(integrity, updated, final_digest, appended, now)
-            unit = UnitOfWork(
-                upserts=[
-                    self._run_upsert(updated, current.revision, appended[-1].index),
-                    self._repo.prepare(
-                        GRAPH_RUN_RECEIPTS,
-                        run_id,
-                        receipt.model_dump(mode="json"),
-                        expected=Guard.ABSENT,
-                        ledger_index=appended[-1].index,
-                    ),
-                ],
-                appends=appended,
-            )
+            drafts = _caller_drafts(events, current.status)
+            receipt, unit = self._ending(integrity, current, updated, drafts, detail={}, now=now)
             if self._commit_or_retry(unit, run_id, expected_status):
                 return receipt
         raise RevisionConflict("run ledger kept moving; retry", run_id=run_id)
+
+    def _ending(
+        self,
+        integrity: KeyedDigester,
+        current: GraphRun,
+        updated: GraphRun,
+        drafts: Sequence[_Draft],
+        *,
+        detail: dict[str, JsonValue],
+        now: datetime,
+    ) -> tuple[TerminalReceipt, UnitOfWork]:
+        """Build the unit ending a run: the drafts, ``run.<status>``, the run and its receipt."""
+        run_id, status = updated.run_id, updated.status
+        final_digest = integrity.keyed_digest(
+            _FINAL_STATE_TAG, canonical_bytes(updated.final_state)
+        )
+        receipt_digest = self._repo.key_digest(GRAPH_RUN_RECEIPTS, run_id)
+        ended = _Draft(
+            f"run.{status}",
+            _status_payload(
+                updated,
+                {**detail, **record_payload(receipt_digest, final_state_digest=final_digest)},
+            ),
+            current.status,
+            status,
+        )
+        appended = self._chain(run_id, [*drafts, ended], now)
+        receipt = self._signed(integrity, updated, final_digest, appended, now)
+        unit = UnitOfWork(
+            upserts=[
+                self._run_upsert(updated, current.revision, appended[-1].index),
+                self._repo.prepare(
+                    GRAPH_RUN_RECEIPTS,
+                    run_id,
+                    receipt.model_dump(mode="json", exclude_none=True),
+                    expected=Guard.ABSENT,
+                    ledger_index=appended[-1].index,
+                ),
+            ],
+            appends=appended,
+        )
+        return receipt, unit
 
     def _signed(
         self,
@@ -988,6 +1025,8 @@ class RunService:
             event_count=len(appended),
             signature=_UNSIGNED,
         )
+        if self._signer is not None:
+            draft = sign_terminal_receipt(draft, self._signer)
         return draft.model_copy(update={"signature": _signature(integrity, draft)})
 
     def terminal_receipt(self, run_id: str) -> TerminalReceipt:

@@ -147,7 +147,7 @@ def open_existing(settings: Settings, *, key: bytes | None = None) -> Runtime | 
 def _assemble(container: Container) -> Runtime:
     repository = container.repository()
     clock, ids = container.clock(), container.ids()
-    graph_runs = RunService(repository, clock, ids, integrity=repository)
+    graph_runs = RunService(repository, clock, ids, integrity=repository, signer=container.signer())
     checkpoints = CheckpointService(repository, clock, integrity=repository, runs=graph_runs)
     return Runtime(
         settings=container.settings(),

@@ -19,6 +19,7 @@ from flowvault.adapters.cli import (
     approvals_statement_command,
     read_text_file,
     runs_list_command,
+    runs_receipt_command,
     runs_show_command,
     verify_decision_command,
     workflows_list_command,
@@ -84,6 +85,10 @@ def _runs_list(args: argparse.Namespace, settings: Settings, io: CommandIO) -> i
 
 def _runs_show(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
     return _with(settings, _runs, lambda found: runs_show_command(found, args.run_id, io))
+
+
+def _runs_receipt(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
+    return _with(settings, _runs, lambda found: runs_receipt_command(found, args.run_id, io))
 
 
 def _approvals_list(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
@@ -223,6 +228,17 @@ def _register_runs(verbs: Verbs) -> None:
         handler=_runs_show,
     )
     show.add_argument("run_id", help="the run id")
+    receipt = add_verb(
+        group,
+        "receipt",
+        help="print a finished run's terminal receipt, to keep outside the store",
+        description="Print the terminal receipt of a finished run as one line of canonical "
+        "JSON, after checking it under the store key: digests, status and counts only. "
+        "When the run ended with FLOWVAULT_SIGNING_KEY_FILE set, it carries an Ed25519 "
+        "signature that 'ledger check-receipt' checks with the public key alone.",
+        handler=_runs_receipt,
+    )
+    receipt.add_argument("run_id", help="the run id")
 
 
 def _register_approvals(verbs: Verbs) -> None:

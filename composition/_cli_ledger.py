@@ -24,13 +24,13 @@ from flowvault.adapters.cli import (
     ledger_verify_command,
     ledger_vouch_command,
     purge_command,
+    read_any_receipt_file,
     read_receipt_file,
 )
 from flowvault.adapters.crypto import (
     AesGcmCipher,
     Ed25519ReceiptSigner,
     load_public_key,
-    load_signing_key,
 )
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
@@ -55,7 +55,12 @@ from flowvault.application import (
 )
 from flowvault.composition._bootstrap import open_existing
 from flowvault.composition._cli_base import Verbs, add_verb, file_path
-from flowvault.composition._container import anti_rollback, key_file_store, open_postgres
+from flowvault.composition._container import (
+    anti_rollback,
+    key_file_store,
+    open_postgres,
+    receipt_signer,
+)
 from flowvault.composition._settings import Settings
 from flowvault.domain import InvalidInput, KeyRequired, NotFound
 
@@ -148,12 +153,8 @@ def _ledger_verify(args: argparse.Namespace, settings: Settings, io: CommandIO) 
 
 def receipt_signers(settings: Settings) -> tuple[Ed25519ReceiptSigner, ...]:
     """Return the configured Ed25519 signer, if ``FLOWVAULT_SIGNING_KEY_FILE`` names one."""
-    if settings.signing_key_file is None:
-        return ()
-    signer = load_signing_key(
-        settings.signing_key_file, allow_insecure_permissions=settings.allow_insecure_permissions
-    )
-    return (signer,)
+    signer = receipt_signer(settings)
+    return () if signer is None else (signer,)
 
 
 def _ledger_head(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
@@ -170,7 +171,7 @@ def _ledger_head(args: argparse.Namespace, settings: Settings, io: CommandIO) ->
 
 def _check_receipt(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
     del settings
-    receipt = read_receipt_file(args.receipt, io.stdin)
+    receipt = read_any_receipt_file(args.receipt, io.stdin)
     return check_receipt_command(receipt, load_public_key(args.public_key), io)
 
 
@@ -348,9 +349,10 @@ def _register_ledger(verbs: Verbs) -> None:
     check = add_verb(
         leaves,
         "check-receipt",
-        help="check a receipt's Ed25519 signature with a public key alone",
+        help="check a head or terminal receipt's Ed25519 signature with a public key alone",
         description=(
-            "Check that a receipt was signed by the holder of the signing key, using only "
+            "Check that a receipt (a head receipt from 'ledger head' or a terminal receipt "
+            "from 'runs receipt') was signed by the holder of the signing key, using only "
             "its public key: no store and no store key are needed. Exits 1 "
             "(INTEGRITY_FAILURE) when no valid signature by that key is on it."
         ),

@@ -9,8 +9,10 @@ from pydantic import SecretStr
 from flowvault.adapters.crypto import (
     AesGcmCipher,
     Ed25519DecisionSignatures,
+    Ed25519ReceiptSigner,
     FileKeyStore,
     generate_master_key,
+    load_signing_key,
 )
 from flowvault.adapters.memory import InMemoryKeyStore, InMemorySecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
@@ -213,6 +215,19 @@ def guard_store(
     return HighWaterStore(store, guard, MarkFlusher(guard) if lagged else None)
 
 
+def receipt_signer(settings: Settings) -> Ed25519ReceiptSigner | None:
+    """Return the Ed25519 signer ``FLOWVAULT_SIGNING_KEY_FILE`` names, if it names one.
+
+    A configured key that cannot be loaded is an error, never a silent
+    fall-back to unsigned receipts.
+    """
+    if settings.signing_key_file is None:
+        return None
+    return load_signing_key(
+        settings.signing_key_file, allow_insecure_permissions=settings.allow_insecure_permissions
+    )
+
+
 def build_budget(settings: Settings, capabilities: StoreCapabilities) -> SealBudget:
     """Count seals in the store when it can keep the count, with the configured limits."""
     return SealBudget(
@@ -251,6 +266,7 @@ class Container(containers.DeclarativeContainer):
     capabilities = providers.Singleton(store_capabilities, store)
     cipher = providers.Singleton(build_cipher, settings, capabilities, key_store, explicit_key)
     budget = providers.Singleton(build_budget, settings, capabilities)
+    signer = providers.Singleton(receipt_signer, settings)
     guard_enabled: providers.Object[bool] = providers.Object(True)
     rollback_guard = providers.Singleton(anti_rollback, settings, store, cipher, capabilities)
     guarded_store = providers.Singleton(guard_store, settings, store, rollback_guard, guard_enabled)

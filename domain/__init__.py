@@ -77,9 +77,11 @@ from flowvault.domain._fingerprint import Fingerprint, Readability, Receipt
 from flowvault.domain._graph_runs import (
     DEFINITION_ID_PATTERN,
     RUN_LIFECYCLE,
+    TERMINAL_SIGNATURE_TAG,
     DefinitionVersion,
     GraphRun,
     TerminalReceipt,
+    parse_terminal_receipt,
 )
 from flowvault.domain._ledger import (
     GENESIS_HASH,
@@ -143,6 +145,7 @@ __all__ = [
     "RUN_ID_PATTERN",
     "RUN_LIFECYCLE",
     "SCOPE_PATTERN",
+    "TERMINAL_SIGNATURE_TAG",
     "ActionResult",
     "Approval",
     "ApprovalAlreadyDecided",
@@ -219,6 +222,7 @@ __all__ = [
     "parse_canonical",
     "parse_json",
     "parse_receipt",
+    "parse_terminal_receipt",
     "quote_string",
     "sanitise_payload",
     "validate_json",

@@ -1,18 +1,20 @@
 """Graph runs: their lifecycle, pinned definition versions and terminal receipts.
 
 Values only; the run service in the application layer seals them, moves
-them through ``RUN_LIFECYCLE`` and signs their receipts with the integrity key.
+them through ``RUN_LIFECYCLE`` and signs their receipts with the integrity key
+and, when one is configured, an Ed25519 signing key.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Final
 
 from pydantic import AfterValidator, ConfigDict, Field
 
-from flowvault.domain._canonical import MAX_SAFE_INTEGER
+from flowvault.domain._canonical import MAX_SAFE_INTEGER, canonical_bytes, parse_canonical
 from flowvault.domain._envelope import Digest, UtcDatetime
+from flowvault.domain._errors import InvalidInput
 from flowvault.domain._fingerprint import Receipt
 from flowvault.domain._state import RUN_ID_PATTERN
 from flowvault.domain._state_machine import StateMachine
@@ -85,6 +87,17 @@ GraphRunId = Annotated[str, AfterValidator(_check_run_id)]
 RunStatus = Annotated[str, AfterValidator(_check_status)]
 TerminalStatus = Annotated[str, AfterValidator(_check_terminal)]
 _Counter = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER, strict=True)]
+_KeyHint = Annotated[str, Field(pattern=r"^[0-9a-f]{8}$")]
+_Ed25519Signature = Annotated[str, Field(pattern=r"^[A-Za-z0-9+/]{86}==$")]
+
+TERMINAL_SIGNATURE_TAG: Final = "flowvault.terminal-receipt/1"
+"""Heads the message a terminal receipt's Ed25519 signature covers.
+
+A head receipt's signed text starts with its ``flowvault.ledger/`` origin
+line, so neither kind's signature can pass for the other's.
+"""
+
+_PUBLIC_SIGNATURE_FIELDS: Final = ("signer_hint", "ed25519_signature")
 
 
 class DefinitionVersion(ValueModel):
@@ -123,10 +136,16 @@ class GraphRun(ValueModel):
 
 
 class TerminalReceipt(Receipt):
-    """Signed proof of how a run ended, naming no run, input or state in clear."""
+    """Signed proof of how a run ended, naming no run, input or state in clear.
+
+    ``signature`` is a keyed MAC only the store key checks. With a signing
+    key, ``signer_hint`` names its public key and ``ed25519_signature``
+    signs ``signed_message()``, so the receipt checks with the public key
+    alone; a receipt issued without one leaves both out of its body.
+    """
 
     kind: ClassVar[str] = "terminal"
-    plain_fields: ClassVar[frozenset[str]] = frozenset({"status"})
+    plain_fields: ClassVar[frozenset[str]] = frozenset({"status", *_PUBLIC_SIGNATURE_FIELDS})
 
     run: Digest
     status: TerminalStatus
@@ -135,9 +154,50 @@ class TerminalReceipt(Receipt):
     events_digest: Digest
     event_count: int = Field(ge=1, le=MAX_SAFE_INTEGER)
     signature: Digest
+    signer_hint: _KeyHint | None = None
+    ed25519_signature: _Ed25519Signature | None = None
+
+    def body(self) -> dict[str, Any]:
+        """Return the canonical body, leaving out public-signature fields a receipt lacks.
+
+        Receipts issued before they could be signed keep the body, and so the
+        MAC and digest, they were issued with.
+        """
+        body = super().body()
+        for name in _PUBLIC_SIGNATURE_FIELDS:
+            if body[name] is None:
+                del body[name]
+        return body
 
     def unsigned_body(self) -> dict[str, Any]:
-        """Return the canonical body the signature covers: everything but the signature."""
+        """Return the canonical body the signatures cover: everything but the signatures."""
         body = self.body()
         del body["signature"]
+        body.pop("ed25519_signature", None)
         return body
+
+    def signed_message(self) -> bytes:
+        """Return the bytes the Ed25519 signature covers: the tag, then the unsigned body."""
+        return (
+            TERMINAL_SIGNATURE_TAG.encode("ascii") + b"\n" + canonical_bytes(self.unsigned_body())
+        )
+
+    def text(self) -> str:
+        """Render the receipt as ``parse_terminal_receipt`` reads it: canonical JSON, newline."""
+        return canonical_bytes(self.body()).decode("utf-8") + "\n"
+
+
+def parse_terminal_receipt(text: object) -> TerminalReceipt:
+    """Parse a terminal receipt strictly; anything but its canonical text is ``InvalidInput``.
+
+    Signatures are parsed, not checked.
+    """
+    if not isinstance(text, str) or not text.endswith("\n"):
+        raise InvalidInput("a terminal receipt is one line of canonical JSON and a newline")
+    document = parse_canonical(text[:-1])
+    if not isinstance(document, dict) or document.pop("kind", None) != TerminalReceipt.kind:
+        raise InvalidInput("not a terminal receipt: its kind must be 'terminal'")
+    receipt = TerminalReceipt.model_validate(document)
+    if receipt.text() != text:
+        raise InvalidInput("a terminal receipt is not in its canonical form")
+    return receipt

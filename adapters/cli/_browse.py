@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from flowvault.adapters.cli._io import CommandIO
+from flowvault.adapters.cli._ledger import terminal_receipt_document
 from flowvault.application import ApprovalService, ReceiptVerifier, RunService, WorkflowService
 from flowvault.domain import (
     Approval,
@@ -209,6 +210,15 @@ def runs_show_command(runs: RunService | None, run_id: str, io: CommandIO) -> in
         **_receipt_fields(_terminal_receipt(runs, run)),
     }
     io.emit({"run": fields}, _detail_lines(f"run {run_id}", fields))
+    return 0
+
+
+def runs_receipt_command(runs: RunService | None, run_id: str, io: CommandIO) -> int:
+    """Print a finished run's terminal receipt, checked under the store key first, to keep."""
+    if runs is None:
+        raise _cold("run")
+    receipt = runs.terminal_receipt(run_id)
+    io.emit(terminal_receipt_document(receipt), [receipt.text().removesuffix("\n")])
     return 0
 
 

@@ -98,7 +98,8 @@ def signing_key_command(path: str, public_path: str, hint: bytes, io: CommandIO)
         {"signing_key": path, "public_key": public_path, "key_hint": hint.hex()},
         [
             f"wrote signing key {path} (0600) and public key {public_path} (key hint {hint.hex()})",
-            f"set FLOWVAULT_SIGNING_KEY_FILE={path} so 'ledger head' signs its receipts; "
+            f"set FLOWVAULT_SIGNING_KEY_FILE={path} so head receipts and the "
+            "terminal receipts of runs ended while it is set are signed; "
             f"give {public_path} to whoever checks them",
         ],
     )

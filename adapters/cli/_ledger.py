@@ -27,6 +27,7 @@ from flowvault.application import (
     StreamFailure,
     Unvouched,
     authenticate,
+    authenticate_terminal,
     cold_fingerprint,
     purge,
 )
@@ -37,9 +38,11 @@ from flowvault.domain import (
     InvalidInput,
     ResetFingerprint,
     StoreBusy,
+    TerminalReceipt,
     WorkflowState,
     format_instant,
     parse_receipt,
+    parse_terminal_receipt,
 )
 
 _KINDS = (
@@ -207,6 +210,16 @@ def read_receipt_file(path: str, stdin: TextIO) -> HeadReceipt:
     return parse_receipt(read_text_file(path, stdin))
 
 
+def read_any_receipt_file(path: str, stdin: TextIO) -> HeadReceipt | TerminalReceipt:
+    """Read a head receipt or a terminal receipt, told apart by their first character.
+
+    A head receipt opens with its origin line, a terminal receipt with the
+    ``{`` of its JSON object.
+    """
+    text = read_text_file(path, stdin)
+    return parse_terminal_receipt(text) if text.startswith("{") else parse_receipt(text)
+
+
 def _receipt_document(receipt: HeadReceipt) -> dict[str, object]:
     note = receipt.note
     return {
@@ -219,6 +232,12 @@ def _receipt_document(receipt: HeadReceipt) -> dict[str, object]:
         "signers": [signature.name for signature in receipt.signatures],
         "receipt": receipt.text(),
     }
+
+
+def terminal_receipt_document(receipt: TerminalReceipt) -> dict[str, object]:
+    """Return a terminal receipt's fields as shown, its kind first and its text last."""
+    body = receipt.body()
+    return {"kind": body.pop("kind"), **body, "receipt": receipt.text()}
 
 
 def ledger_head_command(
@@ -235,8 +254,21 @@ def ledger_head_command(
     return 0
 
 
-def check_receipt_command(receipt: HeadReceipt, verifier: ReceiptVerifier, io: CommandIO) -> int:
+def check_receipt_command(
+    receipt: HeadReceipt | TerminalReceipt, verifier: ReceiptVerifier, io: CommandIO
+) -> int:
     """Check a receipt's signature with a public key alone; ``IntegrityFailure`` if it fails."""
+    if isinstance(receipt, TerminalReceipt):
+        authenticate_terminal(receipt, verifier)
+        fields = terminal_receipt_document(receipt)
+        io.emit(
+            {"ok": True, "signer": verifier.name, **fields},
+            [
+                f"receipt: ok, signed by {verifier.name} key {verifier.hint.hex()}",
+                *(f"{name}: {value}" for name, value in fields.items() if name != "receipt"),
+            ],
+        )
+        return 0
     authenticate(receipt, verifier)
     document = {"ok": True, "signer": verifier.name, **_receipt_document(receipt)}
     note = receipt.note

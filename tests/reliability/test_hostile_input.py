@@ -115,6 +115,7 @@ from flowvault.domain import (
     RevisionConflict,
     Sensitivity,
     StateMachine,
+    TerminalReceipt,
     WorkflowResult,
     WorkflowState,
     WorkOrder,
@@ -126,6 +127,7 @@ from flowvault.domain import (
     natural_key_digest,
     parse_json,
     parse_receipt,
+    parse_terminal_receipt,
     sanitise_payload,
     validate_json,
     verify_chain,
@@ -1319,16 +1321,28 @@ _GENUINE_RECEIPT = HeadReceipt(
 ).text()
 
 
-def _receipt_texts() -> st.SearchStrategy[Any]:
+_GENUINE_TERMINAL_RECEIPT = TerminalReceipt(
+    issued_at=EPOCH,
+    run="sha256:" + "1" * 64,
+    status="completed",
+    definition_version="sha256:" + "2" * 64,
+    final_state_digest="sha256:" + "3" * 64,
+    events_digest="sha256:" + "4" * 64,
+    event_count=1,
+    signature="sha256:" + "5" * 64,
+    signer_hint="01020304",
+    ed25519_signature="A" * 86 + "==",
+).text()
+
+
+def _receipt_texts(genuine: str = _GENUINE_RECEIPT) -> st.SearchStrategy[Any]:
     """Hostile text, and a genuine receipt with a few characters replaced, inserted or cut."""
-    cut = st.tuples(
-        st.integers(0, len(_GENUINE_RECEIPT)), st.integers(0, 4), hostile.hostile_text()
-    )
+    cut = st.tuples(st.integers(0, len(genuine)), st.integers(0, 4), hostile.hostile_text())
     edited = cut.map(
         lambda c: c[2] if not isinstance(c[2], str) else
-        _GENUINE_RECEIPT[: c[0]] + c[2][:3] + _GENUINE_RECEIPT[c[0] + c[1] :]
+        genuine[: c[0]] + c[2][:3] + genuine[c[0] + c[1] :]
     )  # fmt: skip
-    return st.one_of(hostile.hostile_text(), st.just(_GENUINE_RECEIPT), edited)
+    return st.one_of(hostile.hostile_text(), st.just(genuine), edited)
 
 
 def _mark_texts() -> st.SearchStrategy[Any]:
@@ -1397,6 +1411,13 @@ def _audit_rows() -> list[EntryPoint]:
             "parse_receipt",
             lambda k: args(text=_receipt_texts()),
             lambda w, a: parse_receipt(a["text"]),
+        ),
+        EntryPoint(
+            "parse_terminal_receipt",
+            lambda k: args(
+                text=st.one_of(_receipt_texts(_GENUINE_TERMINAL_RECEIPT), hostile.json_text())
+            ),
+            lambda w, a: parse_terminal_receipt(a["text"]),
         ),
         EntryPoint(
             "parse_mark",

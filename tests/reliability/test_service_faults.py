@@ -601,6 +601,18 @@ def _check_finished(bench: Bench, run_id: str, receipt: Any) -> None:
     assert runs.get_run(run_id).status == "completed"
 
 
+def _fail(bench: Bench, run_id: str) -> Any:
+    return bench.runtime.graph_runs.set_status(
+        run_id, "failed", expected_status="running", payload={"reason": "fault-test"}
+    )
+
+
+def _check_failed(bench: Bench, run_id: str, _result: Any) -> None:
+    runs = bench.runtime.graph_runs
+    assert runs.terminal_receipt(run_id).status == "failed"
+    assert runs.get_run(run_id).status == "failed"
+
+
 def _new_definition(bench: Bench) -> str:
     definition_id = f"fault.def-{bench.next()}"
     runs = bench.runtime.graph_runs
@@ -648,6 +660,7 @@ SCENARIOS = (
         _check_decided,
     ),
     Scenario("run finish", _new_run, _finish, _check_finished),
+    Scenario("run failed by set_status", _new_run, _fail, _check_failed),
     Scenario(
         "definition delete",
         _new_definition,

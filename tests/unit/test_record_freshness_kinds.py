@@ -267,13 +267,13 @@ def test_a_receipt_is_bound_to_the_event_that_ended_its_run(world: World) -> Non
 
 
 def test_a_deleted_receipt_is_refused_not_read_as_never_issued(world: World) -> None:
-    """Its run's stream says it was issued; a run ended without one still has none."""
+    """Its run's stream says it was issued; a run that has not ended still has none."""
     run_id = world.finished_run()
     world.delete(GRAPH_RUN_RECEIPTS, world.digest(GRAPH_RUN_RECEIPTS, run_id))
     failure = _refused(lambda: world.runs.terminal_receipt(run_id), DELETED)
     assert failure.details["namespace"] == GRAPH_RUN_RECEIPTS
     run, _ = world.runs.start_run(DEFINITION, {"input": 2})
-    world.runs.set_status(run.run_id, "cancelled", expected_status="accepted")
+    world.runs.set_status(run.run_id, "running", expected_status="accepted")
     with pytest.raises(NotFound):
         world.runs.terminal_receipt(run.run_id)
 
