@@ -29,6 +29,7 @@ from flowvault.application._audit import (
     purge,
     verify_stream,
 )
+from flowvault.application._backoff import RetryPolicy
 from flowvault.application._capabilities import (
     DURABLE_TIER,
     MAINTENANCE_TIER,
@@ -324,6 +325,7 @@ __all__ = [
     "RetentionJob",
     "RetentionPolicy",
     "RetentionReport",
+    "RetryPolicy",
     "RotationReport",
     "RunEventPage",
     "RunPage",
