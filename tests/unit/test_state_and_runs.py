@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -478,6 +479,47 @@ def test_reset_removes_an_unreadable_state(world: World) -> None:
     fingerprint = world.state().reset(actor="ops", source="test")
     assert fingerprint.readability is Readability.UNREADABLE
     assert world.state().probe().readability is Readability.ABSENT
+
+
+class RivalBeforeAppends:
+    """A store where a rival appends to the history just before the next append-only units."""
+
+    def __init__(self, inner: SecureObjectStore, rival: Callable[[], object], times: int) -> None:
+        self._inner = inner
+        self._rival = rival
+        self.times = times
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    def commit(self, unit: UnitOfWork) -> None:
+        if unit.appends and not unit.upserts and self.times > 0:
+            self.times -= 1
+            self._rival()
+        self._inner.commit(unit)
+
+
+@pytest.mark.parametrize(("races", "lands"), [(2, True), (3, False)])
+def test_a_reset_retries_its_history_append_under_the_policy(
+    world: World, races: int, lands: bool
+) -> None:
+    """Each race lost to another writer of the history is re-run, up to the policy's max_retries."""
+    raced = RivalBeforeAppends(
+        world.store, lambda: world.state().reset(actor="rival", source="rival"), races
+    )
+    repository = SealedRepository(raced, AesGcmCipher(KEY), world.clock)  # type: ignore[arg-type]
+    state = StateRepository(
+        repository, "main", model=Counter, retry=FakeTime().policy(max_retries=2)
+    )
+    if lands:
+        state.reset(actor="ops", source="ours")
+    else:
+        with pytest.raises(RevisionConflict) as caught:
+            state.reset(actor="ops", source="ours")
+        assert caught.value.details["tries"] == 3
+    history = world.state().history()
+    sources = [event.payload["source"] for event in history if isinstance(event.payload, dict)]
+    assert sources == ["rival"] * races + (["ours"] if lands else [])
 
 
 def test_crash_between_event_and_delete_is_recoverable(world: World) -> None:
