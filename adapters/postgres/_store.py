@@ -261,9 +261,9 @@ class PostgresSecureObjectStore:
 
         The lock's connection serves every call this thread makes inside
         the block, so a pool of one cannot starve it; a block inside it
-        runs under the same lock. If the unlock fails
-        the connection is closed, which ends its session and so its lock:
-        a pooled session never keeps a lock nobody holds.
+        runs under the same lock. If the unlock fails the connection is
+        closed, which ends its session and so its lock: a pooled session
+        never keeps a lock nobody holds.
         """
         require_text(namespace, "namespace")
         require_text(key_digest, "key_digest")

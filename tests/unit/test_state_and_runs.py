@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -323,9 +324,31 @@ def test_failing_sibling_guard_is_reported_at_once_and_rolls_back(world: World) 
     assert world.repository.read("catalogue", "index") is None
 
 
-def test_a_sibling_guard_lost_with_the_state_is_a_lost_race(world: World) -> None:
-    """A rival that moved the state and the sibling together makes fn re-run, not fail."""
-    state = world.state()
+class SiblingsFirst:
+    """A store that checks a unit's upserts last to first: the port promises no order."""
+
+    def __init__(self, inner: SecureObjectStore) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    def commit(self, unit: UnitOfWork) -> None:
+        self._inner.commit(replace(unit, upserts=unit.upserts[::-1]))
+
+
+@pytest.mark.parametrize("siblings_first", [False, True])
+def test_a_sibling_guard_lost_with_the_state_is_a_lost_race(
+    world: World, siblings_first: bool
+) -> None:
+    """A rival that moved the state and the sibling together makes fn re-run, not fail.
+
+    Whichever guard the store reports, the state's or the sibling's, the
+    state moved since the load, so it is a lost race.
+    """
+    store = SiblingsFirst(world.store) if siblings_first else world.store
+    repository = SealedRepository(store, AesGcmCipher(KEY), world.clock)  # type: ignore[arg-type]
+    state = StateRepository(repository, "main", model=Counter)
     rival = world.state()
     state.save(Counter(count=1))
     first = world.repository.prepare("catalogue", "index", {"n": 1}, expected=Guard.ABSENT)
