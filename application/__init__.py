@@ -29,6 +29,7 @@ from flowvault.application._audit import (
     purge,
     verify_stream,
 )
+from flowvault.application._backoff import RetryPolicy
 from flowvault.application._capabilities import (
     DURABLE_TIER,
     MAINTENANCE_TIER,
@@ -203,6 +204,7 @@ from flowvault.application.ports import (
     Compactor,
     DecisionSignatures,
     IdFactory,
+    RecordLock,
     SealCounter,
     SecureObjectStore,
     StoreEpoch,
@@ -323,6 +325,7 @@ __all__ = [
     "ReceiptMismatch",
     "ReceiptSigner",
     "ReceiptVerifier",
+    "RecordLock",
     "RecordMetadata",
     "RecordPage",
     "RecordReadability",
@@ -330,6 +333,7 @@ __all__ = [
     "RetentionJob",
     "RetentionPolicy",
     "RetentionReport",
+    "RetryPolicy",
     "RotationReport",
     "RunEventPage",
     "RunPage",

@@ -1,13 +1,15 @@
 """The store's optional capabilities, looked up once when it is opened.
 
-Beyond ``SecureObjectStore`` a store may offer eight small capabilities
-(``ports``), in two tiers:
+Beyond ``SecureObjectStore`` a store may offer nine small capabilities
+(``ports``), eight of them in two tiers:
 
 - the durable-store tier, what tells this store from an older or cut-down
   copy of it: ``StoreEpoch`` and ``StreamCatalog``, and two that only make
   the checks cheaper, ``StreamHeads`` and ``StreamHeadBatch``;
 - the maintenance tier, what keys and disks need: ``StoreStats``,
-  ``SealCounter`` and ``Compactor``, and ``Vacuumer``, an operator's extra.
+  ``SealCounter`` and ``Compactor``, and ``Vacuumer``, an operator's extra;
+
+and ``RecordLock``, which only makes contended state updates faster.
 
 Services hold one ``StoreCapabilities`` and call through it, rather than
 asking the store on every call; a store offering part of a tier keeps the
@@ -21,6 +23,7 @@ from typing import Final
 
 from flowvault.application.ports import (
     Compactor,
+    RecordLock,
     SealCounter,
     StoreEpoch,
     StoreStats,
@@ -59,8 +62,9 @@ _GUARANTEES: Final = (
 )
 """What flowvault cannot promise without each capability that carries a guarantee.
 
-``heads``, ``head_batch`` and ``vacuumer`` are left out: without them the
-same checks run, only slower, and ``compact`` compacts without rebuilding.
+``heads``, ``head_batch``, ``vacuumer`` and ``record_lock`` are left out:
+without them the same checks run, only slower, ``compact`` compacts without
+rebuilding, and contended updates retry on their guards alone.
 """
 
 
@@ -80,6 +84,7 @@ class StoreCapabilities:
     seals: SealCounter | None = None
     compactor: Compactor | None = None
     vacuumer: Vacuumer | None = None
+    record_lock: RecordLock | None = None
 
     @classmethod
     def of(cls, store: object) -> StoreCapabilities:
@@ -93,6 +98,7 @@ class StoreCapabilities:
             seals=store if isinstance(store, SealCounter) else None,
             compactor=store if isinstance(store, Compactor) else None,
             vacuumer=store if isinstance(store, Vacuumer) else None,
+            record_lock=store if isinstance(store, RecordLock) else None,
         )
 
     def lost(self) -> dict[str, tuple[str, ...]]:

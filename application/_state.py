@@ -5,21 +5,24 @@ stream in the ledger. Every write appends a ``workflow_state.written`` event
 in the same unit, and the row's header names that event's index, so a row
 replayed from an older revision is caught against the history. Updates
 re-run a pure function from a fresh load when another writer got there
-first; resets write their audit event before they delete, so a crash in
-between leaves the trail and the data, never neither.
+first, under a ``RetryPolicy``; on a store with a ``RecordLock`` they queue
+for the state row instead of racing for it; resets write their audit event
+before they delete, so a crash in between leaves the trail and the data,
+never neither.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Generic, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
 
 from flowvault.application._approval_support import DECIDER_TAG
-from flowvault.application._backoff import pause_after_conflict
+from flowvault.application._backoff import DEFAULT_RETRY, RetryPolicy
 from flowvault.application._compaction import compact_after_commit
 from flowvault.application._freshness import StreamPolicy
 from flowvault.application._records import Delete, Guard, RecordMetadata, UnitOfWork, Upsert
@@ -54,7 +57,6 @@ STATE_NAMESPACE = "flowvault.workflow-state"
 RESET_EVENT = "workflow_state.reset"
 STATE_WRITTEN_EVENT = "workflow_state.written"
 """Appended with every state write, last in its unit; its payload is the revision written."""
-DEFAULT_RETRIES = 8
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -152,7 +154,11 @@ class StateProbe(Generic[M]):
 
 
 class StateRepository(Generic[M]):
-    """One typed, sealed state document per scope, updated by compare-and-swap."""
+    """One typed, sealed state document per scope, updated by compare-and-swap.
+
+    ``retry`` says how lost races are re-run; ``max_retries``, when given,
+    caps its re-runs (``fn`` then runs at most ``max_retries + 1`` times).
+    """
 
     @overload
     def __init__(
@@ -163,7 +169,8 @@ class StateRepository(Generic[M]):
         model: None = None,
         sensitivity: Sensitivity = Sensitivity.CONFIDENTIAL,
         schema_version: int = 1,
-        max_retries: int = DEFAULT_RETRIES,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        max_retries: int | None = None,
     ) -> None: ...
 
     @overload
@@ -175,7 +182,8 @@ class StateRepository(Generic[M]):
         model: type[M],
         sensitivity: Sensitivity = Sensitivity.CONFIDENTIAL,
         schema_version: int = 1,
-        max_retries: int = DEFAULT_RETRIES,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        max_retries: int | None = None,
     ) -> None: ...
 
     def __init__(
@@ -186,7 +194,8 @@ class StateRepository(Generic[M]):
         model: type[M] | None = None,
         sensitivity: Sensitivity = Sensitivity.CONFIDENTIAL,
         schema_version: int = 1,
-        max_retries: int = DEFAULT_RETRIES,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        max_retries: int | None = None,
     ) -> None:
         self._repo = repository
         self._store = repository.store
@@ -194,7 +203,7 @@ class StateRepository(Generic[M]):
         self._model: type[M] = model or WorkflowState  # type: ignore[assignment]
         self._sensitivity = sensitivity
         self._schema_version = schema_version
-        self._retries = max_retries
+        self._retry = retry if max_retries is None else replace(retry, max_retries=max_retries)
         self._fresh = StreamPolicy[SealedDocument](
             "workflow state", repository, leaves_record=_reset_of, unbound_stale=_unbound_stale
         )
@@ -357,19 +366,28 @@ class StateRepository(Generic[M]):
         return revision
 
     def update(self, fn: Callable[[M], M]) -> tuple[M, int]:
-        """Load, apply the pure ``fn``, write with CAS; re-run ``fn`` on a conflict.
+        """Load, apply the pure ``fn``, write with CAS; re-run ``fn`` on a lost race.
 
-        Each re-run waits a random pause that grows with every lost race (at
-        most 50 ms), so competing writers spread out instead of colliding
-        again. A read that keeps losing to other writers counts as a lost
-        race too. Raises ``RevisionConflict`` after ``max_retries`` lost races.
+        A lost race is a write refused because another writer changed the
+        state (or its history) after the load, or a load that kept losing
+        to other writers. Each one is followed by a jittered pause, then a
+        fresh load and another run of ``fn``, as the repository's
+        ``RetryPolicy`` allows; once it is spent, ``RevisionConflict``
+        (``details``: scope, tries, milliseconds). On a store with a
+        ``RecordLock`` each try holds the state row's lock from the load
+        to the commit, so writers queue instead of racing.
         """
         return self._update(lambda state: (fn(state), (), ()))
 
     def update_with_writes(
         self, fn: Callable[[M], tuple[M, Sequence[Upsert | Delete]]]
     ) -> tuple[M, int]:
-        """Update the state and commit ``fn``'s prepared sibling writes in the same unit."""
+        """Update the state and commit ``fn``'s prepared sibling writes in the same unit.
+
+        A sibling whose guard fails while the state is still as loaded is
+        not a lost race, and re-running ``fn`` would not mend it: its
+        ``RevisionConflict``, naming that sibling, is raised at once.
+        """
 
         def step(state: M) -> tuple[M, Sequence[Upsert | Delete], Sequence[HistoryEvent]]:
             new, writes = fn(state)
@@ -392,29 +410,62 @@ class StateRepository(Generic[M]):
         self,
         step: Callable[[M], tuple[M, Sequence[Upsert | Delete], Sequence[HistoryEvent]]],
     ) -> tuple[M, int]:
-        for attempt in range(self._retries):
-            if attempt:
-                pause_after_conflict(attempt)
-            try:
-                snapshot, head = self._load()
-            except RevisionConflict:
-                continue
-            new, writes, events = step(snapshot.state)
-            own = self._unit(new, snapshot.revision, events, _after(head))
-            unit = UnitOfWork(
-                upserts=[*own.upserts, *(w for w in writes if isinstance(w, Upsert))],
-                deletes=[w for w in writes if isinstance(w, Delete)],
-                appends=own.appends,
-            )
-            try:
-                self._store.commit(unit)
-            except RevisionConflict:
-                continue
-            return new, own.upserts[0].header.revision
-        raise RevisionConflict(
-            f"state of scope {self._scope!r} kept changing; gave up after {self._retries} tries",
-            scope=self._scope,
+        retries = self._retry.start()
+        while True:
+            with self._row_locked():
+                done = self._try_update(step)
+            if done is not None:
+                return done
+            retries.after_lost_race(f"state of scope {self._scope!r}", scope=self._scope)
+
+    def _row_locked(self) -> AbstractContextManager[None]:
+        lock = self._repo.capabilities.record_lock
+        if lock is None:
+            return nullcontext()
+        return lock.record_locked(STATE_NAMESPACE, self._key_digest())
+
+    def _try_update(
+        self,
+        step: Callable[[M], tuple[M, Sequence[Upsert | Delete], Sequence[HistoryEvent]]],
+    ) -> tuple[M, int] | None:
+        """Load, step and commit once; return ``None`` when another writer won the race."""
+        try:
+            snapshot, head = self._load()
+        except RevisionConflict:
+            return None
+        new, writes, events = step(snapshot.state)
+        own = self._unit(new, snapshot.revision, events, _after(head))
+        unit = UnitOfWork(
+            upserts=[*own.upserts, *(w for w in writes if isinstance(w, Upsert))],
+            deletes=[w for w in writes if isinstance(w, Delete)],
+            appends=own.appends,
         )
+        try:
+            self._store.commit(unit)
+        except RevisionConflict as conflict:
+            if self._names_sibling(conflict) and not self._moved(snapshot, head):
+                raise
+            return None
+        return new, own.upserts[0].header.revision
+
+    def _names_sibling(self, conflict: RevisionConflict) -> bool:
+        """Whether ``conflict`` names a guard of neither the state row nor its history."""
+        details = conflict.details
+        if "stream" in details:
+            return details["stream"] != history_stream(self._scope)
+        own = (STATE_NAMESPACE, self._key_digest())
+        return "key_digest" in details and (details.get("namespace"), details["key_digest"]) != own
+
+    def _moved(self, snapshot: StateSnapshot[M], head: LedgerEvent | None) -> bool:
+        """Whether the state row or its history changed since ``snapshot`` was loaded.
+
+        A sibling guard checked before the state's own may fail only
+        because another writer moved the state: that is a lost race.
+        """
+        metadata = self._store.peek_metadata(STATE_NAMESPACE, self._key_digest())
+        revision = None if metadata is None else metadata.header.revision
+        now = self._store.ledger_head(history_stream(self._scope))
+        return revision != snapshot.revision or _after(now) != _after(head)
 
     def _events(
         self, drafts: Sequence[HistoryEvent], position: tuple[int, str]
@@ -476,14 +527,15 @@ class StateRepository(Generic[M]):
         return fingerprint
 
     def _append_reset(self, payload: JsonValue) -> None:
-        for _ in range(self._retries):
+        retries = self._retry.start()
+        while True:
             try:
                 appends = self._events([HistoryEvent(RESET_EVENT, payload)], self._position())
                 self._store.commit(UnitOfWork(appends=appends))
             except RevisionConflict:
+                retries.after_lost_race(f"history of scope {self._scope!r}", scope=self._scope)
                 continue
             return
-        raise RevisionConflict("scope history kept moving; retry the reset", scope=self._scope)
 
     def history(self) -> list[LedgerEvent]:
         """Return the scope's history stream, oldest first, verified under the key.

@@ -3,13 +3,15 @@
 A host writes an adapter by matching these shapes and proves it with the
 contract kit in ``flowvault.application.testing``. Adapters store and fetch;
 every policy (sealing, hashing, state rules, retention) lives above them.
-The optional capabilities come in two tiers; ``StoreCapabilities`` says
-what each carries and is how the use cases reach them.
+The optional capabilities come in two tiers, plus one that only makes
+contended updates faster; ``StoreCapabilities`` says what each carries and
+is how the use cases reach them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Final, Protocol, runtime_checkable
 
@@ -348,4 +350,33 @@ class DecisionSignatures(Protocol):
 
     def verify(self, public_key: bytes, message: bytes, signature: bytes) -> bool:
         """Return whether ``signature`` is raw ``public_key``'s Ed25519 signature of ``message``."""
+        ...
+
+
+@runtime_checkable
+class RecordLock(Protocol):
+    """Optional, contention: hold one record exclusively while a read-modify-write runs.
+
+    Eight writers retrying one PostgreSQL record blind spend most of their
+    round trips on races they lose; waiting in a queue for the record costs
+    one. The lock is advisory and only spares wasted work: every write is
+    still guarded by its compare-and-swap, so a writer that does not take
+    the lock, or a lock lost with its connection, can never lose an update.
+    """
+
+    def record_locked(self, namespace: str, key_digest: str) -> AbstractContextManager[None]:
+        """Return a context that holds the record's lock while it runs.
+
+        Entering waits while any other holder, in this or another process
+        or host, has the same record's lock; leaving (by return or by
+        exception) releases it. The record need not exist. Every call the
+        entering thread makes on this store inside the context works as
+        outside it, even with a single pooled connection. A thread already
+        holding a lock of this store takes no second one: the inner context
+        runs under the outer lock, so no two holders wait on each other.
+
+        Raises:
+            StoreBusy: the lock was not free within the store's lock timeout.
+
+        """
         ...

@@ -23,6 +23,10 @@ PEEK_METADATA: Final = (
     "r.written_at, r.ledger_index, r.labels, r.byte_length, r.payload_digest "
     "FROM records r WHERE r.namespace = %s AND r.key_digest = %s"
 )
+LOCK_RECORD: Final = "SELECT pg_advisory_lock(hashtextextended(%s, 0))"
+"""A session lock on a record's name; two names may share a hash, which only makes one wait."""
+UNLOCK_RECORD: Final = "SELECT pg_advisory_unlock(hashtextextended(%s, 0))"
+
 STORED_REVISION: Final = "SELECT revision FROM records WHERE namespace = %s AND key_digest = %s"
 """Re-read after a failed guard, in the same transaction, for the conflict's details."""
 

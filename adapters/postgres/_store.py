@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import os
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -73,7 +74,8 @@ def _retryable(exc: psycopg.Error) -> bool:
 class PostgresSecureObjectStore:
     """``SecureObjectStore`` over one schema of a PostgreSQL database.
 
-    Also ``StoreStats``, ``Compactor``, ``SealCounter`` and ``StoreEpoch``.
+    Also ``StoreStats``, ``Compactor``, ``SealCounter``, ``StoreEpoch`` and
+    ``RecordLock``.
     Several hosts may open the same schema at once: every unit of work is one
     READ COMMITTED transaction whose guards sit in the ``WHERE`` clauses of
     its writes, and ledger appends lock the stream's head row, so no update
@@ -88,6 +90,7 @@ class PostgresSecureObjectStore:
         self._pool = pool
         self._pid = os.getpid()
         self._closed = False
+        self._held = threading.local()
 
     @classmethod
     def open(
@@ -159,12 +162,16 @@ class PostgresSecureObjectStore:
 
     @contextmanager
     def _borrow(self) -> Iterator[Connection]:
-        """Lend a pooled connection that answered just now.
+        """Lend a pooled connection that answered just now, or the one holding this thread's lock.
 
         A dead one (the server restarted, or ended the session) is dropped,
         and every idle connection is checked at once, so the next borrow
         gets a live or a new connection instead of the next dead one.
         """
+        holding: Connection | None = getattr(self._held, "connection", None)
+        if holding is not None:
+            yield holding
+            return
         for _ in range(self._options.pool_size + 1):
             with self._pool.connection() as connection:
                 if alive(connection):
@@ -247,6 +254,36 @@ class PostgresSecureObjectStore:
             return
         prepared = PreparedUnit.build(unit)
         self._run(prepared.apply, transaction=True)
+
+    @contextmanager
+    def record_locked(self, namespace: str, key_digest: str) -> Iterator[None]:
+        """Hold a session advisory lock on the record while the block runs.
+
+        The lock's connection serves every call this thread makes inside
+        the block, so a pool of one cannot starve it; a block inside it
+        runs under the same lock. If the unlock fails the connection is
+        closed, which ends its session and so its lock: a pooled session
+        never keeps a lock nobody holds.
+        """
+        require_text(namespace, "namespace")
+        require_text(key_digest, "key_digest")
+        self._check_usable()
+        if getattr(self._held, "connection", None) is not None:
+            yield
+            return
+        name = f"flowvault:{self.schema}:{namespace}:{key_digest}"
+        with self._borrow() as connection:
+            with translated(self._timeouts):
+                connection.execute(sql.LOCK_RECORD, (name,))
+            self._held.connection = connection
+            try:
+                yield
+            finally:
+                self._held.connection = None
+                try:
+                    connection.execute(sql.UNLOCK_RECORD, (name,))
+                except psycopg.Error:
+                    connection.close()
 
     # -- ledger ---------------------------------------------------------------
 

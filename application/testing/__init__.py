@@ -13,6 +13,7 @@ from flowvault.application.testing._fakes import (
     make_header,
     make_upsert,
 )
+from flowvault.application.testing._record_lock_contract import RecordLockContract
 from flowvault.application.testing._seal_counter_contract import SealCounterContract
 from flowvault.application.testing._sealed_contract import SealedRepositoryContract
 from flowvault.application.testing._store_contract import (
@@ -24,6 +25,7 @@ from flowvault.application.testing._store_epoch_contract import StoreEpochContra
 __all__ = [
     "EPOCH",
     "FrozenClock",
+    "RecordLockContract",
     "SealCounterContract",
     "SealedRepositoryContract",
     "SecureObjectStoreContract",

@@ -5,6 +5,7 @@ import pytest
 from flowvault.adapters.postgres import PostgresSecureObjectStore
 from flowvault.application import SecureObjectStore
 from flowvault.application.testing import (
+    RecordLockContract,
     SealCounterContract,
     StoreEpochContract,
     StoreStatsContract,
@@ -15,7 +16,11 @@ pytestmark = pytest.mark.postgres
 
 
 class TestPostgresSecureObjectStore(
-    StoreStatsContract, StreamCatalogContract, SealCounterContract, StoreEpochContract
+    StoreStatsContract,
+    StreamCatalogContract,
+    SealCounterContract,
+    StoreEpochContract,
+    RecordLockContract,
 ):
     """The PostgreSQL adapter passes the whole store contract."""
 

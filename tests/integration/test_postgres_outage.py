@@ -190,3 +190,24 @@ def test_repeated_kills_never_leave_a_unit_half_applied(
     assert len(events) == count
     assert verify_chain(events).ok
     print(f"\nkills {kills}; outcomes {dict(outcomes)}")
+
+
+def test_a_record_lock_lost_with_its_connection_leaves_no_lock_behind(
+    store, postgres_server, app_name: str
+) -> None:
+    """Its session killed while held, the lock ends with it: a typed error, then the next holder.
+
+    The holder's next call fails with ``STORE_UNAVAILABLE``, never a driver
+    error from the failed unlock, and the record's lock is free at once.
+    """
+    digest = _digest("locked")
+    with postgres_server.admin() as admin:
+        with store.record_locked(NS, digest):
+            admin.execute(TERMINATE, (app_name,))
+            with pytest.raises(StoreUnavailable):
+                store.load(NS, digest)
+        started = time.monotonic()
+        with store.record_locked(NS, digest):
+            store.commit(UnitOfWork(upserts=[make_upsert(NS, "locked")]))
+        assert time.monotonic() - started < 5
+    assert store.load(NS, digest) is not None

@@ -1,6 +1,7 @@
 """Eight real processes, each with its own pool, on one PostgreSQL schema.
 
-Compare-and-swap through the state repository loses nothing; the same
+Compare-and-swap through the state repository (its record lock left out,
+so the writers race) loses nothing; the same
 processes writing without a guard do lose updates (the negative control
 that proves the counting can fail); and concurrent appends never fork a
 ledger stream.

@@ -101,6 +101,15 @@ def test_a_bundled_store_offers_every_guarantee() -> None:
     )
 
 
+def test_the_memory_and_sqlite_stores_offer_no_record_lock(tmp_path: Path) -> None:
+    """SQLite serialises writers on its file and memory in its process: neither takes a lock."""
+    from flowvault.adapters.sqlite import SQLiteSecureObjectStore  # noqa: PLC0415
+
+    with SQLiteSecureObjectStore.open(tmp_path / "store.db") as sqlite_store:
+        assert StoreCapabilities.of(sqlite_store).record_lock is None
+    assert StoreCapabilities.of(InMemorySecureObjectStore()).record_lock is None
+
+
 def test_a_store_with_the_port_alone_has_no_tier() -> None:
     """Every capability is ``None``, and each guarantee it would carry is named under its tier."""
     capabilities = StoreCapabilities.of(PortOnly())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from flowvault.application import (
     STATE_WRITTEN_EVENT,
     Guard,
     HistoryEvent,
+    RetryPolicy,
     RunRepository,
     SealedRepository,
     SecureObjectStore,
@@ -162,8 +165,8 @@ def test_concurrent_updates_lose_nothing(world: World) -> None:
     assert snapshot.revision == 200
 
 
-def test_update_gives_up_after_bounded_retries(world: World) -> None:
-    """A function that always loses its race is re-run max_retries times, then REVISION_CONFLICT."""
+def test_max_retries_caps_the_re_runs_of_fn(world: World) -> None:
+    """A function that always loses its race runs once and max_retries more times, then fails."""
     state = StateRepository(world.repository, "main", model=Counter, max_retries=3)
     rival = world.state()
     calls = []
@@ -173,10 +176,113 @@ def test_update_gives_up_after_bounded_retries(world: World) -> None:
         rival.save(Counter(count=current.count + 100))
         return current.model_copy(update={"count": current.count + 1})
 
-    with pytest.raises(RevisionConflict):
+    with pytest.raises(RevisionConflict) as caught:
         state.update(fn)
-    assert len(calls) == 3
-    assert calls == sorted(calls)
+    assert calls == [0, 100, 200, 300]
+    assert caught.value.details["tries"] == 4
+    assert caught.value.details["scope"] == "main"
+
+
+class FakeTime:
+    """A monotonic clock that only sleeping moves: the injected clock of a retry policy."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+    def policy(self, **options: float) -> RetryPolicy:
+        return RetryPolicy(
+            sleep=self.sleep,
+            monotonic=lambda: self.now,
+            jitter=lambda low, high: high,
+            **options,  # type: ignore[arg-type]
+        )
+
+
+def test_a_lost_race_is_re_run_until_the_time_budget_is_spent(world: World) -> None:
+    """No fixed count: fn re-runs after each jittered pause until the budget is gone, then fails."""
+    clock = FakeTime()
+    policy = clock.policy(time_budget=1.0, first_pause=0.01, longest_pause=0.1)
+    state = StateRepository(world.repository, "main", model=Counter, retry=policy)
+    rival = world.state()
+    calls = []
+
+    def fn(current: Counter) -> Counter:
+        calls.append(current.count)
+        rival.save(Counter(count=current.count + 1))
+        return current
+
+    with pytest.raises(RevisionConflict) as caught:
+        state.update(fn)
+    assert clock.sleeps[:5] == [0.01, 0.02, 0.04, 0.08, 0.1]
+    assert max(clock.sleeps) == 0.1
+    assert clock.now == pytest.approx(1.0)
+    assert len(calls) == len(clock.sleeps) + 1 == 14
+    assert caught.value.details == {"tries": 14, "milliseconds": 1000, "scope": "main"}
+    assert "gave up after 14 tries in 1.0 s" in str(caught.value)
+
+
+def test_the_default_policy_outlasts_a_long_run_of_lost_races(world: World) -> None:
+    """Twenty lost races in a row, far past the old eight tries, and the update still lands."""
+    state = StateRepository(world.repository, "main", model=Counter)
+    rival = world.state()
+    calls = []
+
+    def fn(current: Counter) -> Counter:
+        calls.append(current.count)
+        if len(calls) <= 20:
+            rival.save(Counter(count=current.count + 1))
+        return current.model_copy(update={"note": "mine"})
+
+    new, revision = state.update(fn)
+    assert (new, revision) == (Counter(count=20, note="mine"), 21)
+    assert state.load().state == new
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"time_budget": -1.0}, {"first_pause": -0.1}, {"max_retries": -1}, {"max_retries": 1.5}],
+)
+def test_a_malformed_retry_policy_is_invalid_input(options: dict[str, float]) -> None:
+    """Negative times and counts are refused when the policy is made, not when it is used."""
+    with pytest.raises(InvalidInput):
+        RetryPolicy(**options)  # type: ignore[arg-type]
+
+
+@pytest.mark.postgres
+def test_updates_queue_for_the_state_row_on_a_store_with_a_record_lock(
+    postgres_server, pg_schema: str
+) -> None:
+    """An update waits while another holds the row's lock, then runs fn once, on what it left."""
+    from flowvault.adapters.postgres import PostgresSecureObjectStore  # noqa: PLC0415
+
+    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+        world = World(store)
+        calls: list[int] = []
+        done = threading.Event()
+
+        def increment(current: Counter) -> Counter:
+            calls.append(current.count)
+            return current.model_copy(update={"count": current.count + 1})
+
+        def update() -> None:
+            world.state().update(increment)
+            done.set()
+
+        digest = world.repository.key_digest(STATE_NAMESPACE, "main")
+        with store.record_locked(STATE_NAMESPACE, digest):
+            waiting = threading.Thread(target=update)
+            waiting.start()
+            assert not done.wait(0.5), "the update did not wait for the row's lock"
+            world.state().save(Counter(count=10))
+        waiting.join(10)
+        assert done.is_set()
+        assert calls == [10]
+        assert world.state().load().state.count == 11
 
 
 def test_update_with_writes_commits_siblings_atomically(world: World) -> None:
@@ -192,20 +298,79 @@ def test_update_with_writes_commits_siblings_atomically(world: World) -> None:
     assert world.repository.read("catalogue", "index") is not None
 
 
-def test_failing_sibling_guard_rolls_back_the_state_write(world: World) -> None:
-    """A sibling whose guard fails leaves the state exactly as it was."""
-    state = StateRepository(world.repository, "main", model=Counter, max_retries=2)
+def test_failing_sibling_guard_is_reported_at_once_and_rolls_back(world: World) -> None:
+    """A stale sibling is its own conflict, raised on the first try; the state stays as it was."""
+    state = world.state()
     state.save(Counter(count=7))
     before = state.load()
+    calls = []
 
     def fn(current: Counter) -> tuple[Counter, list[Upsert]]:
+        calls.append(current.count)
         stale = world.repository.prepare("catalogue", "index", {"n": 1}, expected=5)
         return current.model_copy(update={"count": 8}), [stale]
 
-    with pytest.raises(RevisionConflict):
+    with pytest.raises(RevisionConflict) as caught:
         state.update_with_writes(fn)
+    assert calls == [7]
+    assert caught.value.details == {
+        "guard": "upsert",
+        "namespace": "catalogue",
+        "key_digest": world.repository.key_digest("catalogue", "index"),
+        "expected": 5,
+        "actual": None,
+    }
     assert state.load() == before
     assert world.repository.read("catalogue", "index") is None
+
+
+class SiblingsFirst:
+    """A store that checks a unit's upserts last to first: the port promises no order."""
+
+    def __init__(self, inner: SecureObjectStore) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    def commit(self, unit: UnitOfWork) -> None:
+        self._inner.commit(replace(unit, upserts=unit.upserts[::-1]))
+
+
+@pytest.mark.parametrize("siblings_first", [False, True])
+def test_a_sibling_guard_lost_with_the_state_is_a_lost_race(
+    world: World, siblings_first: bool
+) -> None:
+    """A rival that moved the state and the sibling together makes fn re-run, not fail.
+
+    Whichever guard the store reports, the state's or the sibling's, the
+    state moved since the load, so it is a lost race.
+    """
+    store = SiblingsFirst(world.store) if siblings_first else world.store
+    repository = SealedRepository(store, AesGcmCipher(KEY), world.clock)  # type: ignore[arg-type]
+    state = StateRepository(repository, "main", model=Counter)
+    rival = world.state()
+    state.save(Counter(count=1))
+    first = world.repository.prepare("catalogue", "index", {"n": 1}, expected=Guard.ABSENT)
+    world.store.commit(UnitOfWork(upserts=[first]))
+    calls = []
+
+    def fn(current: Counter) -> tuple[Counter, list[Upsert]]:
+        calls.append(current.count)
+        sibling = world.repository.prepare(
+            "catalogue", "index", {"n": current.count + 1}, expected=current.count
+        )
+        if len(calls) == 1:
+            rival.update_with_writes(lambda now: (now.model_copy(update={"count": 2}), [sibling]))
+            sibling = world.repository.prepare("catalogue", "index", {"n": 0}, expected=1)
+        return current.model_copy(update={"count": current.count + 1}), [sibling]
+
+    new, revision = state.update_with_writes(fn)
+    assert calls == [1, 2]
+    assert (new.count, revision) == (3, 3)
+    stored = world.repository.read("catalogue", "index")
+    assert stored is not None
+    assert (stored.document, stored.revision) == ({"n": 3}, 3)
 
 
 def test_update_with_events_appends_to_history(world: World) -> None:
@@ -337,6 +502,47 @@ def test_reset_removes_an_unreadable_state(world: World) -> None:
     fingerprint = world.state().reset(actor="ops", source="test")
     assert fingerprint.readability is Readability.UNREADABLE
     assert world.state().probe().readability is Readability.ABSENT
+
+
+class RivalBeforeAppends:
+    """A store where a rival appends to the history just before the next append-only units."""
+
+    def __init__(self, inner: SecureObjectStore, rival: Callable[[], object], times: int) -> None:
+        self._inner = inner
+        self._rival = rival
+        self.times = times
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    def commit(self, unit: UnitOfWork) -> None:
+        if unit.appends and not unit.upserts and self.times > 0:
+            self.times -= 1
+            self._rival()
+        self._inner.commit(unit)
+
+
+@pytest.mark.parametrize(("races", "lands"), [(2, True), (3, False)])
+def test_a_reset_retries_its_history_append_under_the_policy(
+    world: World, races: int, lands: bool
+) -> None:
+    """Each race lost to another writer of the history is re-run, up to the policy's max_retries."""
+    raced = RivalBeforeAppends(
+        world.store, lambda: world.state().reset(actor="rival", source="rival"), races
+    )
+    repository = SealedRepository(raced, AesGcmCipher(KEY), world.clock)  # type: ignore[arg-type]
+    state = StateRepository(
+        repository, "main", model=Counter, retry=FakeTime().policy(max_retries=2)
+    )
+    if lands:
+        state.reset(actor="ops", source="ours")
+    else:
+        with pytest.raises(RevisionConflict) as caught:
+            state.reset(actor="ops", source="ours")
+        assert caught.value.details["tries"] == 3
+    history = world.state().history()
+    sources = [event.payload["source"] for event in history if isinstance(event.payload, dict)]
+    assert sources == ["rival"] * races + (["ours"] if lands else [])
 
 
 def test_crash_between_event_and_delete_is_recoverable(world: World) -> None:
@@ -472,17 +678,13 @@ def test_runs_write_no_plaintext_files(tmp_path: Path) -> None:
     assert MARKER.encode() not in path.read_bytes()
 
 
-def test_conflict_pauses_grow_and_stay_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_conflict_pauses_grow_and_stay_capped() -> None:
     """Lost races wait a random pause under a doubling ceiling that never passes 50 ms."""
-    from flowvault.application import _backoff  # noqa: PLC0415
-
     ceilings: list[float] = []
-    monkeypatch.setattr(_backoff.random, "uniform", lambda low, high: ceilings.append(high) or 0)
-    monkeypatch.setattr(_backoff.time, "sleep", lambda seconds: None)
-    for lost in range(1, 10):
-        _backoff.pause_after_conflict(lost)
+    policy = RetryPolicy(jitter=lambda low, high: ceilings.append(high) or low)
+    assert [policy.pause(lost) for lost in range(1, 10)] == [0.0] * 9
     assert ceilings[:4] == [0.0005, 0.001, 0.002, 0.004]
-    assert max(ceilings) == _backoff.LONGEST_PAUSE
+    assert max(ceilings) == 0.05
 
 
 def test_the_reset_actor_is_recorded_as_a_keyed_digest_only(world: World) -> None:

@@ -15,7 +15,13 @@ import pytest
 from row_edits import PassThroughStore
 
 from flowvault.adapters.memory import InMemorySecureObjectStore
-from flowvault.application import STATE_NAMESPACE, SecureObjectStore, StoredRecord
+from flowvault.application import (
+    STATE_NAMESPACE,
+    RetryPolicy,
+    SecureObjectStore,
+    StateRepository,
+    StoredRecord,
+)
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import RevisionConflict, WorkflowState
 
@@ -68,10 +74,12 @@ def test_an_update_retries_a_read_that_lost_its_races(tmp_path: Path) -> None:
 
 
 def test_an_update_still_gives_up_when_every_read_loses(tmp_path: Path) -> None:
-    """Races that never stop exhaust the update's budget: ``RevisionConflict``, nothing written."""
+    """Endless races spend the update's time budget: ``RevisionConflict``, nothing written."""
     runtime, store = _raced(tmp_path)
-    store.times = 10_000
-    with pytest.raises(RevisionConflict):
-        runtime.state("main").update(lambda s: WorkflowState(step=99))
+    store.times = 10**9
+    state = StateRepository(runtime.repository, "main", retry=RetryPolicy(time_budget=0.2))
+    with pytest.raises(RevisionConflict) as caught:
+        state.update(lambda s: WorkflowState(step=99))
+    assert caught.value.details["milliseconds"] >= 200
     store.times = 0
     assert runtime.state("main").load().state == WorkflowState(step=2)
