@@ -87,6 +87,7 @@ from flowvault.application._mark_format import (
     parse_mark,
     replay_log,
 )
+from flowvault.application._paging import Page, PageScope, UnreadableItem
 from flowvault.application._receipts import (
     RECEIPT_MAC_NAME,
     RECEIPT_MAC_TAG,
@@ -135,11 +136,10 @@ from flowvault.application._run_service import (
     GRAPH_RUN_IDEMPOTENCY,
     GRAPH_RUN_RECEIPTS,
     GRAPH_RUNS,
-    GraphRunPage,
     RunEventPage,
     RunService,
 )
-from flowvault.application._runs import RUNS, RunPage, RunRepository, check_run_id
+from flowvault.application._runs import RUNS, RunRepository, check_run_id
 from flowvault.application._seal_budget import (
     DEFAULT_SEAL_WARNING,
     FIRST_SEAL_BLOCK,
@@ -284,7 +284,6 @@ __all__ = [
     "EvidenceService",
     "ExpectedRevision",
     "FilterOp",
-    "GraphRunPage",
     "Guard",
     "HighWaterMark",
     "HighWaterStore",
@@ -308,6 +307,8 @@ __all__ = [
     "MarkWrite",
     "MarkedStore",
     "Order",
+    "Page",
+    "PageScope",
     "Progress",
     "PurgeOutcome",
     "ReceiptDefect",
@@ -324,7 +325,6 @@ __all__ = [
     "RetentionReport",
     "RotationReport",
     "RunEventPage",
-    "RunPage",
     "RunRepository",
     "RunService",
     "SealBudget",
@@ -348,6 +348,7 @@ __all__ = [
     "StreamHeads",
     "StreamVerifier",
     "UnitOfWork",
+    "UnreadableItem",
     "UnreadableRecord",
     "Unvouched",
     "Upsert",

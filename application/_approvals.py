@@ -30,7 +30,6 @@ from flowvault.application._approval_support import (
     _Doomed,
     _horizon,
     _joined,
-    _list_all,
     _micros,
     _open_listed,
     _purge,
@@ -49,8 +48,8 @@ from flowvault.application._graph import (
     require_integrity,
     run_stream,
 )
+from flowvault.application._paging import Page, PageScope, read_page
 from flowvault.application._records import (
-    MAX_LIST_LIMIT,
     Delete,
     FilterOp,
     Guard,
@@ -467,35 +466,49 @@ class ApprovalService:
         return True
 
     def list_approvals(
-        self, run_id: str, status: ApprovalStatus | None = None, limit: int = 50
-    ) -> list[Approval]:
-        """Return the run's approvals, newest request first, at most ``limit`` (capped at 200).
+        self,
+        run_id: str | None = None,
+        status: ApprovalStatus | None = None,
+        limit: int = 50,
+        *,
+        cursor: str | None = None,
+    ) -> Page[Approval]:
+        """Return one page of approvals: of one run or of all runs, optionally of one status.
 
-        Every approval of the run (in ``status``) is opened before the newest
-        are chosen, so the order rests on sealed request times, not on the
-        clear labels a listing returns, which an editor could change.
+        Most recently written first (a request or a decision writes an
+        approval; ties by key digest), at most ``limit`` (capped at 200);
+        pass ``next_cursor`` back for the next page. Each approval is verified
+        under the integrity key and against its checkpoint's stream; one that
+        fails, or names another run than the one asked for, is reported in
+        ``unreadable`` by key digest, and the rest are listed.
+
+        Raises:
+            InvalidInput: a malformed run id, status or limit, or a cursor
+                that is malformed or was issued for another listing or filter.
+            IntegrityKeyRequired: the service has no integrity key.
+
         """
         key = require_integrity(self._integrity)
-        check_run_id(run_id)
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidInput("limit must be a positive integer")
-        filters = [LabelFilter("run", self._repo.key_digest(RUNS, run_id))]
+        filters = []
+        if run_id is not None:
+            check_run_id(run_id)
+            filters.append(LabelFilter("run", self._repo.key_digest(RUNS, run_id)))
         if status is not None:
             if not isinstance(status, str) or status not in set(ApprovalStatus):
                 raise InvalidInput("status must be pending, decided or expired")
             filters.append(LabelFilter("status", ApprovalStatus(status).value))
-        found: list[tuple[Approval, str]] = []
-        for metadata in _list_all(self._store, APPROVALS, filters):
+        scope = PageScope(APPROVALS, tuple(label.value for label in filters))
+
+        def listed(metadata: RecordMetadata) -> Approval | None:
             opened = _open_listed(self._repo, metadata)
             checked = None if opened is None else self._checked(key, opened)
             if checked is None:
-                continue
-            approval = checked[0]
-            if approval.run_id != run_id:
+                return None
+            if run_id is not None and checked[0].run_id != run_id:
                 raise IntegrityFailure("approval names another run than its label")
-            found.append((approval, metadata.key_digest))
-        found.sort(key=lambda pair: (pair[0].requested_at, pair[1]), reverse=True)
-        return [approval for approval, _ in found[: min(limit, MAX_LIST_LIMIT)]]
+            return checked[0]
+
+        return read_page(self._store, scope, APPROVALS, filters, listed, cursor=cursor, limit=limit)
 
     def approval_receipt(self, approval: Approval) -> ApprovalReceipt:
         """Build the auditor's receipt: keyed digests and times only, never the plaintext.

@@ -9,6 +9,7 @@ from typing import TypeVar
 from flowvault.adapters.cli import (
     CommandIO,
     DecideRequest,
+    PageRequest,
     approvals_decide_command,
     approvals_list_command,
     approvals_show_command,
@@ -57,7 +58,7 @@ def _workflows_list(args: argparse.Namespace, settings: Settings, io: CommandIO)
     return _with(
         settings,
         _workflows,
-        lambda found: workflows_list_command(found, args.state, args.limit, io),
+        lambda found: workflows_list_command(found, args.state, _page_request(args), io),
     )
 
 
@@ -67,7 +68,9 @@ def _workflows_show(args: argparse.Namespace, settings: Settings, io: CommandIO)
 
 def _runs_list(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
     return _with(
-        settings, _runs, lambda found: runs_list_command(found, args.status, args.limit, io)
+        settings,
+        _runs,
+        lambda found: runs_list_command(found, args.status, _page_request(args), io),
     )
 
 
@@ -79,7 +82,9 @@ def _approvals_list(args: argparse.Namespace, settings: Settings, io: CommandIO)
     return _with(
         settings,
         _approvals,
-        lambda found: approvals_list_command(found, args.run, args.status, args.limit, io),
+        lambda found: approvals_list_command(
+            found, args.run, args.status, _page_request(args), io
+        ),
     )
 
 
@@ -104,13 +109,23 @@ def _group(verbs: Verbs, name: str, help: str) -> Verbs:
     return group.add_subparsers(dest=f"{name}_verb", required=True, metavar="VERB")
 
 
-def _limit(parser: argparse.ArgumentParser) -> None:
+def _paging(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--limit",
         type=int,
         default=DEFAULT_LIMIT,
-        help=f"at most this many (default {DEFAULT_LIMIT}, capped at 200)",
+        help=f"at most this many per page (default {DEFAULT_LIMIT}, capped at 200)",
     )
+    parser.add_argument(
+        "--cursor", metavar="TOKEN", help="start at this page: the next_cursor a listing printed"
+    )
+    parser.add_argument(
+        "--all", action="store_true", help="page through every page (from --cursor on, if given)"
+    )
+
+
+def _page_request(args: argparse.Namespace) -> PageRequest:
+    return PageRequest(limit=args.limit, cursor=args.cursor, all_pages=args.all)
 
 
 def _register_workflows(verbs: Verbs) -> None:
@@ -124,7 +139,7 @@ def _register_workflows(verbs: Verbs) -> None:
         handler=_workflows_list,
     )
     listing.add_argument("--state", help="only workflows in this state, e.g. 'decision'")
-    _limit(listing)
+    _paging(listing)
     show = add_verb(
         group,
         "show",
@@ -147,7 +162,7 @@ def _register_runs(verbs: Verbs) -> None:
         handler=_runs_list,
     )
     listing.add_argument("--status", choices=sorted(RUN_LIFECYCLE.states), help="only this status")
-    _limit(listing)
+    _paging(listing)
     show = add_verb(
         group,
         "show",
@@ -166,13 +181,14 @@ def _register_approvals(verbs: Verbs) -> None:
     listing = add_verb(
         group,
         "list",
-        help="list a run's approvals, newest request first",
-        description="List the approvals of one run by id, status and times. " + COLD_NOTE,
+        help="list approvals, of one run or of all, most recently written first",
+        description="List approvals by id, status, times and run, most recently written "
+        "first (a request or a decision writes one). " + COLD_NOTE,
         handler=_approvals_list,
     )
-    listing.add_argument("--run", required=True, metavar="RUN_ID", help="the run id")
+    listing.add_argument("--run", metavar="RUN_ID", help="only this run's approvals")
     listing.add_argument("--status", choices=statuses, help="only this status")
-    _limit(listing)
+    _paging(listing)
     show = add_verb(
         group,
         "show",

@@ -2,6 +2,7 @@
 
 from flowvault.adapters.cli._browse import (
     DecideRequest,
+    PageRequest,
     approvals_decide_command,
     approvals_list_command,
     approvals_show_command,
@@ -59,6 +60,7 @@ __all__ = [
     "DemoStep",
     "InitReport",
     "KeyEntry",
+    "PageRequest",
     "ResetRequest",
     "Severity",
     "StepFailed",
