@@ -9,8 +9,6 @@ same listing with other filters, is refused rather than read as a position.
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -19,15 +17,16 @@ from flowvault.application._cursor import effective_limit
 from flowvault.application._records import LabelFilter, Order, RecordMetadata
 from flowvault.application.ports import SecureObjectStore
 from flowvault.domain import (
+    MAX_SAFE_INTEGER,
     IntegrityFailure,
     InvalidInput,
     JsonValue,
-    canonical_bytes,
     content_hash,
-    parse_json,
 )
 
 T = TypeVar("T")
+
+_INDEX_DIGITS = len(str(MAX_SAFE_INTEGER))
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,28 +59,19 @@ class PageScope:
         return content_hash([self.listing, *self.filters]).removeprefix("sha256:")[:16]
 
     def issue(self, position: str | int | None) -> str | None:
-        """Return the opaque cursor for ``position``; ``None`` stays ``None`` (no next page)."""
-        if position is None:
-            return None
-        body = {"s": self._tag, "p": position}
-        return base64.urlsafe_b64encode(canonical_bytes(body)).decode("ascii")
+        """Return the cursor for ``position``; ``None`` stays ``None`` (no next page)."""
+        return None if position is None else f"{self._tag}.{position}"
 
-    def position(self, cursor: str | None) -> str | int | None:
+    def position(self, cursor: str | None) -> str | None:
         """Return the position a cursor of this scope holds; anything else is ``InvalidInput``."""
         if cursor is None:
             return None
         if not isinstance(cursor, str):
             raise InvalidInput("malformed list cursor")
-        try:
-            body = parse_json(base64.urlsafe_b64decode(cursor.encode("ascii")))
-        except (binascii.Error, UnicodeEncodeError, ValueError):
-            raise InvalidInput("malformed list cursor") from None
-        if not isinstance(body, dict) or set(body) != {"s", "p"}:
+        tag, dot, position = cursor.partition(".")
+        if not dot or not position:
             raise InvalidInput("malformed list cursor")
-        position = body["p"]
-        if isinstance(position, bool) or not isinstance(position, str | int):
-            raise InvalidInput("malformed list cursor")
-        if body["s"] != self._tag:
+        if tag != self._tag:
             raise InvalidInput("list cursor was issued for another listing or other filters")
         return position
 
@@ -90,9 +80,9 @@ class PageScope:
         position = self.position(cursor)
         if position is None:
             return 0
-        if not isinstance(position, int) or position < 0:
+        if not (position.isascii() and position.isdigit()) or len(position) > _INDEX_DIGITS:
             raise InvalidInput("malformed list cursor")
-        return position
+        return int(position)
 
 
 def read_page(
@@ -112,14 +102,11 @@ def read_page(
     is reported in ``unreadable``; any other error (the store is down, the
     key is missing) is not about that row, and fails the page.
     """
-    position = scope.position(cursor)
-    if position is not None and not isinstance(position, str):
-        raise InvalidInput("malformed list cursor")
     listed = store.list(
         namespace,
         filters=filters,
         order=Order.WRITTEN_AT_DESC,
-        cursor=position,
+        cursor=scope.position(cursor),
         limit=effective_limit(limit),
     )
     items: list[T] = []
