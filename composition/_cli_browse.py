@@ -13,8 +13,10 @@ from flowvault.adapters.cli import (
     approvals_decide_command,
     approvals_list_command,
     approvals_show_command,
+    runs_events_command,
     runs_list_command,
     runs_show_command,
+    workflows_events_command,
     workflows_list_command,
     workflows_show_command,
 )
@@ -27,6 +29,7 @@ from flowvault.domain import RUN_LIFECYCLE, ApprovalStatus
 S = TypeVar("S")
 
 DEFAULT_LIMIT = 50
+EVENT_LIMIT = 200
 COLD_NOTE = "On a cold root it creates nothing."
 
 
@@ -66,6 +69,14 @@ def _workflows_show(args: argparse.Namespace, settings: Settings, io: CommandIO)
     return _with(settings, _workflows, lambda found: workflows_show_command(found, args.id, io))
 
 
+def _workflows_events(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
+    return _with(
+        settings,
+        _workflows,
+        lambda found: workflows_events_command(found, args.id, _page_request(args), io),
+    )
+
+
 def _runs_list(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
     return _with(
         settings,
@@ -76,6 +87,14 @@ def _runs_list(args: argparse.Namespace, settings: Settings, io: CommandIO) -> i
 
 def _runs_show(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
     return _with(settings, _runs, lambda found: runs_show_command(found, args.run_id, io))
+
+
+def _runs_events(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
+    return _with(
+        settings,
+        _runs,
+        lambda found: runs_events_command(found, args.run_id, _page_request(args), io),
+    )
 
 
 def _approvals_list(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
@@ -109,12 +128,12 @@ def _group(verbs: Verbs, name: str, help: str) -> Verbs:
     return group.add_subparsers(dest=f"{name}_verb", required=True, metavar="VERB")
 
 
-def _paging(parser: argparse.ArgumentParser) -> None:
+def _paging(parser: argparse.ArgumentParser, default: int = DEFAULT_LIMIT) -> None:
     parser.add_argument(
         "--limit",
         type=int,
-        default=DEFAULT_LIMIT,
-        help=f"at most this many per page (default {DEFAULT_LIMIT}, capped at 200)",
+        default=default,
+        help=f"at most this many per page (default {default}, capped at 200)",
     )
     parser.add_argument(
         "--cursor", metavar="TOKEN", help="start at this page: the next_cursor a listing printed"
@@ -149,6 +168,17 @@ def _register_workflows(verbs: Verbs) -> None:
         handler=_workflows_show,
     )
     show.add_argument("id", help="the workflow id")
+    events = add_verb(
+        group,
+        "events",
+        help="list one workflow's verified events, oldest first",
+        description="List one workflow's ledger events by index, type, states, time and hash, "
+        "oldest first, each page verified against the event before it. Never prints an "
+        "event's payload.",
+        handler=_workflows_events,
+    )
+    events.add_argument("id", help="the workflow id")
+    _paging(events, default=EVENT_LIMIT)
 
 
 def _register_runs(verbs: Verbs) -> None:
@@ -173,6 +203,17 @@ def _register_runs(verbs: Verbs) -> None:
         handler=_runs_show,
     )
     show.add_argument("run_id", help="the run id")
+    events = add_verb(
+        group,
+        "events",
+        help="list one run's verified events, oldest first",
+        description="List one run's events by index, type, states, time and hash, oldest "
+        "first, each page verified against the event before it. The cursor is the index of "
+        "the next event. Never prints an event's payload.",
+        handler=_runs_events,
+    )
+    events.add_argument("run_id", help="the run id")
+    _paging(events, default=EVENT_LIMIT)
 
 
 def _register_approvals(verbs: Verbs) -> None:

@@ -20,6 +20,7 @@ from flowvault.domain import (
     ApprovalReceipt,
     ApprovalStatus,
     GraphRun,
+    InvalidInput,
     JsonValue,
     LedgerEvent,
     NotFound,
@@ -181,6 +182,33 @@ def workflows_show_command(
     return 0
 
 
+EVENT_COLUMNS = ("index", "type", "from_state", "to_state", "occurred_at", "event_hash")
+
+
+def _event_row(event: LedgerEvent) -> Fields:
+    """Return an event's position, type, states, time and hash: never its payload."""
+    return {
+        "index": event.index,
+        "type": event.type,
+        "from_state": event.from_state,
+        "to_state": event.to_state,
+        "occurred_at": _instant(event.occurred_at),
+        "event_hash": event.event_hash,
+    }
+
+
+def workflows_events_command(
+    workflows: WorkflowService | None, workflow_id: str, request: PageRequest, io: CommandIO
+) -> int:
+    """List a workflow's verified events in index order; ``None`` is a cold root."""
+    if workflows is None:
+        raise _cold("workflow")
+    page = _read_pages(
+        lambda cursor: workflows.event_page(workflow_id, cursor, request.limit), request
+    )
+    return _listing(io, "events", EVENT_COLUMNS, _rows(page, _event_row))
+
+
 # -- runs ----------------------------------------------------------------------
 
 RUN_COLUMNS = ("run_id", "definition_id", "status", "started_at", "finished_at", "node_count")
@@ -257,6 +285,25 @@ def runs_show_command(runs: RunService | None, run_id: str, io: CommandIO) -> in
     }
     io.emit({"run": fields}, _detail_lines(f"run {run_id}", fields))
     return 0
+
+
+def _run_events(runs: RunService, run_id: str, cursor: str | None, limit: int) -> Page[Fields]:
+    """One page of a run's events; its cursor is the index of the next event, as text."""
+    if cursor is not None and not (cursor.isascii() and cursor.isdigit()):
+        raise InvalidInput("a run events cursor is the index of the next event")
+    page = runs.read_run_events(run_id, None if cursor is None else int(cursor), limit)
+    following = None if page.next_cursor is None else str(page.next_cursor)
+    return Page(tuple(map(_event_row, page.events)), (), following)
+
+
+def runs_events_command(
+    runs: RunService | None, run_id: str, request: PageRequest, io: CommandIO
+) -> int:
+    """List a run's verified events in index order; ``None`` is a cold root."""
+    if runs is None:
+        raise _cold("run")
+    page = _read_pages(lambda cursor: _run_events(runs, run_id, cursor, request.limit), request)
+    return _listing(io, "events", EVENT_COLUMNS, page)
 
 
 # -- approvals -----------------------------------------------------------------

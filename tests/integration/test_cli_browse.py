@@ -201,8 +201,10 @@ def prepared(home: Path) -> Prepared:
 VERBS = [
     ["workflows", "list"],
     ["workflows", "show"],
+    ["workflows", "events"],
     ["runs", "list"],
     ["runs", "show"],
+    ["runs", "events"],
     ["approvals", "list"],
     ["approvals", "show"],
     ["approvals", "decide"],
@@ -268,7 +270,9 @@ def test_cold_root_lists_are_empty_and_create_nothing(
     "args",
     [
         ["workflows", "show", "w1"],
+        ["workflows", "events", "w1"],
         ["runs", "show", "run-1"],
+        ["runs", "events", "run-1"],
         ["approvals", "show", "a1"],
         ["approvals", "decide", "a1", "--decision", "approve", "--actor", ACTOR, "--yes"],
     ],
@@ -731,3 +735,61 @@ def test_a_damaged_row_is_printed_after_the_rows_and_exits_1(
     assert lines[-1] == f"unreadable: {digest} INTEGRITY_FAILURE"
     assert len(lines) == 3
     assert broken not in human.stdout + human.stderr
+
+
+# -- events ----------------------------------------------------------------------
+
+
+def test_workflows_events_page_without_payloads(
+    tmp_path: Path, home: Path, prepared: Prepared
+) -> None:
+    """A workflow's events list oldest first, a page at a time; payloads never print."""
+    args = ["workflows", "events", prepared.done_workflow]
+    rows = _rows(_run(tmp_path, home, *args, "--json"), "events")
+    assert [(row["index"], row["type"], row["to_state"]) for row in rows] == [
+        (0, "workflow.created", "intake"),
+        (1, "workflow.transitioned", "stopped"),
+    ]
+    assert all(str(row["event_hash"]).startswith("sha256:") for row in rows)
+    first = _document(_run(tmp_path, home, *args, "--limit", "1", "--json"))
+    cursor = first["next_cursor"]
+    assert isinstance(cursor, str)
+    rest = _rows(_run(tmp_path, home, *args, "--cursor", cursor, "--json"), "events")
+    assert [row["index"] for row in rest] == [1]
+    assert _rows(_run(tmp_path, home, *args, "--all", "--limit", "1", "--json"), "events") == rows
+    other = ["workflows", "events", prepared.open_workflow, "--cursor", cursor, "--json"]
+    assert _error_code(_run(tmp_path, home, *other)) == "INVALID_INPUT"
+    unknown = _run(tmp_path, home, "workflows", "events", "nope", "--json")
+    assert _error_code(unknown) == "NOT_FOUND"
+    human = _run(tmp_path, home, *args)
+    assert human.returncode == 0
+    header = human.stdout.splitlines()[0].split("\t")
+    assert header == ["index", "type", "from_state", "to_state", "occurred_at", "event_hash"]
+
+
+def test_runs_events_page_by_index(tmp_path: Path, home: Path, prepared: Prepared) -> None:
+    """A run's events list oldest first; the cursor is the next event's index."""
+    args = ["runs", "events", prepared.paused_run]
+    rows = _rows(_run(tmp_path, home, *args, "--json"), "events")
+    assert [row["index"] for row in rows] == [0, 1, 2]
+    first = _document(_run(tmp_path, home, *args, "--limit", "2", "--json"))
+    assert first["next_cursor"] == "2"
+    rest = _rows(_run(tmp_path, home, *args, "--cursor", "2", "--json"), "events")
+    assert rest == rows[2:]
+    assert _rows(_run(tmp_path, home, *args, "--all", "--limit", "1", "--json"), "events") == rows
+    assert _error_code(_run(tmp_path, home, *args, "--cursor", "two", "--json")) == "INVALID_INPUT"
+    unknown = _run(tmp_path, home, "runs", "events", "no-such-run", "--json")
+    assert _error_code(unknown) == "NOT_FOUND"
+
+
+def test_a_broken_ledger_is_integrity_failure_not_a_partial_listing(
+    tmp_path: Path, home: Path, prepared: Prepared
+) -> None:
+    """An edited event fails the events listing as a whole: a chain is not a set of rows."""
+    with closing(sqlite3.connect(home / "data" / "flowvault.db")) as db, db:
+        db.execute(
+            "UPDATE ledger_events SET type = 'workflow.edited' WHERE stream = ? AND idx = 0",
+            (f"workflow/{prepared.open_workflow}",),
+        )
+    result = _run(tmp_path, home, "workflows", "events", prepared.open_workflow, "--json")
+    assert _error_code(result) == "INTEGRITY_FAILURE"
