@@ -87,7 +87,7 @@ from flowvault.application._mark_format import (
     parse_mark,
     replay_log,
 )
-from flowvault.application._paging import Page, PageScope, UnreadableItem
+from flowvault.application._paging import Page, UnreadableItem
 from flowvault.application._receipts import (
     RECEIPT_MAC_NAME,
     RECEIPT_MAC_TAG,
@@ -308,7 +308,6 @@ __all__ = [
     "MarkedStore",
     "Order",
     "Page",
-    "PageScope",
     "Progress",
     "PurgeOutcome",
     "ReceiptDefect",
