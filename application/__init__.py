@@ -89,6 +89,7 @@ from flowvault.application._mark_format import (
     parse_mark,
     replay_log,
 )
+from flowvault.application._paging import Page, UnreadableItem
 from flowvault.application._receipts import (
     RECEIPT_MAC_NAME,
     RECEIPT_MAC_TAG,
@@ -139,11 +140,10 @@ from flowvault.application._run_service import (
     GRAPH_RUN_IDEMPOTENCY,
     GRAPH_RUN_RECEIPTS,
     GRAPH_RUNS,
-    GraphRunPage,
     RunEventPage,
     RunService,
 )
-from flowvault.application._runs import RUNS, RunPage, RunRepository, check_run_id
+from flowvault.application._runs import RUNS, RunRepository, check_run_id
 from flowvault.application._seal_budget import (
     DEFAULT_SEAL_WARNING,
     FIRST_SEAL_BLOCK,
@@ -294,7 +294,6 @@ __all__ = [
     "ExpectedRevision",
     "ExpiryReport",
     "FilterOp",
-    "GraphRunPage",
     "Guard",
     "HighWaterMark",
     "HighWaterStore",
@@ -318,6 +317,7 @@ __all__ = [
     "MarkWrite",
     "MarkedStore",
     "Order",
+    "Page",
     "Progress",
     "PurgeOutcome",
     "ReceiptDefect",
@@ -336,7 +336,6 @@ __all__ = [
     "RetryPolicy",
     "RotationReport",
     "RunEventPage",
-    "RunPage",
     "RunRepository",
     "RunService",
     "SealBudget",
@@ -361,6 +360,7 @@ __all__ = [
     "StreamHeads",
     "StreamVerifier",
     "UnitOfWork",
+    "UnreadableItem",
     "UnreadableRecord",
     "Unvouched",
     "Upsert",

@@ -49,6 +49,7 @@ from flowvault.application._graph import (
     require_integrity,
     run_stream,
 )
+from flowvault.application._paging import Page, PageScope, read_page
 from flowvault.application._records import (
     MAX_LIST_LIMIT,
     Delete,
@@ -659,7 +660,7 @@ class ApprovalService:
             waiting: list[str] = []
             while True:
                 page = runs.list_runs(AWAITING_APPROVAL, cursor=cursor, limit=MAX_LIST_LIMIT)
-                waiting += [run.run_id for run in page.runs]
+                waiting += [run.run_id for run in page.items]
                 if page.next_cursor is None:
                     break
                 cursor = page.next_cursor
@@ -761,41 +762,60 @@ class ApprovalService:
         ]
 
     def list_approvals(
-        self, run_id: str, status: ApprovalStatus | None = None, limit: int = 50
-    ) -> list[Approval]:
-        """Return the run's approvals, newest request first, at most ``limit`` (capped at 200).
+        self,
+        run_id: str | None = None,
+        status: ApprovalStatus | None = None,
+        limit: int = 50,
+        *,
+        cursor: str | None = None,
+    ) -> Page[Approval]:
+        """Return one page of approvals: of one run or of all runs, optionally of one status.
 
-        ``status`` filters on the status as of now (``Approval.status_at``):
-        a pending approval past its deadline lists as expired, not pending,
-        before any pass has recorded its expiry. Every approval of the run is
-        opened before the newest are chosen, so the order rests on sealed
-        request times, not on the clear labels a listing returns, which an
-        editor could change.
+        Most recently written first (a request or a decision writes an
+        approval; ties by key digest), at most ``limit`` (capped at 200);
+        pass ``next_cursor`` back for the next page. ``status`` filters on the
+        status as of now (``Approval.status_at``): a pending approval past its
+        deadline lists as expired, not pending, before any pass has recorded
+        its expiry, so a page may hold fewer than ``limit`` approvals while
+        more follow. Each approval is verified under the integrity key and
+        against its checkpoint's stream; one that fails, or names another run
+        than the one asked for, is reported in ``unreadable`` by key digest,
+        and the rest are listed.
+
+        Raises:
+            InvalidInput: a malformed run id, status or limit, or a cursor
+                that is malformed or was issued for another listing or filter.
+            IntegrityKeyRequired: the service has no integrity key.
+
         """
         key = require_integrity(self._integrity)
-        check_run_id(run_id)
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidInput("limit must be a positive integer")
-        filters = [LabelFilter("run", self._repo.key_digest(RUNS, run_id))]
+        filters = []
+        if run_id is not None:
+            check_run_id(run_id)
+            filters.append(LabelFilter("run", self._repo.key_digest(RUNS, run_id)))
+        wanted: ApprovalStatus | None = None
         if status is not None:
             if not isinstance(status, str) or status not in set(ApprovalStatus):
                 raise InvalidInput("status must be pending, decided or expired")
-            if status == ApprovalStatus.DECIDED:
-                filters.append(LabelFilter("status", ApprovalStatus.DECIDED.value))
+            wanted = ApprovalStatus(status)
+            if wanted is not ApprovalStatus.EXPIRED:
+                filters.append(LabelFilter("status", wanted.value))
+        asked = None if wanted is None else wanted.value
+        scope = PageScope(APPROVALS, (*(label.value for label in filters), asked))
         now = self._clock.now()
-        found: list[tuple[Approval, str]] = []
-        for metadata in _list_all(self._store, APPROVALS, filters):
+
+        def listed(metadata: RecordMetadata) -> Approval | None:
             opened = _open_listed(self._repo, metadata)
             checked = None if opened is None else self._checked(key, opened)
             if checked is None:
-                continue
-            approval = checked[0]
-            if approval.run_id != run_id:
+                return None
+            if run_id is not None and checked[0].run_id != run_id:
                 raise IntegrityFailure("approval names another run than its label")
-            if status is None or approval.status_at(now) == status:
-                found.append((approval, metadata.key_digest))
-        found.sort(key=lambda pair: (pair[0].requested_at, pair[1]), reverse=True)
-        return [approval for approval, _ in found[: min(limit, MAX_LIST_LIMIT)]]
+            if wanted is not None and checked[0].status_at(now) is not wanted:
+                return None
+            return checked[0]
+
+        return read_page(self._store, scope, APPROVALS, filters, listed, cursor=cursor, limit=limit)
 
     def approval_receipt(self, approval: Approval) -> ApprovalReceipt:
         """Build the auditor's receipt: keyed digests and times only, never the plaintext.

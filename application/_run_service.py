@@ -33,6 +33,7 @@ from flowvault.application._graph import (
     require_integrity,
     run_stream,
 )
+from flowvault.application._paging import Page, PageScope, read_page
 from flowvault.application._receipts import ReceiptSigner, sign_terminal_receipt
 from flowvault.application._records import (
     MAX_LIST_LIMIT,
@@ -41,7 +42,6 @@ from flowvault.application._records import (
     Guard,
     LabelFilter,
     LabelValue,
-    Order,
     RecordMetadata,
     UnitOfWork,
     Upsert,
@@ -115,14 +115,6 @@ class RunEventPage:
     events: tuple[LedgerEvent, ...]
     next_cursor: int | None
     gap: bool
-
-
-@dataclass(frozen=True, slots=True)
-class GraphRunPage:
-    """One page of runs, most recently written first, and the cursor for the next page."""
-
-    runs: tuple[GraphRun, ...]
-    next_cursor: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -753,15 +745,30 @@ class RunService:
 
     def list_runs(
         self, status: str | None = None, *, cursor: str | None = None, limit: int = 50
-    ) -> GraphRunPage:
-        """Return one page of runs, optionally of one status, most recently written first."""
+    ) -> Page[GraphRun]:
+        """Return one page of runs, optionally of one status.
+
+        Most recently written first (ties by key digest), at most ``limit``
+        (capped at 200); pass ``next_cursor`` back for the next page. A run
+        deleted while it is listed is skipped; one whose row does not verify,
+        names another run or is older than its stream says is reported in
+        ``unreadable`` by key digest, and the rest are listed.
+
+        Raises:
+            InvalidInput: an unknown status, a limit below 1, or a cursor that
+                is malformed or was issued for another listing or status.
+
+        """
         filters = [] if status is None else [LabelFilter("status", _check_status(status))]
-        page = self._store.list(
-            GRAPH_RUNS, filters=filters, order=Order.WRITTEN_AT_DESC, cursor=cursor, limit=limit
-        )
-        runs = tuple(self._checked(self._listed_run(meta)) for meta in page.items)
-        return GraphRunPage(
-            runs=tuple(run for run in runs if run is not None), next_cursor=page.next_cursor
+        scope = PageScope(GRAPH_RUNS, () if status is None else (status,))
+        return read_page(
+            self._store,
+            scope,
+            GRAPH_RUNS,
+            filters,
+            lambda metadata: self._checked(self._listed_run(metadata)),
+            cursor=cursor,
+            limit=limit,
         )
 
     def _checked(self, listed: _LoadedRun | None) -> GraphRun | None:

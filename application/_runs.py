@@ -8,7 +8,6 @@ than read as never saved.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from functools import partial
 
@@ -20,11 +19,11 @@ from flowvault.application._freshness import (
     record_payload,
     record_stream,
 )
+from flowvault.application._paging import Page, PageScope, read_page
 from flowvault.application._records import (
     FilterOp,
     Guard,
     LabelFilter,
-    Order,
     RecordMetadata,
     UnitOfWork,
 )
@@ -68,14 +67,6 @@ def _instant(since: date | datetime) -> datetime:
             raise InvalidInput("since must be a date or a timezone-aware datetime")
         return since
     return datetime(since.year, since.month, since.day, tzinfo=UTC)
-
-
-@dataclass(frozen=True, slots=True)
-class RunPage:
-    """One page of runs, newest first, and the cursor for the next page."""
-
-    runs: tuple[WorkflowResult, ...]
-    next_cursor: str | None
 
 
 class RunRepository:
@@ -158,46 +149,50 @@ class RunRepository:
         since: date | datetime | None = None,
         cursor: str | None = None,
         limit: int = 50,
-    ) -> RunPage:
-        """Return runs newest-saved first, optionally only those finished at or after ``since``.
+    ) -> Page[WorkflowResult]:
+        """Return one page of runs, optionally only those finished at or after ``since``.
 
-        Each row is checked against its record stream; a row deleted while
-        it is listed is skipped.
+        Most recently saved first (ties by key digest), at most ``limit``
+        (capped at 200); pass ``next_cursor`` back for the next page. A row
+        deleted while it is listed is skipped; one that does not verify, names
+        another run or is older than its record stream says is reported in
+        ``unreadable`` by key digest, and the rest are listed.
 
         Raises:
-            IntegrityFailure: a row does not verify, names another run, or is
-                older than its record stream says.
+            InvalidInput: a malformed ``since`` or ``limit``, or a cursor that
+                is malformed or was issued for another listing or ``since``.
 
         """
         filters = []
         if since is not None:
             filters.append(LabelFilter("finished_at", _micros(_instant(since)), FilterOp.GE))
-        page = self._store.list(
-            RUNS, filters=filters, order=Order.WRITTEN_AT_DESC, cursor=cursor, limit=limit
+        scope = PageScope(RUNS, tuple(label.value for label in filters))
+        return read_page(
+            self._store, scope, RUNS, filters, self._listed, cursor=cursor, limit=limit
         )
-        runs = []
-        for metadata in page.items:
-            listed = self._open_row(metadata)
-            opened = (
-                None
-                if listed is None
-                else self._fresh.check_listed(
-                    self._store,
-                    record_stream(RESULT_KIND, metadata.key_digest),
-                    listed,
-                    partial(self._open_row, metadata),
-                )
+
+    def _listed(self, metadata: RecordMetadata) -> WorkflowResult | None:
+        """Open and check one listed run; ``None`` if it vanished since the listing."""
+        listed = self._open_row(metadata)
+        opened = (
+            None
+            if listed is None
+            else self._fresh.check_listed(
+                self._store,
+                record_stream(RESULT_KIND, metadata.key_digest),
+                listed,
+                partial(self._open_row, metadata),
             )
-            if opened is None:
-                continue
-            document = opened.document
-            claimed = document.get("run_id") if isinstance(document, dict) else None
-            if not isinstance(claimed, str) or self._repo.key_digest(RUNS, claimed) != (
-                metadata.key_digest
-            ):
-                raise IntegrityFailure("stored run names another run than its key")
-            runs.append(self._verified(document, claimed))
-        return RunPage(runs=tuple(runs), next_cursor=page.next_cursor)
+        )
+        if opened is None:
+            return None
+        document = opened.document
+        claimed = document.get("run_id") if isinstance(document, dict) else None
+        if not isinstance(claimed, str) or self._repo.key_digest(RUNS, claimed) != (
+            metadata.key_digest
+        ):
+            raise IntegrityFailure("stored run names another run than its key")
+        return self._verified(document, claimed)
 
     def _open_row(self, metadata: RecordMetadata) -> SealedDocument | None:
         """Open a listed row, or ``None`` if it vanished since the listing."""

@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from flowvault.application._compaction import compact_after_commit
+from flowvault.application._cursor import effective_limit
 from flowvault.application._freshness import (
     ACTION_RESULT_KIND,
     IDEMPOTENCY_KIND,
@@ -29,14 +30,13 @@ from flowvault.application._freshness import (
     record_stream,
 )
 from flowvault.application._graph import RETENTION_TOMBSTONE
+from flowvault.application._paging import Page, PageScope, read_page
 from flowvault.application._records import (
-    MAX_LIST_LIMIT,
     Delete,
     FilterOp,
     Guard,
     LabelFilter,
     LabelValue,
-    Order,
     RecordMetadata,
     UnitOfWork,
     Upsert,
@@ -49,7 +49,7 @@ from flowvault.application._streams import (
     next_position,
     read_stream,
 )
-from flowvault.application._verified import verified_events
+from flowvault.application._verified import verified_events, verified_page
 from flowvault.application._write_cache import WriteCache
 from flowvault.application.ports import Clock, IdFactory
 from flowvault.domain import (
@@ -90,6 +90,7 @@ DEFAULT_RETENTION = timedelta(hours=24)
 MIN_RETENTION = timedelta(seconds=1)
 MAX_RETENTION = timedelta(days=30)
 PURGE_BATCH = 100
+EVENT_PAGE = 200
 LEDGER_RETRIES = 8
 """How often a write is rebuilt when only the ledger head moved under it."""
 
@@ -272,33 +273,33 @@ class WorkflowService:
         """Return the workflow's current record; ``NotFound`` if there is none."""
         return self._load(workflow_id)
 
-    def list_workflows(self, state: str | None = None, limit: int = 50) -> list[WorkflowRecord]:
-        """Return workflows, optionally only those in ``state``, most recently written first.
+    def list_workflows(
+        self, state: str | None = None, limit: int = 50, *, cursor: str | None = None
+    ) -> Page[WorkflowRecord]:
+        """Return one page of workflows, optionally only those in ``state``.
 
-        At most ``limit`` (capped at 200); a workflow deleted while it is
-        listed is skipped.
+        Most recently written first (ties by key digest), at most ``limit``
+        (capped at 200); pass ``next_cursor`` back to read the next page. A
+        workflow deleted while it is listed is skipped; one whose row does not
+        verify, names another workflow or is older than its stream says is
+        reported in ``unreadable`` by key digest, and the rest are listed.
 
         Raises:
-            InvalidInput: ``limit`` is not a positive integer, or ``state`` is no label text.
-            IntegrityFailure: a record does not verify or names another workflow.
+            InvalidInput: ``limit`` is not a positive integer, ``state`` is no
+                label text, or ``cursor`` is malformed or was issued for
+                another listing or state.
 
         """
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidInput("limit must be a positive integer")
         filters = [] if state is None else [LabelFilter("state", state)]
-        page = self._store.list(
-            WORKFLOWS,
-            filters=filters,
-            order=Order.WRITTEN_AT_DESC,
-            limit=min(limit, MAX_LIST_LIMIT),
+        scope = PageScope(WORKFLOWS, () if state is None else (state,))
+        return read_page(
+            self._store, scope, WORKFLOWS, filters, self._listed_record, cursor=cursor, limit=limit
         )
-        records = []
-        for metadata in page.items:
-            listed = self._listed(metadata)
-            loaded = None if listed is None else self._checked(listed)
-            if loaded is not None:
-                records.append(loaded.record)
-        return records
+
+    def _listed_record(self, metadata: RecordMetadata) -> WorkflowRecord | None:
+        listed = self._listed(metadata)
+        loaded = None if listed is None else self._checked(listed)
+        return None if loaded is None else loaded.record
 
     def _checked(self, listed: _Loaded) -> _Loaded | None:
         """Check a listed row against its stream, reading it again only if it looked stale."""
@@ -735,6 +736,36 @@ class WorkflowService:
         if not verify:
             return list(read_stream(self._store, stream_of(workflow_id)))
         return verified_events(self._store, stream_of(workflow_id), self._repo)
+
+    def event_page(
+        self, workflow_id: str, cursor: str | None = None, limit: int = EVENT_PAGE
+    ) -> Page[LedgerEvent]:
+        """Return one page of the workflow's retained ledger, oldest first, verified under the key.
+
+        Events come in index order, at most ``limit`` (capped at 200); pass
+        ``next_cursor`` back for the next page. Each page is verified against
+        the event before it, so paging costs what it reads. A stream that
+        fails verification is one defect, not one bad item: it raises.
+
+        Raises:
+            InvalidInput: ``limit`` is not a positive integer, or ``cursor`` is
+                malformed or was issued for another listing.
+            NotFound: no such workflow.
+            IntegrityFailure: the page or its link to the event before it
+                fails verification; ``details`` name the first bad index.
+
+        """
+        self._load(workflow_id)
+        stream = stream_of(workflow_id)
+        scope = PageScope("workflow-events", (stream,))
+        page = verified_page(
+            self._store,
+            stream,
+            self._repo,
+            from_index=scope.index(cursor),
+            limit=effective_limit(limit),
+        )
+        return Page(page.events, (), scope.issue(page.next_index))
 
     # -- action results -------------------------------------------------------
 

@@ -14,7 +14,8 @@ from flowvault.domain import InvalidInput
 
 EXIT_CODES = """exit codes:
   0  success
-  1  a flowvault error (its code and a fix are printed) or a declined confirmation
+  1  a flowvault error (its code and a fix are printed), a declined confirmation,
+     or a listing that could not read some rows (printed after the rows)
   2  usage error
   141  the reader of stdout stopped early (a closed pipe); the rest of the output is dropped
 """

@@ -10,6 +10,7 @@ from typing import TypeVar
 from flowvault.adapters.cli import (
     CommandIO,
     DecideRequest,
+    PageRequest,
     approvals_decide_command,
     approvals_expire_command,
     approvals_list_command,
@@ -18,10 +19,12 @@ from flowvault.adapters.cli import (
     approvals_signed_command,
     approvals_statement_command,
     read_text_file,
+    runs_events_command,
     runs_list_command,
     runs_receipt_command,
     runs_show_command,
     verify_decision_command,
+    workflows_events_command,
     workflows_list_command,
     workflows_show_command,
 )
@@ -38,6 +41,7 @@ SIGNATURE_BYTES = 64
 SIGNATURE_FILE_LIMIT = 256
 
 DEFAULT_LIMIT = 50
+EVENT_LIMIT = 200
 COLD_NOTE = "On a cold root it creates nothing."
 
 
@@ -69,7 +73,7 @@ def _workflows_list(args: argparse.Namespace, settings: Settings, io: CommandIO)
     return _with(
         settings,
         _workflows,
-        lambda found: workflows_list_command(found, args.state, args.limit, io),
+        lambda found: workflows_list_command(found, args.state, _page_request(args), io),
     )
 
 
@@ -77,9 +81,19 @@ def _workflows_show(args: argparse.Namespace, settings: Settings, io: CommandIO)
     return _with(settings, _workflows, lambda found: workflows_show_command(found, args.id, io))
 
 
+def _workflows_events(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
+    return _with(
+        settings,
+        _workflows,
+        lambda found: workflows_events_command(found, args.id, _page_request(args), io),
+    )
+
+
 def _runs_list(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
     return _with(
-        settings, _runs, lambda found: runs_list_command(found, args.status, args.limit, io)
+        settings,
+        _runs,
+        lambda found: runs_list_command(found, args.status, _page_request(args), io),
     )
 
 
@@ -91,11 +105,19 @@ def _runs_receipt(args: argparse.Namespace, settings: Settings, io: CommandIO) -
     return _with(settings, _runs, lambda found: runs_receipt_command(found, args.run_id, io))
 
 
+def _runs_events(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
+    return _with(
+        settings,
+        _runs,
+        lambda found: runs_events_command(found, args.run_id, _page_request(args), io),
+    )
+
+
 def _approvals_list(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
     return _with(
         settings,
         _approvals,
-        lambda found: approvals_list_command(found, args.run, args.status, args.limit, io),
+        lambda found: approvals_list_command(found, args.run, args.status, _page_request(args), io),
     )
 
 
@@ -174,13 +196,23 @@ def _group(verbs: Verbs, name: str, help: str) -> Verbs:
     return group.add_subparsers(dest=f"{name}_verb", required=True, metavar="VERB")
 
 
-def _limit(parser: argparse.ArgumentParser) -> None:
+def _paging(parser: argparse.ArgumentParser, default: int = DEFAULT_LIMIT) -> None:
     parser.add_argument(
         "--limit",
         type=int,
-        default=DEFAULT_LIMIT,
-        help=f"at most this many (default {DEFAULT_LIMIT}, capped at 200)",
+        default=default,
+        help=f"at most this many per page (default {default}, capped at 200)",
     )
+    parser.add_argument(
+        "--cursor", metavar="TOKEN", help="start at this page: the next_cursor a listing printed"
+    )
+    parser.add_argument(
+        "--all", action="store_true", help="page through every page (from --cursor on, if given)"
+    )
+
+
+def _page_request(args: argparse.Namespace) -> PageRequest:
+    return PageRequest(limit=args.limit, cursor=args.cursor, all_pages=args.all)
 
 
 def _register_workflows(verbs: Verbs) -> None:
@@ -194,7 +226,7 @@ def _register_workflows(verbs: Verbs) -> None:
         handler=_workflows_list,
     )
     listing.add_argument("--state", help="only workflows in this state, e.g. 'decision'")
-    _limit(listing)
+    _paging(listing)
     show = add_verb(
         group,
         "show",
@@ -204,6 +236,17 @@ def _register_workflows(verbs: Verbs) -> None:
         handler=_workflows_show,
     )
     show.add_argument("id", help="the workflow id")
+    events = add_verb(
+        group,
+        "events",
+        help="list one workflow's verified events, oldest first",
+        description="List one workflow's ledger events by index, type, states, time and hash, "
+        "oldest first, each page verified against the event before it. Never prints an "
+        "event's payload.",
+        handler=_workflows_events,
+    )
+    events.add_argument("id", help="the workflow id")
+    _paging(events, default=EVENT_LIMIT)
 
 
 def _register_runs(verbs: Verbs) -> None:
@@ -217,7 +260,7 @@ def _register_runs(verbs: Verbs) -> None:
         handler=_runs_list,
     )
     listing.add_argument("--status", choices=sorted(RUN_LIFECYCLE.states), help="only this status")
-    _limit(listing)
+    _paging(listing)
     show = add_verb(
         group,
         "show",
@@ -240,6 +283,18 @@ def _register_runs(verbs: Verbs) -> None:
     )
     receipt.add_argument("run_id", help="the run id")
 
+    events = add_verb(
+        group,
+        "events",
+        help="list one run's verified events, oldest first",
+        description="List one run's events by index, type, states, time and hash, oldest "
+        "first, each page verified against the event before it. The cursor is the index of "
+        "the next event. Never prints an event's payload.",
+        handler=_runs_events,
+    )
+    events.add_argument("run_id", help="the run id")
+    _paging(events, default=EVENT_LIMIT)
+
 
 def _register_approvals(verbs: Verbs) -> None:
     group = _group(verbs, "approvals", "list, inspect and decide approval requests")
@@ -247,13 +302,14 @@ def _register_approvals(verbs: Verbs) -> None:
     listing = add_verb(
         group,
         "list",
-        help="list a run's approvals, newest request first",
-        description="List the approvals of one run by id, status and times. " + COLD_NOTE,
+        help="list approvals, of one run or of all, most recently written first",
+        description="List approvals by id, status, times and run, most recently written "
+        "first (a request or a decision writes one). " + COLD_NOTE,
         handler=_approvals_list,
     )
-    listing.add_argument("--run", required=True, metavar="RUN_ID", help="the run id")
+    listing.add_argument("--run", metavar="RUN_ID", help="only this run's approvals")
     listing.add_argument("--status", choices=statuses, help="only this status")
-    _limit(listing)
+    _paging(listing)
     show = add_verb(
         group,
         "show",

@@ -2,6 +2,7 @@
 
 from flowvault.adapters.cli._browse import (
     DecideRequest,
+    PageRequest,
     approvals_decide_command,
     approvals_expire_command,
     approvals_list_command,
@@ -9,10 +10,12 @@ from flowvault.adapters.cli._browse import (
     approvals_show_command,
     approvals_signed_command,
     approvals_statement_command,
+    runs_events_command,
     runs_list_command,
     runs_receipt_command,
     runs_show_command,
     verify_decision_command,
+    workflows_events_command,
     workflows_list_command,
     workflows_show_command,
 )
@@ -67,6 +70,7 @@ __all__ = [
     "DemoStep",
     "InitReport",
     "KeyEntry",
+    "PageRequest",
     "ResetRequest",
     "Severity",
     "StepFailed",
@@ -100,6 +104,7 @@ __all__ = [
     "read_text_file",
     "reset_progress_command",
     "rotate_key_command",
+    "runs_events_command",
     "runs_list_command",
     "runs_receipt_command",
     "runs_show_command",
@@ -107,6 +112,7 @@ __all__ = [
     "signing_key_command",
     "status_command",
     "verify_decision_command",
+    "workflows_events_command",
     "workflows_list_command",
     "workflows_show_command",
 ]

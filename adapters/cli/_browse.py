@@ -9,13 +9,20 @@ empty and ``show``/``decide`` report ``NOT_FOUND``; nothing is created.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeVar
 
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._ledger import terminal_receipt_document
-from flowvault.application import ApprovalService, ReceiptVerifier, RunService, WorkflowService
+from flowvault.application import (
+    ApprovalService,
+    Page,
+    ReceiptVerifier,
+    RunService,
+    WorkflowService,
+)
 from flowvault.domain import (
     Approval,
     ApprovalReceipt,
@@ -32,6 +39,7 @@ from flowvault.domain import (
 )
 
 Fields = dict[str, JsonValue]
+T = TypeVar("T")
 
 COLD_ROOT = "cold root: no store exists yet"
 
@@ -70,22 +78,65 @@ def _cold(what: str) -> NotFound:
     return NotFound(f"no such {what} ({COLD_ROOT})")
 
 
+@dataclass(frozen=True, slots=True)
+class PageRequest:
+    """Which page a ``list`` verb prints: from ``cursor`` (or the start), or every page."""
+
+    limit: int
+    cursor: str | None = None
+    all_pages: bool = False
+
+
+def _read_pages(fetch: Callable[[str | None], Page[T]], request: PageRequest) -> Page[T]:
+    """Read the requested page, or with ``all_pages`` every page from the cursor on."""
+    page = fetch(request.cursor)
+    if not request.all_pages:
+        return page
+    items, unreadable = list(page.items), list(page.unreadable)
+    while page.next_cursor is not None:
+        page = fetch(page.next_cursor)
+        items += page.items
+        unreadable += page.unreadable
+    return Page(tuple(items), tuple(unreadable), None)
+
+
 def _listing(
     io: CommandIO,
     noun: str,
     columns: Sequence[str],
-    rows: Sequence[Fields],
-    *,
-    cold_root: bool,
+    page: Page[Fields] | None,
 ) -> int:
-    """Print rows as one JSON document or a table; an empty result says so."""
+    """Print rows, then the next cursor and the unreadable items; exit 1 if any was unreadable.
+
+    ``page`` is ``None`` on a cold root. An empty result says so.
+    """
+    rows = [] if page is None else list(page.items)
+    unreadable = () if page is None else page.unreadable
+    next_cursor = None if page is None else page.next_cursor
     if io.json_output:
-        io.emit({noun: list(rows), "count": len(rows), "cold_root": cold_root}, [])
+        document = {
+            noun: rows,
+            "count": len(rows),
+            "cold_root": page is None,
+            "next_cursor": next_cursor,
+            "unreadable": [
+                {"key_digest": item.key_digest, "code": item.code} for item in unreadable
+            ],
+        }
+        io.emit(document, [])
     elif rows:
         io.table(noun, columns, [[_text(row[column]) for column in columns] for row in rows])
     else:
-        io.say(f"no {noun}" + (f" ({COLD_ROOT})" if cold_root else ""))
-    return 0
+        io.say(f"no {noun}" + (f" ({COLD_ROOT})" if page is None else ""))
+    if next_cursor is not None:
+        io.say(f"next_cursor: {next_cursor}")
+    for item in unreadable:
+        io.say(f"unreadable: {item.key_digest} {item.code}")
+    return 1 if unreadable else 0
+
+
+def _rows(page: Page[T], row: Callable[[T], Fields]) -> Page[Fields]:
+    return Page(tuple(map(row, page.items)), page.unreadable, page.next_cursor)
 
 
 # -- workflows -----------------------------------------------------------------
@@ -118,12 +169,15 @@ def _workflow_detail(record: WorkflowRecord, events: Sequence[LedgerEvent]) -> F
 
 
 def workflows_list_command(
-    workflows: WorkflowService | None, state: str | None, limit: int, io: CommandIO
+    workflows: WorkflowService | None, state: str | None, request: PageRequest, io: CommandIO
 ) -> int:
     """List workflows, newest written first; ``workflows`` is ``None`` on a cold root."""
-    records = [] if workflows is None else workflows.list_workflows(state, limit)
-    rows = [_workflow_row(record) for record in records]
-    return _listing(io, "workflows", WORKFLOW_COLUMNS, rows, cold_root=workflows is None)
+    if workflows is None:
+        return _listing(io, "workflows", WORKFLOW_COLUMNS, None)
+    page = _read_pages(
+        lambda cursor: workflows.list_workflows(state, request.limit, cursor=cursor), request
+    )
+    return _listing(io, "workflows", WORKFLOW_COLUMNS, _rows(page, _workflow_row))
 
 
 def workflows_show_command(
@@ -136,6 +190,33 @@ def workflows_show_command(
     fields = _workflow_detail(record, workflows.events(workflow_id))
     io.emit({"workflow": fields}, _detail_lines(f"workflow {workflow_id}", fields))
     return 0
+
+
+EVENT_COLUMNS = ("index", "type", "from_state", "to_state", "occurred_at", "event_hash")
+
+
+def _event_row(event: LedgerEvent) -> Fields:
+    """Return an event's position, type, states, time and hash: never its payload."""
+    return {
+        "index": event.index,
+        "type": event.type,
+        "from_state": event.from_state,
+        "to_state": event.to_state,
+        "occurred_at": _instant(event.occurred_at),
+        "event_hash": event.event_hash,
+    }
+
+
+def workflows_events_command(
+    workflows: WorkflowService | None, workflow_id: str, request: PageRequest, io: CommandIO
+) -> int:
+    """List a workflow's verified events in index order; ``None`` is a cold root."""
+    if workflows is None:
+        raise _cold("workflow")
+    page = _read_pages(
+        lambda cursor: workflows.event_page(workflow_id, cursor, request.limit), request
+    )
+    return _listing(io, "events", EVENT_COLUMNS, _rows(page, _event_row))
 
 
 # -- runs ----------------------------------------------------------------------
@@ -185,12 +266,15 @@ def _receipt_fields(receipt: TerminalReceipt | None) -> Fields:
 
 
 def runs_list_command(
-    runs: RunService | None, status: str | None, limit: int, io: CommandIO
+    runs: RunService | None, status: str | None, request: PageRequest, io: CommandIO
 ) -> int:
     """List graph runs, newest written first; ``runs`` is ``None`` on a cold root."""
-    found = () if runs is None else runs.list_runs(status, limit=limit).runs
-    rows = [_run_row(run) for run in found]
-    return _listing(io, "runs", RUN_COLUMNS, rows, cold_root=runs is None)
+    if runs is None:
+        return _listing(io, "runs", RUN_COLUMNS, None)
+    page = _read_pages(
+        lambda cursor: runs.list_runs(status, cursor=cursor, limit=request.limit), request
+    )
+    return _listing(io, "runs", RUN_COLUMNS, _rows(page, _run_row))
 
 
 def runs_show_command(runs: RunService | None, run_id: str, io: CommandIO) -> int:
@@ -222,6 +306,25 @@ def runs_receipt_command(runs: RunService | None, run_id: str, io: CommandIO) ->
     return 0
 
 
+def _run_events(runs: RunService, run_id: str, cursor: str | None, limit: int) -> Page[Fields]:
+    """One page of a run's events; its cursor is the index of the next event, as text."""
+    if cursor is not None and not (cursor.isascii() and cursor.isdigit()):
+        raise InvalidInput("a run events cursor is the index of the next event")
+    page = runs.read_run_events(run_id, None if cursor is None else int(cursor), limit)
+    following = None if page.next_cursor is None else str(page.next_cursor)
+    return Page(tuple(map(_event_row, page.events)), (), following)
+
+
+def runs_events_command(
+    runs: RunService | None, run_id: str, request: PageRequest, io: CommandIO
+) -> int:
+    """List a run's verified events in index order; ``None`` is a cold root."""
+    if runs is None:
+        raise _cold("run")
+    page = _read_pages(lambda cursor: _run_events(runs, run_id, cursor, request.limit), request)
+    return _listing(io, "events", EVENT_COLUMNS, page)
+
+
 # -- approvals -----------------------------------------------------------------
 
 APPROVAL_COLUMNS = (
@@ -231,6 +334,7 @@ APPROVAL_COLUMNS = (
     "expires_at",
     "decided_at",
     "allowed_decision_count",
+    "run_id",
 )
 
 
@@ -243,6 +347,10 @@ def _approval_row(approval: Approval, status: ApprovalStatus) -> Fields:
         "decided_at": _instant(approval.decided_at),
         "allowed_decision_count": len(approval.allowed_decisions),
     }
+
+
+def _approval_list_row(approval: Approval, status: ApprovalStatus) -> Fields:
+    return {**_approval_row(approval, status), "run_id": approval.run_id}
 
 
 def _approval_detail(
@@ -275,22 +383,21 @@ def _show_approval(approvals: ApprovalService, approval: Approval, io: CommandIO
 
 def approvals_list_command(
     approvals: ApprovalService | None,
-    run_id: str,
+    run_id: str | None,
     status: str | None,
-    limit: int,
+    request: PageRequest,
     io: CommandIO,
 ) -> int:
-    """List a run's approvals, newest request first; ``approvals`` is ``None`` on a cold root."""
+    """List approvals, of one run or all, newest written first; ``None`` is a cold root."""
+    if approvals is None:
+        return _listing(io, "approvals", APPROVAL_COLUMNS, None)
     wanted = None if status is None else ApprovalStatus(status)
-    rows = (
-        []
-        if approvals is None
-        else [
-            _approval_row(approval, approvals.status_of(approval))
-            for approval in approvals.list_approvals(run_id, wanted, limit)
-        ]
+    page = _read_pages(
+        lambda cursor: approvals.list_approvals(run_id, wanted, request.limit, cursor=cursor),
+        request,
     )
-    return _listing(io, "approvals", APPROVAL_COLUMNS, rows, cold_root=approvals is None)
+    rows = _rows(page, lambda approval: _approval_list_row(approval, approvals.status_of(approval)))
+    return _listing(io, "approvals", APPROVAL_COLUMNS, rows)
 
 
 def approvals_show_command(

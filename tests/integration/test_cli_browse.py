@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import io
 import json
+import sqlite3
 import subprocess
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -20,6 +22,7 @@ import pytest
 from cli_helpers import FLOWVAULT, cli_env
 
 from flowvault.adapters.cli import CommandIO, DecideRequest, approvals_decide_command
+from flowvault.application import APPROVALS, GRAPH_RUNS, WORKFLOWS
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import Approval, ApprovalStatus, InvalidInput, WorkOrder, content_hash
 
@@ -198,8 +201,10 @@ def prepared(home: Path) -> Prepared:
 VERBS = [
     ["workflows", "list"],
     ["workflows", "show"],
+    ["workflows", "events"],
     ["runs", "list"],
     ["runs", "show"],
+    ["runs", "events"],
     ["approvals", "list"],
     ["approvals", "show"],
     ["approvals", "decide"],
@@ -220,14 +225,14 @@ def test_every_verb_has_help_with_json_and_exit_codes(tmp_path: Path, verb: list
     "args",
     [
         ["runs", "list", "--status", "bogus"],
-        ["approvals", "list"],
+        ["approvals", "list", "--limit", "many"],
         ["approvals", "decide", "a1", "--actor", "x"],
         ["workflows"],
     ],
     ids=" ".join,
 )
 def test_usage_errors_exit_2(tmp_path: Path, args: list[str]) -> None:
-    """A bad status, a missing required option or a missing leaf verb is a usage error."""
+    """A bad status or limit, a missing required option or a missing leaf verb is a usage error."""
     assert _run(tmp_path, tmp_path / "home", *args).returncode == 2
 
 
@@ -247,7 +252,13 @@ def test_cold_root_lists_are_empty_and_create_nothing(
     """On a home that does not exist every list is empty, exits 0 and creates nothing."""
     home = tmp_path / "absent" / "home"
     document = _document(_run(tmp_path, home, *args, "--json"))
-    assert document == {key: [], "count": 0, "cold_root": True}
+    assert document == {
+        key: [],
+        "count": 0,
+        "cold_root": True,
+        "next_cursor": None,
+        "unreadable": [],
+    }
     human = _run(tmp_path, home, *args)
     assert human.returncode == 0
     assert human.stdout == f"no {key} (cold root: no store exists yet)\n"
@@ -259,7 +270,9 @@ def test_cold_root_lists_are_empty_and_create_nothing(
     "args",
     [
         ["workflows", "show", "w1"],
+        ["workflows", "events", "w1"],
         ["runs", "show", "run-1"],
+        ["runs", "events", "run-1"],
         ["approvals", "show", "a1"],
         ["approvals", "decide", "a1", "--decision", "approve", "--actor", ACTOR, "--yes"],
     ],
@@ -392,7 +405,7 @@ def test_runs_show_paused_and_finished(tmp_path: Path, home: Path, prepared: Pre
 
 
 def test_approvals_list(tmp_path: Path, home: Path, prepared: Prepared) -> None:
-    """A run's approvals list newest request first, filtered by --status."""
+    """A run's approvals list most recently written first, filtered by --status."""
     args = ["approvals", "list", "--run", prepared.paused_run]
     rows = _rows(_run(tmp_path, home, *args, "--json"), "approvals")
     assert [row["approval_id"] for row in rows] == [prepared.spare_approval, prepared.approval]
@@ -408,7 +421,8 @@ def test_approvals_list(tmp_path: Path, home: Path, prepared: Prepared) -> None:
     lines = human.stdout.splitlines()
     assert lines[0].split("\t")[:2] == ["approval_id", "status"]
     assert lines[1].startswith(f"{prepared.spare_approval}\tpending\t")
-    assert len(lines) == 2
+    assert lines[2].startswith("next_cursor: ")
+    assert len(lines) == 3
     assert _run(tmp_path, home, *args, "--status", "expired").stdout == "no approvals\n"
 
 
@@ -567,13 +581,215 @@ def test_list_workflows_orders_filters_and_caps(tmp_path: Path) -> None:
         service = runtime.workflows
         ids = [service.create(_order(str(n)))[0].workflow_id for n in range(201)]
         service.transition(ids[0], "planning", expected_state="intake", expected_version=1)
-        newest = service.list_workflows(limit=3)
+        newest = service.list_workflows(limit=3).items
         assert [record.workflow_id for record in newest] == [ids[0], ids[200], ids[199]]
         assert newest[0] == service.get(ids[0])
-        assert [r.workflow_id for r in service.list_workflows("planning")] == [ids[0]]
-        assert service.list_workflows("executing") == []
-        assert len(service.list_workflows("intake", limit=1000)) == 200
-        assert len(service.list_workflows()) == 50
+        assert [r.workflow_id for r in service.list_workflows("planning").items] == [ids[0]]
+        assert service.list_workflows("executing").items == ()
+        assert len(service.list_workflows("intake", limit=1000).items) == 200
+        assert len(service.list_workflows().items) == 50
         for bad in (0, -1, True):
             with pytest.raises(InvalidInput):
                 service.list_workflows(limit=bad)
+
+
+# -- paging and unreadable rows --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One ``list`` verb: its arguments, its JSON key and the column naming a row."""
+
+    args: tuple[str, ...]
+    key: str
+    column: str
+
+
+PAGED = [
+    Listed(("workflows", "list"), "workflows", "workflow_id"),
+    Listed(("runs", "list"), "runs", "run_id"),
+    Listed(("approvals", "list"), "approvals", "approval_id"),
+]
+
+
+@pytest.mark.parametrize("case", PAGED, ids=["workflows", "runs", "approvals"])
+def test_lists_page_with_a_cursor_or_all_at_once(
+    tmp_path: Path, home: Path, prepared: Prepared, case: Listed
+) -> None:
+    """--limit 1 prints one row and the next cursor; --cursor continues; --all reads every page."""
+    del prepared
+    args, key, column = case.args, case.key, case.column
+    first = _document(_run(tmp_path, home, *args, "--limit", "1", "--json"))
+    cursor = first["next_cursor"]
+    assert isinstance(cursor, str)
+    assert first["count"] == 1
+    second = _document(_run(tmp_path, home, *args, "--limit", "1", "--cursor", cursor, "--json"))
+    assert second["next_cursor"] is None
+    whole = _rows(_run(tmp_path, home, *args, "--all", "--limit", "1", "--json"), key)
+    listed = [row[column] for row in [*first[key], *second[key]]]  # type: ignore[misc]
+    assert [row[column] for row in whole] == listed
+    assert len(set(listed)) == 2
+    human = _run(tmp_path, home, *args, "--limit", "1")
+    assert human.returncode == 0
+    assert human.stdout.splitlines()[-1] == f"next_cursor: {cursor}"
+    everything = _run(tmp_path, home, *args, "--all", "--limit", "1")
+    assert "next_cursor" not in everything.stdout
+    assert len(everything.stdout.splitlines()) == 3
+
+
+def test_a_cursor_of_another_listing_is_invalid_input(
+    tmp_path: Path, home: Path, prepared: Prepared
+) -> None:
+    """A workflows cursor does not page runs, nor workflows of another state; junk is refused."""
+    del prepared
+    cursor = _document(_run(tmp_path, home, "workflows", "list", "--limit", "1", "--json"))
+    token = str(cursor["next_cursor"])
+    for args in (
+        ["runs", "list", "--cursor", token],
+        ["workflows", "list", "--state", "planning", "--cursor", token],
+        ["approvals", "list", "--cursor", token],
+        ["workflows", "list", "--cursor", "junk"],
+    ):
+        assert _error_code(_run(tmp_path, home, *args, "--json")) == "INVALID_INPUT"
+
+
+def test_approvals_list_across_runs_and_by_status(
+    tmp_path: Path, home: Path, prepared: Prepared
+) -> None:
+    """Without --run every run's approvals are listed, each row naming its run."""
+    rows = _rows(_run(tmp_path, home, "approvals", "list", "--json"), "approvals")
+    assert [row["approval_id"] for row in rows] == [prepared.spare_approval, prepared.approval]
+    assert {row["run_id"] for row in rows} == {prepared.paused_run}
+    pending = _rows(
+        _run(tmp_path, home, "approvals", "list", "--status", "pending", "--json"), "approvals"
+    )
+    assert len(pending) == 2
+
+
+def test_workflows_list_all_reaches_past_200(tmp_path: Path, home: Path) -> None:
+    """230 workflows: one page stops at 200, --all lists every one."""
+    with bootstrap(_settings(home)) as runtime:
+        made = {runtime.workflows.create(_order(str(n)))[0].workflow_id for n in range(230)}
+    page = _document(_run(tmp_path, home, "workflows", "list", "--limit", "500", "--json"))
+    assert page["count"] == 200
+    assert isinstance(page["next_cursor"], str)
+    rows = _rows(
+        _run(tmp_path, home, "workflows", "list", "--all", "--limit", "200", "--json"), "workflows"
+    )
+    assert {row["workflow_id"] for row in rows} == made
+    assert len(rows) == 230
+
+
+def _damage(home: Path, namespace: str, key_digest: str) -> None:
+    """Flip one byte of a sealed row's payload in the SQLite file, as a disk fault could."""
+    with closing(sqlite3.connect(home / "data" / "flowvault.db")) as db, db:
+        (payload,) = db.execute(
+            "SELECT payload FROM records WHERE namespace = ? AND key_digest = ?",
+            (namespace, key_digest),
+        ).fetchone()
+        flipped = bytes([payload[0] ^ 0x01]) + payload[1:]
+        db.execute(
+            "UPDATE records SET payload = ? WHERE namespace = ? AND key_digest = ?",
+            (flipped, namespace, key_digest),
+        )
+
+
+@dataclass(frozen=True)
+class Damaged:
+    """A ``list`` verb, the namespace its rows live in, and which prepared row breaks."""
+
+    listed: Listed
+    namespace: str
+    broken: str
+    intact: str
+
+
+DAMAGED = [
+    Damaged(PAGED[0], WORKFLOWS, "done_workflow", "open_workflow"),
+    Damaged(PAGED[1], GRAPH_RUNS, "finished_run", "paused_run"),
+    Damaged(PAGED[2], APPROVALS, "approval", "spare_approval"),
+]
+
+
+@pytest.mark.parametrize("case", DAMAGED, ids=["workflows", "runs", "approvals"])
+def test_a_damaged_row_is_printed_after_the_rows_and_exits_1(
+    tmp_path: Path, home: Path, prepared: Prepared, case: Damaged
+) -> None:
+    """The other rows are listed; the damaged one follows as key digest and code; exit 1."""
+    broken, intact = getattr(prepared, case.broken), getattr(prepared, case.intact)
+    with bootstrap(_settings(home)) as runtime:
+        digest = runtime.repository.key_digest(case.namespace, broken)
+    _damage(home, case.namespace, digest)
+    args = case.listed.args
+    result = _run(tmp_path, home, *args, "--json")
+    assert result.returncode == 1
+    document = _document(result)
+    rows = document[case.listed.key]
+    assert isinstance(rows, list)
+    assert [row[case.listed.column] for row in rows] == [intact]
+    assert document["unreadable"] == [{"key_digest": digest, "code": "INTEGRITY_FAILURE"}]
+    human = _run(tmp_path, home, *args)
+    assert human.returncode == 1
+    lines = human.stdout.splitlines()
+    assert lines[1].startswith(intact + "\t")
+    assert lines[-1] == f"unreadable: {digest} INTEGRITY_FAILURE"
+    assert len(lines) == 3
+    assert broken not in human.stdout + human.stderr
+
+
+# -- events ----------------------------------------------------------------------
+
+
+def test_workflows_events_page_without_payloads(
+    tmp_path: Path, home: Path, prepared: Prepared
+) -> None:
+    """A workflow's events list oldest first, a page at a time; payloads never print."""
+    args = ["workflows", "events", prepared.done_workflow]
+    rows = _rows(_run(tmp_path, home, *args, "--json"), "events")
+    assert [(row["index"], row["type"], row["to_state"]) for row in rows] == [
+        (0, "workflow.created", "intake"),
+        (1, "workflow.transitioned", "stopped"),
+    ]
+    assert all(str(row["event_hash"]).startswith("sha256:") for row in rows)
+    first = _document(_run(tmp_path, home, *args, "--limit", "1", "--json"))
+    cursor = first["next_cursor"]
+    assert isinstance(cursor, str)
+    rest = _rows(_run(tmp_path, home, *args, "--cursor", cursor, "--json"), "events")
+    assert [row["index"] for row in rest] == [1]
+    assert _rows(_run(tmp_path, home, *args, "--all", "--limit", "1", "--json"), "events") == rows
+    other = ["workflows", "events", prepared.open_workflow, "--cursor", cursor, "--json"]
+    assert _error_code(_run(tmp_path, home, *other)) == "INVALID_INPUT"
+    unknown = _run(tmp_path, home, "workflows", "events", "nope", "--json")
+    assert _error_code(unknown) == "NOT_FOUND"
+    human = _run(tmp_path, home, *args)
+    assert human.returncode == 0
+    header = human.stdout.splitlines()[0].split("\t")
+    assert header == ["index", "type", "from_state", "to_state", "occurred_at", "event_hash"]
+
+
+def test_runs_events_page_by_index(tmp_path: Path, home: Path, prepared: Prepared) -> None:
+    """A run's events list oldest first; the cursor is the next event's index."""
+    args = ["runs", "events", prepared.paused_run]
+    rows = _rows(_run(tmp_path, home, *args, "--json"), "events")
+    assert [row["index"] for row in rows] == [0, 1, 2]
+    first = _document(_run(tmp_path, home, *args, "--limit", "2", "--json"))
+    assert first["next_cursor"] == "2"
+    rest = _rows(_run(tmp_path, home, *args, "--cursor", "2", "--json"), "events")
+    assert rest == rows[2:]
+    assert _rows(_run(tmp_path, home, *args, "--all", "--limit", "1", "--json"), "events") == rows
+    assert _error_code(_run(tmp_path, home, *args, "--cursor", "two", "--json")) == "INVALID_INPUT"
+    unknown = _run(tmp_path, home, "runs", "events", "no-such-run", "--json")
+    assert _error_code(unknown) == "NOT_FOUND"
+
+
+def test_a_broken_ledger_is_integrity_failure_not_a_partial_listing(
+    tmp_path: Path, home: Path, prepared: Prepared
+) -> None:
+    """An edited event fails the events listing as a whole: a chain is not a set of rows."""
+    with closing(sqlite3.connect(home / "data" / "flowvault.db")) as db, db:
+        db.execute(
+            "UPDATE ledger_events SET type = 'workflow.edited' WHERE stream = ? AND idx = 0",
+            (f"workflow/{prepared.open_workflow}",),
+        )
+    result = _run(tmp_path, home, "workflows", "events", prepared.open_workflow, "--json")
+    assert _error_code(result) == "INTEGRITY_FAILURE"

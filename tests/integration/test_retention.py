@@ -150,7 +150,7 @@ def test_ten_thousand_finished_runs_purge_to_the_horizon() -> None:
     cursor: str | None = None
     while True:
         page = s.runs.list_runs(cursor=cursor, limit=200)
-        remaining |= {run.run_id for run in page.runs}
+        remaining |= {run.run_id for run in page.items}
         if page.next_cursor is None:
             break
         cursor = page.next_cursor

@@ -779,7 +779,7 @@ def _workflow_rows() -> list[EntryPoint]:
         ),
         EntryPoint(
             "WorkflowService.list_workflows",
-            lambda k: args(state=opt(text(*WORKFLOW_STATES)), limit=INTS),
+            lambda k: args(state=opt(text(*WORKFLOW_STATES)), limit=INTS, cursor=cursors()),
             lambda w, a: _workflows(w).list_workflows(**a),
             sqlite=True,
         ),
@@ -839,6 +839,11 @@ def _workflow_rows() -> list[EntryPoint]:
             "WorkflowService.events",
             lambda k: args(workflow_id=_workflow_ids(k), verify=st.booleans()),
             lambda w, a: _workflows(w).events(a["workflow_id"], verify=a["verify"]),
+        ),
+        EntryPoint(
+            "WorkflowService.event_page",
+            lambda k: args(workflow_id=_workflow_ids(k), cursor=cursors(), limit=INTS),
+            lambda w, a: _workflows(w).event_page(**a),
         ),
         EntryPoint(
             "WorkflowService.put_action_result",
@@ -1231,9 +1236,10 @@ def _approval_rows() -> list[EntryPoint]:
         EntryPoint(
             "ApprovalService.list_approvals",
             lambda k: args(
-                run_id=text(k.run_id),
+                run_id=opt(text(k.run_id)),
                 status=opt(st.one_of(st.sampled_from(ApprovalStatus), text("pending"))),
                 limit=INTS,
+                cursor=cursors(),
             ),
             lambda w, a: _approvals(w).list_approvals(**a),
             sqlite=True,

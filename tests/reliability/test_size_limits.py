@@ -735,7 +735,7 @@ def page_size(bench: Bench) -> list[Boundary]:
         "read_ledger": lambda n: len(store.read_ledger(stream, limit=n).events),
         "list_streams": lambda n: len(store.list_streams(limit=n)),
         "read_run_events": lambda n: len(runtime.graph_runs.read_run_events(run, limit=n).events),
-        "list_workflows": lambda n: len(runtime.workflows.list_workflows(limit=n)),
+        "list_workflows": lambda n: len(runtime.workflows.list_workflows(limit=n).items),
     }
     boundaries = []
     for name, read in readers.items():

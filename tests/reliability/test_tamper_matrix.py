@@ -40,6 +40,7 @@ from typing import Any, Final, Literal
 import pytest
 import reliability
 from cli_helpers import json_document, run_cli
+from listings import refused
 from mark_lag import settle
 from pydantic import BaseModel, SecretStr
 
@@ -458,11 +459,11 @@ def _store_readers(runtime: Runtime, streams: Sequence[str]) -> Iterator[Reader]
 
 def _workflow_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
     flows = runtime.workflows
-    yield Reader("workflows", lambda: flows.list_workflows(limit=200), "workflows")
+    yield Reader("workflows", lambda: refused(flows.list_workflows(limit=200)), "workflows")
     for state in catalog.workflow_states:
         yield Reader(
             f"workflows in {state}",
-            lambda state=state: flows.list_workflows(state, limit=200),
+            lambda state=state: refused(flows.list_workflows(state, limit=200)),
             "workflows",
             filtered=True,
             family="workflows in a state",
@@ -499,10 +500,10 @@ def _state_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
         state = runtime.state(scope)
         yield Reader(f"state {scope}", lambda s=state: [s.load(), s.fingerprint()], family="state")
         yield Reader(f"history {scope}", lambda s=state: s.history(), family="audit: state history")
-    yield Reader("run results", lambda: list(runtime.runs.list(limit=200).runs), "results")
+    yield Reader("run results", lambda: refused(runtime.runs.list(limit=200)), "results")
     yield Reader(
         "run results since",
-        lambda: list(runtime.runs.list(since=catalog.since, limit=200).runs),
+        lambda: refused(runtime.runs.list(since=catalog.since, limit=200)),
         "results",
         filtered=True,
     )
@@ -535,11 +536,11 @@ def paged_run_events(runtime: Runtime, run_id: str) -> list[object]:
 
 def _graph_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
     runs = runtime.graph_runs
-    yield Reader("graph runs", lambda: list(runs.list_runs(limit=200).runs), "graph runs")
+    yield Reader("graph runs", lambda: refused(runs.list_runs(limit=200)), "graph runs")
     for status in catalog.run_statuses:
         yield Reader(
             f"graph runs {status}",
-            lambda s=status: list(runs.list_runs(s, limit=200).runs),
+            lambda s=status: refused(runs.list_runs(s, limit=200)),
             "graph runs",
             filtered=True,
             family="graph runs in a status",
@@ -588,7 +589,7 @@ def _approval_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
         )
         yield Reader(
             f"approvals of {run}",
-            lambda r=run: approvals.list_approvals(r, limit=200),
+            lambda r=run: refused(approvals.list_approvals(r, limit=200)),
             "approvals",
             filtered=True,
             family="approvals of a run",
@@ -596,7 +597,7 @@ def _approval_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
         for status in ApprovalStatus:
             yield Reader(
                 f"approvals of {run} {status.value}",
-                lambda r=run, s=status: approvals.list_approvals(r, s, limit=200),
+                lambda r=run, s=status: refused(approvals.list_approvals(r, s, limit=200)),
                 "approvals",
                 filtered=True,
                 family="approvals of a run in a status",

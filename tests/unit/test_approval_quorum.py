@@ -365,12 +365,14 @@ def test_an_overdue_approval_lists_as_expired_before_any_pass(runtime: Runtime) 
     run, checkpoint = paused(runtime)
     approval_id = ask(runtime, checkpoint, required=1, deciders=None)
     approvals = runtime.approvals
-    pending = approvals.list_approvals(run.run_id, ApprovalStatus.PENDING)
+    pending = approvals.list_approvals(run.run_id, ApprovalStatus.PENDING).items
     assert [a.approval_id for a in pending] == [approval_id]
     assert isinstance(runtime.clock, FrozenClock)
     runtime.clock.advance(2 * HOUR)
-    assert approvals.list_approvals(run.run_id, ApprovalStatus.PENDING) == []
-    (listed,) = approvals.list_approvals(run.run_id, ApprovalStatus.EXPIRED)
+    assert approvals.list_approvals(run.run_id, ApprovalStatus.PENDING).items == ()
+    (listed,) = approvals.list_approvals(run.run_id, ApprovalStatus.EXPIRED).items
+    (everywhere,) = approvals.list_approvals(status=ApprovalStatus.EXPIRED).items
+    assert everywhere == listed
     assert listed.status_at(runtime.clock.now()) is ApprovalStatus.EXPIRED
 
 

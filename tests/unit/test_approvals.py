@@ -10,9 +10,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from listings import every_page
 
 from flowvault.adapters.crypto import AesGcmCipher
-from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.application import (
     APPROVAL_SLOTS,
@@ -32,6 +32,7 @@ from flowvault.application import (
     SealedRepository,
     SecureObjectStore,
     UnitOfWork,
+    UnreadableItem,
     Upsert,
     read_stream,
     record_stream,
@@ -859,12 +860,15 @@ def test_tampered_approval_fails_every_read(
     calls: list[Callable[[], object]] = [
         lambda: world.approvals.get_approval(approval.approval_id),
         lambda: world.approvals.decide(approval.approval_id, DECISION, ACTOR),
-        lambda: world.approvals.list_approvals(RUN),
     ]
     for call in calls:
         with pytest.raises(IntegrityFailure) as caught:
             call()
         assert caught.value.code == "INTEGRITY_FAILURE"
+    listed = world.approvals.list_approvals(RUN)
+    assert listed.items == ()
+    digest = world.repository.key_digest(APPROVALS, approval.approval_id)
+    assert listed.unreadable == (UnreadableItem(digest, "INTEGRITY_FAILURE"),)
 
 
 def test_tampered_settled_approval_stops_the_purge(world: World) -> None:
@@ -879,34 +883,72 @@ def test_tampered_settled_approval_stops_the_purge(world: World) -> None:
     assert world.visible() == before
 
 
-def test_list_is_newest_first_filtered_and_bounded(world: World) -> None:
-    """Listing returns a run's approvals newest first, by status, at most ``limit``."""
+def test_list_is_newest_written_first_filtered_and_bounded(world: World) -> None:
+    """Listing returns a run's approvals most recently written first, by status, in pages."""
     made = world.checkpoint()
     requested = []
     for audience in ("a-team", "b-team", "c-team"):
         requested.append(world.request(made, audience=audience))
         world.clock.advance()
-    world.request(world.checkpoint(run_id=OTHER_RUN), audience="a-team")
+    other = world.request(world.checkpoint(run_id=OTHER_RUN), audience="a-team")
     decided, _ = world.approvals.decide(requested[0].approval_id, DECISION, ACTOR)
-    ids = [a.approval_id for a in world.approvals.list_approvals(RUN)]
-    assert ids == [a.approval_id for a in reversed(requested)]
-    assert world.approvals.list_approvals(RUN, status=ApprovalStatus.DECIDED) == [decided]
+    ids = [a.approval_id for a in world.approvals.list_approvals(RUN).items]
+    assert ids == [decided.approval_id, requested[2].approval_id, requested[1].approval_id]
+    everywhere = [a.approval_id for a in world.approvals.list_approvals().items]
+    assert everywhere == [decided.approval_id, other.approval_id, *ids[1:]]
+    assert world.approvals.list_approvals(RUN, status=ApprovalStatus.DECIDED).items == (decided,)
+    assert [a.approval_id for a in world.approvals.list_approvals(status="pending").items] == [
+        other.approval_id,
+        requested[2].approval_id,
+        requested[1].approval_id,
+    ]
     pending = world.approvals.list_approvals(RUN, ApprovalStatus.PENDING, limit=1)
-    assert [a.approval_id for a in pending] == [requested[2].approval_id]
-    assert len(world.approvals.list_approvals(RUN, limit=10_000)) == 3
+    assert [a.approval_id for a in pending.items] == [requested[2].approval_id]
+    rest = world.approvals.list_approvals(
+        RUN, ApprovalStatus.PENDING, limit=1, cursor=pending.next_cursor
+    )
+    assert [a.approval_id for a in rest.items] == [requested[1].approval_id]
+    assert rest.next_cursor is None
+    assert len(world.approvals.list_approvals(RUN, limit=10_000).items) == 3
     with pytest.raises(InvalidInput):
         world.approvals.list_approvals(RUN, limit=0)
     with pytest.raises(InvalidInput):
         world.approvals.list_approvals(RUN, status="maybe")  # type: ignore[arg-type]
 
 
-def test_list_limit_is_capped_at_200() -> None:
-    """Asking for more than 200 approvals returns 200."""
-    world = World(InMemorySecureObjectStore())
+def test_a_cursor_only_continues_the_listing_it_came_from(world: World) -> None:
+    """A cursor of another run, status or listing, or a made-up one, is INVALID_INPUT."""
     made = world.checkpoint()
-    for n in range(201):
-        world.request(made, audience=f"team-{n}")
-    assert len(world.approvals.list_approvals(RUN, limit=500)) == 200
+    for audience in ("a-team", "b-team"):
+        world.request(made, audience=audience)
+        world.clock.advance()
+    cursor = world.approvals.list_approvals(RUN, limit=1).next_cursor
+    assert cursor is not None
+    for call in (
+        lambda: world.approvals.list_approvals(OTHER_RUN, cursor=cursor),
+        lambda: world.approvals.list_approvals(RUN, ApprovalStatus.PENDING, cursor=cursor),
+        lambda: world.approvals.list_approvals(cursor=cursor),
+        lambda: world.approvals.list_approvals(RUN, cursor="not-a-cursor"),
+        lambda: world.approvals.list_approvals(RUN, cursor=cursor[:-4]),
+    ):
+        with pytest.raises(InvalidInput) as caught:
+            call()
+        assert caught.value.code == "INVALID_INPUT"
+    assert len(world.approvals.list_approvals(RUN, cursor=cursor).items) == 1
+
+
+def test_all_approvals_are_reachable_past_200(world: World) -> None:
+    """More than a page of approvals: one page holds 200, the cursor reaches every one once."""
+    made = world.checkpoint()
+    wanted = {world.request(made, audience=f"team-{n}").approval_id for n in range(230)}
+    first = world.approvals.list_approvals(RUN, limit=500)
+    assert len(first.items) == 200
+    assert first.next_cursor is not None
+    items, unreadable = every_page(
+        lambda cursor: world.approvals.list_approvals(RUN, limit=200, cursor=cursor)
+    )
+    assert unreadable == []
+    assert sorted(a.approval_id for a in items) == sorted(wanted)
 
 
 # -- receipts -----------------------------------------------------------------------

@@ -30,6 +30,7 @@ from flowvault.application import (
     SealedRepository,
     SecureObjectStore,
     StoredRecord,
+    UnreadableItem,
 )
 from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.domain import Checkpoint, IntegrityFailure
@@ -80,21 +81,23 @@ def test_a_backdated_newest_checkpoint_is_refused_not_passed_over(world: World) 
         world.checkpoints.latest_checkpoint(RUN)
 
 
-def test_a_backdated_approval_is_refused_not_reordered(world: World) -> None:
-    """Approvals come newest first by their sealed request time; a changed label is refused."""
+def test_a_backdated_approval_is_reported_not_reordered(world: World) -> None:
+    """Approvals come most recently written first; one with a changed label is reported apart."""
     made = world.checkpoint("node-a")
     first = request_approval(world.approvals, made, "finance", world.clock.now() + HOUR)
     world.clock.advance()
     second = request_approval(world.approvals, made, "legal", world.clock.now() + HOUR)
     listed = world.approvals.list_approvals(RUN, limit=1)
-    assert [a.approval_id for a in listed] == [second.approval_id]
-    assert [a.approval_id for a in world.approvals.list_approvals(RUN)] == [
+    assert [a.approval_id for a in listed.items] == [second.approval_id]
+    assert [a.approval_id for a in world.approvals.list_approvals(RUN).items] == [
         second.approval_id,
         first.approval_id,
     ]
-    world.relabel(world.row(APPROVALS, second.approval_id), requested_at=0)
-    with pytest.raises(IntegrityFailure):
-        world.approvals.list_approvals(RUN, limit=1)
+    edited = world.row(APPROVALS, second.approval_id)
+    world.relabel(edited, requested_at=0)
+    listed = world.approvals.list_approvals(RUN)
+    assert [a.approval_id for a in listed.items] == [first.approval_id]
+    assert listed.unreadable == (UnreadableItem(edited.metadata.key_digest, "INTEGRITY_FAILURE"),)
 
 
 def test_a_backdated_idempotency_record_is_not_purged_early(world: World) -> None:

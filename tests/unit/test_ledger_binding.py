@@ -29,6 +29,7 @@ from flowvault.application import (
     SecureObjectStore,
     StateRepository,
     UnitOfWork,
+    UnreadableItem,
     Upsert,
     WorkflowService,
     run_stream,
@@ -133,7 +134,9 @@ def test_a_replayed_workflow_record_is_refused_by_every_read(world: World) -> No
     failure = _stale(lambda: world.service.get(workflow_id))
     assert failure.code == "INTEGRITY_FAILURE"
     assert failure.details["ledger_index"] == 0
-    _stale(world.service.list_workflows)
+    listed = world.service.list_workflows()
+    assert listed.items == ()
+    assert listed.unreadable == (UnreadableItem(old.metadata.key_digest, "INTEGRITY_FAILURE"),)
     _stale(lambda: world.service.events(workflow_id))
     _stale(
         lambda: world.service.transition(
@@ -156,7 +159,7 @@ def test_tombstones_after_the_record_event_leave_it_current(world: World) -> Non
     assert world.service.purge_expired() == 3
     assert world.store.ledger_head(stream_of(workflow_id)).index == 4  # type: ignore[union-attr]
     assert world.service.get(workflow_id).state_version == 2
-    assert [r.state for r in world.service.list_workflows()] == ["planning"]
+    assert [r.state for r in world.service.list_workflows().items] == ["planning"]
     moved = world.service.transition(
         workflow_id, "executing", expected_state="planning", expected_version=2
     )
@@ -487,7 +490,9 @@ def test_a_replayed_run_is_refused_by_reads_and_listings(world: World) -> None:
     world.runs.append_run_events(run_id, [("node.done", {})])
     world.replay(old)
     _stale(lambda: world.runs.get_run(run_id))
-    _stale(world.runs.list_runs)
+    listed = world.runs.list_runs()
+    assert listed.items == ()
+    assert listed.unreadable == (UnreadableItem(old.metadata.key_digest, "INTEGRITY_FAILURE"),)
     _stale(lambda: world.runs.set_status(run_id, "running", expected_status="accepted"))
     _stale(world.runs.recover_incomplete_runs)
 

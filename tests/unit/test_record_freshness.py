@@ -43,6 +43,7 @@ from flowvault.application import (
     SealedRepository,
     SecureObjectStore,
     StoredRecord,
+    UnreadableItem,
     WorkflowService,
     record_stream,
     run_stream,
@@ -242,7 +243,9 @@ def test_approval_rows_put_back_from_before_the_decision_are_never_decided_again
         world.replay(row)
         _refused(lambda: world.approvals.decide(approval.approval_id, "reject", "mallory"), STALE)
     _refused(lambda: world.approvals.get_approval(approval.approval_id), STALE)
-    _refused(lambda: world.approvals.list_approvals(RUN), STALE)
+    listed = world.approvals.list_approvals(RUN)
+    assert listed.items == ()
+    assert listed.unreadable == (UnreadableItem(old[0].metadata.key_digest, "INTEGRITY_FAILURE"),)
     _refused(lambda: world.request(made), STALE)
     decided = [e for e in world.events(run_stream(RUN)) if e.type == "approval.decided"]
     assert len(decided) == 1
@@ -335,7 +338,7 @@ def test_a_deleted_workflow_marker_cannot_make_a_second_workflow(world: World) -
     assert [e.type for e in world.events(stream)] == ["idempotency.recorded"]
     world.delete(IDEMPOTENCY, marker)
     _refused(lambda: world.workflows.create(_order()), DELETED)
-    assert [w.workflow_id for w in world.workflows.list_workflows()] == [record.workflow_id]
+    assert [w.workflow_id for w in world.workflows.list_workflows().items] == [record.workflow_id]
 
 
 def test_a_deleted_event_key_marker_cannot_append_the_event_twice(world: World) -> None:
@@ -362,7 +365,7 @@ def test_a_deleted_run_marker_cannot_start_the_run_twice(world: World) -> None:
     marker = world.digest(GRAPH_RUN_IDEMPOTENCY, "start-1")
     world.delete(GRAPH_RUN_IDEMPOTENCY, marker)
     _refused(lambda: world.runs.start_run("flow.a", {"n": 1}, idempotency_key="start-1"), DELETED)
-    assert [r.run_id for r in world.runs.list_runs().runs] == [run.run_id]
+    assert [r.run_id for r in world.runs.list_runs().items] == [run.run_id]
 
 
 def test_a_purged_run_frees_its_key(world: World) -> None:

@@ -41,6 +41,7 @@ from flowvault.application import (
     SealedRepository,
     SecureObjectStore,
     StoredRecord,
+    UnreadableItem,
     WorkflowService,
     list_all_streams,
     mac_matches,
@@ -442,7 +443,9 @@ def test_an_older_run_result_put_back_is_refused_by_load_and_list(world: World) 
     world.replay(older)
     failure = _refused(lambda: world.results.load(RESULT_RUN), STALE)
     assert failure.details["ledger_index"] == 0
-    _refused(world.results.list, STALE)
+    listed = world.results.list()
+    assert listed.items == ()
+    assert listed.unreadable == (UnreadableItem(older.metadata.key_digest, "INTEGRITY_FAILURE"),)
 
 
 def test_a_deleted_run_result_is_refused_not_read_as_never_saved(world: World) -> None:
@@ -450,7 +453,7 @@ def test_a_deleted_run_result_is_refused_not_read_as_never_saved(world: World) -
     world.results.save(world.result())
     world.delete(RUNS, world.digest(RUNS, RESULT_RUN))
     _refused(lambda: world.results.load(RESULT_RUN), DELETED)
-    assert world.results.list().runs == ()
+    assert world.results.list().items == ()
     with pytest.raises(NotFound):
         world.results.load("run-never-saved")
 
@@ -463,7 +466,7 @@ def test_a_run_result_rewritten_during_a_read_is_no_false_alarm(world: World) ->
     for read in ("load", "list"):
         racing, repository = _racing(world, older)
         results = RunRepository(repository)
-        found = results.load(RESULT_RUN) if read == "load" else results.list().runs[0]
+        found = results.load(RESULT_RUN) if read == "load" else results.list().items[0]
         assert found.status == "completed"
         assert racing.served == 1
 

@@ -25,6 +25,7 @@ from flowvault.application import (
     SealedRepository,
     SecureObjectStore,
     UnitOfWork,
+    UnreadableItem,
     read_stream,
     run_stream,
     trim_unit,
@@ -436,13 +437,51 @@ def test_list_runs_by_status_in_pages(world: World) -> None:
     accepted = [world.start() for _ in range(3)]
     running = world.running()
     page = world.service.list_runs("accepted", limit=2)
-    assert len(page.runs) == 2
+    assert len(page.items) == 2
     assert page.next_cursor is not None
     rest = world.service.list_runs("accepted", cursor=page.next_cursor, limit=2)
-    assert sorted(run.run_id for run in page.runs + rest.runs) == accepted
+    assert sorted(run.run_id for run in page.items + rest.items) == accepted
     assert rest.next_cursor is None
-    assert [run.run_id for run in world.service.list_runs("running").runs] == [running]
-    assert len(world.service.list_runs().runs) == 4
+    assert [run.run_id for run in world.service.list_runs("running").items] == [running]
+    assert len(world.service.list_runs().items) == 4
+
+
+def test_a_misfiled_run_row_is_reported_and_the_rest_listed(world: World) -> None:
+    """A row holding another run is reported by key digest; list_runs lists the others."""
+    first, second, third = world.start(), world.start(), world.start()
+    copied = world.store.load(GRAPH_RUNS, world.repository.key_digest(GRAPH_RUNS, second))
+    assert copied is not None
+    document = world.repository.open(
+        copied, namespace=GRAPH_RUNS, key_digest=copied.metadata.key_digest
+    ).document
+    misfiled = world.repository.prepare(
+        GRAPH_RUNS, first, document, expected=Guard.ANY, labels={"status": "accepted"}
+    )
+    world.store.commit(UnitOfWork(upserts=[misfiled]))
+    for status in (None, "accepted"):
+        page = world.service.list_runs(status)
+        assert sorted(run.run_id for run in page.items) == sorted([second, third])
+        assert page.unreadable == (
+            UnreadableItem(misfiled.metadata.key_digest, "INTEGRITY_FAILURE"),
+        )
+    with pytest.raises(IntegrityFailure):
+        world.service.get_run(first)
+
+
+def test_a_runs_cursor_keeps_its_status(world: World) -> None:
+    """A cursor issued for one status does not continue another status or a made-up listing."""
+    for _ in range(3):
+        world.start()
+    cursor = world.service.list_runs("accepted", limit=1).next_cursor
+    assert cursor is not None
+    for call in (
+        lambda: world.service.list_runs(cursor=cursor),
+        lambda: world.service.list_runs("running", cursor=cursor),
+        lambda: world.service.list_runs("accepted", cursor="%%%"),
+    ):
+        with pytest.raises(InvalidInput):
+            call()
+    assert len(world.service.list_runs("accepted", cursor=cursor).items) == 2
 
 
 def test_recover_interrupts_accepted_and_running_runs_only(world: World) -> None:
@@ -472,7 +511,7 @@ def test_recover_works_through_more_than_one_batch(world: World) -> None:
     for _ in range(105):
         world.start()
     assert world.service.recover_incomplete_runs() == 105
-    assert world.service.list_runs("accepted").runs == ()
+    assert world.service.list_runs("accepted").items == ()
 
 
 # -- run events ---------------------------------------------------------------------

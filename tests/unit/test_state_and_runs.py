@@ -27,6 +27,7 @@ from flowvault.application import (
     SecureObjectStore,
     StateRepository,
     UnitOfWork,
+    UnreadableItem,
     Upsert,
     cold_fingerprint,
     reset_progress,
@@ -621,15 +622,17 @@ def test_missing_run_is_not_found(world: World) -> None:
 
 
 def test_run_resealed_under_another_id_is_rejected(world: World) -> None:
-    """A valid run B sealed under A's key is refused as INTEGRITY_FAILURE."""
+    """A valid run B sealed under A's key is refused by load, and reported apart by list."""
+    world.runs.save(_run("run-ccc"))
     forged = world.repository.prepare(
         RUNS, "run-aaa", _run("run-bbb").model_dump(mode="json"), expected=Guard.ABSENT
     )
     world.store.commit(UnitOfWork(upserts=[forged]))
     with pytest.raises(IntegrityFailure):
         world.runs.load("run-aaa")
-    with pytest.raises(IntegrityFailure):
-        world.runs.list()
+    listed = world.runs.list()
+    assert [run.run_id for run in listed.items] == ["run-ccc"]
+    assert listed.unreadable == (UnreadableItem(forged.metadata.key_digest, "INTEGRITY_FAILURE"),)
 
 
 def test_runs_list_newest_first_with_since_and_pages(world: World) -> None:
@@ -638,11 +641,11 @@ def test_runs_list_newest_first_with_since_and_pages(world: World) -> None:
         world.clock.advance(timedelta(minutes=1))
         world.runs.save(_run(f"run-{n:03d}", finished=T0 + timedelta(days=n)))
     page = world.runs.list(limit=2)
-    assert [r.run_id for r in page.runs] == ["run-004", "run-003"]
+    assert [r.run_id for r in page.items] == ["run-004", "run-003"]
     rest = world.runs.list(cursor=page.next_cursor, limit=10)
-    assert [r.run_id for r in rest.runs] == ["run-002", "run-001", "run-000"]
+    assert [r.run_id for r in rest.items] == ["run-002", "run-001", "run-000"]
     since = world.runs.list(since=date(2026, 3, 3))
-    assert [r.run_id for r in since.runs] == ["run-004", "run-003", "run-002"]
+    assert [r.run_id for r in since.items] == ["run-004", "run-003", "run-002"]
     with pytest.raises(InvalidInput):
         world.runs.list(since=datetime(2026, 3, 3))
 

@@ -7,6 +7,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from listings import every_page
+from row_edits import PassThroughStore
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
@@ -14,8 +16,11 @@ from flowvault.application import (
     ACTION_RESULTS,
     IDEMPOTENCY,
     WORKFLOWS,
+    Guard,
     SealedRepository,
     SecureObjectStore,
+    UnitOfWork,
+    UnreadableItem,
     WorkflowService,
     stream_of,
 )
@@ -30,6 +35,7 @@ from flowvault.domain import (
     NotFound,
     RevisionConflict,
     StateMachine,
+    StoreUnavailable,
     WorkOrder,
     canonical_json,
     content_hash,
@@ -537,3 +543,116 @@ def test_tampered_ledger_is_reported_with_its_first_bad_index(tmp_path: Path) ->
             world.service.events(record.workflow_id)
         assert caught.value.details["index"] == 2
         assert len(world.service.events(record.workflow_id, verify=False)) == 4
+
+
+# -- listings -------------------------------------------------------------------
+
+
+def test_every_workflow_is_reachable_by_paging(world: World) -> None:
+    """230 workflows: a page holds at most 200, and the cursor reaches each one once."""
+    made = [world.service.create(world.order(f"req-{n}"))[0].workflow_id for n in range(230)]
+    first = world.service.list_workflows(limit=500)
+    assert len(first.items) == 200
+    assert first.next_cursor is not None
+    items, unreadable = every_page(
+        lambda cursor: world.service.list_workflows(limit=200, cursor=cursor)
+    )
+    assert unreadable == []
+    assert sorted(record.workflow_id for record in items) == sorted(made)
+
+
+def test_workflows_in_a_state_page_and_a_cursor_keeps_its_filter(world: World) -> None:
+    """By state, newest written first across pages; a cursor of another listing is refused."""
+    made = [world.service.create(world.order(f"req-{n}"))[0].workflow_id for n in range(4)]
+    for workflow_id in made[:3]:
+        world.clock.advance(timedelta(seconds=1))
+        world.service.transition(
+            workflow_id, "planning", expected_state="intake", expected_version=1
+        )
+    page = world.service.list_workflows("planning", limit=2)
+    assert [record.workflow_id for record in page.items] == [made[2], made[1]]
+    rest = world.service.list_workflows("planning", limit=2, cursor=page.next_cursor)
+    assert [record.workflow_id for record in rest.items] == [made[0]]
+    assert rest.next_cursor is None
+    assert page.next_cursor is not None
+    for call in (
+        lambda: world.service.list_workflows(cursor=page.next_cursor),
+        lambda: world.service.list_workflows("intake", cursor=page.next_cursor),
+        lambda: world.service.event_page(made[0], cursor=page.next_cursor),
+        lambda: world.service.list_workflows(cursor="bm90IGEgY3Vyc29y"),
+    ):
+        with pytest.raises(InvalidInput) as caught:
+            call()
+        assert caught.value.code == "INVALID_INPUT"
+
+
+def test_a_misfiled_or_damaged_workflow_row_is_reported_and_the_rest_listed(
+    world: World,
+) -> None:
+    """One row holding another workflow, one of the wrong shape: both reported, the rest listed."""
+    made = [world.service.create(world.order(f"req-{n}"))[0] for n in range(3)]
+    misfiled = world.repository.prepare(
+        WORKFLOWS,
+        made[0].workflow_id,
+        {"record": made[1].model_dump(mode="json")},
+        expected=Guard.ANY,
+        labels={"state": "intake"},
+    )
+    damaged = world.repository.prepare(
+        WORKFLOWS, made[2].workflow_id, {"record": "junk"}, expected=Guard.ANY
+    )
+    world.store.commit(UnitOfWork(upserts=[misfiled, damaged]))
+    page = world.service.list_workflows()
+    assert [record.workflow_id for record in page.items] == [made[1].workflow_id]
+    assert sorted(page.unreadable, key=lambda item: item.key_digest) == sorted(
+        [
+            UnreadableItem(misfiled.metadata.key_digest, "INTEGRITY_FAILURE"),
+            UnreadableItem(damaged.metadata.key_digest, "INTEGRITY_FAILURE"),
+        ],
+        key=lambda item: item.key_digest,
+    )
+    assert SECRET not in repr(page.unreadable)
+    assert made[0].workflow_id not in repr(page.unreadable)
+
+
+class _Unavailable(PassThroughStore):
+    """A store that lists, then loses its connection when a row is loaded."""
+
+    def load(self, namespace: str, key_digest: str) -> object:
+        raise StoreUnavailable("connection lost")
+
+
+def test_a_store_wide_error_still_fails_the_listing(world: World) -> None:
+    """Only a row's own integrity error is reported per item; a lost store raises."""
+    world.service.create(world.order())
+    broken = SealedRepository(
+        _Unavailable(world.store),  # type: ignore[arg-type]
+        AesGcmCipher(bytes(range(32))),
+        world.clock,
+    )
+    with pytest.raises(StoreUnavailable):
+        WorkflowService(broken, world.clock, SequentialIds("wf")).list_workflows()
+
+
+def test_a_workflows_events_page_in_index_order(world: World) -> None:
+    """event_page walks the verified ledger a page at a time, as events() returns it whole."""
+    record, _ = world.service.create(world.order())
+    world.to_decision(record.workflow_id)
+    whole = world.service.events(record.workflow_id)
+    assert len(whole) == 4
+    pages = []
+    cursor: str | None = None
+    while True:
+        page = world.service.event_page(record.workflow_id, cursor, limit=3)
+        pages.append([event.index for event in page.items])
+        assert page.unreadable == ()
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    assert pages == [[0, 1, 2], [3]]
+    other, _ = world.service.create(world.order("req-2"))
+    first = world.service.event_page(record.workflow_id, limit=1)
+    with pytest.raises(InvalidInput):
+        world.service.event_page(other.workflow_id, first.next_cursor)
+    with pytest.raises(NotFound):
+        world.service.event_page("nope")
