@@ -452,10 +452,10 @@ def approvals_expire_command(approvals: ApprovalService | None, io: CommandIO) -
 def approvals_statement_command(
     approvals: ApprovalService | None, approval_id: str, decision: str, io: CommandIO
 ) -> int:
-    """Write the exact bytes a decider signs for ``decision`` to standard output."""
+    """Write the exact bytes a decider signs for ``decision``, no newline, to standard output."""
     if approvals is None:
         raise _cold("approval")
-    io.out.write(approvals.decision_statement(approval_id, decision).decode("utf-8") + "\n")
+    io.out.write(approvals.decision_statement(approval_id, decision).decode("utf-8"))
     return 0
 
 

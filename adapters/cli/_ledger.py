@@ -390,6 +390,8 @@ def _purge_document(outcome: PurgeOutcome, cold_root: bool) -> dict[str, object]
         "cold_root": cold_root,
         "deleted": {kind: getattr(report, kind) for kind in _KINDS},
         "total": report.total,
+        "expired_approvals": report.expired_approvals,
+        "failed_runs": report.failed_runs,
         "compacted": outcome.compacted,
     }
 
@@ -412,5 +414,9 @@ def purge_command(
     report = outcome.report
     rows = [(kind, getattr(report, kind)) for kind in _KINDS]
     io.table("purged", ("kind", "deleted"), [*rows, ("total", report.total)])
+    io.say(
+        f"expired approvals recorded: {report.expired_approvals}; "
+        f"runs failed for an expired approval: {report.failed_runs}"
+    )
     io.say("compaction: " + ("complete" if outcome.compacted else "incomplete, run purge again"))
     return 0

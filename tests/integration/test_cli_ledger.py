@@ -367,6 +367,7 @@ def test_purge_counts_each_kind_and_keeps_chains_intact(tmp_path: Path, home: Pa
         "idempotency_records": 1,
     }
     assert (document["total"], document["compacted"], document["cold_root"]) == (2, True, False)
+    assert (document["expired_approvals"], document["failed_runs"]) == (0, 0)
     runs = _run(tmp_path, "purge", "--finished-runs-older-than-days", "1", home=home)
     assert runs.returncode == 0, runs.stderr
     assert "finished_runs\t1" in runs.stdout.splitlines()

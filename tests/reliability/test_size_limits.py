@@ -600,6 +600,21 @@ def allowed_decisions(bench: Bench) -> list[Boundary]:
     ]
 
 
+def quorum_deciders(bench: Bench) -> list[Boundary]:
+    """Return the edges of a quorum approval's 64 named deciders and its 1 to 64 required."""
+    checkpoint = bench.checkpoint()
+
+    def deciders(count: int, required: int = 2) -> Callable[[], object]:
+        names = [f"decider{i}@example.org" for i in range(count)]
+        return bench.requesting(checkpoint, deciders=names, required=required)
+
+    return [
+        Boundary("deciders", deciders(64), deciders(65), INVALID),
+        Boundary("required", deciders(64, required=64), deciders(64, required=65), INVALID),
+        Boundary("required-minimum", deciders(3, required=1), deciders(3, required=0), INVALID),
+    ]
+
+
 def budget_entries(bench: Bench) -> list[Boundary]:
     """Return the edges of a checkpoint's 64 budget and counter entries."""
     run = bench.run()
@@ -989,6 +1004,7 @@ CASES: dict[str, Callable[[Bench], list[Boundary]]] = {
     "actor": actor,
     "audience": audience,
     "allowed-decisions": allowed_decisions,
+    "quorum-deciders": quorum_deciders,
     "budget-entries": budget_entries,
     "locator": locator,
     "witness-locators": witness_locators,
