@@ -54,6 +54,15 @@ EXAMPLES = reliability.size(1000, 100_000)
 BATCH = 5_000
 """Examples per hypothesis run; each run remembers every choice it made."""
 CONTROL_EXAMPLES = 200
+CRASHING_COMMANDS = (
+    "workflows_show_command",
+    "workflows_list_command",
+    "runs_show_command",
+    "runs_list_command",
+    "approvals_show_command",
+    "approvals_list_command",
+)
+"""Browse verbs the negative control breaks, so its search reaches one within its budget."""
 
 SECRETS = (
     "param-secret-4b1f7e",
@@ -577,7 +586,8 @@ def test_negative_controls(home: Home, tally: Tally, monkeypatch: pytest.MonkeyP
         raise KeyError("a bug in a command")
 
     with monkeypatch.context() as patch:
-        patch.setattr("flowvault.composition._cli_browse.workflows_show_command", crashing)
+        for command in CRASHING_COMMANDS:
+            patch.setattr(f"flowvault.composition._cli_browse.{command}", crashing)
         crash = _caught(home, forbidden)
     tally.crash_caught = crash is not None and "KeyError escaped" in crash
 

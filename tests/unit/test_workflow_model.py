@@ -28,6 +28,7 @@ from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.domain import (
     DECISION_TYPES,
     DEFAULT_LIFECYCLE,
+    ApprovalAlreadyDecided,
     FlowvaultError,
     IdempotencyConflict,
     InvalidInput,
@@ -132,6 +133,20 @@ class ModelWorkflow:
     scrubbed: bool = False
     events: list[tuple[str, str | None, str | None]] = field(default_factory=list)
     purged: Counter[str] = field(default_factory=Counter)
+    decided: dict[int, object] = field(default_factory=dict)
+    """The action hash of each decision event, by its index."""
+
+    def decided_in_this_visit(self, action_hash: object) -> bool:
+        """Whether a decision on ``action_hash`` was made since the decision state was entered."""
+        for index in range(len(self.events) - 1, -1, -1):
+            _, from_state, to_state = self.events[index]
+            if to_state is None:
+                continue
+            if (from_state, to_state) != (DECISION_STATE, DECISION_STATE):
+                return False
+            if self.decided.get(index, _OMIT) == action_hash:
+                return True
+        return False
 
 
 @dataclass(frozen=True)
@@ -149,6 +164,24 @@ class ModelEvent:
     event_type: str
     payload: dict[str, object]
     index: int
+
+
+def _refusal(
+    current: ModelWorkflow,
+    event_type: str,
+    payload: dict[str, object],
+    expected: tuple[str, int],
+) -> type[FlowvaultError] | None:
+    """Return the error a valid, new event must get, in the service's order; ``None`` if none."""
+    if expected != (current.state, current.version):
+        return RevisionConflict
+    if event_type in DECISION_TYPES and current.state != DECISION_STATE:
+        return InvalidTransition
+    if event_type == BAD_EVENT_TYPE:
+        return InvalidInput
+    if event_type in DECISION_TYPES and current.decided_in_this_visit(payload["action_hash"]):
+        return ApprovalAlreadyDecided
+    return None
 
 
 class WorkflowModel(RuleBasedStateMachine):
@@ -373,14 +406,9 @@ class WorkflowModel(RuleBasedStateMachine):
             assert self._snapshot() == before
             note_event("event key replayed")
             return
-        if (expected_state, expected_version) != (current.state, current.version):
-            self._refused(RevisionConflict, call)
-            return
-        if event_type in DECISION_TYPES and current.state != DECISION_STATE:
-            self._refused(InvalidTransition, call)
-            return
-        if event_type == BAD_EVENT_TYPE:
-            self._refused(InvalidInput, call)
+        refusal = _refusal(current, event_type, payload, (expected_state, expected_version))
+        if refusal is not None:
+            self._refused(refusal, call)
             return
         record, event, created = call()
         assert created
@@ -398,6 +426,8 @@ class WorkflowModel(RuleBasedStateMachine):
             self.event_keys[(workflow_id, event_key)] = ModelEvent(
                 event_type, dict(payload), event.index
             )
+        if event_type in DECISION_TYPES:
+            current.decided[len(current.events)] = payload["action_hash"]
         current.events.append((event_type, current.state, current.state))
         current.version += 1
         assert (record.state, record.state_version) == (current.state, current.version)
