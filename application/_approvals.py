@@ -11,7 +11,7 @@ and a slot deleted outside flowvault cannot let a request be repeated.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -648,11 +648,9 @@ class ApprovalService:
         moment = self._clock.now() if now is None else _aware(now, "now")
         expired = 0
         pending = [LabelFilter("status", ApprovalStatus.PENDING.value)]
-        for metadata in list(_list_all(self._store, APPROVALS, pending)):
-            opened = _open_listed(self._repo, metadata)
-            checked = None if opened is None else self._checked(key, opened)
-            if checked is not None and checked[0].status_at(moment) is ApprovalStatus.EXPIRED:
-                expired += self._expire_overdue(key, checked[0].approval_id, moment)
+        for approval in list(self._listed(key, pending)):
+            if approval.status_at(moment) is ApprovalStatus.EXPIRED:
+                expired += self._expire_overdue(key, approval.approval_id, moment)
         failed = 0
         runs = self._checkpoints._runs
         if runs is not None:
@@ -718,13 +716,15 @@ class ApprovalService:
 
     def _approvals_of(self, key: KeyedDigester, run_id: str) -> list[Approval]:
         filters = [LabelFilter("run", self._repo.key_digest(RUNS, run_id))]
-        found: list[Approval] = []
+        return [a for a in self._listed(key, filters) if a.run_id == run_id]
+
+    def _listed(self, key: KeyedDigester, filters: Sequence[LabelFilter]) -> Iterator[Approval]:
+        """Yield every verified approval matching ``filters``, skipping rows deleted meanwhile."""
         for metadata in _list_all(self._store, APPROVALS, filters):
             opened = _open_listed(self._repo, metadata)
             checked = None if opened is None else self._checked(key, opened)
-            if checked is not None and checked[0].run_id == run_id:
-                found.append(checked[0])
-        return found
+            if checked is not None:
+                yield checked[0]
 
     def register_decider_key(self, decider: str, public_key_pem: bytes) -> None:
         """Register ``decider``'s Ed25519 public key (PEM); their decisions must be signed from now.

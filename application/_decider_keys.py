@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Final
 
+from flowvault.application._approval_support import RETRIES
 from flowvault.application._freshness import (
     StreamPolicy,
     leaves_unnamed,
@@ -33,7 +34,6 @@ DECIDER_KEY_KIND: Final = "decider-key"
 """Record streams ``decider-key/<digest>``: one decider's public key each."""
 _SIGNATURE_BYTES: Final = 64
 _PUBLIC_KEY_BYTES: Final = 32
-_RETRIES: Final = 8
 
 
 class DeciderKeys:
@@ -54,7 +54,7 @@ class DeciderKeys:
         """
         signatures = self._require_signatures()
         raw = signatures.public_key(public_key_pem)
-        for _ in range(_RETRIES):
+        for _ in range(RETRIES):
             current = self._read(decider)
             if current is not None and _raw_key(current) == raw:
                 return
