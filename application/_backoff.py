@@ -15,9 +15,12 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from enum import Enum
+from typing import Final, Literal, TypeVar
 
 from flowvault.domain import InvalidInput, RevisionConflict
+
+_Result = TypeVar("_Result")
 
 FIRST_PAUSE: Final = 0.0005
 """Seconds: the longest pause after the first lost race; it doubles with each one after."""
@@ -99,3 +102,39 @@ class Retries:
 
 
 DEFAULT_RETRY: Final = RetryPolicy()
+
+
+class Lost(Enum):
+    """The outcome of an attempt whose unit lost a race and must be rebuilt from a fresh read."""
+
+    RACE = "race"
+
+
+LOST: Final = Lost.RACE
+
+
+def settle(
+    attempt: Callable[[], _Result | Literal[Lost.RACE]],
+    what: str,
+    *,
+    policy: RetryPolicy = DEFAULT_RETRY,
+    **details: str | int,
+) -> _Result:
+    """Run ``attempt`` until it returns a result rather than ``LOST``, under ``policy``.
+
+    Each service builds a unit of work from what it read, commits it, and
+    returns ``LOST`` when another writer moved what it read first; the
+    rebuild reads again. Every service re-runs lost units this one way, so
+    how long a writer keeps trying is one decision, not one per call site.
+    """
+    retries = policy.start()
+    while True:
+        outcome = attempt()
+        if not isinstance(outcome, Lost):
+            return outcome
+        retries.after_lost_race(what, **details)
+
+
+def ledger_head_moved(conflict: RevisionConflict) -> bool:
+    """Return whether only a stream's ledger head moved, so rebuilding the unit may succeed."""
+    return conflict.details.get("guard") == "append"
