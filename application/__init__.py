@@ -172,6 +172,7 @@ from flowvault.application._state import (
     history_stream,
     reset_progress,
 )
+from flowvault.application._stream_writer import StreamWriter
 from flowvault.application._streams import (
     LEDGER_MAC_TAG,
     TRIM_EVENT,
@@ -359,6 +360,7 @@ __all__ = [
     "StreamHeadBatch",
     "StreamHeads",
     "StreamVerifier",
+    "StreamWriter",
     "UnitOfWork",
     "UnreadableItem",
     "UnreadableRecord",

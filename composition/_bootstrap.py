@@ -23,6 +23,7 @@ from flowvault.application import (
     SecureObjectStore,
     StateRepository,
     StoreCapabilities,
+    StreamWriter,
     WorkflowService,
 )
 from flowvault.composition._container import Container, build_container
@@ -81,6 +82,10 @@ class Runtime:
     def state(self, scope: str) -> StateRepository[WorkflowState]:
         """Return the workflow state repository of ``scope``."""
         return StateRepository(self.repository, scope)
+
+    def stream(self, name: str) -> StreamWriter:
+        """Return a writer that appends keyed events to the ledger stream ``name``."""
+        return StreamWriter(self.store, self.repository, self.clock, name)
 
     def close(self) -> None:
         """Release the store's connections and files."""

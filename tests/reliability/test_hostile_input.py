@@ -78,6 +78,7 @@ from flowvault.application import (
     StoredRecord,
     StoreStats,
     StreamCatalog,
+    StreamWriter,
     UnitOfWork,
     Upsert,
     WorkflowService,
@@ -1751,9 +1752,43 @@ def _helper_rows() -> list[EntryPoint]:
     ]
 
 
+def _stream(world: World, a: Arguments) -> StreamWriter:
+    return world.runtime.stream(a["stream"])
+
+
+def _append(world: World, a: Arguments) -> object:
+    repository = world.runtime.repository
+    upserts = [
+        repository.prepare(namespace, key, document, expected=expected)
+        for namespace, key, document, expected in a["upserts"]
+    ]
+    return _stream(world, a).append(a["event_type"], a["payload"], upserts=upserts)
+
+
+def _stream_rows() -> list[EntryPoint]:
+    return [
+        EntryPoint("Runtime.stream", lambda k: args(stream=text("orders")), _stream),
+        EntryPoint(
+            "StreamWriter.append",
+            lambda k: args(
+                stream=text("orders"),
+                event_type=text("order.updated"),
+                payload=JSON,
+                upserts=st.lists(
+                    st.tuples(text(*k.namespaces), text("o-1"), JSON, expected_revisions()),
+                    max_size=2,
+                ),
+            ),
+            _append,
+            sqlite=True,
+        ),
+    ]
+
+
 ENTRY_POINTS: tuple[EntryPoint, ...] = (
     *_workflow_rows(),
     *_state_rows(),
+    *_stream_rows(),
     *_run_result_rows(),
     *_graph_rows(),
     *_approval_rows(),
@@ -1776,6 +1811,7 @@ WITHOUT_INPUT = {
     "SealedRepository.store": "a property",
     "KeyRotation.pending": "takes no input",
     "StateRepository.scope": "a property",
+    "StreamWriter.stream": "a property",
 }
 """Public members with no caller input to be hostile with, so no row."""
 
@@ -2235,6 +2271,7 @@ def test_table_covers_every_public_method() -> None:
     classes: Sequence[tuple[str, type]] = (
         ("WorkflowService", WorkflowService),
         ("StateRepository", StateRepository),
+        ("StreamWriter", StreamWriter),
         ("RunRepository", RunRepository),
         ("RunService", RunService),
         ("CheckpointService", CheckpointService),
