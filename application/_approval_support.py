@@ -44,10 +44,10 @@ from flowvault.domain import (
     LedgerEvent,
     RevisionConflict,
     Witness,
-    canonical_bytes,
-    format_instant,
     sanitise_payload,
 )
+from flowvault.domain._canonical import canonical_bytes
+from flowvault.domain._envelope import format_instant
 
 CHECKPOINTS = "flowvault.checkpoints"
 APPROVALS = "flowvault.approvals"

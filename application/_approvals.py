@@ -67,7 +67,6 @@ from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application._streams import keyed, next_position
 from flowvault.application.ports import Clock, DecisionSignatures, IdFactory
 from flowvault.domain import (
-    MAX_DECIDERS,
     Approval,
     ApprovalAlreadyDecided,
     ApprovalDecisionNotAllowed,
@@ -85,14 +84,12 @@ from flowvault.domain import (
     JsonValue,
     LedgerEvent,
     NotFound,
-    RejectionRule,
     RevisionConflict,
-    Vote,
-    canonical_bytes,
-    canonical_json,
     decision_statement,
-    format_instant,
 )
+from flowvault.domain._approvals import MAX_DECIDERS, RejectionRule, Vote
+from flowvault.domain._canonical import canonical_bytes, canonical_json
+from flowvault.domain._envelope import format_instant
 
 
 def _stale(checkpoint: Checkpoint, fields: list[str]) -> RevisionConflict:

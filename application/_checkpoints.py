@@ -71,8 +71,8 @@ from flowvault.domain import (
     RevisionConflict,
     checkpoint_id_for,
     content_hash,
-    format_instant,
 )
+from flowvault.domain._envelope import format_instant
 
 
 def _broken_checkpoint(what: str, metadata: RecordMetadata) -> CheckpointIntegrityFailure:

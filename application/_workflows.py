@@ -53,11 +53,8 @@ from flowvault.application._verified import verified_events, verified_page
 from flowvault.application._write_cache import WriteCache
 from flowvault.application.ports import Clock, IdFactory
 from flowvault.domain import (
-    DECISION_TYPES,
     DEFAULT_LIFECYCLE,
-    DIGEST_PATTERN,
     GENESIS_HASH,
-    MAX_SAFE_INTEGER,
     ActionResult,
     ApprovalAlreadyDecided,
     DecisionReceipt,
@@ -73,10 +70,11 @@ from flowvault.domain import (
     StateMachine,
     WorkflowRecord,
     WorkOrder,
-    canonical_bytes,
-    format_instant,
     sanitise_payload,
 )
+from flowvault.domain._canonical import MAX_SAFE_INTEGER, canonical_bytes
+from flowvault.domain._envelope import DIGEST_PATTERN, format_instant
+from flowvault.domain._workflow import DECISION_TYPES
 
 WORKFLOWS = "flowvault.workflows"
 IDEMPOTENCY = "flowvault.workflow-idempotency"

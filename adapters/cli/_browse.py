@@ -35,8 +35,8 @@ from flowvault.domain import (
     NotFound,
     TerminalReceipt,
     WorkflowRecord,
-    format_instant,
 )
+from flowvault.domain._envelope import format_instant
 
 Fields = dict[str, JsonValue]
 T = TypeVar("T")

@@ -101,18 +101,13 @@ from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
     DEFAULT_LIFECYCLE,
     GENESIS_HASH,
-    MAX_SAFE_INTEGER,
-    RUN_LIFECYCLE,
     Approval,
     ApprovalExpired,
     ApprovalStatus,
     Checkpoint,
     FlowvaultError,
-    HeadNote,
-    HeadReceipt,
     InvalidInput,
     LedgerEvent,
-    ReceiptSignature,
     RevisionConflict,
     Sensitivity,
     StateMachine,
@@ -120,19 +115,23 @@ from flowvault.domain import (
     WorkflowResult,
     WorkflowState,
     WorkOrder,
-    canonical_bytes,
-    canonical_json,
     checkpoint_id_for,
     content_hash,
-    format_instant,
-    natural_key_digest,
-    parse_json,
     parse_receipt,
     parse_terminal_receipt,
     sanitise_payload,
-    validate_json,
     verify_chain,
 )
+from flowvault.domain._canonical import (
+    MAX_SAFE_INTEGER,
+    canonical_bytes,
+    canonical_json,
+    parse_json,
+    validate_json,
+)
+from flowvault.domain._envelope import format_instant, natural_key_digest
+from flowvault.domain._graph_runs import RUN_LIFECYCLE
+from flowvault.domain._receipt import HeadNote, HeadReceipt, ReceiptSignature
 
 FAMILY = "Hostile input, service entry points"
 MEMORY_EXAMPLES = reliability.size(1000, 100_000)
