@@ -155,16 +155,6 @@ def _leaves_run(event: LedgerEvent, _header: object) -> bool:
     return not event.type.startswith("run.")
 
 
-def _unbound_run_stale(head: LedgerEvent, loaded: _LoadedRun) -> bool:
-    """Hold a run row without a ledger index to the status its newest ``run.*`` event set."""
-    return head.type.startswith("run.") and head.to_state != loaded.run.status
-
-
-def _receipt_unbound_stale(_head: LedgerEvent, _opened: SealedDocument) -> bool:
-    """Accept a receipt written before receipts were bound: it is never rewritten."""
-    return False
-
-
 @dataclass(frozen=True, slots=True)
 class _Draft:
     """An event before its position in the stream is known."""
@@ -216,7 +206,6 @@ class RunService:
             "run record",
             repository,
             leaves_record=_leaves_run,
-            unbound_stale=_unbound_run_stale,
         )
         self._fresh_marker = StreamPolicy[SealedDocument](
             "run idempotency marker", repository, leaves_record=leaves_unnamed
@@ -228,7 +217,6 @@ class RunService:
             "terminal receipt",
             repository,
             leaves_record=leaves_unnamed,
-            unbound_stale=_receipt_unbound_stale,
         )
 
     @property
