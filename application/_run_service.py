@@ -125,13 +125,6 @@ class _LoadedRun:
     metadata: RecordMetadata
 
 
-def _never_started(store: SecureObjectStore, head: LedgerEvent) -> bool:
-    """Whether the run's stream begins with an event other than the one starting a run."""
-    page = store.read_ledger(head.stream, from_index=0, limit=1)
-    first = page.events[0] if page.events else None
-    return first is not None and first.index == 0 and not first.type.startswith("run.")
-
-
 def _purged_run(store: SecureObjectStore, head: LedgerEvent, digester: KeyedDigester) -> bool:
     """Whether the keyed retention tombstones ending the stream include its run's own.
 
@@ -615,10 +608,7 @@ class RunService:
 
         A run is deleted only by a retention purge, whose tombstone the
         stream then ends with; missing without one, it was deleted outside
-        flowvault. A stream that does not begin with a ``run.*`` event held
-        events for a run id no run was started under (written before
-        checkpoints and approvals checked their run), so there is no record
-        to miss.
+        flowvault.
         """
         row = (GRAPH_RUNS, self._repo.key_digest(GRAPH_RUNS, run_id))
         loaded, _ = self._fresh.read_owned(
@@ -626,11 +616,7 @@ class RunService:
             run_stream(run_id),
             row,
             lambda: self._read_row(run_id),
-            writer=lambda head: (
-                None
-                if _never_started(self._store, head) or _purged_run(self._store, head, self._repo)
-                else head
-            ),
+            writer=lambda head: None if _purged_run(self._store, head, self._repo) else head,
         )
         if loaded is None:
             raise NotFound("no such run", run_id=run_id)
