@@ -110,7 +110,7 @@ SCHEMA_VERSION: Final = len(MIGRATIONS)
 
 
 def newest_version() -> int:
-    """Return the version the migration steps lead to, read when called."""
+    """Return the version the migration steps lead to; read per call, so an added step counts."""
     return len(MIGRATIONS)
 
 
