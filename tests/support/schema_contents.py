@@ -25,9 +25,9 @@ from flowvault.domain import (
     EnvelopeHeader,
     LedgerEvent,
     Sensitivity,
-    natural_key_digest,
     verify_chain,
 )
+from flowvault.domain._envelope import natural_key_digest
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 UNICODE_NS = "工作流/ß"
