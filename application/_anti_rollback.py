@@ -132,8 +132,7 @@ class AntiRollback:
         the mark is also how someone would hide a restore. An empty mark
         file beside a store holding commits is refused instead: no update
         leaves one (a new mark is linked into place whole), so it was
-        emptied. A mark written before stream sizes were kept is checked by
-        its epoch and then started afresh the same way.
+        emptied.
 
         Raises:
             StoreRolledBack: the store's count, or a stream's size, is below the mark.

@@ -91,7 +91,7 @@ class StreamAudit:
     """One stream's verification: the events that verified, and the first defect if any.
 
     ``unkeyed`` counts the events a keyed audit accepted on the plain chain
-    alone, because they were written before events carried a ``chain_mac``.
+    alone: appended without a ``chain_mac``, before a keyed event that covers them.
     """
 
     stream: str
@@ -146,7 +146,7 @@ class AuditReport:
 
     @property
     def unkeyed(self) -> int:
-        """Events of keyed audits that carry no ``chain_mac`` (written before events had one)."""
+        """Events of keyed audits that carry no ``chain_mac`` (appended without ``keyed``)."""
         return sum(stream.unkeyed for stream in self.streams)
 
     @property

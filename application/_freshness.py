@@ -34,10 +34,8 @@ from flowvault.application._graph import RETENTION_TOMBSTONE
 from flowvault.application._records import RecordMetadata
 from flowvault.application._sealed import SealedRepository
 from flowvault.application._streams import (
-    MAINTENANCE_EVENTS,
     keyed,
     mac_matches,
-    newest_first,
     next_position,
     read_stream,
 )
@@ -78,13 +76,11 @@ LeavesRecord = Callable[[LedgerEvent, EnvelopeHeader], bool]
 class StreamPolicy(Generic[_O]):
     """How one kind of record relates to the events of its stream.
 
-    ``unbound_stale`` judges a row written without a ledger index by its
-    stream's head. Without it such a row is held to every event of the
+    A row written without a ledger index is held to every event of its
     stream, as if it named none: any event that wrote it is newer than it.
-    That suits kinds whose writes had no event before they were bound.
     """
 
-    __slots__ = ("_digester", "_heads", "_leaves", "_unbound", "_what")
+    __slots__ = ("_digester", "_heads", "_leaves", "_what")
 
     def __init__(
         self,
@@ -92,13 +88,11 @@ class StreamPolicy(Generic[_O]):
         repository: _Repository,
         *,
         leaves_record: LeavesRecord,
-        unbound_stale: Callable[[LedgerEvent, _O], bool] | None = None,
     ) -> None:
         self._what = what
         self._digester = repository
         self._heads = repository.capabilities.heads
         self._leaves = leaves_record
-        self._unbound = unbound_stale
 
     def _is_stale(
         self,
@@ -110,14 +104,10 @@ class StreamPolicy(Generic[_O]):
         """Return whether ``stream``, whose head is ``head``, shows the row is not current.
 
         A row naming an event the stream lacks counts as stale too: its
-        newer history was cut off. A row written without an index (before
-        schema 5) is judged by the head alone, as the kind of record allows.
+        newer history was cut off.
         """
         header = opened.metadata.header
         bound = header.ledger_index
-        if bound is None and self._unbound is not None:
-            judged = None if head is None else _past_maintenance(store, head)
-            return judged is not None and self._unbound(judged, opened)
         if head is None:
             return bound is not None
         bound = -1 if bound is None else bound
@@ -274,14 +264,6 @@ def _named_head(heads: StreamHeads | None, stream: str, opened: _Opened | None) 
     if bound is None:
         return False
     return heads is not None and heads.ledger_head_index(stream) == bound
-
-
-def _past_maintenance(store: SecureObjectStore, head: LedgerEvent) -> LedgerEvent | None:
-    """Return the newest event that is not a trim or a vouch: the one a row can be judged by."""
-    for event in newest_first(store, head):
-        if event.type not in MAINTENANCE_EVENTS:
-            return event
-    return None
 
 
 def _same_row(now: RecordMetadata, then: RecordMetadata) -> bool:

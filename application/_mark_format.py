@@ -27,8 +27,6 @@ LOG_TAG: Final = "flowvault.high-water-log/1"
 """Purpose tag of the MAC chain over the log's lines."""
 
 MARK_HEADER: Final = "flowvault high-water mark 2"
-_EPOCH_ONLY_HEADER: Final = "flowvault high-water mark 1"
-"""Marks written before stream sizes were kept: an epoch and its MAC, no log."""
 
 LOG_GENESIS: Final = "sha256:" + "0" * 64
 """The chain value of an empty log."""
@@ -105,10 +103,6 @@ def _mac(digester: KeyedDigester, mark: HighWaterMark) -> str:
     return digester.keyed_digest(MARK_TAG, canonical_bytes(fields))
 
 
-def _epoch_only_mac(digester: KeyedDigester, epoch: int) -> str:
-    return digester.keyed_digest(MARK_TAG, canonical_bytes([_EPOCH_ONLY_HEADER, epoch]))
-
-
 def format_mark(mark: HighWaterMark, digester: KeyedDigester) -> bytes:
     """Render a head: the header, the epoch, the log's summary, and the MAC over them."""
     return (
@@ -139,8 +133,6 @@ def _read_head(lines: list[str], digester: KeyedDigester) -> tuple[HighWaterMark
     epoch = _count(_field(lines[1], "epoch"))
     if epoch is None:
         return None
-    if lines[0] == _EPOCH_ONLY_HEADER and len(lines) == 4:
-        return HighWaterMark(epoch), _epoch_only_mac(digester, epoch)
     summary = (_field(lines[2], "log") or "").split(" ")
     if lines[0] != MARK_HEADER or len(lines) != 5 or len(summary) != 3:
         return None
@@ -152,11 +144,7 @@ def _read_head(lines: list[str], digester: KeyedDigester) -> tuple[HighWaterMark
 
 
 def parse_mark(content: bytes, digester: KeyedDigester, location: str) -> HighWaterMark:
-    """Return the head a mark holds; ``IntegrityFailure`` if it is malformed or forged.
-
-    A head written before stream sizes were kept holds an epoch alone and
-    reads as a mark with an empty log.
-    """
+    """Return the head a mark holds; ``IntegrityFailure`` if it is malformed or forged."""
     if not isinstance(content, bytes):
         raise InvalidInput("a high-water mark is read as bytes")
     try:

@@ -123,13 +123,6 @@ class _LoadedRun:
     metadata: RecordMetadata
 
 
-def _never_started(store: SecureObjectStore, head: LedgerEvent) -> bool:
-    """Whether the run's stream begins with an event other than the one starting a run."""
-    page = store.read_ledger(head.stream, from_index=0, limit=1)
-    first = page.events[0] if page.events else None
-    return first is not None and first.index == 0 and not first.type.startswith("run.")
-
-
 def _purged_run(store: SecureObjectStore, head: LedgerEvent, digester: KeyedDigester) -> bool:
     """Whether the keyed retention tombstones ending the stream include its run's own.
 
@@ -151,16 +144,6 @@ def _purged_run(store: SecureObjectStore, head: LedgerEvent, digester: KeyedDige
 def _leaves_run(event: LedgerEvent, _header: object) -> bool:
     """Caller, approval and retention events follow a run's own ``run.*`` event freely."""
     return not event.type.startswith("run.")
-
-
-def _unbound_run_stale(head: LedgerEvent, loaded: _LoadedRun) -> bool:
-    """Hold a run row without a ledger index to the status its newest ``run.*`` event set."""
-    return head.type.startswith("run.") and head.to_state != loaded.run.status
-
-
-def _receipt_unbound_stale(_head: LedgerEvent, _opened: SealedDocument) -> bool:
-    """Accept a receipt written before receipts were bound: it is never rewritten."""
-    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +197,6 @@ class RunService:
             "run record",
             repository,
             leaves_record=_leaves_run,
-            unbound_stale=_unbound_run_stale,
         )
         self._fresh_marker = StreamPolicy[SealedDocument](
             "run idempotency marker", repository, leaves_record=leaves_unnamed
@@ -226,7 +208,6 @@ class RunService:
             "terminal receipt",
             repository,
             leaves_record=leaves_unnamed,
-            unbound_stale=_receipt_unbound_stale,
         )
 
     @property
@@ -625,10 +606,7 @@ class RunService:
 
         A run is deleted only by a retention purge, whose tombstone the
         stream then ends with; missing without one, it was deleted outside
-        flowvault. A stream that does not begin with a ``run.*`` event held
-        events for a run id no run was started under (written before
-        checkpoints and approvals checked their run), so there is no record
-        to miss.
+        flowvault.
         """
         row = (GRAPH_RUNS, self._repo.key_digest(GRAPH_RUNS, run_id))
         loaded, _ = self._fresh.read_owned(
@@ -636,11 +614,7 @@ class RunService:
             run_stream(run_id),
             row,
             lambda: self._read_row(run_id),
-            writer=lambda head: (
-                None
-                if _never_started(self._store, head) or _purged_run(self._store, head, self._repo)
-                else head
-            ),
+            writer=lambda head: None if _purged_run(self._store, head, self._repo) else head,
         )
         if loaded is None:
             raise NotFound("no such run", run_id=run_id)

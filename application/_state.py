@@ -122,11 +122,6 @@ def _last_write(store: SecureObjectStore, head: LedgerEvent) -> LedgerEvent | No
     return None
 
 
-def _unbound_stale(head: LedgerEvent, _opened: SealedDocument) -> bool:
-    """Call a row without a ledger index stale once a write that names its event followed."""
-    return head.type == STATE_WRITTEN_EVENT
-
-
 @dataclass(frozen=True, slots=True)
 class HistoryEvent:
     """An event a state update appends to its scope's history stream."""
@@ -204,7 +199,7 @@ class StateRepository(Generic[M]):
         self._schema_version = schema_version
         self._retry = retry if max_retries is None else replace(retry, max_retries=max_retries)
         self._fresh = StreamPolicy[SealedDocument](
-            "workflow state", repository, leaves_record=_reset_of, unbound_stale=_unbound_stale
+            "workflow state", repository, leaves_record=_reset_of
         )
 
     @property

@@ -182,7 +182,7 @@ class StreamVerifier:
         elif self._uncovered is not None:
             reason = (
                 "no event from here to the head carries a chain MAC: they were written or "
-                "rewritten without the key (events written before schema 3 pass only once a "
+                "rewritten without the key (events appended without a MAC pass only once a "
                 "keyed event follows them)"
             )
             self.failure = ChainFailure(self._uncovered, ChainDefect.UNKEYED, reason)

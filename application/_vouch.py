@@ -1,10 +1,10 @@
 """Vouching, under the key, for what a keyed verifier cannot prove on its own.
 
-Two kinds of genuine stream fail every keyed verifier. One written before
-schema 3 holds no keyed event, which is exactly what a stream stripped of
-every MAC looks like (``unkeyed``). One whose oldest events were dropped
-before trims were put on record lacks the ``ledger.trimmed`` event that
-would account for them, exactly like a prefix an editor cut
+Two kinds of genuine stream fail every keyed verifier. One whose events host
+code appended without ``keyed`` holds no keyed event, which is exactly what
+a stream stripped of every MAC looks like (``unkeyed``). One whose oldest
+events host code dropped with a bare trim lacks the ``ledger.trimmed`` event
+that would account for them, exactly like a prefix an editor cut
 (``truncated``). Only a person can tell them apart from tampering, by
 comparing the stream with a copy they trust. Once they have, one keyed
 ``ledger.vouched`` event after the head covers every hash before it through
@@ -40,7 +40,7 @@ class Unvouched:
     head_index: int
     head_hash: str
     without_mac: bool
-    """Whether no event carries a chain MAC (written before schema 3)."""
+    """Whether no event carries a chain MAC (all appended without ``keyed``)."""
     cut_prefix: bool
     """Whether the events before ``first_index`` are gone with no event accounting for them."""
 

@@ -130,18 +130,6 @@ def _leaves_record(event: LedgerEvent, _header: object) -> bool:
     return event.to_state is None
 
 
-def _unbound_stale(head: LedgerEvent, loaded: _Loaded) -> bool:
-    """Hold a row without a ledger index to the newest event that wrote a record.
-
-    Every write committed its record and its event together, the event
-    stamped with the record's ``updated_at``.
-    """
-    if head.to_state is None:
-        return False
-    record = loaded.record
-    return (head.to_state, head.occurred_at) != (record.state, record.updated_at)
-
-
 class WorkflowService:
     """Create workflows, move them through their state machine, keep their evidence."""
 
@@ -162,7 +150,6 @@ class WorkflowService:
             "workflow record",
             repository,
             leaves_record=_leaves_record,
-            unbound_stale=_unbound_stale,
         )
         self._fresh_marker = StreamPolicy[SealedDocument](
             "workflow idempotency marker", repository, leaves_record=leaves_unnamed

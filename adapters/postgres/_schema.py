@@ -1,10 +1,10 @@
 """The tables as forward-only migrations, versioned in a ``schema_version`` table.
 
-A migration step is never edited once released: a schema written by an
-older build is brought forward by replaying only the steps it lacks, and
-each released version keeps a SQL fixture under ``tests/fixtures/postgres``.
-Steps use unqualified names and run with ``search_path`` set to the
-adapter's schema, so one database can hold the stores of several hosts.
+Version 1 is the baseline every store is created with. A later version adds
+a step, never edits one: a schema written at an earlier version is brought
+forward by replaying only the steps it lacks. Steps use unqualified names
+and run with ``search_path`` set to the adapter's schema, so one database
+can hold the stores of several hosts.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ _RECORDS = """CREATE TABLE records (
     byte_length integer NOT NULL CHECK (byte_length >= 0),
     payload_digest text NOT NULL,
     payload bytea NOT NULL,
+    ledger_index bigint CHECK (ledger_index >= 0),
     CONSTRAINT records_identity UNIQUE (namespace, key_digest)
 )"""
 
@@ -67,10 +68,16 @@ _LEDGER_EVENTS = """CREATE TABLE ledger_events (
     previous_hash text NOT NULL,
     event_hash text NOT NULL,
     event_key text,
+    chain_mac text,
     PRIMARY KEY (stream, idx)
 )"""
 
-_V1: Final = (
+_SEAL_COUNTERS = """CREATE TABLE seal_counters (
+    key_id text COLLATE "C" PRIMARY KEY,
+    reserved bigint NOT NULL CHECK (reserved >= 0)
+)"""
+
+BASELINE: Final = (
     _SCHEMA_VERSION_TABLE,
     _RECORDS,
     "ALTER TABLE records ALTER COLUMN payload SET STORAGE EXTERNAL",
@@ -81,60 +88,45 @@ _V1: Final = (
     "CREATE INDEX record_labels_by_int ON record_labels (namespace, name, int_value)",
     _LEDGER_STREAMS,
     _LEDGER_EVENTS,
+    _SEAL_COUNTERS,
+    "CREATE SEQUENCE store_epoch AS bigint MINVALUE 0 START WITH 1",
 )
-"""Version 1: records with typed label rows for indexed filters, and ledger streams.
+"""Version 1, the baseline: records, typed label rows, ledger streams, seal counts and the epoch.
 
 Text that is ordered or compared (digests, ``written_at``, label values) is
 ``COLLATE "C"``: byte order, which for UTF-8 is code-point order, the order
 the reference adapter sorts in, whatever collation the database defaults to.
 ``records.labels`` keeps the whole label set so reads need no join; sealed
 payloads do not compress, so they are stored ``EXTERNAL`` (never tried).
-``ledger_streams`` holds each stream's head, the row appends lock and guard.
+``records.ledger_index`` is the index of the ledger event committed with the
+write, none for a record without a stream. ``ledger_streams`` holds each
+stream's head, the row appends lock and guard; ``ledger_events.chain_mac``
+is each event's keyed chain MAC, kept outside ``event_hash``.
+``seal_counters`` is the nonce budget's durable count, each reservation its
+own transaction.
+
+``store_epoch`` is the store's commit count: a restored older dump carries
+the sequence's value at its time, lower than the live one had, so a
+high-water mark kept elsewhere can refuse it. The first ``nextval`` returns
+1, so the last value is the count (0 before any). A sequence, not a row:
+``nextval`` never waits for another transaction, so concurrent units do not
+serialise on it; it is not rolled back, which only over-counts.
 """
 
-_SEAL_COUNTERS = """CREATE TABLE seal_counters (
-    key_id text COLLATE "C" PRIMARY KEY,
-    reserved bigint NOT NULL CHECK (reserved >= 0)
-)"""
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (BASELINE,)
+"""Step ``n`` (0-based) takes a schema from version n to n + 1.
 
-_V2: Final = (_SEAL_COUNTERS,)
-"""Version 2: seals reserved per key id, the nonce budget's durable count.
-
-Not records: no stats, listing or ledger reads this table, and no unit of
-work writes it; each reservation is its own transaction.
+A later schema appends its step here; the steps before it are never edited.
 """
-
-_V3: Final = ("ALTER TABLE ledger_events ADD COLUMN chain_mac text",)
-"""Version 3: each ledger event's keyed chain MAC, kept outside ``event_hash``.
-
-Nullable: events written before version 3 were never keyed, so they keep
-none, and no migration can compute one without the integrity key.
-"""
-
-_V4: Final = ("CREATE SEQUENCE store_epoch AS bigint MINVALUE 0 START WITH 1",)
-"""Version 4: the store's commit count, a sequence every committing unit advances.
-
-A restored older dump carries the sequence's value at its time, lower than
-the live one had, so a high-water mark kept elsewhere can refuse it.
-Upgraded schemas start at 0: no count of their earlier commits exists. The
-first ``nextval`` returns 1, so the last value is the count (0 before any).
-A sequence, not a row: ``nextval`` never waits for another transaction, so
-concurrent units do not serialise on it; it is not rolled back, which only
-over-counts.
-"""
-
-_V5: Final = ("ALTER TABLE records ADD COLUMN ledger_index bigint CHECK (ledger_index >= 0)",)
-"""Version 5: the index of the ledger event committed with each record's write.
-
-Nullable: rows written before version 5 had no ledger link, so they keep
-none, and a record without a stream never gets one.
-"""
-
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2, _V3, _V4, _V5)
-"""Step ``n`` (0-based) takes a schema from version n to n + 1."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 """The version this code writes and the newest it can read."""
+
+
+def newest_version() -> int:
+    """Return the version the migration steps lead to; read per call, so an added step counts."""
+    return len(MIGRATIONS)
+
 
 _FIND_SCHEMA: Final = "SELECT 1 FROM pg_namespace WHERE nspname = %s"
 _FIND_VERSION_TABLE: Final = (
@@ -164,12 +156,13 @@ def stored_version(connection: Connection, schema: str) -> int:
 
 def ensure_supported(version: int) -> None:
     """Refuse a schema written by a newer flowvault, before anything writes to it."""
-    if version > SCHEMA_VERSION:
+    supported = newest_version()
+    if version > supported:
         raise SchemaTooNew(
-            f"the database schema has version {version}, newer than the {SCHEMA_VERSION} "
+            f"the database schema has version {version}, newer than the {supported} "
             "this flowvault understands; upgrade flowvault to open it",
             found=version,
-            supported=SCHEMA_VERSION,
+            supported=supported,
         )
 
 
@@ -194,8 +187,8 @@ def migrate(connection: Connection, schema: str) -> None:
 
 
 def prepare_schema(connection: Connection, schema: str) -> None:
-    """Bring the schema to ``SCHEMA_VERSION``, refusing a newer one before taking any lock."""
+    """Bring the schema to the newest version, refusing a newer one before taking any lock."""
     current = stored_version(connection, schema)
     ensure_supported(current)
-    if current < SCHEMA_VERSION:
+    if current < newest_version():
         migrate(connection, schema)

@@ -1,8 +1,8 @@
 """The database schema as forward-only migrations, keyed by ``PRAGMA user_version``.
 
-A migration step is never edited once released: a store written by an older
-build is brought forward by replaying only the steps it lacks, and each
-released version keeps a SQL fixture under ``tests/fixtures/sqlite``.
+Version 1 is the baseline every store is created with. A later version adds
+a step, never edits one: a store written at an earlier version is brought
+forward by replaying only the steps it lacks.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ _RECORDS = """CREATE TABLE records (
     byte_length INTEGER NOT NULL CHECK (byte_length >= 0),
     payload_digest TEXT NOT NULL,
     payload BLOB NOT NULL,
+    ledger_index INTEGER CHECK (ledger_index >= 0),
     UNIQUE (namespace, key_digest)
 )"""
 
@@ -50,6 +51,7 @@ _LEDGER_EVENTS = """CREATE TABLE ledger_events (
     previous_hash TEXT NOT NULL,
     event_hash TEXT NOT NULL,
     event_key TEXT,
+    chain_mac TEXT,
     PRIMARY KEY (stream, idx)
 ) WITHOUT ROWID"""
 
@@ -61,7 +63,17 @@ _LEDGER_STREAMS = """CREATE TABLE ledger_streams (
     CHECK (0 <= first_index AND first_index <= head_index)
 ) WITHOUT ROWID"""
 
-_V1: Final = (
+_SEAL_COUNTERS = """CREATE TABLE seal_counters (
+    key_id TEXT PRIMARY KEY,
+    reserved INTEGER NOT NULL CHECK (reserved >= 0)
+) WITHOUT ROWID"""
+
+_STORE_EPOCH = """CREATE TABLE store_epoch (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    epoch INTEGER NOT NULL CHECK (epoch >= 0)
+) WITHOUT ROWID"""
+
+BASELINE: Final = (
     _RECORDS,
     "CREATE INDEX records_by_written_at ON records (namespace, written_at, key_digest)",
     "CREATE INDEX records_by_key_id ON records (key_id)",
@@ -70,57 +82,36 @@ _V1: Final = (
     "CREATE INDEX record_labels_by_int ON record_labels (namespace, name, int_value)",
     _LEDGER_EVENTS,
     _LEDGER_STREAMS,
+    _SEAL_COUNTERS,
+    _STORE_EPOCH,
+    "INSERT INTO store_epoch (id, epoch) VALUES (1, 0)",
 )
-"""Version 1: records with their labels split out for indexed filters, and ledger streams.
+"""Version 1, the baseline: records, their labels, ledger streams, seal counts and the epoch.
 
 ``records.labels`` keeps the whole label set as canonical JSON so reads need
 no join; ``record_labels`` repeats each label typed, for filtering only.
+``records.ledger_index`` is the index of the ledger event committed with the
+write, none for a record without a stream. ``ledger_events.chain_mac`` is
+each event's keyed chain MAC, kept outside ``event_hash``. ``seal_counters``
+is the nonce budget's durable count, each reservation its own transaction.
+``store_epoch`` is the store's commit count, one row raised by every unit
+that commits: a restored older copy shows a lower count than the live one
+had, so a high-water mark kept elsewhere can refuse it.
 """
 
-_SEAL_COUNTERS = """CREATE TABLE seal_counters (
-    key_id TEXT PRIMARY KEY,
-    reserved INTEGER NOT NULL CHECK (reserved >= 0)
-) WITHOUT ROWID"""
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (BASELINE,)
+"""Step ``n`` (0-based) takes a database from ``user_version`` n to n + 1.
 
-_V2: Final = (_SEAL_COUNTERS,)
-"""Version 2: seals reserved per key id, the nonce budget's durable count.
-
-Not records: no stats, listing or ledger reads this table, and no unit of
-work writes it; each reservation is its own transaction.
+A later schema appends its step here; the steps before it are never edited.
 """
-
-_V3: Final = ("ALTER TABLE ledger_events ADD COLUMN chain_mac TEXT",)
-"""Version 3: each ledger event's keyed chain MAC, kept outside ``event_hash``.
-
-Nullable: events written before version 3 were never keyed, so they keep
-none, and no migration can compute one without the integrity key.
-"""
-
-_STORE_EPOCH = """CREATE TABLE store_epoch (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    epoch INTEGER NOT NULL CHECK (epoch >= 0)
-) WITHOUT ROWID"""
-
-_V4: Final = (_STORE_EPOCH, "INSERT INTO store_epoch (id, epoch) VALUES (1, 0)")
-"""Version 4: the store's commit count, one row, raised by every unit that commits.
-
-A restored older copy of the file shows a lower count than the live one had,
-so a high-water mark kept elsewhere can refuse it. Upgraded stores start at
-0: no count of their earlier commits exists.
-"""
-
-_V5: Final = ("ALTER TABLE records ADD COLUMN ledger_index INTEGER CHECK (ledger_index >= 0)",)
-"""Version 5: the index of the ledger event committed with each record's write.
-
-Nullable: rows written before version 5 had no ledger link, so they keep
-none, and a record without a stream never gets one.
-"""
-
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2, _V3, _V4, _V5)
-"""Step ``n`` (0-based) takes a database from ``user_version`` n to n + 1."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 """The ``user_version`` this code writes and the newest it can read."""
+
+
+def newest_version() -> int:
+    """Return the version the migration steps lead to; read per call, so an added step counts."""
+    return len(MIGRATIONS)
 
 
 def user_version(connection: sqlite3.Connection) -> int:
@@ -132,25 +123,27 @@ def user_version(connection: sqlite3.Connection) -> int:
 
 def ensure_supported(version: int) -> None:
     """Refuse a database written by a newer schema, before anything writes to it."""
-    if version > SCHEMA_VERSION:
+    supported = newest_version()
+    if version > supported:
         raise SchemaTooNew(
-            f"the database has schema version {version}, newer than the {SCHEMA_VERSION} "
+            f"the database has schema version {version}, newer than the {supported} "
             "this flowvault understands; upgrade flowvault to open it",
             found=version,
-            supported=SCHEMA_VERSION,
+            supported=supported,
         )
 
 
 def ensure_current(version: int) -> None:
     """Refuse, for a read-only open, any schema but this code's: nothing may be migrated."""
     ensure_supported(version)
-    if version < SCHEMA_VERSION:
+    supported = newest_version()
+    if version < supported:
         raise StoreUnavailable(
-            f"the database has schema version {version}, older than the {SCHEMA_VERSION} "
+            f"the database has schema version {version}, older than the {supported} "
             "this flowvault reads; a read-only open cannot migrate it (open it read-write "
             "once, on a copy if need be)",
             found=version,
-            supported=SCHEMA_VERSION,
+            supported=supported,
         )
 
 
@@ -163,9 +156,9 @@ def migrate(connection: sqlite3.Connection) -> None:
     with transaction(connection, "BEGIN IMMEDIATE"):
         current = user_version(connection)
         ensure_supported(current)
-        if current == SCHEMA_VERSION:
+        if current == newest_version():
             return
         for step in MIGRATIONS[current:]:
             for statement in step:
                 connection.execute(statement)
-        connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION:d}")
+        connection.execute(f"PRAGMA user_version = {newest_version():d}")

@@ -57,10 +57,10 @@ from flowvault.adapters.sqlite._group import (
 from flowvault.adapters.sqlite._locks import begin_immediate, checkpoint_truncate
 from flowvault.adapters.sqlite._rows import metadata_from_row, record_from_row
 from flowvault.adapters.sqlite._schema import (
-    SCHEMA_VERSION,
     ensure_current,
     ensure_supported,
     migrate,
+    newest_version,
     user_version,
 )
 from flowvault.application import (
@@ -123,7 +123,7 @@ def _open_writer(options: ConnectOptions) -> sqlite3.Connection:
         version = user_version(connection)
         ensure_supported(version)
         configure(connection, options)
-        if version < SCHEMA_VERSION:
+        if version < newest_version():
             migrate(connection)
         secure_sidecars(options.path)
     except BaseException:

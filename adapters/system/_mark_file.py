@@ -37,9 +37,6 @@ from flowvault.domain import InsecurePermissions, InvalidInput, StoreUnavailable
 
 SLOT_BYTES: Final = 512
 LOG_OFFSET: Final = 2 * SLOT_BYTES
-_EPOCH_ONLY_MAGIC: Final = b"FVHW"
-_EPOCH_ONLY_HEAD: Final = struct.Struct(">4sQII")
-"""Slots written before the log: magic, sequence number, content length, CRC-32 of the content."""
 _MAGIC: Final = b"FVH2"
 _HEAD: Final = struct.Struct(">4sQIQIII")
 """Magic, sequence, content length, log size, appended length, its CRC-32, the slot's CRC-32."""
@@ -79,12 +76,6 @@ def _pack(slot: _Slot) -> bytes:
 def _unpack(data: bytes, index: int) -> _Slot | None:
     """Return the slot at ``index`` if its own checksum holds, else ``None``."""
     raw = data[index * SLOT_BYTES : (index + 1) * SLOT_BYTES]
-    if raw[:4] == _EPOCH_ONLY_MAGIC and len(raw) >= _EPOCH_ONLY_HEAD.size:
-        _, sequence, length, crc = _EPOCH_ONLY_HEAD.unpack_from(raw)
-        content = raw[_EPOCH_ONLY_HEAD.size : _EPOCH_ONLY_HEAD.size + length]
-        if len(content) == length and zlib.crc32(content) == crc:
-            return _Slot(index, sequence, content)
-        return None
     if raw[:4] != _MAGIC or len(raw) < _HEAD.size:
         return None
     _, sequence, length, log_size, tail_size, tail_crc, crc = _HEAD.unpack_from(raw)

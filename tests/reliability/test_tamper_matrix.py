@@ -2790,7 +2790,7 @@ def _recompute(*, start: int, keep_macs: bool) -> Callable[[World, str], None]:
     """Edit the event at ``start`` and recompute every plain hash from it on, and the head row.
 
     With ``keep_macs`` each event keeps the MAC it had (now wrong); without,
-    the rebuilt events carry none, as events written before MACs did.
+    the rebuilt events carry none, as events appended without ``keyed`` do.
     """
 
     def apply(world: World, stream: str) -> None:

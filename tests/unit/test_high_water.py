@@ -139,13 +139,13 @@ def test_a_head_round_trips_and_only_under_its_key() -> None:
             parse_mark(forged, KEY, "here")
 
 
-def test_an_epoch_only_head_from_before_the_log_still_reads() -> None:
-    """Marks written before stream sizes were kept verify, as an epoch with an empty log."""
+def test_an_epoch_only_head_is_refused() -> None:
+    """A head of the pre-release epoch-only format fails like any malformed head, MAC or not."""
     mac = KEY.keyed_digest("flowvault.high-water/1", b'["flowvault high-water mark 1",7]')
     text = f"flowvault high-water mark 1\nepoch 7\nmac {mac}\n".encode()
-    assert parse_mark(text, KEY, "") == HighWaterMark(7)
-    with pytest.raises(IntegrityFailure):
-        parse_mark(text.replace(b"epoch 7", b"epoch 8"), KEY, "")
+    for head in (text, text.replace(b"epoch 7", b"epoch 8")):
+        with pytest.raises(IntegrityFailure, match="does not verify under the store key"):
+            parse_mark(head, KEY, "")
 
 
 def test_an_older_store_is_refused_and_a_newer_one_moves_the_mark(tmp_path: Path) -> None:
@@ -225,23 +225,20 @@ def test_a_missing_mark_starts_from_every_stream_the_store_holds(tmp_path: Path)
         _guard(path, shorter).check()
 
 
-def test_an_epoch_only_mark_is_checked_then_upgraded(tmp_path: Path) -> None:
-    """A mark file from before the log: its epoch is enforced, then the sizes start."""
+def test_a_mark_file_of_epoch_only_slots_is_refused(tmp_path: Path) -> None:
+    """A mark file of the pre-release slot format holds no intact head: it is refused, untouched."""
     path = tmp_path / "mark"
     mac = KEY.keyed_digest("flowvault.high-water/1", b'["flowvault high-water mark 1",3]')
     content = f"flowvault high-water mark 1\nepoch 3\nmac {mac}\n".encode()
     slot = struct.pack(">4sQII", b"FVHW", 1, len(content), zlib.crc32(content)) + content
     path.write_bytes(slot.ljust(2 * SLOT_BYTES, b"\0"))
     path.chmod(0o600)
+    before = path.read_bytes()
     store = MemoryStore()
-    _grow(store, "s", 1)
-    with pytest.raises(StoreRolledBack):
+    _grow(store, "s", 3)
+    with pytest.raises(IntegrityFailure, match="does not verify under the store key"):
         _guard(path, store).check()
-    _grow(store, "s", 2)
-    _grow(store, "t", 1)
-    assert _guard(path, store).check() == 3
-    assert _mark(path).epoch == 3
-    assert _sizes(path) == {"s": 3, "t": 1}
+    assert path.read_bytes() == before
 
 
 def test_an_edited_log_is_refused(tmp_path: Path) -> None:

@@ -288,22 +288,21 @@ def test_a_row_rewritten_under_every_read_is_a_conflict_not_tampering(world: Wor
         world.over(_WriterInBetween(world.store, write, times=100)).get(workflow_id)  # type: ignore[arg-type]
 
 
-def test_rows_written_before_binding_are_held_to_the_head_writer(world: World) -> None:
-    """Without an index a row must match the newest writing event's state and time."""
+def test_a_row_resealed_without_its_index_is_refused(world: World) -> None:
+    """Without an index a row is held to every event of its stream: the create event wrote it.
+
+    No release wrote workflow rows unbound, so such a row is refused like a
+    replayed one, never judged by its state alone.
+    """
     workflow_id = world.create()
     digest = world.repository.key_digest(WORKFLOWS, workflow_id)
     _unbind(world, WORKFLOWS, workflow_id)
     assert world.store.peek_metadata(WORKFLOWS, digest).header.ledger_index is None  # type: ignore[union-attr]
-    assert world.service.get(workflow_id).state == "intake"
-    old = world.row(WORKFLOWS, workflow_id)
-    world.clock.advance()
-    world.service.transition(workflow_id, "planning", expected_state="intake", expected_version=1)
-    world.replay(old)
     _stale(lambda: world.service.get(workflow_id))
 
 
 def _unbind(world: World, namespace: str, natural_key: str) -> None:
-    """Re-seal the current row exactly as code before schema 5 wrote it: no ledger index."""
+    """Re-seal the current row under the key with no ledger index, its payload unchanged."""
     stored = world.row(namespace, natural_key)
     opened = world.repository.open(
         stored, namespace=namespace, key_digest=stored.metadata.key_digest
@@ -418,13 +417,13 @@ def test_a_reset_naming_another_revision_does_not_excuse_the_row(world: World) -
     _stale(state.load)
 
 
-def test_state_rows_written_before_binding_stay_readable_until_a_bound_write(world: World) -> None:
-    """A row written as before schema 5 (no index, no event) reads; once replaced, it is stale."""
+def test_an_unbound_state_row_reads_only_while_no_event_wrote_it(world: World) -> None:
+    """A row with no index, in an empty stream, reads; once a bound write follows, it is stale."""
     state = world.state()
-    legacy = world.repository.prepare(
+    unbound = world.repository.prepare(
         STATE_NAMESPACE, "main", {"count": 1, "note": ""}, expected=Guard.ABSENT
     )
-    world.store.commit(UnitOfWork(upserts=[legacy]))
+    world.store.commit(UnitOfWork(upserts=[unbound]))
     assert state.load().state.count == 1
     old = world.row(STATE_NAMESPACE, "main")
     assert old.metadata.header.ledger_index is None

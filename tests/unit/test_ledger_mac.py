@@ -174,7 +174,7 @@ def test_a_forged_or_stripped_mac_fails_a_keyed_audit_only() -> None:
 
 
 def test_unkeyed_events_before_the_first_keyed_one_are_counted_not_failed() -> None:
-    """Events written before events were keyed verify on the plain chain and are counted."""
+    """Events appended without a MAC before a keyed one verify on the plain chain, counted."""
     with bootstrap(Settings(backend="memory"), key=KEY) as runtime:
         repo = runtime.repository
         old = make_event("s", 0)

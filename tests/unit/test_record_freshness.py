@@ -170,11 +170,11 @@ def test_a_purged_checkpoint_is_gone_and_its_row_cannot_come_back(world: World) 
     assert failure.details["ledger_index"] == 1
 
 
-def test_checkpoint_rows_written_before_binding_are_held_to_every_event(world: World) -> None:
+def test_unbound_checkpoint_rows_are_held_to_every_event(world: World) -> None:
     """A row without an index reads while no event wrote it, and is stale once one did.
 
-    Such a row comes from a build that wrote checkpoints without events, so
-    its record stream is empty: here it is copied from another store.
+    Such a row was written without its event, so its record stream is
+    empty: here it is copied from another store.
     """
     elsewhere = World(InMemorySecureObjectStore())
     made = elsewhere.checkpoint()

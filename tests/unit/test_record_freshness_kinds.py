@@ -283,10 +283,11 @@ def test_a_receipt_stays_current_after_its_run_is_purged(world: World) -> None:
     assert world.runs.terminal_receipt(run_id) == receipt
 
 
-def test_a_receipt_written_before_the_binding_still_reads(world: World) -> None:
-    """A receipt row without an index (an older build's) is accepted.
+def test_a_receipt_row_without_an_index_is_refused(world: World) -> None:
+    """A receipt row without an index is held to every event of its run's stream, so refused.
 
-    Receipts are never rewritten, so no event can have superseded it.
+    Every receipt is written bound to its run's last event; one without an
+    index is not excused as written by an earlier build.
     """
     elsewhere = World(InMemorySecureObjectStore())
     run_id = elsewhere.finished_run()
@@ -296,7 +297,7 @@ def test_a_receipt_written_before_the_binding_still_reads(world: World) -> None:
     world.delete(GRAPH_RUN_RECEIPTS, world.digest(GRAPH_RUN_RECEIPTS, run_id))
     world.repository.write(GRAPH_RUN_RECEIPTS, run_id, opened.document, expected=Guard.ABSENT)
     assert world.row(GRAPH_RUN_RECEIPTS, run_id).metadata.header.ledger_index is None
-    assert world.runs.terminal_receipt(run_id) == elsewhere.runs.terminal_receipt(run_id)
+    _refused(lambda: world.runs.terminal_receipt(run_id), STALE)
 
 
 # -- graph definitions and their versions ------------------------------------------

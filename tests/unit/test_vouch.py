@@ -1,7 +1,7 @@
-"""Vouching for a genuine stream no keyed verifier can prove: legacy events and old cuts.
+"""Vouching for a genuine stream no keyed verifier can prove: unkeyed events and bare cuts.
 
-A stream written before schema 3 (events without a chain MAC) and one whose
-prefix was dropped before trims were put on record fail every keyed
+A stream whose events host code appended without a chain MAC and one whose
+prefix host code dropped with no ``ledger.trimmed`` event fail every keyed
 verifier; a key holder who compared the stream with a trusted copy vouches
 for it with one keyed ``ledger.vouched`` event, after which it verifies and
 the records it binds stay current. Everything else is refused: a stream
