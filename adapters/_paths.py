@@ -1,4 +1,4 @@
-"""Creating private directories, parents included, whatever the umask."""
+"""Paths the operating system can take, and private directories created whatever the umask."""
 
 from __future__ import annotations
 
@@ -27,3 +27,20 @@ def create_private_directories(directory: Path, mode: int = 0o700) -> list[Path]
         os.chmod(path, mode)
         created.append(path)
     return created
+
+
+def check_os_path(path: Path) -> Path:
+    """Return ``path`` if the operating system can take it, else raise ``ValueError``.
+
+    A NUL byte, or text the file system encoding cannot carry (a lone
+    surrogate outside the ``surrogateescape`` range), would otherwise fail
+    deep inside the first file operation with a bare ``ValueError``.
+    """
+    text = str(path)
+    if "\x00" in text:
+        raise ValueError("must not contain a NUL byte")
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError:
+        raise ValueError("must be encodable in the file system's encoding") from None
+    return path

@@ -36,6 +36,7 @@ from flowvault.application._capabilities import (
     StoreCapabilities,
 )
 from flowvault.application._checkpoints import CheckpointService
+from flowvault.application._checks import Check, Severity
 from flowvault.application._compaction import compact_after_commit, compact_fully
 from flowvault.application._cursor import ListCursor, effective_limit
 from flowvault.application._decider_keys import DECIDER_KEY_KIND, DECIDER_KEYS
@@ -284,6 +285,7 @@ __all__ = [
     "ApprovalService",
     "AuditReport",
     "BoundRecords",
+    "Check",
     "CheckpointService",
     "Cipher",
     "CipherDigester",
@@ -345,6 +347,7 @@ __all__ = [
     "SealedDocument",
     "SealedRepository",
     "SecureObjectStore",
+    "Severity",
     "SignedDecision",
     "StaleRecord",
     "StateProbe",

@@ -1,8 +1,8 @@
-"""The ``flowvault`` console script: parse, build services, call a command function.
+"""The ``flowvault`` console script: parse, build the verb's context, run the verb.
 
-It sits in the outermost ring so the command functions (``adapters/cli``)
-receive services and never import the composition root. Each group of
-verbs registers itself from its own ``_cli_*`` module.
+It sits in the outermost ring so the verbs (``flowvault.adapters.cli``)
+receive a ``CliContext`` and never import the composition root. Each verb
+group registers itself from its own module there (``VERB_GROUPS``).
 """
 
 from __future__ import annotations
@@ -11,56 +11,25 @@ import argparse
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from flowvault.adapters.cli import CommandIO, ResetRequest, reset_progress_command
-from flowvault.composition import _cli_browse, _cli_demo, _cli_keys, _cli_ledger, _cli_store
-from flowvault.composition._bootstrap import open_existing
-from flowvault.composition._cli_base import EXIT_CODES, Handler, Verbs, add_verb, settings_for
+from flowvault.adapters.cli import EXIT_CODES, VERB_GROUPS, CommandIO, Handler, expanded
+from flowvault.composition._cli_context import CommandContext
 from flowvault.composition._logging import configure_logging
 from flowvault.composition._settings import Settings
 from flowvault.domain import FlowvaultError, InvalidInput
 
 
-def _reset_progress(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
-    request = ResetRequest(
-        scope=args.scope, actor=args.actor, reason=args.reason, dry_run=args.dry_run, yes=args.yes
-    )
-    runtime = open_existing(settings)
-    if runtime is None:
-        return reset_progress_command(None, request, io)
-    with runtime:
-        return reset_progress_command(runtime.state(args.scope), request, io)
-
-
-def _register_reset(verbs: Verbs) -> None:
-    reset = add_verb(
-        verbs,
-        "reset-progress",
-        help="fingerprint a scope's workflow state and reset it",
-        description=(
-            "Record a workflow_state.reset event with a plaintext-free fingerprint of the "
-            "scope's state, then delete only that state row. Works on a cold root, where "
-            "it reports the state as absent and creates nothing."
-        ),
-        handler=_reset_progress,
-    )
-    reset.add_argument("--scope", required=True, help="the scope (bucket or profile) to reset")
-    reset.add_argument("--actor", default="cli", help="who resets, for the audit event")
-    reset.add_argument("--reason", help="a reason class such as 'corrupt' (default: derived)")
-    reset.add_argument("--dry-run", action="store_true", help="print the fingerprint only")
-    reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-
-
-REGISTRARS: tuple[Callable[[Verbs], None], ...] = (
-    _cli_store.register,
-    _cli_browse.register,
-    _cli_ledger.register,
-    _cli_keys.register,
-    _register_reset,
-    _cli_demo.register,
-)
-"""Every verb group, in the order ``--help`` lists them."""
+def settings_for(args: argparse.Namespace) -> Settings:
+    """Build settings from ``FLOWVAULT_*``, overridden by the global options given."""
+    environ = dict(os.environ)
+    if args.home is not None:
+        environ["FLOWVAULT_HOME"] = expanded(args.home, "--home")
+    if args.backend is not None:
+        environ["FLOWVAULT_BACKEND"] = args.backend
+    if args.postgres_dsn is not None:
+        environ["FLOWVAULT_POSTGRES_DSN"] = args.postgres_dsn
+    return Settings.from_env(environ)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks of crashes")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
-    for register in REGISTRARS:
+    for register in VERB_GROUPS:
         register(verbs)
     return parser
 
@@ -93,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = settings_for(args)
         configure_logging(settings.log_level, settings.log_format)
-        return handler(args, settings, io)
+        return handler(args, CommandContext(settings), io)
     except FlowvaultError as error:
         return io.fail(error)
     except BrokenPipeError:

@@ -15,6 +15,7 @@ from pydantic import (
     model_validator,
 )
 
+from flowvault.adapters._paths import check_os_path
 from flowvault.domain import InvalidInput
 from flowvault.domain._values import ValueModel
 
@@ -27,23 +28,6 @@ Backend = Literal["sqlite", "memory", "postgres"]
 """Backends this build can select; ``postgres`` needs the ``postgres`` extra."""
 
 _CASE_INSENSITIVE = frozenset({"backend", "synchronous", "mark_sync", "log_level", "log_format"})
-
-
-def check_os_path(path: Path) -> Path:
-    """Return ``path`` if the operating system can take it, else raise ``ValueError``.
-
-    A NUL byte, or text the file system encoding cannot carry (a lone
-    surrogate outside the ``surrogateescape`` range), would otherwise fail
-    deep inside the first file operation with a bare ``ValueError``.
-    """
-    text = str(path)
-    if "\x00" in text:
-        raise ValueError("must not contain a NUL byte")
-    try:
-        os.fsencode(text)
-    except UnicodeEncodeError:
-        raise ValueError("must be encodable in the file system's encoding") from None
-    return path
 
 
 def default_home(environ: Mapping[str, str] | None = None) -> Path:

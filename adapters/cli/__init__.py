@@ -1,118 +1,23 @@
-"""The ``flowvault`` command functions: a driving adapter that formats and asks, nothing more."""
+"""The ``flowvault`` command: a driving adapter, one module per verb or small verb group.
 
-from flowvault.adapters.cli._browse import (
-    DecideRequest,
-    PageRequest,
-    approvals_decide_command,
-    approvals_expire_command,
-    approvals_list_command,
-    approvals_register_key_command,
-    approvals_show_command,
-    approvals_signed_command,
-    approvals_statement_command,
-    runs_events_command,
-    runs_list_command,
-    runs_receipt_command,
-    runs_show_command,
-    verify_decision_command,
-    workflows_events_command,
-    workflows_list_command,
-    workflows_show_command,
-)
-from flowvault.adapters.cli._demo import (
-    DemoNarrator,
-    DemoStep,
-    StepFailed,
-    StepReport,
-    expect,
-    fingerprint_lines,
-    short,
-)
+Each verb module holds its arguments, gathers facts through the services
+the composition root opens for it (``CliContext``), and formats them. The
+console entry point in ``flowvault.composition`` builds the parser from
+``VERB_GROUPS`` and hands each verb a ``CliContext``.
+"""
+
+from flowvault.adapters.cli._context import CliContext, CliSettings, Services
+from flowvault.adapters.cli._groups import VERB_GROUPS
 from flowvault.adapters.cli._io import CommandIO
-from flowvault.adapters.cli._keys import (
-    KeyEntry,
-    key_entries,
-    keys_add_command,
-    keys_list_command,
-    keys_retire_command,
-    rotate_key_command,
-    signing_key_command,
-)
-from flowvault.adapters.cli._ledger import (
-    check_receipt_command,
-    compact_command,
-    fingerprint_command,
-    ledger_head_command,
-    ledger_verify_command,
-    ledger_vouch_command,
-    purge_command,
-    read_any_receipt_file,
-    read_receipt_file,
-    read_text_file,
-)
-from flowvault.adapters.cli._reset import ResetRequest, reset_progress_command
-from flowvault.adapters.cli._store import (
-    Check,
-    InitReport,
-    Severity,
-    StoreStatus,
-    accept_restore_command,
-    doctor_command,
-    init_command,
-    status_command,
-)
+from flowvault.adapters.cli._verbs import EXIT_CODES, Handler, expanded
 
 __all__ = [
-    "Check",
+    "EXIT_CODES",
+    "VERB_GROUPS",
+    "CliContext",
+    "CliSettings",
     "CommandIO",
-    "DecideRequest",
-    "DemoNarrator",
-    "DemoStep",
-    "InitReport",
-    "KeyEntry",
-    "PageRequest",
-    "ResetRequest",
-    "Severity",
-    "StepFailed",
-    "StepReport",
-    "StoreStatus",
-    "accept_restore_command",
-    "approvals_decide_command",
-    "approvals_expire_command",
-    "approvals_list_command",
-    "approvals_register_key_command",
-    "approvals_show_command",
-    "approvals_signed_command",
-    "approvals_statement_command",
-    "check_receipt_command",
-    "compact_command",
-    "doctor_command",
-    "expect",
-    "fingerprint_command",
-    "fingerprint_lines",
-    "init_command",
-    "key_entries",
-    "keys_add_command",
-    "keys_list_command",
-    "keys_retire_command",
-    "ledger_head_command",
-    "ledger_verify_command",
-    "ledger_vouch_command",
-    "purge_command",
-    "read_any_receipt_file",
-    "read_receipt_file",
-    "read_text_file",
-    "reset_progress_command",
-    "rotate_key_command",
-    "runs_events_command",
-    "runs_list_command",
-    "runs_receipt_command",
-    "runs_show_command",
-    "short",
-    "signing_key_command",
-    "status_command",
-    "verify_decision_command",
-    "workflows_events_command",
-    "workflows_list_command",
-    "workflows_show_command",
+    "Handler",
+    "Services",
+    "expanded",
 ]

@@ -1,60 +1,55 @@
-"""``flowvault ledger verify``/``head``/``check-receipt``, ``fingerprint``, ``purge``: audit output.
+"""``flowvault ledger verify|head|vouch|check-receipt``: audit the tamper-evident ledger.
 
-The use cases live in the application layer; these functions only run them
-and format what they return, as text, tables or one JSON document.
+``ledger verify`` and ``ledger head`` open the store for reading only (on
+SQLite with ``mode=ro``: nothing is created, chmod-ed or migrated), so they
+can audit a copy of a database file without changing it. They need the key
+only to open records and to MAC receipts; they never create one.
+``ledger check-receipt`` opens no store at all: a public key is enough.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import argparse
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
-from pathlib import Path
-from typing import TextIO
 
+from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import FIXES, CommandIO
+from flowvault.adapters.cli._keyed import existing_ring, keyed_audit
+from flowvault.adapters.cli._receipts import (
+    read_any_receipt_file,
+    read_receipt_file,
+    terminal_receipt_document,
+)
+from flowvault.adapters.cli._verbs import Verbs, add_verb, file_path
+from flowvault.adapters.crypto import load_public_key
+from flowvault.adapters.system import SystemClock
 from flowvault.application import (
+    KEY_ENV,
     AuditReport,
     LedgerAudit,
-    PurgeOutcome,
+    ReceiptMac,
     ReceiptSigner,
     ReceiptVerifier,
     RecordReadability,
-    RetentionJob,
-    RetentionReport,
     StaleRecord,
-    StateRepository,
-    StoreCapabilities,
     StreamFailure,
     Unvouched,
     authenticate,
     authenticate_terminal,
-    cold_fingerprint,
-    purge,
+    inspect_unvouched,
+    vouch_unit,
 )
 from flowvault.domain import (
     IntegrityFailure,
     InvalidInput,
-    ResetFingerprint,
-    StoreBusy,
+    KeyRequired,
+    NotFound,
     TerminalReceipt,
-    WorkflowState,
-    parse_receipt,
-    parse_terminal_receipt,
 )
 from flowvault.domain._envelope import format_instant
-from flowvault.domain._receipt import MAX_RECEIPT_BYTES, HeadReceipt
-
-_KINDS = (
-    "action_results",
-    "consumed_checkpoints",
-    "decided_approvals",
-    "idempotency_records",
-    "finished_runs",
-)
-"""Retention report fields, in the order the job deletes them."""
-
-
-# -- ledger verify ------------------------------------------------------------
+from flowvault.domain._receipt import HeadReceipt
 
 
 def _failure(failure: StreamFailure) -> dict[str, object]:
@@ -173,52 +168,6 @@ def ledger_verify_command(
     return 0 if report.ok else io.fail(_integrity_error(report))
 
 
-# -- ledger head --------------------------------------------------------------
-
-
-def _read_stdin(stdin: TextIO) -> bytes:
-    buffer = getattr(stdin, "buffer", None)
-    if buffer is not None:
-        data: bytes = buffer.read(MAX_RECEIPT_BYTES + 1)
-        return data
-    return stdin.read(MAX_RECEIPT_BYTES + 1).encode("utf-8", "surrogateescape")
-
-
-def read_text_file(path: str, stdin: TextIO, what: str = "receipt") -> str:
-    """Read a small UTF-8 file, or ``stdin`` for ``-``; ``InvalidInput`` naming ``what``."""
-    try:
-        if path == "-":
-            content = _read_stdin(stdin)
-        else:
-            with Path(path).open("rb") as file:
-                content = file.read(MAX_RECEIPT_BYTES + 1)
-    except OSError as error:
-        raise InvalidInput(f"cannot read {what} {path}: {error.strerror}", path=path) from None
-    except ValueError:
-        raise InvalidInput(f"a {what} path must not contain a NUL byte") from None
-    if len(content) > MAX_RECEIPT_BYTES:
-        raise InvalidInput(f"{what} {path} is larger than {MAX_RECEIPT_BYTES} bytes", path=path)
-    try:
-        return content.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InvalidInput(f"{what} {path} is not UTF-8 text", path=path) from None
-
-
-def read_receipt_file(path: str, stdin: TextIO) -> HeadReceipt:
-    """Read and parse a receipt file, or ``stdin`` for ``-``; ``InvalidInput`` otherwise."""
-    return parse_receipt(read_text_file(path, stdin))
-
-
-def read_any_receipt_file(path: str, stdin: TextIO) -> HeadReceipt | TerminalReceipt:
-    """Read a head receipt or a terminal receipt, told apart by their first character.
-
-    A head receipt opens with its origin line, a terminal receipt with the
-    ``{`` of its JSON object.
-    """
-    text = read_text_file(path, stdin)
-    return parse_terminal_receipt(text) if text.startswith("{") else parse_receipt(text)
-
-
 def _receipt_document(receipt: HeadReceipt) -> dict[str, object]:
     note = receipt.note
     return {
@@ -231,12 +180,6 @@ def _receipt_document(receipt: HeadReceipt) -> dict[str, object]:
         "signers": [signature.name for signature in receipt.signatures],
         "receipt": receipt.text(),
     }
-
-
-def terminal_receipt_document(receipt: TerminalReceipt) -> dict[str, object]:
-    """Return a terminal receipt's fields as shown, its kind first and its text last."""
-    body = receipt.body()
-    return {"kind": body.pop("kind"), **body, "receipt": receipt.text()}
 
 
 def ledger_head_command(
@@ -285,9 +228,6 @@ def check_receipt_command(
     return 0
 
 
-# -- ledger vouch -------------------------------------------------------------
-
-
 def ledger_vouch_command(seen: Unvouched, io: CommandIO, *, vouched: bool) -> int:
     """Print what was (or, before ``--head-hash`` is given, would be) vouched for."""
     document = {
@@ -319,103 +259,191 @@ def ledger_vouch_command(seen: Unvouched, io: CommandIO, *, vouched: bool) -> in
     return 0
 
 
-# -- fingerprint --------------------------------------------------------------
+# -- gathering and arguments ----------------------------------------------------
 
 
-def _fingerprint_lines(fingerprint: ResetFingerprint, cold_root: bool) -> list[str]:
-    heading = f"fingerprint of scope {fingerprint.scope!r}"
-    if cold_root:
-        heading += " (cold root: no store exists)"
-    shown = fingerprint.model_dump(mode="json", exclude_none=True)
-    return [heading, *(f"  {name}: {value}" for name, value in shown.items())]
+@contextmanager
+def _audited(context: CliContext) -> Iterator[LedgerAudit]:
+    """Yield the audit of the read-only store, keyed when a key exists."""
+    store = context.open_store(read_only=True)
+    try:
+        yield keyed_audit(store, existing_ring(context), context)
+    finally:
+        store.close()
 
 
-def fingerprint_command(
-    state: StateRepository[WorkflowState] | None,
-    scope: str,
-    reason: str | None,
-    io: CommandIO,
-) -> int:
-    """Print the plaintext-free fingerprint of a scope's state; ``state`` is ``None`` when cold."""
-    cold_root = state is None
-    fingerprint = cold_fingerprint(scope, reason) if state is None else state.fingerprint(reason)
-    document = {"cold_root": cold_root, "fingerprint": fingerprint.model_dump(mode="json")}
-    io.emit(document, _fingerprint_lines(fingerprint, cold_root))
-    return 0
+def _ledger_verify(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
+    receipts = [read_receipt_file(path, io.stdin) for path in args.against or ()]
+    if args.public_key is not None and not receipts:
+        raise InvalidInput("--public-key checks receipts: give them with --against")
+    with _audited(context) as audit:
+        repository = audit.repository
+        if receipts:
+            if repository is None and args.public_key is None:
+                raise KeyRequired(
+                    "a receipt is trusted only once authenticated: set the store key (its "
+                    "MAC line) or give --public-key (its signature line)"
+                )
+            verifiers: list[ReceiptVerifier] = []
+            if repository is not None:
+                verifiers.append(ReceiptMac(repository))
+            if args.public_key is not None:
+                verifiers.append(load_public_key(args.public_key))
+            for receipt in receipts:
+                for verifier in verifiers:
+                    authenticate(receipt, verifier)
+        streams = None if args.all else [args.stream]
+        return ledger_verify_command(audit, streams, io, receipts=receipts)
 
 
-# -- compact ------------------------------------------------------------------
+def _receipt_signers(context: CliContext) -> tuple[ReceiptSigner, ...]:
+    """Return the configured Ed25519 signer, if ``FLOWVAULT_SIGNING_KEY_FILE`` names one."""
+    signer = context.receipt_signer()
+    return () if signer is None else (signer,)
 
 
-def compact_command(
-    complete: bool | None, sizes: Sequence[tuple[str, int | None, int | None]], io: CommandIO
-) -> int:
-    """Report an explicit compaction: each file's size around it; 1 if it did not finish.
-
-    ``complete`` is ``None`` on a cold root, where nothing was opened.
-    """
-    if complete is False:
-        return io.fail(
-            StoreBusy(
-                "other connections kept the write-ahead log from being truncated; "
-                "run compact again when they are idle"
+def _ledger_head(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
+    signers = _receipt_signers(context)
+    with _audited(context) as audit:
+        if audit.repository is None:
+            raise KeyRequired(
+                f"ledger head MACs its receipt with the store key: set {KEY_ENV} "
+                "or restore the key file"
             )
+        now = SystemClock().now()
+        return ledger_head_command(audit, args.stream, io, issued_at=now, signers=signers)
+
+
+def _check_receipt(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
+    del context
+    receipt = read_any_receipt_file(args.receipt, io.stdin)
+    return check_receipt_command(receipt, load_public_key(args.public_key), io)
+
+
+def _ledger_vouch(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
+    """Show what would be vouched for (read-only), or, given the compared head, vouch."""
+    if args.head_hash is None:
+        with _audited(context) as audit:
+            if audit.repository is None:
+                raise KeyRequired(
+                    f"vouching is checked under the store key: set {KEY_ENV} or restore the "
+                    "key file"
+                )
+            seen = inspect_unvouched(audit.repository.store, args.stream, audit.repository)
+        return ledger_vouch_command(seen, io, vouched=False)
+    services = context.open_existing()
+    if services is None:
+        raise NotFound("no store exists here: there is nothing to vouch for")
+    with services:
+        repository = services.repository
+        seen = inspect_unvouched(services.store, args.stream, repository)
+        unit = vouch_unit(
+            repository, seen, head_hash=args.head_hash, occurred_at=services.clock.now()
         )
-    document = {
-        "cold_root": complete is None,
-        "files": [{"path": p, "before": b, "after": a} for p, b, a in sizes],
-    }
-    if io.json_output:
-        io.emit(document, [])
-    elif complete is None:
-        io.say("cold root: no store exists, nothing to compact")
-    else:
-        io.say("compact: complete")
-        rows = [(p, _bytes(b), _bytes(a)) for p, b, a in sizes]
-        io.table("files", ("file", "before", "after"), rows)
-    return 0
+        services.store.commit(unit)
+    return ledger_vouch_command(seen, io, vouched=True)
 
 
-def _bytes(size: int | None) -> str:
-    return "absent" if size is None else f"{size} bytes"
+def _receipt_path(text: str) -> str:
+    return text if text == "-" else str(file_path(text))
 
 
-# -- purge --------------------------------------------------------------------
-
-
-def _purge_document(outcome: PurgeOutcome, cold_root: bool) -> dict[str, object]:
-    report = outcome.report
-    return {
-        "cold_root": cold_root,
-        "deleted": {kind: getattr(report, kind) for kind in _KINDS},
-        "total": report.total,
-        "expired_approvals": report.expired_approvals,
-        "failed_runs": report.failed_runs,
-        "compacted": outcome.compacted,
-    }
-
-
-def purge_command(
-    job: RetentionJob | None, capabilities: StoreCapabilities | None, io: CommandIO
-) -> int:
-    """Run the retention job and compaction, then print counts per kind; ``None`` when cold."""
-    cold_root = job is None or capabilities is None
-    if job is None or capabilities is None:
-        outcome = PurgeOutcome(RetentionReport(), compacted=True)
-    else:
-        outcome = purge(job, capabilities, progress=io.progress)
-    document = _purge_document(outcome, cold_root)
-    if io.json_output:
-        io.emit(document, [])
-        return 0
-    if cold_root:
-        io.say("cold root: no store exists, nothing to purge")
-    report = outcome.report
-    rows = [(kind, getattr(report, kind)) for kind in _KINDS]
-    io.table("purged", ("kind", "deleted"), [*rows, ("total", report.total)])
-    io.say(
-        f"expired approvals recorded: {report.expired_approvals}; "
-        f"runs failed for an expired approval: {report.failed_runs}"
+def register(verbs: Verbs) -> None:
+    """Add the ``ledger`` group to the parser."""
+    group = verbs.add_parser(
+        "ledger",
+        help="verify ledger chains, print stream heads, vouch for legacy streams",
+        description=(
+            "Audit the tamper-evident ledger. Every verb but 'vouch --head-hash' only reads."
+        ),
     )
-    io.say("compaction: " + ("complete" if outcome.compacted else "incomplete, run purge again"))
-    return 0
+    leaves = group.add_subparsers(dest="ledger_verb", required=True, metavar="VERB")
+    verify = add_verb(
+        leaves,
+        "verify",
+        help="verify the hash chain of one stream or of every stream",
+        description=(
+            "Verify ledger hash chains from each stream's first retained event to its head. "
+            "With --all, every stream is verified and every record is opened with the key "
+            "and counted readable or unreadable (unverified when no key is available). "
+            "With --against, each receipt is authenticated (its MAC under the store key, "
+            "and its signature when --public-key is given), its stream verified, and the "
+            "stream must still hold the receipt's head at the receipt's index: deleted "
+            "events, a restored older copy and rewritten history all fail. "
+            "The store is opened read-only: on SQLite nothing is created, migrated or "
+            "written, so a copy of a database file can be audited unchanged. Exits 1 "
+            "(INTEGRITY_FAILURE) when any stream fails."
+        ),
+        handler=_ledger_verify,
+    )
+    target = verify.add_mutually_exclusive_group(required=True)
+    target.add_argument("--stream", metavar="NAME", help="verify this stream only")
+    target.add_argument("--all", action="store_true", help="verify every stream and record")
+    target.add_argument(
+        "--against",
+        metavar="RECEIPT",
+        type=_receipt_path,
+        action="append",
+        help="a receipt file from 'ledger head' ('-' for stdin); repeat for several",
+    )
+    verify.add_argument(
+        "--public-key",
+        type=file_path,
+        metavar="FILE",
+        help="also check each receipt's Ed25519 signature with this public key",
+    )
+    head = add_verb(
+        leaves,
+        "head",
+        help="print a stream's head receipt, MAC'd and optionally signed",
+        description=(
+            "Print a head receipt of a stream: its origin line, size, base64 head hash, "
+            "first retained index and time, then a MAC line under the store key and, when "
+            "FLOWVAULT_SIGNING_KEY_FILE is set, an Ed25519 signature line. Keep it outside "
+            "the store and check the store against it later with 'ledger verify --against'. "
+            "Read-only; needs the store key."
+        ),
+        handler=_ledger_head,
+    )
+    head.add_argument("--stream", metavar="NAME", required=True, help="the stream")
+    vouch = add_verb(
+        leaves,
+        "vouch",
+        help="vouch, under the key, for a stream written before MACs or cut before trims",
+        description=(
+            "A stream written before schema 3 carries no chain MAC, and one whose oldest "
+            "events were dropped before trims were put on record has no ledger.trimmed "
+            "event: both fail every keyed verifier (unkeyed, truncated), exactly as a "
+            "stream an editor stripped or cut would. Without --head-hash, check the "
+            "stream's plain chain and print its size and head hash, writing nothing; "
+            "compare them with a copy you trust. With --head-hash, append one keyed "
+            "ledger.vouched event after that head (refused if the head is another), and "
+            "the stream verifies from then on. A stream that verifies, or fails in any "
+            "other way (edited, forged, a MAC missing after a keyed event), is refused."
+        ),
+        handler=_ledger_vouch,
+    )
+    vouch.add_argument("--stream", metavar="NAME", required=True, help="the stream")
+    vouch.add_argument(
+        "--head-hash",
+        metavar="HASH",
+        help="the head hash you compared with a trusted copy; without it nothing is written",
+    )
+    check = add_verb(
+        leaves,
+        "check-receipt",
+        help="check a head or terminal receipt's Ed25519 signature with a public key alone",
+        description=(
+            "Check that a receipt (a head receipt from 'ledger head' or a terminal receipt "
+            "from 'runs receipt') was signed by the holder of the signing key, using only "
+            "its public key: no store and no store key are needed. Exits 1 "
+            "(INTEGRITY_FAILURE) when no valid signature by that key is on it."
+        ),
+        handler=_check_receipt,
+    )
+    check.add_argument(
+        "receipt", type=_receipt_path, metavar="RECEIPT", help="the receipt file ('-' for stdin)"
+    )
+    check.add_argument(
+        "--public-key", type=file_path, metavar="FILE", required=True, help="the public key (PEM)"
+    )

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
+from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import CommandIO
+from flowvault.adapters.cli._verbs import Verbs, add_verb
 from flowvault.application import ResetOutcome, StateRepository, reset_progress
 from flowvault.domain import WorkflowState
 
@@ -66,3 +69,37 @@ def reset_progress_command(
     )
     io.emit(_document(outcome), _lines(outcome))
     return 0
+
+
+# -- gathering and arguments ----------------------------------------------------
+
+
+def _reset_progress(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
+    request = ResetRequest(
+        scope=args.scope, actor=args.actor, reason=args.reason, dry_run=args.dry_run, yes=args.yes
+    )
+    services = context.open_existing()
+    if services is None:
+        return reset_progress_command(None, request, io)
+    with services:
+        return reset_progress_command(services.state(args.scope), request, io)
+
+
+def register(verbs: Verbs) -> None:
+    """Add ``reset-progress`` to the parser."""
+    reset = add_verb(
+        verbs,
+        "reset-progress",
+        help="fingerprint a scope's workflow state and reset it",
+        description=(
+            "Record a workflow_state.reset event with a plaintext-free fingerprint of the "
+            "scope's state, then delete only that state row. Works on a cold root, where "
+            "it reports the state as absent and creates nothing."
+        ),
+        handler=_reset_progress,
+    )
+    reset.add_argument("--scope", required=True, help="the scope (bucket or profile) to reset")
+    reset.add_argument("--actor", default="cli", help="who resets, for the audit event")
+    reset.add_argument("--reason", help="a reason class such as 'corrupt' (default: derived)")
+    reset.add_argument("--dry-run", action="store_true", help="print the fingerprint only")
+    reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")

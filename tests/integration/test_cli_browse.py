@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from cli_helpers import FLOWVAULT, cli_env
 
-from flowvault.adapters.cli import CommandIO, DecideRequest, approvals_decide_command
+from flowvault.adapters.cli import CommandIO
+from flowvault.adapters.cli._approvals import DecideRequest, approvals_decide_command
 from flowvault.application import APPROVALS, GRAPH_RUNS, WORKFLOWS
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import Approval, ApprovalStatus, InvalidInput, WorkOrder, content_hash

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from cli_helpers import FLOWVAULT, cli_env
 
+from flowvault.adapters.cli import _demo as demo_verb
 from flowvault.adapters.cli._demo import expect
-from flowvault.composition import _cli_demo, main
+from flowvault.composition import main
 
 TIMEOUT = 120.0
 STEPS = [
@@ -213,9 +214,9 @@ def test_a_misbehaving_step_stops_the_demo_and_is_named(
         expect(False, "the retry created a second workflow")
         raise AssertionError
 
-    steps = list(_cli_demo.STEPS)
+    steps = list(demo_verb.STEPS)
     steps[1] = (steps[1][0], broken)
-    monkeypatch.setattr(_cli_demo, "STEPS", tuple(steps))
+    monkeypatch.setattr(demo_verb, "STEPS", tuple(steps))
     for name in [k for k in os.environ if k.startswith("FLOWVAULT_")]:
         monkeypatch.delenv(name)
     assert main(["demo", "--home", str(tmp_path / "demo")]) == 1

@@ -587,7 +587,8 @@ def test_negative_controls(home: Home, tally: Tally, monkeypatch: pytest.MonkeyP
 
     with monkeypatch.context() as patch:
         for command in CRASHING_COMMANDS:
-            patch.setattr(f"flowvault.composition._cli_browse.{command}", crashing)
+            group = command.split("_")[0]
+            patch.setattr(f"flowvault.adapters.cli._{group}.{command}", crashing)
         crash = _caught(home, forbidden)
     tally.crash_caught = crash is not None and "KeyError escaped" in crash
 

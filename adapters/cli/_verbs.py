@@ -1,15 +1,15 @@
-"""What every verb group of the ``flowvault`` command shares: options, epilog, settings."""
+"""What every verb of the ``flowvault`` command shares: its options, epilog and handler shape."""
 
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeAlias
 
-from flowvault.adapters.cli import CommandIO
-from flowvault.composition._settings import Settings, check_os_path
+from flowvault.adapters._paths import check_os_path
+from flowvault.adapters.cli._context import CliContext
+from flowvault.adapters.cli._io import CommandIO
 from flowvault.domain import InvalidInput
 
 EXIT_CODES = """exit codes:
@@ -20,7 +20,7 @@ EXIT_CODES = """exit codes:
   141  the reader of stdout stopped early (a closed pipe); the rest of the output is dropped
 """
 
-Handler: TypeAlias = Callable[[argparse.Namespace, Settings, CommandIO], int]
+Handler: TypeAlias = Callable[[argparse.Namespace, CliContext, CommandIO], int]
 Verbs: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
@@ -66,15 +66,3 @@ def file_path(text: str) -> Path:
         return check_os_path(Path(text).expanduser())
     except (RuntimeError, ValueError) as error:
         raise argparse.ArgumentTypeError(f"not a usable path: {error}") from None
-
-
-def settings_for(args: argparse.Namespace) -> Settings:
-    """Build settings from ``FLOWVAULT_*``, overridden by the global options given."""
-    environ = dict(os.environ)
-    if args.home is not None:
-        environ["FLOWVAULT_HOME"] = expanded(args.home, "--home")
-    if args.backend is not None:
-        environ["FLOWVAULT_BACKEND"] = args.backend
-    if args.postgres_dsn is not None:
-        environ["FLOWVAULT_POSTGRES_DSN"] = args.postgres_dsn
-    return Settings.from_env(environ)

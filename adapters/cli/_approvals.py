@@ -1,0 +1,440 @@
+"""``flowvault approvals``: list, show, decide, expire, and the signed decisions of deciders."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from flowvault.adapters.cli._context import CliContext, Services
+from flowvault.adapters.cli._io import CommandIO
+from flowvault.adapters.cli._listing import (
+    COLD_NOTE,
+    Fields,
+    PageRequest,
+    add_paging,
+    cold_not_found,
+    detail_lines,
+    instant,
+    page_request,
+    page_rows,
+    print_listing,
+    read_pages,
+    verb_group,
+    with_service,
+)
+from flowvault.adapters.cli._receipts import read_text_file
+from flowvault.adapters.cli._verbs import Verbs, add_verb, file_path
+from flowvault.adapters.crypto import load_public_key
+from flowvault.application import ApprovalService, ReceiptVerifier
+from flowvault.domain import (
+    Approval,
+    ApprovalReceipt,
+    ApprovalStatus,
+    IntegrityFailure,
+    InvalidInput,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DecideRequest:
+    """The arguments of ``approvals decide``, already parsed."""
+
+    approval_id: str
+    decision: str
+    actor: str
+    yes: bool
+    signature: bytes | None = None
+
+
+APPROVAL_COLUMNS = (
+    "approval_id",
+    "status",
+    "requested_at",
+    "expires_at",
+    "decided_at",
+    "allowed_decision_count",
+    "run_id",
+)
+
+
+def _approval_row(approval: Approval, status: ApprovalStatus) -> Fields:
+    return {
+        "approval_id": approval.approval_id,
+        "status": status.value,
+        "requested_at": instant(approval.requested_at),
+        "expires_at": instant(approval.expires_at),
+        "decided_at": instant(approval.decided_at),
+        "allowed_decision_count": len(approval.allowed_decisions),
+    }
+
+
+def _approval_list_row(approval: Approval, status: ApprovalStatus) -> Fields:
+    return {**_approval_row(approval, status), "run_id": approval.run_id}
+
+
+def _approval_detail(
+    approval: Approval, receipt: ApprovalReceipt, status: ApprovalStatus
+) -> Fields:
+    return {
+        **_approval_row(approval, status),
+        "required": approval.required,
+        "vote_count": len(approval.votes),
+        "signed_vote_count": sum(vote.signature is not None for vote in approval.votes),
+        "run_id": approval.run_id,
+        "checkpoint_id": approval.checkpoint_id,
+        "integrity_digest": approval.integrity_digest,
+        "checkpoint_digest": approval.checkpoint_digest,
+        "prompt_digest": approval.prompt_digest,
+        "audience_digest": receipt.audience,
+        "allowed_decisions_digest": receipt.allowed_decisions,
+        "decision_digest": receipt.decision,
+        "actor_digest": receipt.actor,
+        "receipt": receipt.digest,
+    }
+
+
+def _show_approval(approvals: ApprovalService, approval: Approval, io: CommandIO) -> None:
+    fields = _approval_detail(
+        approval, approvals.approval_receipt(approval), approvals.status_of(approval)
+    )
+    io.emit({"approval": fields}, detail_lines(f"approval {approval.approval_id}", fields))
+
+
+def approvals_list_command(
+    approvals: ApprovalService | None,
+    run_id: str | None,
+    status: str | None,
+    request: PageRequest,
+    io: CommandIO,
+) -> int:
+    """List approvals, of one run or all, newest written first; ``None`` is a cold root."""
+    if approvals is None:
+        return print_listing(io, "approvals", APPROVAL_COLUMNS, None)
+    wanted = None if status is None else ApprovalStatus(status)
+    page = read_pages(
+        lambda cursor: approvals.list_approvals(run_id, wanted, request.limit, cursor=cursor),
+        request,
+    )
+    rows = page_rows(
+        page, lambda approval: _approval_list_row(approval, approvals.status_of(approval))
+    )
+    return print_listing(io, "approvals", APPROVAL_COLUMNS, rows)
+
+
+def approvals_show_command(
+    approvals: ApprovalService | None, approval_id: str, io: CommandIO
+) -> int:
+    """Show one approval: status, times, counts and digests; no audience, actor or decision."""
+    if approvals is None:
+        raise cold_not_found("approval")
+    _show_approval(approvals, approvals.get_approval(approval_id), io)
+    return 0
+
+
+def approvals_decide_command(
+    approvals: ApprovalService | None, request: DecideRequest, io: CommandIO
+) -> int:
+    """Record a decision after asking on a terminal (unless ``yes``); print the receipt digests."""
+    if approvals is None:
+        raise cold_not_found("approval")
+    if io.interactive and not request.yes:
+        pending = approvals.get_approval(request.approval_id)
+        question = (
+            f"Record a decision on approval {pending.approval_id} "
+            f"(status {pending.status.value}, expires {instant(pending.expires_at)})?"
+        )
+        if not io.confirm(question):
+            io.err.write("aborted: nothing was decided\n")
+            return 1
+    decided, checkpoint = approvals.decide(
+        request.approval_id, request.decision, request.actor, signature=request.signature
+    )
+    settled = decided.status is not ApprovalStatus.PENDING
+    fields = {
+        **_approval_detail(decided, approvals.approval_receipt(decided), decided.status),
+        "resume_checkpoint_id": checkpoint.checkpoint_id if settled else None,
+    }
+    title = "decided" if settled else "vote recorded, waiting for the quorum"
+    io.emit({"approval": fields}, detail_lines(f"{title}: approval {decided.approval_id}", fields))
+    return 0
+
+
+def approvals_expire_command(approvals: ApprovalService | None, io: CommandIO) -> int:
+    """Record every overdue approval's expiry and fail the runs left waiting; print counts."""
+    report = None if approvals is None else approvals.expire_overdue()
+    fields: Fields = {
+        "expired_approvals": 0 if report is None else report.expired_approvals,
+        "failed_runs": 0 if report is None else report.failed_runs,
+    }
+    io.emit(fields, detail_lines("expiry pass", fields))
+    return 0
+
+
+def approvals_statement_command(
+    approvals: ApprovalService | None, approval_id: str, decision: str, io: CommandIO
+) -> int:
+    """Write the exact bytes a decider signs for ``decision``, no newline, to standard output."""
+    if approvals is None:
+        raise cold_not_found("approval")
+    io.out.write(approvals.decision_statement(approval_id, decision).decode("utf-8"))
+    return 0
+
+
+def approvals_signed_command(
+    approvals: ApprovalService | None, approval_id: str, io: CommandIO
+) -> int:
+    """Print the approval's signed decisions, one statement document per line, for auditors."""
+    if approvals is None:
+        raise cold_not_found("approval")
+    signed = approvals.signed_decisions(approvals.get_approval(approval_id))
+    if io.json_output:
+        io.emit({"signed_decisions": [json.loads(item.to_json()) for item in signed]}, [])
+    else:
+        io.out.write("".join(item.to_json() + "\n" for item in signed))
+    return 0
+
+
+def approvals_register_key_command(
+    approvals: ApprovalService | None, actor: str, public_key_pem: bytes, io: CommandIO
+) -> int:
+    """Register a decider's public key; their decisions must carry its signature from now on."""
+    if approvals is None:
+        raise cold_not_found("store")
+    approvals.register_decider_key(actor, public_key_pem)
+    io.emit({"registered": True}, ["decider key registered: this actor must sign decisions now"])
+    return 0
+
+
+def verify_decision_command(document: str, verifier: ReceiptVerifier, io: CommandIO) -> int:
+    """Check a signed decision with a public key alone; ``IntegrityFailure`` if it fails."""
+    statement, signature, decider = _signed_decision(document)
+    if not verifier.verify(statement.encode("utf-8"), signature):
+        raise IntegrityFailure("the signature is not this public key's over the statement")
+    fields: Fields = {"ok": True, "decider": decider}
+    parsed = json.loads(statement)
+    if isinstance(parsed, dict):
+        fields |= {name: parsed.get(name) for name in STATEMENT_FIELDS}
+    io.emit(fields, detail_lines("signed decision: ok", fields))
+    return 0
+
+
+STATEMENT_FIELDS = ("statement", "approval_id", "checkpoint_digest", "prompt_digest", "decision")
+SIGNED_FIELDS = ("statement", "signature", "decider")
+SIGNATURE_HEX = 128
+
+
+def _signed_decision(document: str) -> tuple[str, bytes, str]:
+    """Parse a statement document as ``approvals signed`` prints it; ``InvalidInput`` if not."""
+    try:
+        parsed = json.loads(document)
+    except ValueError:
+        parsed = None
+    fields = parsed if isinstance(parsed, dict) else {}
+    statement, signature, decider = (fields.get(name) for name in SIGNED_FIELDS)
+    raw = b""
+    if isinstance(signature, str) and len(signature) == SIGNATURE_HEX:
+        try:
+            raw = bytes.fromhex(signature)
+        except ValueError:
+            raw = b""
+    if not (isinstance(statement, str) and isinstance(decider, str) and raw):
+        raise InvalidInput(
+            "not a signed decision: expected one JSON line as 'approvals signed' prints it"
+        )
+    return statement, raw, decider
+
+
+# -- gathering and arguments ----------------------------------------------------
+
+
+SIGNATURE_BYTES = 64
+SIGNATURE_FILE_LIMIT = 256
+
+
+def _approvals(services: Services) -> ApprovalService:
+    return services.approvals
+
+
+def _approvals_list(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
+    return with_service(
+        context,
+        _approvals,
+        lambda found: approvals_list_command(found, args.run, args.status, page_request(args), io),
+    )
+
+
+def _approvals_show(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
+    return with_service(
+        context, _approvals, lambda found: approvals_show_command(found, args.approval_id, io)
+    )
+
+
+def _approvals_decide(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
+    request = DecideRequest(
+        approval_id=args.approval_id,
+        decision=args.decision,
+        actor=args.actor,
+        yes=args.yes,
+        signature=None if args.signature_file is None else _signature(args.signature_file),
+    )
+    return with_service(
+        context, _approvals, lambda found: approvals_decide_command(found, request, io)
+    )
+
+
+def _signature(path: Path) -> bytes:
+    """Read a signature file: 64 raw bytes (as ``openssl pkeyutl -sign`` writes) or hex text."""
+    try:
+        content = path.read_bytes()[: 2 * SIGNATURE_FILE_LIMIT]
+    except OSError as error:
+        raise InvalidInput(f"cannot read signature file {path}: {error.strerror}") from None
+    if len(content) == SIGNATURE_BYTES:
+        return content
+    try:
+        return bytes.fromhex(content.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        raise InvalidInput(
+            f"signature file {path} holds neither 64 raw bytes nor hex text"
+        ) from None
+
+
+def _approvals_expire(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
+    del args
+    return with_service(context, _approvals, lambda found: approvals_expire_command(found, io))
+
+
+def _approvals_statement(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
+    return with_service(
+        context,
+        _approvals,
+        lambda found: approvals_statement_command(found, args.approval_id, args.decision, io),
+    )
+
+
+def _approvals_signed(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
+    return with_service(
+        context, _approvals, lambda found: approvals_signed_command(found, args.approval_id, io)
+    )
+
+
+def _approvals_register_key(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
+    pem = read_text_file(str(args.public_key), io.stdin, "public key").encode("utf-8")
+    return with_service(
+        context,
+        _approvals,
+        lambda found: approvals_register_key_command(found, args.actor, pem, io),
+    )
+
+
+def _approvals_verify_decision(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
+    del context
+    document = read_text_file(args.statement, io.stdin, "signed decision")
+    return verify_decision_command(document, load_public_key(args.public_key), io)
+
+
+def register(verbs: Verbs) -> None:
+    group = verb_group(verbs, "approvals", "list, inspect and decide approval requests")
+    statuses = [status.value for status in ApprovalStatus]
+    listing = add_verb(
+        group,
+        "list",
+        help="list approvals, of one run or of all, most recently written first",
+        description="List approvals by id, status, times and run, most recently written "
+        "first (a request or a decision writes one). " + COLD_NOTE,
+        handler=_approvals_list,
+    )
+    listing.add_argument("--run", metavar="RUN_ID", help="only this run's approvals")
+    listing.add_argument("--status", choices=statuses, help="only this status")
+    add_paging(listing)
+    show = add_verb(
+        group,
+        "show",
+        help="show one approval's status, times and digests",
+        description="Show one approval: status, times, the number of allowed decisions and "
+        "keyed digests. Never prints its audience, actor or decision in clear.",
+        handler=_approvals_show,
+    )
+    show.add_argument("approval_id", help="the approval id")
+    decide = add_verb(
+        group,
+        "decide",
+        help="record a decision and consume the approval's checkpoint",
+        description="Record a decision on a pending approval and consume its checkpoint in "
+        "one unit of work, then print the approval receipt's digests. On a terminal it asks "
+        "first unless --yes is given. Fails with APPROVAL_EXPIRED, APPROVAL_ALREADY_DECIDED "
+        "or APPROVAL_DECISION_NOT_ALLOWED.",
+        handler=_approvals_decide,
+    )
+    decide.add_argument("approval_id", help="the approval id")
+    decide.add_argument("--decision", required=True, help="one of the allowed decisions")
+    decide.add_argument("--actor", required=True, help="who decides (stored sealed, shown keyed)")
+    decide.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    decide.add_argument(
+        "--signature-file",
+        type=file_path,
+        metavar="FILE",
+        help="the actor's Ed25519 signature of the decision statement (raw or hex); "
+        "required once the actor has a registered key",
+    )
+    _register_signing_verbs(group)
+    add_verb(
+        group,
+        "expire",
+        help="record every overdue approval's expiry and fail the runs left waiting",
+        description="Record the expiry of every pending approval past its deadline (its "
+        "checkpoint is consumed with it), then move each run still awaiting_approval whose "
+        "newest approval expired, with none pending, to failed. Prints the counts; safe to "
+        "repeat. On a cold root it creates nothing.",
+        handler=_approvals_expire,
+    )
+
+
+def _register_signing_verbs(group: Verbs) -> None:
+    statement = add_verb(
+        group,
+        "statement",
+        help="print the exact bytes a decider signs for a decision",
+        description="Print the decision statement (canonical JSON) a decider with a "
+        "registered key signs, e.g. with 'openssl pkeyutl -sign -rawin'.",
+        handler=_approvals_statement,
+    )
+    statement.add_argument("approval_id", help="the approval id")
+    statement.add_argument("--decision", required=True, help="one of the allowed decisions")
+    register = add_verb(
+        group,
+        "register-key",
+        help="register a decider's Ed25519 public key; their decisions must then be signed",
+        description="Register the Ed25519 public key (PEM) of a decider. From then on a "
+        "decision by that actor counts only with --signature-file, and its signed statement "
+        "can be checked by anyone holding the public key.",
+        handler=_approvals_register_key,
+    )
+    register.add_argument("--actor", required=True, help="the decider (stored sealed)")
+    register.add_argument(
+        "public_key", type=file_path, metavar="PUBLIC_KEY", help="the public key file (PEM)"
+    )
+    signed = add_verb(
+        group,
+        "signed",
+        help="print an approval's signed decisions, one JSON line each, for an auditor",
+        description="Print each signed decision of an approval as one JSON line: the "
+        "statement, the signature and the decider's keyed digest. Check a line with "
+        "'approvals verify-decision' and the decider's public key alone.",
+        handler=_approvals_signed,
+    )
+    signed.add_argument("approval_id", help="the approval id")
+    verify = add_verb(
+        group,
+        "verify-decision",
+        help="check a signed decision with the decider's public key alone",
+        description="Check that a line printed by 'approvals signed' was signed by the "
+        "holder of the given key: no store and no store key are needed. Exits 1 "
+        "(INTEGRITY_FAILURE) when the signature is not that key's.",
+        handler=_approvals_verify_decision,
+    )
+    verify.add_argument("statement", metavar="FILE", help="the signed decision ('-' for stdin)")
+    verify.add_argument(
+        "--public-key", type=file_path, metavar="FILE", required=True, help="the public key (PEM)"
+    )

@@ -1,0 +1,61 @@
+"""``flowvault fingerprint``: what can be said of a scope's state without its content."""
+
+from __future__ import annotations
+
+import argparse
+
+from flowvault.adapters.cli._context import CliContext
+from flowvault.adapters.cli._io import CommandIO
+from flowvault.adapters.cli._verbs import Verbs, add_verb
+from flowvault.application import StateRepository, cold_fingerprint
+from flowvault.domain import ResetFingerprint, WorkflowState
+
+
+def _fingerprint_lines(fingerprint: ResetFingerprint, cold_root: bool) -> list[str]:
+    heading = f"fingerprint of scope {fingerprint.scope!r}"
+    if cold_root:
+        heading += " (cold root: no store exists)"
+    shown = fingerprint.model_dump(mode="json", exclude_none=True)
+    return [heading, *(f"  {name}: {value}" for name, value in shown.items())]
+
+
+def fingerprint_command(
+    state: StateRepository[WorkflowState] | None,
+    scope: str,
+    reason: str | None,
+    io: CommandIO,
+) -> int:
+    """Print the plaintext-free fingerprint of a scope's state; ``state`` is ``None`` when cold."""
+    cold_root = state is None
+    fingerprint = cold_fingerprint(scope, reason) if state is None else state.fingerprint(reason)
+    document = {"cold_root": cold_root, "fingerprint": fingerprint.model_dump(mode="json")}
+    io.emit(document, _fingerprint_lines(fingerprint, cold_root))
+    return 0
+
+
+# -- gathering and arguments ----------------------------------------------------
+
+
+def _fingerprint(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
+    services = context.open_existing()
+    if services is None:
+        return fingerprint_command(None, args.scope, args.reason, io)
+    with services:
+        return fingerprint_command(services.state(args.scope), args.scope, args.reason, io)
+
+
+def register(verbs: Verbs) -> None:
+    """Add ``fingerprint`` to the parser."""
+    fingerprint = add_verb(
+        verbs,
+        "fingerprint",
+        help="print the plaintext-free fingerprint of a scope's state",
+        description=(
+            "Print what can be said of a scope's workflow state without its content: "
+            "readability, revision, sizes and digests. On a cold root it reports the "
+            "state absent and creates nothing."
+        ),
+        handler=_fingerprint,
+    )
+    fingerprint.add_argument("--scope", required=True, help="the scope (bucket or profile)")
+    fingerprint.add_argument("--reason", help="a reason class such as 'corrupt' (default: derived)")

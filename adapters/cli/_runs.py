@@ -1,0 +1,212 @@
+"""``flowvault runs list|show|receipt|events``: graph runs' metadata, digests and receipts."""
+
+from __future__ import annotations
+
+import argparse
+
+from flowvault.adapters.cli._context import CliContext, Services
+from flowvault.adapters.cli._io import CommandIO
+from flowvault.adapters.cli._listing import (
+    COLD_NOTE,
+    EVENT_COLUMNS,
+    EVENT_LIMIT,
+    Fields,
+    PageRequest,
+    add_paging,
+    cold_not_found,
+    detail_lines,
+    event_row,
+    instant,
+    page_request,
+    page_rows,
+    print_listing,
+    read_pages,
+    verb_group,
+    with_service,
+)
+from flowvault.adapters.cli._receipts import terminal_receipt_document
+from flowvault.adapters.cli._verbs import Verbs, add_verb
+from flowvault.application import Page, RunService
+from flowvault.domain import GraphRun, InvalidInput, NotFound, TerminalReceipt
+from flowvault.domain._graph_runs import RUN_LIFECYCLE
+
+RUN_COLUMNS = ("run_id", "definition_id", "status", "started_at", "finished_at", "node_count")
+
+
+def _run_row(run: GraphRun) -> Fields:
+    return {
+        "run_id": run.run_id,
+        "definition_id": run.definition_id,
+        "status": run.status,
+        "started_at": instant(run.started_at),
+        "finished_at": instant(run.finished_at),
+        "node_count": run.node_count,
+    }
+
+
+def _event_count(runs: RunService, run_id: str) -> tuple[int, bool]:
+    """Count the run's retained events page by page; also whether older ones were trimmed."""
+    page = runs.read_run_events(run_id)
+    count, trimmed = len(page.events), page.gap
+    while page.next_cursor is not None:
+        page = runs.read_run_events(run_id, page.next_cursor)
+        count += len(page.events)
+    return count, trimmed
+
+
+def _terminal_receipt(runs: RunService, run: GraphRun) -> TerminalReceipt | None:
+    if not run.finished:
+        return None
+    try:
+        return runs.terminal_receipt(run.run_id)
+    except NotFound:
+        return None
+
+
+def _receipt_fields(receipt: TerminalReceipt | None) -> Fields:
+    if receipt is None:
+        return {"terminal_receipt": None}
+    return {
+        "terminal_receipt": receipt.digest,
+        "receipt_events_digest": receipt.events_digest,
+        "receipt_final_state_digest": receipt.final_state_digest,
+        "receipt_event_count": receipt.event_count,
+    }
+
+
+def runs_list_command(
+    runs: RunService | None, status: str | None, request: PageRequest, io: CommandIO
+) -> int:
+    """List graph runs, newest written first; ``runs`` is ``None`` on a cold root."""
+    if runs is None:
+        return print_listing(io, "runs", RUN_COLUMNS, None)
+    page = read_pages(
+        lambda cursor: runs.list_runs(status, cursor=cursor, limit=request.limit), request
+    )
+    return print_listing(io, "runs", RUN_COLUMNS, page_rows(page, _run_row))
+
+
+def runs_show_command(runs: RunService | None, run_id: str, io: CommandIO) -> int:
+    """Show one run's metadata, counts and receipt digest; never its input or state."""
+    if runs is None:
+        raise cold_not_found("run")
+    run = runs.get_run(run_id)
+    count, trimmed = _event_count(runs, run_id)
+    fields: Fields = {
+        **_run_row(run),
+        "definition_version": run.definition_version,
+        "revision": run.revision,
+        "failed_attempts": run.failed_attempts,
+        "budget_count": len(run.budgets),
+        "event_count": count,
+        "events_trimmed": trimmed,
+        **_receipt_fields(_terminal_receipt(runs, run)),
+    }
+    io.emit({"run": fields}, detail_lines(f"run {run_id}", fields))
+    return 0
+
+
+def runs_receipt_command(runs: RunService | None, run_id: str, io: CommandIO) -> int:
+    """Print a finished run's terminal receipt, checked under the store key first, to keep."""
+    if runs is None:
+        raise cold_not_found("run")
+    receipt = runs.terminal_receipt(run_id)
+    io.emit(terminal_receipt_document(receipt), [receipt.text().removesuffix("\n")])
+    return 0
+
+
+def _run_events(runs: RunService, run_id: str, cursor: str | None, limit: int) -> Page[Fields]:
+    """One page of a run's events; its cursor is the index of the next event, as text."""
+    if cursor is not None and not (cursor.isascii() and cursor.isdigit()):
+        raise InvalidInput("a run events cursor is the index of the next event")
+    page = runs.read_run_events(run_id, None if cursor is None else int(cursor), limit)
+    following = None if page.next_cursor is None else str(page.next_cursor)
+    return Page(tuple(map(event_row, page.events)), (), following)
+
+
+def runs_events_command(
+    runs: RunService | None, run_id: str, request: PageRequest, io: CommandIO
+) -> int:
+    """List a run's verified events in index order; ``None`` is a cold root."""
+    if runs is None:
+        raise cold_not_found("run")
+    page = read_pages(lambda cursor: _run_events(runs, run_id, cursor, request.limit), request)
+    return print_listing(io, "events", EVENT_COLUMNS, page)
+
+
+# -- gathering and arguments ----------------------------------------------------
+
+
+def _runs(services: Services) -> RunService:
+    return services.graph_runs
+
+
+def _runs_list(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
+    return with_service(
+        context,
+        _runs,
+        lambda found: runs_list_command(found, args.status, page_request(args), io),
+    )
+
+
+def _runs_show(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
+    return with_service(context, _runs, lambda found: runs_show_command(found, args.run_id, io))
+
+
+def _runs_receipt(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
+    return with_service(context, _runs, lambda found: runs_receipt_command(found, args.run_id, io))
+
+
+def _runs_events(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
+    return with_service(
+        context,
+        _runs,
+        lambda found: runs_events_command(found, args.run_id, page_request(args), io),
+    )
+
+
+def register(verbs: Verbs) -> None:
+    group = verb_group(verbs, "runs", "list and inspect graph runs (metadata and digests only)")
+    listing = add_verb(
+        group,
+        "list",
+        help="list graph runs, newest written first",
+        description="List graph runs by id, definition, status and times, newest written "
+        "first. " + COLD_NOTE,
+        handler=_runs_list,
+    )
+    listing.add_argument("--status", choices=sorted(RUN_LIFECYCLE.states), help="only this status")
+    add_paging(listing)
+    show = add_verb(
+        group,
+        "show",
+        help="show one run's metadata, counts and terminal receipt digest",
+        description="Show one graph run: status, times, counts, definition version, the "
+        "number of its events and, once finished, its terminal receipt's digests. Never "
+        "prints its input, budgets or state.",
+        handler=_runs_show,
+    )
+    show.add_argument("run_id", help="the run id")
+    receipt = add_verb(
+        group,
+        "receipt",
+        help="print a finished run's terminal receipt, to keep outside the store",
+        description="Print the terminal receipt of a finished run as one line of canonical "
+        "JSON, after checking it under the store key: digests, status and counts only. "
+        "When the run ended with FLOWVAULT_SIGNING_KEY_FILE set, it carries an Ed25519 "
+        "signature that 'ledger check-receipt' checks with the public key alone.",
+        handler=_runs_receipt,
+    )
+    receipt.add_argument("run_id", help="the run id")
+
+    events = add_verb(
+        group,
+        "events",
+        help="list one run's verified events, oldest first",
+        description="List one run's events by index, type, states, time and hash, oldest "
+        "first, each page verified against the event before it. The cursor is the index of "
+        "the next event. Never prints an event's payload.",
+        handler=_runs_events,
+    )
+    events.add_argument("run_id", help="the run id")
+    add_paging(events, default=EVENT_LIMIT)

@@ -1,0 +1,155 @@
+"""``flowvault workflows list|show|events``: a workflow's metadata, hashes and verified events."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from flowvault.adapters.cli._context import CliContext, Services
+from flowvault.adapters.cli._io import CommandIO
+from flowvault.adapters.cli._listing import (
+    COLD_NOTE,
+    EVENT_COLUMNS,
+    EVENT_LIMIT,
+    Fields,
+    PageRequest,
+    add_paging,
+    cold_not_found,
+    detail_lines,
+    event_row,
+    instant,
+    page_request,
+    page_rows,
+    print_listing,
+    read_pages,
+    verb_group,
+    with_service,
+)
+from flowvault.adapters.cli._verbs import Verbs, add_verb
+from flowvault.application import WorkflowService
+from flowvault.domain import LedgerEvent, WorkflowRecord
+
+WORKFLOW_COLUMNS = ("workflow_id", "kind", "state", "state_version", "updated_at")
+
+
+def _workflow_row(record: WorkflowRecord) -> Fields:
+    return {
+        "workflow_id": record.workflow_id,
+        "kind": record.work_order.kind,
+        "state": record.state,
+        "state_version": record.state_version,
+        "updated_at": instant(record.updated_at),
+    }
+
+
+def _workflow_detail(record: WorkflowRecord, events: Sequence[LedgerEvent]) -> Fields:
+    return {
+        **_workflow_row(record),
+        "priority": record.work_order.priority,
+        "parameter_count": len(record.work_order.parameters),
+        "machine_version": record.machine_version,
+        "created_at": instant(record.created_at),
+        "original_content_hash": record.original_content_hash,
+        "output_content_hash": record.output_content_hash,
+        "event_count": len(events),
+        "head_event_hash": events[-1].event_hash if events else None,
+    }
+
+
+def workflows_list_command(
+    workflows: WorkflowService | None, state: str | None, request: PageRequest, io: CommandIO
+) -> int:
+    """List workflows, newest written first; ``workflows`` is ``None`` on a cold root."""
+    if workflows is None:
+        return print_listing(io, "workflows", WORKFLOW_COLUMNS, None)
+    page = read_pages(
+        lambda cursor: workflows.list_workflows(state, request.limit, cursor=cursor), request
+    )
+    return print_listing(io, "workflows", WORKFLOW_COLUMNS, page_rows(page, _workflow_row))
+
+
+def workflows_show_command(
+    workflows: WorkflowService | None, workflow_id: str, io: CommandIO
+) -> int:
+    """Show one workflow's metadata, hashes and verified ledger length; never its parameters."""
+    if workflows is None:
+        raise cold_not_found("workflow")
+    record = workflows.get(workflow_id)
+    fields = _workflow_detail(record, workflows.events(workflow_id))
+    io.emit({"workflow": fields}, detail_lines(f"workflow {workflow_id}", fields))
+    return 0
+
+
+def workflows_events_command(
+    workflows: WorkflowService | None, workflow_id: str, request: PageRequest, io: CommandIO
+) -> int:
+    """List a workflow's verified events in index order; ``None`` is a cold root."""
+    if workflows is None:
+        raise cold_not_found("workflow")
+    page = read_pages(
+        lambda cursor: workflows.event_page(workflow_id, cursor, request.limit), request
+    )
+    return print_listing(io, "events", EVENT_COLUMNS, page_rows(page, event_row))
+
+
+# -- gathering and arguments ----------------------------------------------------
+
+
+def _workflows(services: Services) -> WorkflowService:
+    return services.workflows
+
+
+def _workflows_list(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
+    return with_service(
+        context,
+        _workflows,
+        lambda found: workflows_list_command(found, args.state, page_request(args), io),
+    )
+
+
+def _workflows_show(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
+    return with_service(
+        context, _workflows, lambda found: workflows_show_command(found, args.id, io)
+    )
+
+
+def _workflows_events(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
+    return with_service(
+        context,
+        _workflows,
+        lambda found: workflows_events_command(found, args.id, page_request(args), io),
+    )
+
+
+def register(verbs: Verbs) -> None:
+    group = verb_group(verbs, "workflows", "list and inspect workflows (metadata and hashes only)")
+    listing = add_verb(
+        group,
+        "list",
+        help="list workflows, newest written first",
+        description="List workflows by id, kind, state and version, newest written first. "
+        + COLD_NOTE,
+        handler=_workflows_list,
+    )
+    listing.add_argument("--state", help="only workflows in this state, e.g. 'decision'")
+    add_paging(listing)
+    show = add_verb(
+        group,
+        "show",
+        help="show one workflow's metadata, hashes and ledger length",
+        description="Show one workflow: state, version, times, hashes and the length of its "
+        "verified ledger. Never prints the work order's parameters or requester.",
+        handler=_workflows_show,
+    )
+    show.add_argument("id", help="the workflow id")
+    events = add_verb(
+        group,
+        "events",
+        help="list one workflow's verified events, oldest first",
+        description="List one workflow's ledger events by index, type, states, time and hash, "
+        "oldest first, each page verified against the event before it. Never prints an "
+        "event's payload.",
+        handler=_workflows_events,
+    )
+    events.add_argument("id", help="the workflow id")
+    add_paging(events, default=EVENT_LIMIT)
