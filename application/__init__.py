@@ -5,14 +5,6 @@ the ports; the contract kit lives in ``flowvault.application.testing``.
 """
 
 from flowvault.application._anti_rollback import COMPACT_SLACK, AntiRollback, MarkedStore
-from flowvault.application._approval_support import (
-    APPROVAL_SLOTS,
-    APPROVALS,
-    CHECKPOINTS,
-    MAX_WITNESS_BYTES,
-    REQUEST_IDEMPOTENCY,
-    WITNESSES,
-)
 from flowvault.application._approvals import ApprovalService, ExpiryReport, SignedDecision
 from flowvault.application._audit import (
     MAX_LISTED_UNREADABLE,
@@ -106,6 +98,14 @@ from flowvault.application._receipts import (
     sign_terminal_receipt,
 )
 from flowvault.application._record_audit import BoundRecords, StaleRecord
+from flowvault.application._record_kinds import (
+    APPROVAL_SLOTS,
+    APPROVALS,
+    CHECKPOINTS,
+    MAX_WITNESS_BYTES,
+    REQUEST_IDEMPOTENCY,
+    WITNESSES,
+)
 from flowvault.application._records import (
     MAX_LABEL_TEXT,
     MAX_LABELS,

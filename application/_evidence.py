@@ -13,15 +13,6 @@ import base64
 import binascii
 from datetime import datetime
 
-from flowvault.application._approval_support import (
-    MAX_WITNESS_BYTES,
-    WITNESS_TAG,
-    WITNESSES,
-    _aware,
-    _digest,
-    _micros,
-    _signed,
-)
 from flowvault.application._freshness import (
     FRESH_READ_TRIES,
     WITNESS_KIND,
@@ -35,12 +26,15 @@ from flowvault.application._graph import (
     KeyedDigester,
     require_integrity,
 )
+from flowvault.application._instants import aware, micros
+from flowvault.application._record_kinds import MAX_WITNESS_BYTES, WITNESS_TAG, WITNESSES
 from flowvault.application._records import (
     ExpectedRevision,
     Guard,
     UnitOfWork,
 )
 from flowvault.application._sealed import SealedDocument, SealedRepository
+from flowvault.application._signing import integrity_digest, signed
 from flowvault.application.ports import Clock
 from flowvault.domain import (
     DIGEST_PATTERN,
@@ -104,7 +98,7 @@ class EvidenceService:
                 size=len(content),
                 limit=MAX_WITNESS_BYTES,
             )
-        first = _signed(
+        first = signed(
             Witness,
             key,
             WITNESS_TAG,
@@ -114,7 +108,7 @@ class EvidenceService:
                 "media_type": media_type,
                 "authority_class": authority_class,
                 "size_bytes": len(content),
-                "retrieved_at": _aware(retrieved_at, "retrieved_at"),
+                "retrieved_at": aware(retrieved_at, "retrieved_at"),
                 "captured_at": self._clock.now(),
                 "content": content,
             },
@@ -146,7 +140,7 @@ class EvidenceService:
             )
         fields = witness.model_dump(exclude={"integrity_digest"})
         later = (*witness.later_locators, locator)
-        return _signed(Witness, key, WITNESS_TAG, {**fields, "later_locators": later})
+        return signed(Witness, key, WITNESS_TAG, {**fields, "later_locators": later})
 
     def _write(self, witness: Witness, expected: ExpectedRevision, event_type: str) -> None:
         """Commit ``witness`` bound to a new event of its stream; ``RevisionConflict`` if raced."""
@@ -167,7 +161,7 @@ class EvidenceService:
             witness.content_digest,
             document,
             expected=expected,
-            labels={"captured_at": _micros(witness.captured_at)},
+            labels={"captured_at": micros(witness.captured_at)},
             ledger_index=event.index,
         )
         self._store.commit(UnitOfWork(upserts=[upsert], appends=[event]))
@@ -201,7 +195,7 @@ class EvidenceService:
         witness = self._decoded(opened)
         if witness.content_digest != content_digest:
             raise IntegrityFailure("witness is stored under another digest")
-        if _digest(key, WITNESS_TAG, witness) != witness.integrity_digest:
+        if integrity_digest(key, WITNESS_TAG, witness) != witness.integrity_digest:
             raise IntegrityFailure("witness failed its keyed integrity check")
         return witness, opened.revision
 

@@ -6,10 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from flowvault.application._approval_support import _horizon
 from flowvault.application._approvals import ApprovalService
 from flowvault.application._checkpoints import CheckpointService
 from flowvault.application._graph import AGES, RetentionPolicy
+from flowvault.application._record_kind import purge_horizon
 from flowvault.application._request_idempotency import IdempotencyService
 from flowvault.application._run_service import RunService
 from flowvault.application._workflows import WorkflowService
@@ -85,7 +85,7 @@ class RetentionJob:
         for name in ("", *AGES):
             age = getattr(policy, name) if name else timedelta(0)
             if age is not None:
-                _horizon(at, age)
+                purge_horizon(at, age)
 
         def purge(horizon: timedelta | None, purger: Purger) -> int:
             return 0 if horizon is None else purger(at, horizon, batch)

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
 
-from flowvault.application._approval_support import _horizon
 from flowvault.application._compaction import compact_after_commit
 from flowvault.application._freshness import (
     DEFINITION_KIND,
@@ -35,6 +34,7 @@ from flowvault.application._graph import (
 )
 from flowvault.application._paging import Page, PageScope, read_page
 from flowvault.application._receipts import ReceiptSigner, sign_terminal_receipt
+from flowvault.application._record_kind import purge_horizon
 from flowvault.application._records import (
     MAX_LIST_LIMIT,
     Delete,
@@ -1080,7 +1080,7 @@ class RunService:
         """
         if type(batch_size) is not int or not 1 <= batch_size <= MAX_LIST_LIMIT:
             raise InvalidInput(f"batch_size must be between 1 and {MAX_LIST_LIMIT}")
-        horizon = _horizon(now, older_than)
+        horizon = purge_horizon(now, older_than)
         purged = stalled = 0
         while stalled < RUN_RETRIES:
             page = self._store.list(
