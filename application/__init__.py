@@ -41,16 +41,9 @@ from flowvault.application._freshness import (
     WITNESS_KIND,
     record_stream,
 )
-from flowvault.application._graph import (
-    IDEMPOTENCY_STREAM,
-    RETENTION_TOMBSTONE,
-    KeyedDigester,
-    RetentionPolicy,
-    require_integrity,
-    run_stream,
-)
 from flowvault.application._guards import check_append, check_delete, check_upsert
 from flowvault.application._high_water_store import HighWaterStore
+from flowvault.application._keyed_digester import KeyedDigester, require_integrity
 from flowvault.application._keys import (
     KEY_ENV,
     MASTER_KEY_BYTES,
@@ -128,6 +121,7 @@ from flowvault.application._records import (
 )
 from flowvault.application._request_idempotency import IdempotencyService
 from flowvault.application._retention import RetentionJob, RetentionReport
+from flowvault.application._retention_policy import RetentionPolicy
 from flowvault.application._rotation import (
     DEFAULT_BATCH,
     MAX_BATCH,
@@ -182,8 +176,10 @@ from flowvault.application._streams import (
     mac_matches,
     next_position,
     read_stream,
+    run_stream,
     trim_unit,
 )
+from flowvault.application._tombstones import IDEMPOTENCY_STREAM, RETENTION_TOMBSTONE
 from flowvault.application._verified import StreamVerifier, verified_events, verified_page
 from flowvault.application._vouch import Unvouched, inspect_unvouched, vouch_unit
 from flowvault.application._workflows import (

@@ -23,12 +23,8 @@ from flowvault.application._freshness import (
     record_event,
     record_payload,
 )
-from flowvault.application._graph import (
-    KeyedDigester,
-    require_integrity,
-    run_stream,
-)
 from flowvault.application._instants import aware, micros
+from flowvault.application._keyed_digester import KeyedDigester, require_integrity
 from flowvault.application._natural_keys import joined
 from flowvault.application._paging import Page, PageScope, read_page
 from flowvault.application._record_kind import (
@@ -64,7 +60,7 @@ from flowvault.application._run_service import RunService
 from flowvault.application._runs import RUNS, check_run_id
 from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application._signing import integrity_digest, signed
-from flowvault.application._streams import keyed, next_position
+from flowvault.application._streams import keyed, next_position, run_stream
 from flowvault.application.ports import Clock, DecisionSignatures, IdFactory
 from flowvault.domain import (
     MAX_DECIDERS,

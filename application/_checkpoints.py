@@ -21,12 +21,8 @@ from flowvault.application._freshness import (
     record_payload,
     record_stream,
 )
-from flowvault.application._graph import (
-    KeyedDigester,
-    require_integrity,
-    run_stream,
-)
 from flowvault.application._instants import micros
+from flowvault.application._keyed_digester import KeyedDigester, require_integrity
 from flowvault.application._record_kind import (
     PURGE_BATCH,
     RETRIES,
@@ -52,6 +48,7 @@ from flowvault.application._run_service import RunService
 from flowvault.application._runs import RUNS, check_run_id
 from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application._signing import integrity_digest, signed
+from flowvault.application._streams import run_stream
 from flowvault.application.ports import Clock
 from flowvault.domain import (
     Checkpoint,

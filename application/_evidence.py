@@ -22,11 +22,8 @@ from flowvault.application._freshness import (
     record_payload,
     record_stream,
 )
-from flowvault.application._graph import (
-    KeyedDigester,
-    require_integrity,
-)
 from flowvault.application._instants import aware, micros
+from flowvault.application._keyed_digester import KeyedDigester, require_integrity
 from flowvault.application._record_kinds import MAX_WITNESS_BYTES, WITNESS_TAG, WITNESSES
 from flowvault.application._records import (
     ExpectedRevision,

@@ -15,7 +15,6 @@ from datetime import datetime, timedelta
 from typing import Final
 
 from flowvault.application._compaction import compact_after_commit
-from flowvault.application._graph import RETENTION_TOMBSTONE
 from flowvault.application._instants import aware, micros
 from flowvault.application._records import (
     MAX_LIST_LIMIT,
@@ -26,6 +25,7 @@ from flowvault.application._records import (
 )
 from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application._streams import keyed, next_position
+from flowvault.application._tombstones import RETENTION_TOMBSTONE
 from flowvault.application.ports import Clock, SecureObjectStore
 from flowvault.domain import (
     InvalidInput,

@@ -18,9 +18,6 @@ from flowvault.application._freshness import (
     record_payload,
     record_stream,
 )
-from flowvault.application._graph import (
-    IDEMPOTENCY_STREAM,
-)
 from flowvault.application._instants import from_micros, micros
 from flowvault.application._record_kind import (
     PURGE_BATCH,
@@ -44,6 +41,7 @@ from flowvault.application._records import (
     UnitOfWork,
 )
 from flowvault.application._sealed import SealedDocument, SealedRepository
+from flowvault.application._tombstones import IDEMPOTENCY_STREAM
 from flowvault.application.ports import Clock
 from flowvault.domain import (
     DIGEST_PATTERN,

@@ -8,9 +8,9 @@ from datetime import datetime, timedelta
 
 from flowvault.application._approvals import ApprovalService
 from flowvault.application._checkpoints import CheckpointService
-from flowvault.application._graph import AGES, RetentionPolicy
 from flowvault.application._record_kind import purge_horizon
 from flowvault.application._request_idempotency import IdempotencyService
+from flowvault.application._retention_policy import AGES, RetentionPolicy
 from flowvault.application._run_service import RunService
 from flowvault.application._workflows import WorkflowService
 from flowvault.application.ports import Clock

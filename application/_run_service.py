@@ -26,12 +26,7 @@ from flowvault.application._freshness import (
     record_payload,
     record_stream,
 )
-from flowvault.application._graph import (
-    RETENTION_TOMBSTONE,
-    KeyedDigester,
-    require_integrity,
-    run_stream,
-)
+from flowvault.application._keyed_digester import KeyedDigester, require_integrity
 from flowvault.application._paging import Page, PageScope, read_page
 from flowvault.application._receipts import ReceiptSigner, sign_terminal_receipt
 from flowvault.application._record_kind import purge_horizon
@@ -53,7 +48,9 @@ from flowvault.application._streams import (
     mac_matches,
     newest_first,
     next_position,
+    run_stream,
 )
+from flowvault.application._tombstones import RETENTION_TOMBSTONE
 from flowvault.application._verified import verified_page
 from flowvault.application.ports import Clock, IdFactory, SecureObjectStore
 from flowvault.domain import (

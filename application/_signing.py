@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from flowvault.application._graph import KeyedDigester
+from flowvault.application._keyed_digester import KeyedDigester
 from flowvault.domain import GENESIS_HASH, Approval, Checkpoint, Witness, canonical_bytes
 
 Signed = TypeVar("Signed", Checkpoint, Approval, Witness)
