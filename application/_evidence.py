@@ -12,9 +12,10 @@ from __future__ import annotations
 import base64
 import binascii
 from datetime import datetime
+from functools import partial
 
+from flowvault.application._backoff import LOST, Lost, settle
 from flowvault.application._freshness import (
-    FRESH_READ_TRIES,
     WITNESS_KIND,
     StreamPolicy,
     leaves_unnamed,
@@ -23,7 +24,7 @@ from flowvault.application._freshness import (
     record_stream,
 )
 from flowvault.application._instants import aware, micros
-from flowvault.application._keyed_digester import KeyedDigester, require_integrity
+from flowvault.application._keyed_digester import KeyedDigester
 from flowvault.application._record_kinds import MAX_WITNESS_BYTES, WITNESS_TAG, WITNESSES
 from flowvault.application._records import (
     ExpectedRevision,
@@ -50,7 +51,7 @@ class EvidenceService:
     """Keep retrieved evidence once per content digest, verified on every read."""
 
     def __init__(
-        self, repository: SealedRepository, clock: Clock, *, integrity: KeyedDigester | None
+        self, repository: SealedRepository, clock: Clock, *, integrity: KeyedDigester
     ) -> None:
         self._repo = repository
         self._store = repository.store
@@ -86,7 +87,7 @@ class EvidenceService:
             RevisionConflict: the witness kept changing under every attempt.
 
         """
-        key = require_integrity(self._integrity)
+        key = self._integrity
         if not isinstance(content, bytes):
             raise InvalidInput("content must be bytes")
         if len(content) > MAX_WITNESS_BYTES:
@@ -110,23 +111,25 @@ class EvidenceService:
                 "content": content,
             },
         )
+        return settle(partial(self._capture, first, locator), "witness")
+
+    def _capture(self, first: Witness, locator: str) -> Witness | Lost:
+        """Write ``first``, or add ``locator`` to the stored witness; ``LOST`` if raced."""
         expected: ExpectedRevision
-        for _ in range(FRESH_READ_TRIES):
-            found = self._find(key, first.content_digest)
-            if found is None:
-                written, expected, event_type = first, Guard.ABSENT, "witness.captured"
-            else:
-                stored, revision = found
-                if locator in stored.locators:
-                    return stored
-                written = self._located(key, stored, locator)
-                expected, event_type = revision, "witness.located"
-            try:
-                self._write(written, expected, event_type)
-            except RevisionConflict:
-                continue
-            return written
-        raise RevisionConflict("witness kept changing while it was captured; retry")
+        found = self._find(self._integrity, first.content_digest)
+        if found is None:
+            written, expected, event_type = first, Guard.ABSENT, "witness.captured"
+        else:
+            stored, revision = found
+            if locator in stored.locators:
+                return stored
+            written = self._located(self._integrity, stored, locator)
+            expected, event_type = revision, "witness.located"
+        try:
+            self._write(written, expected, event_type)
+        except RevisionConflict:
+            return LOST
+        return written
 
     def _located(self, key: KeyedDigester, witness: Witness, locator: str) -> Witness:
         """Return ``witness`` also recording ``locator``, signed again."""
@@ -170,7 +173,7 @@ class EvidenceService:
         integrity digest do not verify, or when it is missing although its
         record stream says it was captured.
         """
-        key = require_integrity(self._integrity)
+        key = self._integrity
         if not isinstance(content_digest, str) or not DIGEST_PATTERN.fullmatch(content_digest):
             raise InvalidInput("content_digest must be a sha256:<64 hex> digest")
         found = self._find(key, content_digest)
