@@ -31,6 +31,7 @@ from flowvault.application._checkpoints import CheckpointService
 from flowvault.application._compaction import compact_after_commit, compact_fully
 from flowvault.application._cursor import ListCursor, effective_limit
 from flowvault.application._decider_keys import DECIDER_KEY_KIND, DECIDER_KEYS
+from flowvault.application._definitions import DefinitionRegistry
 from flowvault.application._evidence import EvidenceService
 from flowvault.application._freshness import (
     ACTION_RESULT_KIND,
@@ -40,6 +41,13 @@ from flowvault.application._freshness import (
     RESULT_KIND,
     WITNESS_KIND,
     record_stream,
+)
+from flowvault.application._graph_namespaces import (
+    GRAPH_DEFINITION_VERSIONS,
+    GRAPH_DEFINITIONS,
+    GRAPH_RUN_IDEMPOTENCY,
+    GRAPH_RUN_RECEIPTS,
+    GRAPH_RUNS,
 )
 from flowvault.application._guards import check_append, check_delete, check_upsert
 from flowvault.application._high_water_store import HighWaterStore
@@ -128,12 +136,8 @@ from flowvault.application._rotation import (
     KeyRotation,
     RotationReport,
 )
+from flowvault.application._run_retention import purge_finished_runs
 from flowvault.application._run_service import (
-    GRAPH_DEFINITION_VERSIONS,
-    GRAPH_DEFINITIONS,
-    GRAPH_RUN_IDEMPOTENCY,
-    GRAPH_RUN_RECEIPTS,
-    GRAPH_RUNS,
     RunEventPage,
     RunService,
 )
@@ -179,6 +183,7 @@ from flowvault.application._streams import (
     run_stream,
     trim_unit,
 )
+from flowvault.application._terminal_receipts import TerminalReceipts
 from flowvault.application._tombstones import IDEMPOTENCY_STREAM, RETENTION_TOMBSTONE
 from flowvault.application._verified import StreamVerifier, verified_events, verified_page
 from flowvault.application._vouch import Unvouched, inspect_unvouched, vouch_unit
@@ -286,6 +291,7 @@ __all__ = [
     "Clock",
     "Compactor",
     "DecisionSignatures",
+    "DefinitionRegistry",
     "Delete",
     "EvidenceService",
     "ExpectedRevision",
@@ -357,6 +363,7 @@ __all__ = [
     "StreamHeads",
     "StreamVerifier",
     "StreamWriter",
+    "TerminalReceipts",
     "UnitOfWork",
     "UnreadableItem",
     "UnreadableRecord",
@@ -394,6 +401,7 @@ __all__ = [
     "parse_mark",
     "parse_master_key",
     "purge",
+    "purge_finished_runs",
     "read_stream",
     "record_stream",
     "replay_log",

@@ -35,6 +35,12 @@ from flowvault.application._freshness import (
     deleted_by,
     written_by,
 )
+from flowvault.application._graph_namespaces import (
+    GRAPH_DEFINITION_VERSIONS,
+    GRAPH_DEFINITIONS,
+    GRAPH_RUN_IDEMPOTENCY,
+    GRAPH_RUN_RECEIPTS,
+)
 from flowvault.application._record_kinds import (
     APPROVAL_SLOTS,
     APPROVALS,
@@ -43,13 +49,7 @@ from flowvault.application._record_kinds import (
     WITNESSES,
 )
 from flowvault.application._records import RecordMetadata
-from flowvault.application._run_service import (
-    GRAPH_DEFINITION_VERSIONS,
-    GRAPH_DEFINITIONS,
-    GRAPH_RUN_IDEMPOTENCY,
-    GRAPH_RUN_RECEIPTS,
-    RunService,
-)
+from flowvault.application._run_service import RunService
 from flowvault.application._runs import RUNS
 from flowvault.application._sealed import SealedRepository
 from flowvault.application._state import StateRepository

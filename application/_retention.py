@@ -11,6 +11,7 @@ from flowvault.application._checkpoints import CheckpointService
 from flowvault.application._record_kind import purge_horizon
 from flowvault.application._request_idempotency import IdempotencyService
 from flowvault.application._retention_policy import AGES, RetentionPolicy
+from flowvault.application._run_retention import purge_finished_runs
 from flowvault.application._run_service import RunService
 from flowvault.application._workflows import WorkflowService
 from flowvault.application.ports import Clock
@@ -98,5 +99,8 @@ class RetentionJob:
             decided_approvals=purge(policy.decided_approvals, self._approvals.purge),
             consumed_checkpoints=purge(policy.consumed_checkpoints, self._checkpoints.purge),
             idempotency_records=purge(policy.idempotency_records, self._idempotency.purge),
-            finished_runs=purge(policy.finished_runs, self._runs.purge_finished_runs),
+            finished_runs=purge(policy.finished_runs, self._purge_finished_runs),
         )
+
+    def _purge_finished_runs(self, now: datetime, older_than: timedelta, batch_size: int) -> int:
+        return purge_finished_runs(self._runs.repository, self._clock, now, older_than, batch_size)

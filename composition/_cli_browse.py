@@ -29,7 +29,12 @@ from flowvault.adapters.cli import (
     workflows_show_command,
 )
 from flowvault.adapters.crypto import load_public_key
-from flowvault.application import ApprovalService, RunService, WorkflowService
+from flowvault.application import (
+    ApprovalService,
+    RunService,
+    TerminalReceipts,
+    WorkflowService,
+)
 from flowvault.composition._bootstrap import Runtime, open_existing
 from flowvault.composition._cli_base import Verbs, add_verb, file_path
 from flowvault.composition._settings import Settings
@@ -60,6 +65,14 @@ def _workflows(runtime: Runtime) -> WorkflowService:
 
 def _runs(runtime: Runtime) -> RunService:
     return runtime.graph_runs
+
+
+def _run_readers(runtime: Runtime) -> tuple[RunService, TerminalReceipts]:
+    return runtime.graph_runs, runtime.receipts
+
+
+def _receipts(runtime: Runtime) -> TerminalReceipts:
+    return runtime.receipts
 
 
 def _approvals(runtime: Runtime) -> ApprovalService:
@@ -98,11 +111,11 @@ def _runs_list(args: argparse.Namespace, settings: Settings, io: CommandIO) -> i
 
 
 def _runs_show(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
-    return _with(settings, _runs, lambda found: runs_show_command(found, args.run_id, io))
+    return _with(settings, _run_readers, lambda found: runs_show_command(found, args.run_id, io))
 
 
 def _runs_receipt(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
-    return _with(settings, _runs, lambda found: runs_receipt_command(found, args.run_id, io))
+    return _with(settings, _receipts, lambda found: runs_receipt_command(found, args.run_id, io))
 
 
 def _runs_events(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:

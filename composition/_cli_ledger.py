@@ -38,6 +38,7 @@ from flowvault.adapters.system import RandomIdFactory, SystemClock
 from flowvault.application import (
     KEY_ENV,
     BoundRecords,
+    DefinitionRegistry,
     KeyRing,
     LedgerAudit,
     ReceiptMac,
@@ -46,6 +47,7 @@ from flowvault.application import (
     RunService,
     SealedRepository,
     SecureObjectStore,
+    TerminalReceipts,
     WorkflowService,
     authenticate,
     compact_fully,
@@ -107,7 +109,13 @@ def keyed_audit(
     bound = BoundRecords(
         repository,
         WorkflowService(repository, clock, ids),
-        RunService(repository, clock, ids, integrity=repository),
+        RunService(
+            repository,
+            clock,
+            ids,
+            definitions=DefinitionRegistry(repository, clock),
+            receipts=TerminalReceipts(repository, repository),
+        ),
     )
     mark = (
         None

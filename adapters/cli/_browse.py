@@ -21,6 +21,7 @@ from flowvault.application import (
     Page,
     ReceiptVerifier,
     RunService,
+    TerminalReceipts,
     WorkflowService,
 )
 from flowvault.domain import (
@@ -245,11 +246,11 @@ def _event_count(runs: RunService, run_id: str) -> tuple[int, bool]:
     return count, trimmed
 
 
-def _terminal_receipt(runs: RunService, run: GraphRun) -> TerminalReceipt | None:
+def _terminal_receipt(receipts: TerminalReceipts, run: GraphRun) -> TerminalReceipt | None:
     if not run.finished:
         return None
     try:
-        return runs.terminal_receipt(run.run_id)
+        return receipts.terminal_receipt(run.run_id)
     except NotFound:
         return None
 
@@ -277,10 +278,13 @@ def runs_list_command(
     return _listing(io, "runs", RUN_COLUMNS, _rows(page, _run_row))
 
 
-def runs_show_command(runs: RunService | None, run_id: str, io: CommandIO) -> int:
+def runs_show_command(
+    found: tuple[RunService, TerminalReceipts] | None, run_id: str, io: CommandIO
+) -> int:
     """Show one run's metadata, counts and receipt digest; never its input or state."""
-    if runs is None:
+    if found is None:
         raise _cold("run")
+    runs, receipts = found
     run = runs.get_run(run_id)
     count, trimmed = _event_count(runs, run_id)
     fields: Fields = {
@@ -291,17 +295,17 @@ def runs_show_command(runs: RunService | None, run_id: str, io: CommandIO) -> in
         "budget_count": len(run.budgets),
         "event_count": count,
         "events_trimmed": trimmed,
-        **_receipt_fields(_terminal_receipt(runs, run)),
+        **_receipt_fields(_terminal_receipt(receipts, run)),
     }
     io.emit({"run": fields}, _detail_lines(f"run {run_id}", fields))
     return 0
 
 
-def runs_receipt_command(runs: RunService | None, run_id: str, io: CommandIO) -> int:
+def runs_receipt_command(receipts: TerminalReceipts | None, run_id: str, io: CommandIO) -> int:
     """Print a finished run's terminal receipt, checked under the store key first, to keep."""
-    if runs is None:
+    if receipts is None:
         raise _cold("run")
-    receipt = runs.terminal_receipt(run_id)
+    receipt = receipts.terminal_receipt(run_id)
     io.emit(terminal_receipt_document(receipt), [receipt.text().removesuffix("\n")])
     return 0
 
