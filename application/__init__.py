@@ -5,14 +5,6 @@ the ports; the contract kit lives in ``flowvault.application.testing``.
 """
 
 from flowvault.application._anti_rollback import COMPACT_SLACK, AntiRollback, MarkedStore
-from flowvault.application._approval_support import (
-    APPROVAL_SLOTS,
-    APPROVALS,
-    CHECKPOINTS,
-    MAX_WITNESS_BYTES,
-    REQUEST_IDEMPOTENCY,
-    WITNESSES,
-)
 from flowvault.application._approvals import ApprovalService, ExpiryReport, SignedDecision
 from flowvault.application._audit import (
     MAX_LISTED_UNREADABLE,
@@ -40,6 +32,7 @@ from flowvault.application._checks import Check, Severity
 from flowvault.application._compaction import compact_after_commit, compact_fully
 from flowvault.application._cursor import ListCursor, effective_limit
 from flowvault.application._decider_keys import DECIDER_KEY_KIND, DECIDER_KEYS
+from flowvault.application._definitions import DefinitionRegistry
 from flowvault.application._evidence import EvidenceService
 from flowvault.application._freshness import (
     ACTION_RESULT_KIND,
@@ -50,16 +43,16 @@ from flowvault.application._freshness import (
     WITNESS_KIND,
     record_stream,
 )
-from flowvault.application._graph import (
-    IDEMPOTENCY_STREAM,
-    RETENTION_TOMBSTONE,
-    KeyedDigester,
-    RetentionPolicy,
-    require_integrity,
-    run_stream,
+from flowvault.application._graph_namespaces import (
+    GRAPH_DEFINITION_VERSIONS,
+    GRAPH_DEFINITIONS,
+    GRAPH_RUN_IDEMPOTENCY,
+    GRAPH_RUN_RECEIPTS,
+    GRAPH_RUNS,
 )
 from flowvault.application._guards import check_append, check_delete, check_upsert
 from flowvault.application._high_water_store import HighWaterStore
+from flowvault.application._keyed_digester import KeyedDigester, require_integrity
 from flowvault.application._keys import (
     KEY_ENV,
     MASTER_KEY_BYTES,
@@ -107,6 +100,14 @@ from flowvault.application._receipts import (
     sign_terminal_receipt,
 )
 from flowvault.application._record_audit import BoundRecords, StaleRecord
+from flowvault.application._record_kinds import (
+    APPROVAL_SLOTS,
+    APPROVALS,
+    CHECKPOINTS,
+    MAX_WITNESS_BYTES,
+    REQUEST_IDEMPOTENCY,
+    WITNESSES,
+)
 from flowvault.application._records import (
     MAX_LABEL_TEXT,
     MAX_LABELS,
@@ -129,18 +130,15 @@ from flowvault.application._records import (
 )
 from flowvault.application._request_idempotency import IdempotencyService
 from flowvault.application._retention import RetentionJob, RetentionReport
+from flowvault.application._retention_policy import RetentionPolicy
 from flowvault.application._rotation import (
     DEFAULT_BATCH,
     MAX_BATCH,
     KeyRotation,
     RotationReport,
 )
+from flowvault.application._run_retention import purge_finished_runs
 from flowvault.application._run_service import (
-    GRAPH_DEFINITION_VERSIONS,
-    GRAPH_DEFINITIONS,
-    GRAPH_RUN_IDEMPOTENCY,
-    GRAPH_RUN_RECEIPTS,
-    GRAPH_RUNS,
     RunEventPage,
     RunService,
 )
@@ -183,8 +181,11 @@ from flowvault.application._streams import (
     mac_matches,
     next_position,
     read_stream,
+    run_stream,
     trim_unit,
 )
+from flowvault.application._terminal_receipts import TerminalReceipts
+from flowvault.application._tombstones import IDEMPOTENCY_STREAM, RETENTION_TOMBSTONE
 from flowvault.application._verified import StreamVerifier, verified_events, verified_page
 from flowvault.application._vouch import Unvouched, inspect_unvouched, vouch_unit
 from flowvault.application._workflows import (
@@ -292,6 +293,7 @@ __all__ = [
     "Clock",
     "Compactor",
     "DecisionSignatures",
+    "DefinitionRegistry",
     "Delete",
     "EvidenceService",
     "ExpectedRevision",
@@ -364,6 +366,7 @@ __all__ = [
     "StreamHeads",
     "StreamVerifier",
     "StreamWriter",
+    "TerminalReceipts",
     "UnitOfWork",
     "UnreadableItem",
     "UnreadableRecord",
@@ -401,6 +404,7 @@ __all__ = [
     "parse_mark",
     "parse_master_key",
     "purge",
+    "purge_finished_runs",
     "read_stream",
     "record_stream",
     "replay_log",

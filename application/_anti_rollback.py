@@ -32,7 +32,7 @@ from typing import Final, Protocol, runtime_checkable
 import structlog
 
 from flowvault.application._capabilities import StoreCapabilities
-from flowvault.application._graph import KeyedDigester
+from flowvault.application._keyed_digester import KeyedDigester
 from flowvault.application._mark_format import (
     LOG_GENESIS,
     HighWaterMark,

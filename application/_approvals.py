@@ -15,27 +15,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from flowvault.application._approval_support import (
-    APPROVAL_SLOTS,
-    APPROVAL_TAG,
-    APPROVALS,
-    CHECKPOINTS,
-    DECIDER_TAG,
-    MAX_ACTOR,
-    PURGE_BATCH,
-    RETRIES,
-    _aware,
-    _digest,
-    _Doomed,
-    _horizon,
-    _joined,
-    _list_all,
-    _micros,
-    _open_listed,
-    _purge,
-    _signed,
-    checkpoint_stream,
-)
 from flowvault.application._checkpoints import CheckpointService
 from flowvault.application._decider_keys import DeciderKeys
 from flowvault.application._freshness import (
@@ -44,12 +23,28 @@ from flowvault.application._freshness import (
     record_event,
     record_payload,
 )
-from flowvault.application._graph import (
-    KeyedDigester,
-    require_integrity,
-    run_stream,
-)
+from flowvault.application._instants import aware, micros
+from flowvault.application._keyed_digester import KeyedDigester, require_integrity
+from flowvault.application._natural_keys import joined
 from flowvault.application._paging import Page, PageScope, read_page
+from flowvault.application._record_kind import (
+    PURGE_BATCH,
+    RETRIES,
+    Doomed,
+    list_all,
+    open_listed,
+    purge,
+    purge_horizon,
+)
+from flowvault.application._record_kinds import (
+    APPROVAL_SLOTS,
+    APPROVAL_TAG,
+    APPROVALS,
+    CHECKPOINTS,
+    DECIDER_TAG,
+    MAX_ACTOR,
+    checkpoint_stream,
+)
 from flowvault.application._records import (
     MAX_LIST_LIMIT,
     Delete,
@@ -64,7 +59,8 @@ from flowvault.application._records import (
 from flowvault.application._run_service import RunService
 from flowvault.application._runs import RUNS, check_run_id
 from flowvault.application._sealed import SealedDocument, SealedRepository
-from flowvault.application._streams import keyed, next_position
+from flowvault.application._signing import integrity_digest, signed
+from flowvault.application._streams import keyed, next_position, run_stream
 from flowvault.application.ports import Clock, DecisionSignatures, IdFactory
 from flowvault.domain import (
     Approval,
@@ -266,14 +262,14 @@ class ApprovalService:
             "prompt_digest": prompt_digest,
             "allowed_decisions": tuple(allowed_decisions),
             "requested_at": self._clock.now(),
-            "expires_at": _aware(expires_at, "expires_at"),
+            "expires_at": aware(expires_at, "expires_at"),
             "required": required,
             "deciders": tuple(
                 key.keyed_digest(DECIDER_TAG, _check_actor(name)) for name in deciders or ()
             ),
             "rejection": RejectionRule(rejection),
         }
-        draft = _signed(Approval, key, APPROVAL_TAG, {**fields, "approval_id": "draft"})
+        draft = signed(Approval, key, APPROVAL_TAG, {**fields, "approval_id": "draft"})
         for _ in range(RETRIES):
             existing = self._slot(key, checkpoint_id, draft.audience)
             if existing is not None:
@@ -285,10 +281,10 @@ class ApprovalService:
                     "another approval is already requested for this checkpoint and audience",
                     checkpoint_id=checkpoint_id,
                 )
-            made = _signed(
+            made = signed(
                 Approval, key, APPROVAL_TAG, {**fields, "approval_id": self._ids.new_id()}
             )
-            slot_key = _joined(checkpoint_id, made.audience)
+            slot_key = joined(checkpoint_id, made.audience)
             event = record_event(
                 self._repo,
                 checkpoint_stream(self._repo, checkpoint_id),
@@ -336,7 +332,7 @@ class ApprovalService:
 
     def _slot(self, key: KeyedDigester, checkpoint_id: str, audience: str) -> Approval | None:
         """Return the approval the slot names; a slot its stream vouches for must be there."""
-        natural = _joined(checkpoint_id, audience)
+        natural = joined(checkpoint_id, audience)
         marker = self._fresh_slot.read_vouched(
             self._store,
             checkpoint_stream(self._repo, checkpoint_id),
@@ -404,7 +400,7 @@ class ApprovalService:
         key = require_integrity(self._integrity)
         _check_actor(actor)
         voter = key.keyed_digest(DECIDER_TAG, actor)
-        moment = self._clock.now() if now is None else _aware(now, "now")
+        moment = self._clock.now() if now is None else aware(now, "now")
         signed: str | None = None
         checked_signature = False
         for _ in range(RETRIES + MAX_DECIDERS):
@@ -507,7 +503,7 @@ class ApprovalService:
                 "actor": actor,
                 "decided_at": moment,
             }
-        return _signed(Approval, key, APPROVAL_TAG, fields)
+        return signed(Approval, key, APPROVAL_TAG, fields)
 
     def _bound_event(self, approval: Approval, moment: datetime, *, consumes: bool) -> LedgerEvent:
         """Build the checkpoint-stream event a decision or expiry binds its rows to."""
@@ -611,7 +607,7 @@ class ApprovalService:
         position: tuple[int, str],
     ) -> bool:
         """Commit the expiry and the checkpoint's consumption; ``False`` when raced."""
-        expired = _signed(
+        expired = signed(
             Approval,
             key,
             APPROVAL_TAG,
@@ -642,7 +638,7 @@ class ApprovalService:
         one began.
         """
         key = require_integrity(self._integrity)
-        moment = self._clock.now() if now is None else _aware(now, "now")
+        moment = self._clock.now() if now is None else aware(now, "now")
         expired = 0
         pending = [LabelFilter("status", ApprovalStatus.PENDING.value)]
         for approval in list(self._listed(key, pending)):
@@ -717,8 +713,8 @@ class ApprovalService:
 
     def _listed(self, key: KeyedDigester, filters: Sequence[LabelFilter]) -> Iterator[Approval]:
         """Yield every verified approval matching ``filters``, skipping rows deleted meanwhile."""
-        for metadata in _list_all(self._store, APPROVALS, filters):
-            opened = _open_listed(self._repo, metadata)
+        for metadata in list_all(self._store, APPROVALS, filters):
+            opened = open_listed(self._repo, metadata)
             checked = None if opened is None else self._checked(key, opened)
             if checked is not None:
                 yield checked[0]
@@ -802,7 +798,7 @@ class ApprovalService:
         now = self._clock.now()
 
         def listed(metadata: RecordMetadata) -> Approval | None:
-            opened = _open_listed(self._repo, metadata)
+            opened = open_listed(self._repo, metadata)
             checked = None if opened is None else self._checked(key, opened)
             if checked is None:
                 return None
@@ -821,7 +817,9 @@ class ApprovalService:
         integrity key, so no receipt is issued for an altered approval.
         """
         key = require_integrity(self._integrity)
-        if not hmac.compare_digest(_digest(key, APPROVAL_TAG, approval), approval.integrity_digest):
+        if not hmac.compare_digest(
+            integrity_digest(key, APPROVAL_TAG, approval), approval.integrity_digest
+        ):
             raise IntegrityFailure("approval does not verify under the integrity key")
 
         def keyed(tag: str, value: str | None) -> str | None:
@@ -859,8 +857,8 @@ class ApprovalService:
         run's stream, in the same unit of work.
         """
         key = require_integrity(self._integrity)
-        filters = [LabelFilter("settled_at", _horizon(now, older_than), FilterOp.LT)]
-        return _purge(
+        filters = [LabelFilter("settled_at", purge_horizon(now, older_than), FilterOp.LT)]
+        return purge(
             self._repo,
             self._clock,
             APPROVALS,
@@ -869,8 +867,8 @@ class ApprovalService:
             doom=lambda meta: self._doomed(key, meta),
         )
 
-    def _doomed(self, key: KeyedDigester, metadata: RecordMetadata) -> _Doomed | None:
-        opened = _open_listed(self._repo, metadata)
+    def _doomed(self, key: KeyedDigester, metadata: RecordMetadata) -> Doomed | None:
+        opened = open_listed(self._repo, metadata)
         checked = None if opened is None else self._checked(key, opened)
         if checked is None:
             return None
@@ -878,7 +876,7 @@ class ApprovalService:
         if approval.decided_at is None:
             return None
         slot = self._repo.key_digest(
-            APPROVAL_SLOTS, _joined(approval.checkpoint_id, approval.audience)
+            APPROVAL_SLOTS, joined(approval.checkpoint_id, approval.audience)
         )
         tombstone: dict[str, JsonValue] = {
             "kind": "approval",
@@ -895,7 +893,7 @@ class ApprovalService:
             run_stream(approval.run_id),
             checkpoint_stream(self._repo, approval.checkpoint_id),
         )
-        return _Doomed(deletes, streams, tombstone)
+        return Doomed(deletes, streams, tombstone)
 
     def _require(self, key: KeyedDigester, approval_id: str) -> tuple[Approval, int]:
         found = self._find(key, approval_id)
@@ -948,7 +946,9 @@ class ApprovalService:
             raise IntegrityFailure(
                 "approval is stored under another key", key_digest=opened.metadata.key_digest
             )
-        if not hmac.compare_digest(_digest(key, APPROVAL_TAG, approval), approval.integrity_digest):
+        if not hmac.compare_digest(
+            integrity_digest(key, APPROVAL_TAG, approval), approval.integrity_digest
+        ):
             raise IntegrityFailure(
                 "approval failed its keyed integrity check",
                 key_digest=opened.metadata.key_digest,
@@ -959,11 +959,11 @@ class ApprovalService:
         """Seal an approval bound to the checkpoint-stream event committed with it."""
         labels: dict[str, LabelValue] = {
             "run": self._repo.key_digest(RUNS, approval.run_id),
-            "requested_at": _micros(approval.requested_at),
+            "requested_at": micros(approval.requested_at),
             "status": approval.status.value,
         }
         if approval.decided_at is not None:
-            labels["settled_at"] = _micros(approval.decided_at)
+            labels["settled_at"] = micros(approval.decided_at)
         return self._repo.prepare(
             APPROVALS,
             approval.approval_id,

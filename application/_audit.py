@@ -18,7 +18,7 @@ from typing import Final, Protocol, TypeVar
 from flowvault.application._anti_rollback import AntiRollback
 from flowvault.application._capabilities import StoreCapabilities
 from flowvault.application._compaction import compact_after_commit
-from flowvault.application._graph import KeyedDigester
+from flowvault.application._keyed_digester import KeyedDigester
 from flowvault.application._receipts import (
     ReceiptDefect,
     ReceiptSigner,

@@ -13,22 +13,6 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from functools import partial
 
-from flowvault.application._approval_support import (
-    CHECKPOINT_TAG,
-    CHECKPOINTS,
-    PURGE_BATCH,
-    RETRIES,
-    _digest,
-    _Doomed,
-    _horizon,
-    _int_label,
-    _list_all,
-    _micros,
-    _open_listed,
-    _purge,
-    _signed,
-    checkpoint_stream,
-)
 from flowvault.application._freshness import (
     CHECKPOINT_KIND,
     StreamPolicy,
@@ -37,11 +21,19 @@ from flowvault.application._freshness import (
     record_payload,
     record_stream,
 )
-from flowvault.application._graph import (
-    KeyedDigester,
-    require_integrity,
-    run_stream,
+from flowvault.application._instants import micros
+from flowvault.application._keyed_digester import KeyedDigester, require_integrity
+from flowvault.application._record_kind import (
+    PURGE_BATCH,
+    RETRIES,
+    Doomed,
+    int_label,
+    list_all,
+    open_listed,
+    purge,
+    purge_horizon,
 )
+from flowvault.application._record_kinds import CHECKPOINT_TAG, CHECKPOINTS, checkpoint_stream
 from flowvault.application._records import (
     Delete,
     FilterOp,
@@ -55,6 +47,8 @@ from flowvault.application._records import (
 from flowvault.application._run_service import RunService
 from flowvault.application._runs import RUNS, check_run_id
 from flowvault.application._sealed import SealedDocument, SealedRepository
+from flowvault.application._signing import integrity_digest, signed
+from flowvault.application._streams import run_stream
 from flowvault.application.ports import Clock
 from flowvault.domain import (
     Checkpoint,
@@ -136,7 +130,7 @@ class CheckpointService:
         key = require_integrity(self._integrity)
         check_run_id(run_id)
         self._require_live_run(run_id)
-        draft = _signed(
+        draft = signed(
             Checkpoint,
             key,
             CHECKPOINT_TAG,
@@ -202,8 +196,8 @@ class CheckpointService:
         check_run_id(run_id)
         filters = [LabelFilter("run", self._repo.key_digest(RUNS, run_id))]
         candidates: list[SealedDocument] = []
-        for metadata in _list_all(self._store, CHECKPOINTS, filters):
-            opened = self._guarded(partial(_open_listed, self._repo, metadata))
+        for metadata in list_all(self._store, CHECKPOINTS, filters):
+            opened = self._guarded(partial(open_listed, self._repo, metadata))
             if opened is not None:
                 opened = self._checked(opened)
             if opened is not None:
@@ -211,8 +205,8 @@ class CheckpointService:
         newest = max(
             candidates,
             key=lambda opened: (
-                _int_label(opened.metadata, "created_at"),
-                _int_label(opened.metadata, "event_cursor"),
+                int_label(opened.metadata, "created_at"),
+                int_label(opened.metadata, "event_cursor"),
                 opened.metadata.key_digest,
             ),
             default=None,
@@ -255,8 +249,8 @@ class CheckpointService:
         run's stream, in the same unit of work.
         """
         key = require_integrity(self._integrity)
-        filters = [LabelFilter("consumed_at", _horizon(now, older_than), FilterOp.LT)]
-        return _purge(
+        filters = [LabelFilter("consumed_at", purge_horizon(now, older_than), FilterOp.LT)]
+        return purge(
             self._repo,
             self._clock,
             CHECKPOINTS,
@@ -265,8 +259,8 @@ class CheckpointService:
             doom=lambda meta: self._doomed(key, meta),
         )
 
-    def _doomed(self, key: KeyedDigester, metadata: RecordMetadata) -> _Doomed | None:
-        opened = self._guarded(lambda: _open_listed(self._repo, metadata))
+    def _doomed(self, key: KeyedDigester, metadata: RecordMetadata) -> Doomed | None:
+        opened = self._guarded(lambda: open_listed(self._repo, metadata))
         if opened is not None:
             opened = self._checked(opened)
         if opened is None:
@@ -282,7 +276,7 @@ class CheckpointService:
         }
         delete = Delete(metadata.namespace, metadata.key_digest, opened.revision)
         streams = (run_stream(checkpoint.run_id), self._stream(checkpoint.checkpoint_id))
-        return _Doomed((delete,), streams, tombstone)
+        return Doomed((delete,), streams, tombstone)
 
     # -- shared with the approval service ---------------------------------------
 
@@ -346,7 +340,7 @@ class CheckpointService:
             self._store,
             stream,
             opened,
-            lambda: self._guarded(lambda: _open_listed(self._repo, metadata)),
+            lambda: self._guarded(lambda: open_listed(self._repo, metadata)),
         )
 
     def _event(self, checkpoint: Checkpoint, event_type: str) -> LedgerEvent:
@@ -386,7 +380,7 @@ class CheckpointService:
             "dependency_digest": content_hash(checkpoint.dependency_summary)
             == checkpoint.dependency_digest,
             "integrity_digest": hmac.compare_digest(
-                _digest(key, CHECKPOINT_TAG, checkpoint), checkpoint.integrity_digest
+                integrity_digest(key, CHECKPOINT_TAG, checkpoint), checkpoint.integrity_digest
             ),
         }
         failed = [name for name, ok in checks.items() if not ok]
@@ -409,18 +403,18 @@ class CheckpointService:
             "status": CheckpointStatus.CONSUMED,
             "consumed_at": moment,
         }
-        return _signed(Checkpoint, require_integrity(self._integrity), CHECKPOINT_TAG, fields)
+        return signed(Checkpoint, require_integrity(self._integrity), CHECKPOINT_TAG, fields)
 
     def _upsert(self, checkpoint: Checkpoint, expected: int | Guard, ledger_index: int) -> Upsert:
         """Seal a checkpoint bound to the record-stream event committed with it."""
         labels: dict[str, LabelValue] = {
             "run": self._repo.key_digest(RUNS, checkpoint.run_id),
-            "created_at": _micros(checkpoint.created_at),
+            "created_at": micros(checkpoint.created_at),
             "event_cursor": checkpoint.event_cursor,
             "status": checkpoint.status.value,
         }
         if checkpoint.consumed_at is not None:
-            labels["consumed_at"] = _micros(checkpoint.consumed_at)
+            labels["consumed_at"] = micros(checkpoint.consumed_at)
         return self._repo.prepare(
             CHECKPOINTS,
             checkpoint.checkpoint_id,

@@ -11,7 +11,6 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Final
 
-from flowvault.application._approval_support import RETRIES
 from flowvault.application._freshness import (
     StreamPolicy,
     leaves_unnamed,
@@ -19,6 +18,7 @@ from flowvault.application._freshness import (
     record_payload,
     record_stream,
 )
+from flowvault.application._record_kind import RETRIES
 from flowvault.application._records import Guard, UnitOfWork
 from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application.ports import DecisionSignatures

@@ -12,18 +12,10 @@ from __future__ import annotations
 import base64
 import binascii
 from datetime import datetime
+from functools import partial
 
-from flowvault.application._approval_support import (
-    MAX_WITNESS_BYTES,
-    WITNESS_TAG,
-    WITNESSES,
-    _aware,
-    _digest,
-    _micros,
-    _signed,
-)
+from flowvault.application._backoff import LOST, Lost, settle
 from flowvault.application._freshness import (
-    FRESH_READ_TRIES,
     WITNESS_KIND,
     StreamPolicy,
     leaves_unnamed,
@@ -31,16 +23,16 @@ from flowvault.application._freshness import (
     record_payload,
     record_stream,
 )
-from flowvault.application._graph import (
-    KeyedDigester,
-    require_integrity,
-)
+from flowvault.application._instants import aware, micros
+from flowvault.application._keyed_digester import KeyedDigester
+from flowvault.application._record_kinds import MAX_WITNESS_BYTES, WITNESS_TAG, WITNESSES
 from flowvault.application._records import (
     ExpectedRevision,
     Guard,
     UnitOfWork,
 )
 from flowvault.application._sealed import SealedDocument, SealedRepository
+from flowvault.application._signing import integrity_digest, signed
 from flowvault.application.ports import Clock
 from flowvault.domain import (
     IntegrityFailure,
@@ -59,7 +51,7 @@ class EvidenceService:
     """Keep retrieved evidence once per content digest, verified on every read."""
 
     def __init__(
-        self, repository: SealedRepository, clock: Clock, *, integrity: KeyedDigester | None
+        self, repository: SealedRepository, clock: Clock, *, integrity: KeyedDigester
     ) -> None:
         self._repo = repository
         self._store = repository.store
@@ -95,7 +87,7 @@ class EvidenceService:
             RevisionConflict: the witness kept changing under every attempt.
 
         """
-        key = require_integrity(self._integrity)
+        key = self._integrity
         if not isinstance(content, bytes):
             raise InvalidInput("content must be bytes")
         if len(content) > MAX_WITNESS_BYTES:
@@ -104,7 +96,7 @@ class EvidenceService:
                 size=len(content),
                 limit=MAX_WITNESS_BYTES,
             )
-        first = _signed(
+        first = signed(
             Witness,
             key,
             WITNESS_TAG,
@@ -114,28 +106,30 @@ class EvidenceService:
                 "media_type": media_type,
                 "authority_class": authority_class,
                 "size_bytes": len(content),
-                "retrieved_at": _aware(retrieved_at, "retrieved_at"),
+                "retrieved_at": aware(retrieved_at, "retrieved_at"),
                 "captured_at": self._clock.now(),
                 "content": content,
             },
         )
+        return settle(partial(self._capture, first, locator), "witness")
+
+    def _capture(self, first: Witness, locator: str) -> Witness | Lost:
+        """Write ``first``, or add ``locator`` to the stored witness; ``LOST`` if raced."""
         expected: ExpectedRevision
-        for _ in range(FRESH_READ_TRIES):
-            found = self._find(key, first.content_digest)
-            if found is None:
-                written, expected, event_type = first, Guard.ABSENT, "witness.captured"
-            else:
-                stored, revision = found
-                if locator in stored.locators:
-                    return stored
-                written = self._located(key, stored, locator)
-                expected, event_type = revision, "witness.located"
-            try:
-                self._write(written, expected, event_type)
-            except RevisionConflict:
-                continue
-            return written
-        raise RevisionConflict("witness kept changing while it was captured; retry")
+        found = self._find(self._integrity, first.content_digest)
+        if found is None:
+            written, expected, event_type = first, Guard.ABSENT, "witness.captured"
+        else:
+            stored, revision = found
+            if locator in stored.locators:
+                return stored
+            written = self._located(self._integrity, stored, locator)
+            expected, event_type = revision, "witness.located"
+        try:
+            self._write(written, expected, event_type)
+        except RevisionConflict:
+            return LOST
+        return written
 
     def _located(self, key: KeyedDigester, witness: Witness, locator: str) -> Witness:
         """Return ``witness`` also recording ``locator``, signed again."""
@@ -146,7 +140,7 @@ class EvidenceService:
             )
         fields = witness.model_dump(exclude={"integrity_digest"})
         later = (*witness.later_locators, locator)
-        return _signed(Witness, key, WITNESS_TAG, {**fields, "later_locators": later})
+        return signed(Witness, key, WITNESS_TAG, {**fields, "later_locators": later})
 
     def _write(self, witness: Witness, expected: ExpectedRevision, event_type: str) -> None:
         """Commit ``witness`` bound to a new event of its stream; ``RevisionConflict`` if raced."""
@@ -167,7 +161,7 @@ class EvidenceService:
             witness.content_digest,
             document,
             expected=expected,
-            labels={"captured_at": _micros(witness.captured_at)},
+            labels={"captured_at": micros(witness.captured_at)},
             ledger_index=event.index,
         )
         self._store.commit(UnitOfWork(upserts=[upsert], appends=[event]))
@@ -179,7 +173,7 @@ class EvidenceService:
         integrity digest do not verify, or when it is missing although its
         record stream says it was captured.
         """
-        key = require_integrity(self._integrity)
+        key = self._integrity
         if not isinstance(content_digest, str) or not DIGEST_PATTERN.fullmatch(content_digest):
             raise InvalidInput("content_digest must be a sha256:<64 hex> digest")
         found = self._find(key, content_digest)
@@ -201,7 +195,7 @@ class EvidenceService:
         witness = self._decoded(opened)
         if witness.content_digest != content_digest:
             raise IntegrityFailure("witness is stored under another digest")
-        if _digest(key, WITNESS_TAG, witness) != witness.integrity_digest:
+        if integrity_digest(key, WITNESS_TAG, witness) != witness.integrity_digest:
             raise IntegrityFailure("witness failed its keyed integrity check")
         return witness, opened.revision
 

@@ -30,7 +30,7 @@ from datetime import datetime
 from typing import Final, Generic, Protocol, TypeVar
 
 from flowvault.application._capabilities import StoreCapabilities
-from flowvault.application._graph import RETENTION_TOMBSTONE
+from flowvault.application._keyed_digester import KeyedDigester
 from flowvault.application._records import RecordMetadata
 from flowvault.application._sealed import SealedRepository
 from flowvault.application._streams import (
@@ -39,6 +39,7 @@ from flowvault.application._streams import (
     next_position,
     read_stream,
 )
+from flowvault.application._tombstones import RETENTION_TOMBSTONE
 from flowvault.application.ports import SecureObjectStore, StreamHeads
 from flowvault.domain import (
     EnvelopeHeader,
@@ -55,8 +56,8 @@ FRESH_READ_TRIES: Final = 16
 _PAGE: Final = 200
 
 
-class _Repository(Protocol):
-    def keyed_digest(self, tag: str, data: bytes | str) -> str: ...
+class _Repository(KeyedDigester, Protocol):
+    """A keyed digester that also says what its store can do."""
 
     @property
     def capabilities(self) -> StoreCapabilities: ...

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from flowvault.application._graph import KeyedDigester
+from flowvault.application._keyed_digester import KeyedDigester
 from flowvault.domain import IntegrityFailure, InvalidInput
 from flowvault.domain._canonical import MAX_SAFE_INTEGER, canonical_bytes
 

@@ -21,7 +21,7 @@ from typing import Final, Protocol
 
 from pydantic import ValidationError
 
-from flowvault.application._graph import KeyedDigester
+from flowvault.application._keyed_digester import KeyedDigester
 from flowvault.application.ports import SecureObjectStore
 from flowvault.domain import IntegrityFailure, InvalidInput, NotFound, TerminalReceipt
 from flowvault.domain._receipt import HeadNote, HeadReceipt, ReceiptSignature

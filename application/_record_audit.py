@@ -24,13 +24,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from flowvault.application._approval_support import (
-    APPROVAL_SLOTS,
-    APPROVALS,
-    CHECKPOINTS,
-    REQUEST_IDEMPOTENCY,
-    WITNESSES,
-)
 from flowvault.application._decider_keys import DECIDER_KEY_KIND, DECIDER_KEYS
 from flowvault.application._freshness import (
     ACTION_RESULT_KIND,
@@ -42,14 +35,21 @@ from flowvault.application._freshness import (
     deleted_by,
     written_by,
 )
-from flowvault.application._records import RecordMetadata
-from flowvault.application._run_service import (
+from flowvault.application._graph_namespaces import (
     GRAPH_DEFINITION_VERSIONS,
     GRAPH_DEFINITIONS,
     GRAPH_RUN_IDEMPOTENCY,
     GRAPH_RUN_RECEIPTS,
-    RunService,
 )
+from flowvault.application._record_kinds import (
+    APPROVAL_SLOTS,
+    APPROVALS,
+    CHECKPOINTS,
+    REQUEST_IDEMPOTENCY,
+    WITNESSES,
+)
+from flowvault.application._records import RecordMetadata
+from flowvault.application._run_service import RunService
 from flowvault.application._runs import RUNS
 from flowvault.application._sealed import SealedRepository
 from flowvault.application._state import StateRepository

@@ -10,20 +10,6 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from flowvault.application._approval_support import (
-    _EPOCH,
-    _MICROSECOND,
-    MAX_IDEMPOTENCY_KEY,
-    PURGE_BATCH,
-    REQUEST_IDEMPOTENCY,
-    REQUEST_TAG,
-    _Doomed,
-    _horizon,
-    _int_label,
-    _micros,
-    _open_listed,
-    _purge,
-)
 from flowvault.application._freshness import (
     IDEMPOTENCY_KIND,
     StreamPolicy,
@@ -32,8 +18,19 @@ from flowvault.application._freshness import (
     record_payload,
     record_stream,
 )
-from flowvault.application._graph import (
-    IDEMPOTENCY_STREAM,
+from flowvault.application._instants import from_micros, micros
+from flowvault.application._record_kind import (
+    PURGE_BATCH,
+    Doomed,
+    int_label,
+    open_listed,
+    purge,
+    purge_horizon,
+)
+from flowvault.application._record_kinds import (
+    MAX_IDEMPOTENCY_KEY,
+    REQUEST_IDEMPOTENCY,
+    REQUEST_TAG,
 )
 from flowvault.application._records import (
     Delete,
@@ -44,6 +41,7 @@ from flowvault.application._records import (
     UnitOfWork,
 )
 from flowvault.application._sealed import SealedDocument, SealedRepository
+from flowvault.application._tombstones import IDEMPOTENCY_STREAM
 from flowvault.application.ports import Clock
 from flowvault.domain import (
     IdempotencyConflict,
@@ -115,7 +113,7 @@ class IdempotencyService:
             key,
             document,
             expected=Guard.ABSENT,
-            labels={"created_at": _micros(now)},
+            labels={"created_at": micros(now)},
             ledger_index=event.index,
         )
         try:
@@ -159,8 +157,8 @@ class IdempotencyService:
         Idempotency records belong to no run, so their tombstones go to
         ``IDEMPOTENCY_STREAM``, in the same unit of work as the deletions.
         """
-        filters = [LabelFilter("created_at", _horizon(now, older_than), FilterOp.LT)]
-        return _purge(
+        filters = [LabelFilter("created_at", purge_horizon(now, older_than), FilterOp.LT)]
+        return purge(
             self._repo,
             self._clock,
             REQUEST_IDEMPOTENCY,
@@ -169,14 +167,14 @@ class IdempotencyService:
             doom=self._doomed,
         )
 
-    def _doomed(self, metadata: RecordMetadata) -> _Doomed | None:
+    def _doomed(self, metadata: RecordMetadata) -> Doomed | None:
         """Doom a listed record by its sealed labels, or ``None`` if it vanished meanwhile.
 
         The listing's labels are in the clear: one an editor backdated would
         otherwise be purged early, under a keyed tombstone that makes the
         deletion look like retention's.
         """
-        opened = _open_listed(self._repo, metadata)
+        opened = open_listed(self._repo, metadata)
         return None if opened is None else _doomed_request(opened.metadata)
 
     def _request_digest(self, request: JsonValue) -> str:
@@ -197,8 +195,8 @@ class IdempotencyService:
         return document.get("response")
 
 
-def _doomed_request(metadata: RecordMetadata) -> _Doomed:
-    created = _EPOCH + _int_label(metadata, "created_at") * _MICROSECOND
+def _doomed_request(metadata: RecordMetadata) -> Doomed:
+    created = from_micros(int_label(metadata, "created_at"))
     tombstone: dict[str, JsonValue] = {
         "kind": "idempotency",
         "record": metadata.key_digest,
@@ -206,7 +204,7 @@ def _doomed_request(metadata: RecordMetadata) -> _Doomed:
     }
     delete = Delete(metadata.namespace, metadata.key_digest, metadata.revision)
     streams = (IDEMPOTENCY_STREAM, record_stream(IDEMPOTENCY_KIND, metadata.key_digest))
-    return _Doomed((delete,), streams, tombstone)
+    return Doomed((delete,), streams, tombstone)
 
 
 # -- evidence witnesses --------------------------------------------------------

@@ -6,11 +6,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from flowvault.application._approval_support import _horizon
 from flowvault.application._approvals import ApprovalService
 from flowvault.application._checkpoints import CheckpointService
-from flowvault.application._graph import AGES, RetentionPolicy
+from flowvault.application._record_kind import purge_horizon
 from flowvault.application._request_idempotency import IdempotencyService
+from flowvault.application._retention_policy import AGES, RetentionPolicy
+from flowvault.application._run_retention import purge_finished_runs
 from flowvault.application._run_service import RunService
 from flowvault.application._workflows import WorkflowService
 from flowvault.application.ports import Clock
@@ -85,7 +86,7 @@ class RetentionJob:
         for name in ("", *AGES):
             age = getattr(policy, name) if name else timedelta(0)
             if age is not None:
-                _horizon(at, age)
+                purge_horizon(at, age)
 
         def purge(horizon: timedelta | None, purger: Purger) -> int:
             return 0 if horizon is None else purger(at, horizon, batch)
@@ -98,5 +99,8 @@ class RetentionJob:
             decided_approvals=purge(policy.decided_approvals, self._approvals.purge),
             consumed_checkpoints=purge(policy.consumed_checkpoints, self._checkpoints.purge),
             idempotency_records=purge(policy.idempotency_records, self._idempotency.purge),
-            finished_runs=purge(policy.finished_runs, self._runs.purge_finished_runs),
+            finished_runs=purge(policy.finished_runs, self._purge_finished_runs),
         )
+
+    def _purge_finished_runs(self, now: datetime, older_than: timedelta, batch_size: int) -> int:
+        return purge_finished_runs(self._runs.repository, self._clock, now, older_than, batch_size)

@@ -1,50 +1,56 @@
-"""The graph run service: versioned definitions, CAS run lifecycle, run events, receipts.
+"""The graph run service: the CAS run lifecycle and each run's event stream.
 
 Built only on the sealed repository and the store port, so it behaves the
 same on every adapter. Every mutation is one unit of work: a run's record,
-its events in ``run_stream(run_id)``, its idempotency marker and its terminal
-receipt commit together or not at all. Every move to a terminal status,
-whichever call makes it, writes the run's terminal receipt in that unit.
+its events in ``run_stream(run_id)``, its idempotency marker and, when it
+ends, its terminal receipt commit together or not at all. Every move to a
+terminal status, whichever call makes it, writes the run's terminal receipt
+in that unit. Definitions are the ``DefinitionRegistry``'s and receipts the
+``TerminalReceipts``'; this service reaches both through their public methods.
 """
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from functools import partial
+from datetime import datetime
 
-from flowvault.application._approval_support import _horizon
-from flowvault.application._compaction import compact_after_commit
+from flowvault.application._backoff import LOST, Lost, ledger_head_moved, settle
+from flowvault.application._definitions import (
+    DefinitionRegistry,
+    check_definition_id,
+    check_version,
+)
 from flowvault.application._freshness import (
-    DEFINITION_KIND,
-    DELETED_FIELD,
     IDEMPOTENCY_KIND,
     StreamPolicy,
     leaves_unnamed,
-    record_event,
     record_payload,
     record_stream,
 )
-from flowvault.application._graph import (
-    RETENTION_TOMBSTONE,
-    KeyedDigester,
-    require_integrity,
-    run_stream,
+from flowvault.application._graph_namespaces import (
+    GRAPH_RUN_IDEMPOTENCY,
+    GRAPH_RUNS,
+    definition_digest,
+    version_digest,
 )
+from flowvault.application._instants import micros
+from flowvault.application._keyed_digester import KeyedDigester
 from flowvault.application._paging import Page, PageScope, read_page
-from flowvault.application._receipts import ReceiptSigner, sign_terminal_receipt
+from flowvault.application._record_kind import PURGE_STALLS
 from flowvault.application._records import (
     MAX_LIST_LIMIT,
-    Delete,
-    FilterOp,
     Guard,
     LabelFilter,
     LabelValue,
-    RecordMetadata,
     UnitOfWork,
     Upsert,
+)
+from flowvault.application._run_records import (
+    LoadedRun,
+    open_listed_run,
+    sealed_mapping,
+    sealed_run,
 )
 from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application._streams import (
@@ -53,12 +59,13 @@ from flowvault.application._streams import (
     mac_matches,
     newest_first,
     next_position,
+    run_stream,
 )
+from flowvault.application._terminal_receipts import TerminalReceipts
+from flowvault.application._tombstones import RETENTION_TOMBSTONE
 from flowvault.application._verified import verified_page
 from flowvault.application.ports import Clock, IdFactory, SecureObjectStore
 from flowvault.domain import (
-    DefinitionReferenced,
-    DefinitionVersion,
     GraphRun,
     IdempotencyConflict,
     IntegrityFailure,
@@ -69,29 +76,16 @@ from flowvault.domain import (
     NotFound,
     RevisionConflict,
     TerminalReceipt,
-    content_hash,
     sanitise_payload,
 )
 from flowvault.domain._canonical import canonical_bytes
-from flowvault.domain._envelope import DIGEST_PATTERN, format_instant
-from flowvault.domain._graph_runs import DEFINITION_ID_PATTERN, RUN_LIFECYCLE
-
-GRAPH_DEFINITIONS = "flowvault.graph-definitions"
-"""Definition heads: which version is current."""
-GRAPH_DEFINITION_VERSIONS = "flowvault.graph-definition-versions"
-"""Every distinct definition content ever registered, keyed by id and content hash."""
-GRAPH_RUNS = "flowvault.graph-runs"
-GRAPH_RUN_IDEMPOTENCY = "flowvault.graph-run-idempotency"
-GRAPH_RUN_RECEIPTS = "flowvault.graph-run-receipts"
+from flowvault.domain._graph_runs import RUN_LIFECYCLE
 
 RUN_EVENT_PAGE = MAX_LIST_LIMIT
 """Most events one ``read_run_events`` page returns."""
 MAX_EVENT_BATCH = 200
 """Most caller events one append or finish may carry, so every unit stays bounded."""
-PURGE_BATCH = 200
 RECOVERY_BATCH = 100
-RUN_RETRIES = 16
-"""How often a write is rebuilt after losing a race whose outcome it re-checks."""
 MAX_IDEMPOTENCY_KEY = 256
 
 INTERRUPTED = "interrupted_non_resumable"
@@ -99,11 +93,6 @@ RESERVED_EVENT_PREFIXES = ("run.", "retention.")
 """Event types only the service writes, so a caller cannot forge a status change."""
 
 _REQUEST_TAG = "flowvault.run-request/1"
-_FINAL_STATE_TAG = "flowvault.run-final-state/1"
-_RECEIPT_TAG = "flowvault.run-receipt/1"
-_UNSIGNED = "sha256:" + "0" * 64
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,12 +104,6 @@ class RunEventPage:
     gap: bool
 
 
-@dataclass(frozen=True, slots=True)
-class _LoadedRun:
-    """A run as read, with the row it came from."""
-
-    run: GraphRun
-    metadata: RecordMetadata
 
 
 def _purged_run(store: SecureObjectStore, head: LedgerEvent, digester: KeyedDigester) -> bool:
@@ -156,26 +139,11 @@ class _Draft:
     to_state: str | None
 
 
-def _micros(moment: datetime) -> int:
-    return (moment - _EPOCH) // _MICROSECOND
-
-
-def _joined(*parts: str) -> str:
-    return "\x1f".join(parts)
-
-
-def _ledger_only(conflict: RevisionConflict) -> bool:
-    return conflict.details.get("guard") == "append"
-
-
 class RunService:
-    """Keep graph definitions and runs, move runs through their lifecycle, sign how they end.
+    """Start runs, move them through their lifecycle and keep each run's event stream.
 
-    ``integrity`` MACs terminal receipts and digests final states; pass the
-    sealed repository itself in normal use. Without it, everything but
-    ending a run and ``terminal_receipt`` still works. ``signer``, an
-    Ed25519 key, also signs each terminal receipt, so that it can be
-    checked with the public key alone.
+    ``definitions`` pins the version each run starts on; ``receipts`` writes
+    the terminal receipt every ending commits with.
     """
 
     def __init__(
@@ -184,16 +152,16 @@ class RunService:
         clock: Clock,
         ids: IdFactory,
         *,
-        integrity: KeyedDigester | None,
-        signer: ReceiptSigner | None = None,
+        definitions: DefinitionRegistry,
+        receipts: TerminalReceipts,
     ) -> None:
         self._repo = repository
         self._store = repository.store
         self._clock = clock
         self._ids = ids
-        self._integrity = integrity
-        self._signer = signer
-        self._fresh = StreamPolicy[_LoadedRun](
+        self._definitions = definitions
+        self._receipts = receipts
+        self._fresh = StreamPolicy[LoadedRun](
             "run record",
             repository,
             leaves_record=_leaves_run,
@@ -201,260 +169,11 @@ class RunService:
         self._fresh_marker = StreamPolicy[SealedDocument](
             "run idempotency marker", repository, leaves_record=leaves_unnamed
         )
-        self._fresh_definition = StreamPolicy[SealedDocument](
-            "graph definition", repository, leaves_record=leaves_unnamed
-        )
-        self._fresh_receipt = StreamPolicy[SealedDocument](
-            "terminal receipt",
-            repository,
-            leaves_record=leaves_unnamed,
-        )
 
     @property
     def repository(self) -> SealedRepository:
         """The sealed repository runs live in."""
         return self._repo
-
-    # -- definitions ------------------------------------------------------------
-
-    def register_definition(
-        self, definition_id: str, spec: JsonValue, *, overwrite: bool = False
-    ) -> DefinitionVersion:
-        """Store ``spec`` as a version named by its content hash and make it current.
-
-        The same content again is a no-op returning the existing version.
-        Replacing a current version that runs reference needs ``overwrite``,
-        so a host cannot silently change what a run's definition id means.
-
-        Raises:
-            DefinitionReferenced: the current version is referenced and
-                ``overwrite`` is false.
-            InvalidInput: a malformed id or a spec outside the JSON profile.
-
-        """
-        _check_definition_id(definition_id)
-        version = content_hash(spec)
-        for _ in range(RUN_RETRIES):
-            try:
-                return self._register(definition_id, spec, version, overwrite=overwrite)
-            except RevisionConflict:
-                continue
-        raise RevisionConflict("definition kept changing; retry", definition_id=definition_id)
-
-    def _register(
-        self, definition_id: str, spec: JsonValue, version: str, *, overwrite: bool
-    ) -> DefinitionVersion:
-        head = self._head_row(definition_id)
-        if head is None:
-            made = self._new_version(definition_id, version)
-            event = self._definition_event(
-                definition_id, "definition.registered", record_payload(*self._digests(made))
-            )
-            upserts = [
-                self._head_upsert(definition_id, version, Guard.ABSENT, event.index),
-                self._version_upsert(made, spec, event.index),
-            ]
-            self._store.commit(UnitOfWork(upserts=upserts, appends=[event]))
-            return made
-        current = _head_version(head, definition_id)
-        if current == version:
-            return self._version(definition_id, version)[0]
-        if not overwrite and self._referenced(
-            "version", self._version_digest(definition_id, current)
-        ):
-            raise DefinitionReferenced(
-                "runs reference the current definition version; pass overwrite=True to replace it",
-                definition_id=definition_id,
-            )
-        existing = self._version_row(definition_id, version)
-        made = (
-            self._new_version(definition_id, version)
-            if existing is None
-            else _definition_version(existing, definition_id, version)[0]
-        )
-        written = self._digests(made) if existing is None else self._digests(made)[:1]
-        event = self._definition_event(
-            definition_id, "definition.registered", record_payload(*written)
-        )
-        upserts = [self._head_upsert(definition_id, version, head.revision, event.index)]
-        if existing is None:
-            upserts.append(self._version_upsert(made, spec, event.index))
-        self._store.commit(UnitOfWork(upserts=upserts, appends=[event]))
-        return made
-
-    def _new_version(self, definition_id: str, version: str) -> DefinitionVersion:
-        return DefinitionVersion(
-            definition_id=definition_id, version=version, created_at=self._clock.now()
-        )
-
-    def get_definition(
-        self, definition_id: str, version: str | None = None
-    ) -> tuple[DefinitionVersion, JsonValue]:
-        """Return a version of a definition and its spec; the current one by default.
-
-        Raises:
-            IntegrityFailure: the head or version row is older than the
-                definition's record stream says, or missing although the
-                stream records it and no delete.
-            NotFound: no such definition or version.
-
-        """
-        _check_definition_id(definition_id)
-        if version is None:
-            version = self._head(definition_id)[0]
-        return self._version(definition_id, _check_version(version))
-
-    def definition_versions(self, definition_id: str) -> list[DefinitionVersion]:
-        """Return every stored version of a definition, oldest first.
-
-        Each row is checked against the definition's record stream; a row
-        deleted while it is listed is skipped.
-        """
-        _check_definition_id(definition_id)
-        self._head(definition_id)
-        stream = self._definition_stream(definition_id)
-        found = []
-        for metadata in self._list_all(GRAPH_DEFINITION_VERSIONS, self._versions_of(definition_id)):
-            listed = self._open_row(metadata)
-            opened = (
-                None
-                if listed is None
-                else self._fresh_definition.check_listed(
-                    self._store, stream, listed, partial(self._open_row, metadata)
-                )
-            )
-            if opened is not None:
-                found.append(_definition_version(opened, definition_id)[0])
-        return sorted(found, key=lambda item: (item.created_at, item.version))
-
-    def delete_definition(self, definition_id: str) -> int:
-        """Delete a definition's head and every version in one unit; return the versions removed.
-
-        The unit appends ``definition.deleted`` to the definition's record
-        stream, naming the deleted rows, so their absence is legitimate.
-
-        Raises:
-            DefinitionReferenced: any stored run references any version.
-            NotFound: no such definition.
-
-        """
-        _check_definition_id(definition_id)
-        digest = self._definition_digest(definition_id)
-        for _ in range(RUN_RETRIES):
-            revision = self._head(definition_id)[1]
-            if self._referenced("definition", digest):
-                raise DefinitionReferenced(
-                    "runs still reference this definition", definition_id=definition_id
-                )
-            versions = list(
-                self._list_all(GRAPH_DEFINITION_VERSIONS, self._versions_of(definition_id))
-            )
-            deletes = [Delete(GRAPH_DEFINITIONS, digest, revision)]
-            deletes += [Delete(meta.namespace, meta.key_digest, meta.revision) for meta in versions]
-            gone: list[JsonValue] = [delete.key_digest for delete in deletes]
-            event = self._definition_event(
-                definition_id, "definition.deleted", {DELETED_FIELD: gone}
-            )
-            try:
-                self._store.commit(UnitOfWork(deletes=deletes, appends=[event]))
-            except RevisionConflict:
-                continue
-            compact_after_commit(self._repo.capabilities.compactor)
-            return len(versions)
-        raise RevisionConflict("definition kept changing; retry", definition_id=definition_id)
-
-    def _head(self, definition_id: str) -> tuple[str, int]:
-        opened = self._head_row(definition_id)
-        if opened is None:
-            raise NotFound("no such definition", definition_id=definition_id)
-        return _head_version(opened, definition_id), opened.revision
-
-    def _head_row(self, definition_id: str) -> SealedDocument | None:
-        """Read a definition's head; one its record stream vouches for must be there."""
-        return self._fresh_definition.read_vouched(
-            self._store,
-            self._definition_stream(definition_id),
-            (GRAPH_DEFINITIONS, self._definition_digest(definition_id)),
-            lambda: self._repo.read(GRAPH_DEFINITIONS, definition_id),
-        )
-
-    def _version(self, definition_id: str, version: str) -> tuple[DefinitionVersion, JsonValue]:
-        opened = self._version_row(definition_id, version)
-        if opened is None:
-            raise NotFound("no such definition version", definition_id=definition_id)
-        return _definition_version(opened, definition_id, version)
-
-    def _version_row(self, definition_id: str, version: str) -> SealedDocument | None:
-        """Read a definition version; one its definition's stream vouches for must be there."""
-        natural = _joined(definition_id, version)
-        return self._fresh_definition.read_vouched(
-            self._store,
-            self._definition_stream(definition_id),
-            (GRAPH_DEFINITION_VERSIONS, self._version_digest(definition_id, version)),
-            lambda: self._repo.read(GRAPH_DEFINITION_VERSIONS, natural),
-        )
-
-    def _definition_stream(self, definition_id: str) -> str:
-        """Name the record stream of a definition's head and versions."""
-        return record_stream(DEFINITION_KIND, self._definition_digest(definition_id))
-
-    def _definition_event(
-        self, definition_id: str, event_type: str, payload: JsonValue
-    ) -> LedgerEvent:
-        return record_event(
-            self._repo,
-            self._definition_stream(definition_id),
-            event_type,
-            payload,
-            self._clock.now(),
-        )
-
-    def _digests(self, made: DefinitionVersion) -> tuple[str, str]:
-        """Return the key digests of a definition's head and of the version ``made``."""
-        return (
-            self._definition_digest(made.definition_id),
-            self._version_digest(made.definition_id, made.version),
-        )
-
-    def _head_upsert(
-        self, definition_id: str, current: str, expected: int | Guard, ledger_index: int
-    ) -> Upsert:
-        """Seal a definition head bound to the record-stream event committed with it."""
-        document = {"definition_id": definition_id, "current": current}
-        return self._repo.prepare(
-            GRAPH_DEFINITIONS, definition_id, document, expected=expected, ledger_index=ledger_index
-        )
-
-    def _version_upsert(
-        self, made: DefinitionVersion, spec: JsonValue, ledger_index: int
-    ) -> Upsert:
-        labels: dict[str, LabelValue] = {
-            "definition": self._definition_digest(made.definition_id),
-            "created_at": _micros(made.created_at),
-        }
-        return self._repo.prepare(
-            GRAPH_DEFINITION_VERSIONS,
-            _joined(made.definition_id, made.version),
-            {"definition": made.model_dump(mode="json"), "spec": spec},
-            expected=Guard.ABSENT,
-            labels=labels,
-            ledger_index=ledger_index,
-        )
-
-    def _definition_digest(self, definition_id: str) -> str:
-        return self._repo.key_digest(GRAPH_DEFINITIONS, definition_id)
-
-    def _version_digest(self, definition_id: str, version: str) -> str:
-        return self._repo.key_digest(GRAPH_DEFINITION_VERSIONS, _joined(definition_id, version))
-
-    def _versions_of(self, definition_id: str) -> list[LabelFilter]:
-        return [LabelFilter("definition", self._definition_digest(definition_id))]
-
-    def _referenced(self, label: str, digest: str) -> bool:
-        page = self._store.list(GRAPH_RUNS, filters=[LabelFilter(label, digest)], limit=1)
-        return bool(page.items)
-
-    # -- runs -------------------------------------------------------------------
 
     def start_run(
         self,
@@ -479,9 +198,9 @@ class RunService:
             NotFound: no such definition or version.
 
         """
-        _check_definition_id(definition_id)
+        check_definition_id(definition_id)
         if version is not None:
-            _check_version(version)
+            check_version(version)
         request = {
             "definition_id": definition_id,
             "version": version,
@@ -495,18 +214,19 @@ class RunService:
             if replayed is not None:
                 return replayed, False
         run_id = self._ids.new_id()
-        for _ in range(RUN_RETRIES):
+
+        def attempt() -> tuple[GraphRun, bool] | Lost:
             run, unit = self._start_unit(run_id, request, idempotency_key, fingerprint)
             try:
                 self._store.commit(unit)
             except RevisionConflict:
+                replayed = None
                 if idempotency_key is not None:
                     replayed = self._replay(idempotency_key, fingerprint)
-                    if replayed is not None:
-                        return replayed, False
-                continue
+                return LOST if replayed is None else (replayed, False)
             return run, True
-        raise RevisionConflict("definition kept changing while the run started; retry")
+
+        return settle(attempt, "definition", definition_id=definition_id)
 
     def _start_unit(
         self,
@@ -516,21 +236,19 @@ class RunService:
         fingerprint: str,
     ) -> tuple[GraphRun, UnitOfWork]:
         definition_id = str(request["definition_id"])
-        head = self._head_row(definition_id)
-        if head is None:
-            raise NotFound("no such definition", definition_id=definition_id)
-        current = _head_version(head, definition_id)
         pinned = request["version"]
-        if isinstance(pinned, str):
-            self._version(definition_id, pinned)
+        started_at = self._clock.now()
+        reference = self._definitions.reference(
+            definition_id, pinned if isinstance(pinned, str) else None, started_at
+        )
         run = _new_run(
             run_id=run_id,
             definition_id=definition_id,
-            definition_version=pinned or current,
+            definition_version=reference.version,
             status=RUN_LIFECYCLE.initial,
             input=request["input"],
             budgets=request["budgets"],
-            started_at=self._clock.now(),
+            started_at=started_at,
             idempotency_key_digest=(
                 None
                 if idempotency_key is None
@@ -541,36 +259,30 @@ class RunService:
         accepted = _Draft(
             "run.accepted", {"definition_version": run.definition_version}, None, run.status
         )
-        appends = self._chain(run_id, [accepted], run.started_at)
-        referenced = _Draft(
-            "definition.referenced",
-            record_payload(self._definition_digest(definition_id)),
-            None,
-            None,
-        )
-        appends += self._chain_on(
-            self._definition_stream(definition_id), [referenced], run.started_at
-        )
-        upserts = [
-            self._run_upsert(run, Guard.ABSENT, appends[0].index),
-            self._head_upsert(definition_id, current, head.revision, appends[-1].index),
-        ]
+        appends = [*self._chain(run_id, [accepted], run.started_at), reference.event]
+        upserts = [self._run_upsert(run, Guard.ABSENT, appends[0].index), reference.head]
         if idempotency_key is not None:
-            digest = self._repo.key_digest(GRAPH_RUN_IDEMPOTENCY, idempotency_key)
-            stream = record_stream(IDEMPOTENCY_KIND, digest)
-            recorded = _Draft("idempotency.recorded", record_payload(digest), None, None)
-            appends += self._chain_on(stream, [recorded], run.started_at)
-            marker = {"run_id": run_id, "fingerprint": fingerprint}
-            upserts.append(
-                self._repo.prepare(
-                    GRAPH_RUN_IDEMPOTENCY,
-                    idempotency_key,
-                    marker,
-                    expected=Guard.ABSENT,
-                    ledger_index=appends[-1].index,
-                )
-            )
+            marker = self._marker(idempotency_key, run_id, fingerprint, run.started_at)
+            appends.append(marker[0])
+            upserts.append(marker[1])
         return run, UnitOfWork(upserts=upserts, appends=appends)
+
+    def _marker(
+        self, idempotency_key: str, run_id: str, fingerprint: str, at: datetime
+    ) -> tuple[LedgerEvent, Upsert]:
+        """Build a start's idempotency marker, bound to the event its record stream gets."""
+        digest = self._repo.key_digest(GRAPH_RUN_IDEMPOTENCY, idempotency_key)
+        stream = record_stream(IDEMPOTENCY_KIND, digest)
+        recorded = _Draft("idempotency.recorded", record_payload(digest), None, None)
+        event = self._chain_on(stream, [recorded], at)[0]
+        upsert = self._repo.prepare(
+            GRAPH_RUN_IDEMPOTENCY,
+            idempotency_key,
+            {"run_id": run_id, "fingerprint": fingerprint},
+            expected=Guard.ABSENT,
+            ledger_index=event.index,
+        )
+        return event, upsert
 
     def _replay(self, idempotency_key: str, fingerprint: str) -> GraphRun | None:
         """Return the run an earlier start with this key made, or ``None`` if there was none.
@@ -589,7 +301,7 @@ class RunService:
         )
         if marker is None:
             return None
-        document = _mapping(marker)
+        document = sealed_mapping(marker)
         if document.get("fingerprint") != fingerprint:
             raise IdempotencyConflict("idempotency key was already used for a different run")
         run_id = document.get("run_id")
@@ -620,25 +332,25 @@ class RunService:
             raise NotFound("no such run", run_id=run_id)
         return loaded.run
 
-    def _read_row(self, run_id: str) -> _LoadedRun | None:
+    def _read_row(self, run_id: str) -> LoadedRun | None:
         opened = self._repo.read(GRAPH_RUNS, run_id)
         if opened is None:
             return None
-        run = _run(opened)
+        run = sealed_run(opened)
         if run.run_id != run_id:
             raise IntegrityFailure("run record disagrees with its row", run_id=run_id)
-        return _LoadedRun(run, opened.metadata)
+        return LoadedRun(run, opened.metadata)
 
     def _run_upsert(self, run: GraphRun, expected: int | Guard, ledger_index: int) -> Upsert:
         """Seal a run bound to the index of the last event committed with it."""
         labels: dict[str, LabelValue] = {
             "status": run.status,
-            "definition": self._definition_digest(run.definition_id),
-            "version": self._version_digest(run.definition_id, run.definition_version),
-            "started_at": _micros(run.started_at),
+            "definition": definition_digest(self._repo, run.definition_id),
+            "version": version_digest(self._repo, run.definition_id, run.definition_version),
+            "started_at": micros(run.started_at),
         }
         if run.finished_at is not None:
-            labels["finished_at"] = _micros(run.finished_at)
+            labels["finished_at"] = micros(run.finished_at)
         return self._repo.prepare(
             GRAPH_RUNS,
             run.run_id,
@@ -665,51 +377,55 @@ class RunService:
         final state the run already holds; use ``finish_run`` to store one.
 
         Raises:
-            IntegrityKeyRequired: ``target`` is terminal and the service has
-                no integrity key.
             RevisionConflict: the run has another status (both named).
             InvalidTransition: the run lifecycle forbids the move.
             NotFound: no such run.
 
         """
         _check_status(expected_status)
-        for _ in range(RUN_RETRIES):
+        counts = {"node_count": node_count, "failed_attempts": failed_attempts}
+
+        def attempt() -> GraphRun | Lost:
             current = self._load(run_id)
             _check_expected(current, expected_status)
             RUN_LIFECYCLE.assert_transition(current.status, target)
-            ending = target in RUN_LIFECYCLE.terminal
-            integrity = require_integrity(self._integrity) if ending else None
             now = self._clock.now()
-            changes: dict[str, object] = {"status": target, "revision": current.revision + 1}
-            if node_count is not None:
-                changes["node_count"] = node_count
-            if failed_attempts is not None:
-                changes["failed_attempts"] = failed_attempts
-            if ending:
-                changes["finished_at"] = now
-            updated = _changed_run(current, changes)
             detail: dict[str, JsonValue] = {"detail": sanitise_payload(payload or {})}
-            if integrity is not None:
-                unit = self._ending(integrity, current, updated, [], detail=detail, now=now)[1]
+            changes: dict[str, object] = {"status": target, "revision": current.revision + 1}
+            changes.update({name: value for name, value in counts.items() if value is not None})
+            if target in RUN_LIFECYCLE.terminal:
+                changes["finished_at"] = now
+                updated = _changed_run(current, changes)
+                unit = self._ending(current, updated, [], detail=detail, now=now)[1]
             else:
-                moved = _Draft(
-                    f"run.{target}", _status_payload(updated, detail), current.status, target
-                )
-                appends = self._chain(run_id, [moved], now)
-                unit = UnitOfWork(
-                    upserts=[self._run_upsert(updated, current.revision, appends[-1].index)],
-                    appends=appends,
-                )
-            if self._commit_or_retry(unit, run_id, expected_status):
-                return updated
-        raise RevisionConflict("run ledger kept moving; retry", run_id=run_id)
+                updated = _changed_run(current, changes)
+                unit = self._moving(current, updated, detail, now)
+            return updated if self._committed(unit, run_id, expected_status) else LOST
 
-    def _commit_or_retry(self, unit: UnitOfWork, run_id: str, expected_status: str) -> bool:
+        return settle(attempt, "run ledger", run_id=run_id)
+
+    def _moving(
+        self, current: GraphRun, updated: GraphRun, detail: dict[str, JsonValue], now: datetime
+    ) -> UnitOfWork:
+        """Build the unit of a move that does not end the run: its event and the run."""
+        moved = _Draft(
+            f"run.{updated.status}",
+            _status_payload(updated, detail),
+            current.status,
+            updated.status,
+        )
+        appends = self._chain(updated.run_id, [moved], now)
+        return UnitOfWork(
+            upserts=[self._run_upsert(updated, current.revision, appends[-1].index)],
+            appends=appends,
+        )
+
+    def _committed(self, unit: UnitOfWork, run_id: str, expected_status: str) -> bool:
         """Commit; ``False`` when only the ledger head moved, so the caller rebuilds."""
         try:
             self._store.commit(unit)
         except RevisionConflict as conflict:
-            if _ledger_only(conflict):
+            if ledger_head_moved(conflict):
                 return False
             _check_expected(self._load(run_id), expected_status)
             raise
@@ -738,12 +454,12 @@ class RunService:
             scope,
             GRAPH_RUNS,
             filters,
-            lambda metadata: self._checked(self._listed_run(metadata)),
+            lambda metadata: self._checked(open_listed_run(self._repo, metadata)),
             cursor=cursor,
             limit=limit,
         )
 
-    def _checked(self, listed: _LoadedRun | None) -> GraphRun | None:
+    def _checked(self, listed: LoadedRun | None) -> GraphRun | None:
         """Check a listed run against its stream, reading it again only if it looked stale."""
         if listed is None:
             return None
@@ -753,18 +469,6 @@ class RunService:
         )
         return None if loaded is None else loaded.run
 
-    def _listed_run(self, metadata: RecordMetadata) -> _LoadedRun | None:
-        """Open a listed run, or ``None`` if it vanished since the listing."""
-        record = self._store.load(metadata.namespace, metadata.key_digest)
-        if record is None:
-            return None
-        run = _run(
-            self._repo.open(record, namespace=metadata.namespace, key_digest=metadata.key_digest)
-        )
-        if self._repo.key_digest(GRAPH_RUNS, run.run_id) != metadata.key_digest:
-            raise IntegrityFailure("run record names another run than its row")
-        return _LoadedRun(run, metadata)
-
     def recover_incomplete_runs(self) -> int:
         """Mark every accepted or running run interrupted; return how many were marked.
 
@@ -772,37 +476,38 @@ class RunService:
         those runs. Each run moves through ``set_status``, so each gets its
         event and its terminal receipt in one unit; a run that moved on
         meanwhile is left alone.
-
-        Raises:
-            IntegrityKeyRequired: a run is to be ended and the service has no
-                integrity key to write its receipt with.
-
         """
         return sum(self._recover(status) for status in ("accepted", "running"))
 
     def _recover(self, status: str) -> int:
+        """Mark runs of ``status`` page by page; stop after enough pages marked none."""
         recovered = stalled = 0
-        while stalled < RUN_RETRIES:
+        while stalled < PURGE_STALLS:
             page = self._store.list(
                 GRAPH_RUNS, filters=[LabelFilter("status", status)], limit=RECOVERY_BATCH
             )
             if not page.items:
                 break
-            marked = 0
-            for run in filter(None, map(self._checked, map(self._listed_run, page.items))):
-                try:
-                    self.set_status(
-                        run.run_id,
-                        INTERRUPTED,
-                        expected_status=status,
-                        payload={"reason": "recovered_at_startup"},
-                    )
-                except RevisionConflict:
-                    continue
-                marked += 1
+            listed = (open_listed_run(self._repo, metadata) for metadata in page.items)
+            marked = sum(
+                self._interrupt(run, status) for run in filter(None, map(self._checked, listed))
+            )
             recovered += marked
             stalled = 0 if marked else stalled + 1
         return recovered
+
+    def _interrupt(self, run: GraphRun, status: str) -> bool:
+        """Mark one run interrupted; ``False`` if it moved on meanwhile."""
+        try:
+            self.set_status(
+                run.run_id,
+                INTERRUPTED,
+                expected_status=status,
+                payload={"reason": "recovered_at_startup"},
+            )
+        except RevisionConflict:
+            return False
+        return True
 
     # -- run events -------------------------------------------------------------
 
@@ -817,7 +522,8 @@ class RunService:
             NotFound: no such run.
 
         """
-        for _ in range(RUN_RETRIES):
+
+        def attempt() -> list[LedgerEvent] | Lost:
             run = self._load(run_id)
             if run.finished:
                 raise InvalidTransition(
@@ -829,11 +535,12 @@ class RunService:
             try:
                 self._store.commit(UnitOfWork(appends=appended))
             except RevisionConflict as conflict:
-                if _ledger_only(conflict):
-                    continue
+                if ledger_head_moved(conflict):
+                    return LOST
                 raise
             return appended
-        raise RevisionConflict("run ledger kept moving; retry", run_id=run_id)
+
+        return settle(attempt, "run ledger", run_id=run_id)
 
     def read_run_events(
         self, run_id: str, cursor: int | None = None, limit: int = RUN_EVENT_PAGE
@@ -893,7 +600,7 @@ class RunService:
             index, previous = index + 1, event.event_hash
         return chained
 
-    # -- terminal receipts ------------------------------------------------------
+    # -- endings ----------------------------------------------------------------
 
     def finish_run(
         self,
@@ -915,16 +622,15 @@ class RunService:
         signature.
 
         Raises:
-            IntegrityKeyRequired: the service has no integrity key.
             InvalidInput: ``status`` is not terminal.
             RevisionConflict / InvalidTransition / NotFound: as ``set_status``.
 
         """
-        integrity = require_integrity(self._integrity)
         if not isinstance(status, str) or status not in RUN_LIFECYCLE.terminal:
             raise InvalidInput("finish_run needs a terminal status; use set_status otherwise")
         _check_status(expected_status)
-        for _ in range(RUN_RETRIES):
+
+        def attempt() -> TerminalReceipt | Lost:
             current = self._load(run_id)
             _check_expected(current, expected_status)
             RUN_LIFECYCLE.assert_transition(current.status, status)
@@ -939,14 +645,13 @@ class RunService:
                 },
             )
             drafts = _caller_drafts(events, current.status)
-            receipt, unit = self._ending(integrity, current, updated, drafts, detail={}, now=now)
-            if self._commit_or_retry(unit, run_id, expected_status):
-                return receipt
-        raise RevisionConflict("run ledger kept moving; retry", run_id=run_id)
+            receipt, unit = self._ending(current, updated, drafts, detail={}, now=now)
+            return receipt if self._committed(unit, run_id, expected_status) else LOST
+
+        return settle(attempt, "run ledger", run_id=run_id)
 
     def _ending(
         self,
-        integrity: KeyedDigester,
         current: GraphRun,
         updated: GraphRun,
         drafts: Sequence[_Draft],
@@ -956,10 +661,8 @@ class RunService:
     ) -> tuple[TerminalReceipt, UnitOfWork]:
         """Build the unit ending a run: the drafts, ``run.<status>``, the run and its receipt."""
         run_id, status = updated.run_id, updated.status
-        final_digest = integrity.keyed_digest(
-            _FINAL_STATE_TAG, canonical_bytes(updated.final_state)
-        )
-        receipt_digest = self._repo.key_digest(GRAPH_RUN_RECEIPTS, run_id)
+        final_digest = self._receipts.final_state_digest(updated.final_state)
+        receipt_digest = self._receipts.receipt_digest(run_id)
         ended = _Draft(
             f"run.{status}",
             _status_payload(
@@ -970,161 +673,20 @@ class RunService:
             status,
         )
         appended = self._chain(run_id, [*drafts, ended], now)
-        receipt = self._signed(integrity, updated, final_digest, appended, now)
+        issued = self._receipts.issue(updated, final_digest, appended, now)
         unit = UnitOfWork(
             upserts=[
                 self._run_upsert(updated, current.revision, appended[-1].index),
-                self._repo.prepare(
-                    GRAPH_RUN_RECEIPTS,
-                    run_id,
-                    receipt.model_dump(mode="json", exclude_none=True),
-                    expected=Guard.ABSENT,
-                    ledger_index=appended[-1].index,
-                ),
+                issued.upsert,
             ],
             appends=appended,
         )
-        return receipt, unit
-
-    def _signed(
-        self,
-        integrity: KeyedDigester,
-        run: GraphRun,
-        final_digest: str,
-        appended: Sequence[LedgerEvent],
-        issued_at: datetime,
-    ) -> TerminalReceipt:
-        draft = TerminalReceipt(
-            issued_at=issued_at,
-            run=self._repo.key_digest(GRAPH_RUNS, run.run_id),
-            status=run.status,
-            definition_version=run.definition_version,
-            final_state_digest=final_digest,
-            events_digest=content_hash([event.event_hash for event in appended]),
-            event_count=len(appended),
-            signature=_UNSIGNED,
-        )
-        if self._signer is not None:
-            draft = sign_terminal_receipt(draft, self._signer)
-        return draft.model_copy(update={"signature": _signature(integrity, draft)})
-
-    def terminal_receipt(self, run_id: str) -> TerminalReceipt:
-        """Return a finished run's receipt after checking its signature and its run.
-
-        Raises:
-            IntegrityKeyRequired: the service has no integrity key.
-            IntegrityFailure: the signature or the run digest does not verify,
-                the row names another event than the run's stream says wrote
-                it, or it is missing although that event records it.
-            NotFound: the run has no receipt.
-
-        """
-        integrity = require_integrity(self._integrity)
-        digest = self._repo.key_digest(GRAPH_RUN_RECEIPTS, run_id)
-        opened = self._fresh_receipt.read_vouched(
-            self._store,
-            run_stream(run_id),
-            (GRAPH_RUN_RECEIPTS, digest),
-            lambda: self._repo.read(GRAPH_RUN_RECEIPTS, run_id),
-        )
-        if opened is None:
-            raise NotFound("run has no terminal receipt", run_id=run_id)
-        try:
-            receipt = TerminalReceipt.model_validate(opened.document)
-        except InvalidInput:
-            raise IntegrityFailure("sealed terminal receipt has an unexpected shape") from None
-        if not hmac.compare_digest(_signature(integrity, receipt), receipt.signature):
-            raise IntegrityFailure("terminal receipt signature does not verify", run_id=run_id)
-        if receipt.run != self._repo.key_digest(GRAPH_RUNS, run_id):
-            raise IntegrityFailure("terminal receipt names another run", run_id=run_id)
-        return receipt
-
-    # -- retention --------------------------------------------------------------
-
-    def purge_finished_runs(
-        self, now: datetime, older_than: timedelta, batch_size: int = PURGE_BATCH
-    ) -> int:
-        """Delete runs that finished before ``now - older_than``, in bounded batches.
-
-        Each batch is one unit: the run records, their idempotency markers
-        and, in each run's own stream, a digest-only ``RETENTION_TOMBSTONE``.
-        The streams stay, so they still verify; receipts stay as proof.
-        """
-        if type(batch_size) is not int or not 1 <= batch_size <= MAX_LIST_LIMIT:
-            raise InvalidInput(f"batch_size must be between 1 and {MAX_LIST_LIMIT}")
-        horizon = _horizon(now, older_than)
-        purged = stalled = 0
-        while stalled < RUN_RETRIES:
-            page = self._store.list(
-                GRAPH_RUNS,
-                filters=[LabelFilter("finished_at", horizon, FilterOp.LT)],
-                limit=batch_size,
-            )
-            if not page.items:
-                break
-            unit, count = self._purge_unit(page.items)
-            try:
-                self._store.commit(unit)
-            except RevisionConflict:
-                stalled += 1
-                continue
-            purged += count
-        if purged:
-            compact_after_commit(self._repo.capabilities.compactor)
-        return purged
-
-    def _purge_unit(self, listed: Sequence[RecordMetadata]) -> tuple[UnitOfWork, int]:
-        deletes: list[Delete] = []
-        appends: list[LedgerEvent] = []
-        now = self._clock.now()
-        for metadata in listed:
-            loaded = self._listed_run(metadata)
-            run = None if loaded is None else loaded.run
-            if run is None or run.finished_at is None:
-                continue
-            payload: dict[str, JsonValue] = {
-                "kind": "run",
-                "run": metadata.key_digest,
-                "payload_digest": metadata.payload_digest,
-                "finished_at": format_instant(run.finished_at),
-            }
-            deletes.append(Delete(GRAPH_RUNS, metadata.key_digest, metadata.revision))
-            tombstone = _Draft(RETENTION_TOMBSTONE, payload, None, None)
-            if run.idempotency_key_digest is not None:
-                payload["idempotency_marker"] = run.idempotency_key_digest
-                deletes.append(Delete(GRAPH_RUN_IDEMPOTENCY, run.idempotency_key_digest, Guard.ANY))
-                marker_stream = record_stream(IDEMPOTENCY_KIND, run.idempotency_key_digest)
-                appends += self._chain_on(marker_stream, [tombstone], now)
-            appends += self._chain(run.run_id, [tombstone], now)
-        count = sum(delete.namespace == GRAPH_RUNS for delete in deletes)
-        return UnitOfWork(deletes=deletes, appends=appends), count
-
-    # -- shared -----------------------------------------------------------------
-
-    def _list_all(self, namespace: str, filters: list[LabelFilter]) -> Iterator[RecordMetadata]:
-        cursor: str | None = None
-        while True:
-            page = self._store.list(namespace, filters=filters, cursor=cursor, limit=MAX_LIST_LIMIT)
-            yield from page.items
-            if page.next_cursor is None:
-                return
-            cursor = page.next_cursor
-
-    def _open_row(self, metadata: RecordMetadata) -> SealedDocument | None:
-        """Open a listed row, or ``None`` if it vanished since the listing."""
-        record = self._store.load(metadata.namespace, metadata.key_digest)
-        if record is None:
-            return None
-        return self._repo.open(record, namespace=metadata.namespace, key_digest=metadata.key_digest)
+        return issued.receipt, unit
 
     def compact(self) -> bool:
         """Ask the store to drop stale copies of deleted bytes, if it can."""
         compactor = self._repo.capabilities.compactor
         return True if compactor is None else compactor.compact()
-
-
-def _signature(integrity: KeyedDigester, receipt: TerminalReceipt) -> str:
-    return integrity.keyed_digest(_RECEIPT_TAG, canonical_bytes(receipt.unsigned_body()))
 
 
 def _status_payload(run: GraphRun, extra: dict[str, JsonValue]) -> JsonValue:
@@ -1140,18 +702,6 @@ def _caller_drafts(events: Sequence[tuple[str, object]], status: str) -> list[_D
             raise InvalidInput("event types must be text outside the run.* and retention.* names")
         drafts.append(_Draft(event_type, sanitise_payload(payload), status, status))
     return drafts
-
-
-def _check_definition_id(definition_id: object) -> str:
-    if not isinstance(definition_id, str) or not DEFINITION_ID_PATTERN.fullmatch(definition_id):
-        raise InvalidInput("a definition id is 1-64 of [a-z0-9_.-], starting with a letter")
-    return definition_id
-
-
-def _check_version(version: object) -> str:
-    if not isinstance(version, str) or not DIGEST_PATTERN.fullmatch(version):
-        raise InvalidInput("a definition version is a sha256:<64 hex> content hash")
-    return version
 
 
 def _check_status(status: object) -> str:
@@ -1173,48 +723,6 @@ def _check_expected(run: GraphRun, expected_status: str) -> None:
             expected_status=expected_status,
             actual_status=run.status,
         )
-
-
-def _mapping(opened: SealedDocument) -> dict[str, JsonValue]:
-    if not isinstance(opened.document, dict):
-        raise IntegrityFailure(
-            "sealed document has an unexpected shape", key_digest=opened.metadata.key_digest
-        )
-    return opened.document
-
-
-def _head_version(opened: SealedDocument, definition_id: str) -> str:
-    document = _mapping(opened)
-    current = document.get("current")
-    if document.get("definition_id") != definition_id or not isinstance(current, str):
-        raise IntegrityFailure("definition head disagrees with its row")
-    return current
-
-
-def _definition_version(
-    opened: SealedDocument, definition_id: str, version: str | None = None
-) -> tuple[DefinitionVersion, JsonValue]:
-    document = _mapping(opened)
-    try:
-        made = DefinitionVersion.model_validate(document.get("definition"))
-    except InvalidInput:
-        raise IntegrityFailure("sealed definition version has an unexpected shape") from None
-    spec = document.get("spec")
-    if made.definition_id != definition_id or made.version != (version or made.version):
-        raise IntegrityFailure("definition version disagrees with its row")
-    if content_hash(spec) != made.version:
-        raise IntegrityFailure("definition spec does not match its version hash")
-    return made, spec
-
-
-def _run(opened: SealedDocument) -> GraphRun:
-    try:
-        run = GraphRun.model_validate(_mapping(opened).get("run"))
-    except InvalidInput:
-        raise IntegrityFailure("sealed run has an unexpected shape") from None
-    if run.revision != opened.revision:
-        raise IntegrityFailure("run record disagrees with its row revision")
-    return run
 
 
 def _new_run(**fields: object) -> GraphRun:

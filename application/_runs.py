@@ -8,9 +8,10 @@ than read as never saved.
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime
 from functools import partial
 
+from flowvault.application._backoff import LOST, Lost, settle
 from flowvault.application._freshness import (
     RESULT_KIND,
     StreamPolicy,
@@ -19,6 +20,7 @@ from flowvault.application._freshness import (
     record_payload,
     record_stream,
 )
+from flowvault.application._instants import micros
 from flowvault.application._paging import Page, PageScope, read_page
 from flowvault.application._records import (
     FilterOp,
@@ -39,11 +41,6 @@ from flowvault.domain._state import RUN_ID_PATTERN
 
 RUNS = "flowvault.runs"
 
-SAVE_RETRIES = 16
-"""How often a save is rebuilt after another save of the same run took its stream position."""
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
 
 
 def check_run_id(run_id: str) -> str:
@@ -53,10 +50,6 @@ def check_run_id(run_id: str) -> str:
             "a run id is 3-128 of [A-Za-z0-9._-], starts alphanumeric and has no '..'"
         )
     return run_id
-
-
-def _micros(moment: datetime) -> int:
-    return (moment - _EPOCH) // _MICROSECOND
 
 
 def _instant(since: date | datetime) -> datetime:
@@ -87,29 +80,31 @@ class RunRepository:
 
         """
         check_run_id(result.run_id)
+        return settle(partial(self._save, result), "run result")
+
+    def _save(self, result: WorkflowResult) -> RecordMetadata | Lost:
+        """Write ``result`` bound to a new ``result.saved`` event; ``LOST`` if another save won."""
         digest = self._repo.key_digest(RUNS, result.run_id)
-        for _ in range(SAVE_RETRIES):
-            event = record_event(
-                self._repo,
-                record_stream(RESULT_KIND, digest),
-                "result.saved",
-                record_payload(digest),
-                self._repo.clock.now(),
-            )
-            upsert = self._repo.prepare(
-                RUNS,
-                result.run_id,
-                result.model_dump(mode="json"),
-                expected=Guard.ANY,
-                labels={"finished_at": _micros(result.finished_at)},
-                ledger_index=event.index,
-            )
-            try:
-                self._store.commit(UnitOfWork(upserts=[upsert], appends=[event]))
-            except RevisionConflict:
-                continue
-            return upsert.metadata
-        raise RevisionConflict("run result kept changing; retry")
+        event = record_event(
+            self._repo,
+            record_stream(RESULT_KIND, digest),
+            "result.saved",
+            record_payload(digest),
+            self._repo.clock.now(),
+        )
+        upsert = self._repo.prepare(
+            RUNS,
+            result.run_id,
+            result.model_dump(mode="json"),
+            expected=Guard.ANY,
+            labels={"finished_at": micros(result.finished_at)},
+            ledger_index=event.index,
+        )
+        try:
+            self._store.commit(UnitOfWork(upserts=[upsert], appends=[event]))
+        except RevisionConflict:
+            return LOST
+        return upsert.metadata
 
     def load(self, run_id: str) -> WorkflowResult:
         """Return the run stored under ``run_id``.
@@ -165,7 +160,7 @@ class RunRepository:
         """
         filters = []
         if since is not None:
-            filters.append(LabelFilter("finished_at", _micros(_instant(since)), FilterOp.GE))
+            filters.append(LabelFilter("finished_at", micros(_instant(since)), FilterOp.GE))
         scope = PageScope(RUNS, tuple(label.value for label in filters))
         return read_page(
             self._store, scope, RUNS, filters, self._listed, cursor=cursor, limit=limit

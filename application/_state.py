@@ -21,10 +21,10 @@ from typing import Generic, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
 
-from flowvault.application._approval_support import DECIDER_TAG
 from flowvault.application._backoff import DEFAULT_RETRY, RetryPolicy
 from flowvault.application._compaction import compact_after_commit
 from flowvault.application._freshness import StreamPolicy
+from flowvault.application._record_kinds import DECIDER_TAG
 from flowvault.application._records import Delete, Guard, RecordMetadata, UnitOfWork, Upsert
 from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application._streams import (

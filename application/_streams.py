@@ -5,8 +5,9 @@ from __future__ import annotations
 import hmac
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Final, Protocol
+from typing import Final
 
+from flowvault.application._keyed_digester import KeyedDigester
 from flowvault.application._records import LedgerTrim, UnitOfWork
 from flowvault.application.ports import SecureObjectStore
 from flowvault.domain import GENESIS_HASH, InvalidInput, LedgerEvent
@@ -25,11 +26,14 @@ MAINTENANCE_EVENTS: Final = frozenset({TRIM_EVENT, VOUCH_EVENT})
 """Events about the stream itself: they leave every record it binds as it is."""
 
 
-class _Digester(Protocol):
-    def keyed_digest(self, tag: str, data: bytes | str) -> str: ...
+def run_stream(run_id: str) -> str:
+    """Name of the ledger stream holding one run's events."""
+    if not isinstance(run_id, str):
+        raise InvalidInput("a run id must be text")
+    return f"run/{run_id}"
 
 
-def chain_mac(event: LedgerEvent, digester: _Digester) -> str:
+def chain_mac(event: LedgerEvent, digester: KeyedDigester) -> str:
     """Return the MAC ``event`` must carry: HMAC-SHA-256 of its stream, index and hash.
 
     The event hash commits to the previous event's hash, so each MAC covers
@@ -55,12 +59,12 @@ def chain_mac(event: LedgerEvent, digester: _Digester) -> str:
     return digester.keyed_digest(LEDGER_MAC_TAG, body)
 
 
-def keyed(event: LedgerEvent, digester: _Digester) -> LedgerEvent:
+def keyed(event: LedgerEvent, digester: KeyedDigester) -> LedgerEvent:
     """Return ``event`` carrying its ``chain_mac``; every event the services append is keyed."""
     return event.with_chain_mac(chain_mac(event, digester))
 
 
-def mac_matches(event: LedgerEvent, digester: _Digester) -> bool:
+def mac_matches(event: LedgerEvent, digester: KeyedDigester) -> bool:
     """Return whether ``event`` carries the MAC the integrity key gives it (constant time)."""
     mac = event.chain_mac
     return isinstance(mac, str) and hmac.compare_digest(mac, chain_mac(event, digester))
@@ -100,7 +104,7 @@ def next_position(store: SecureObjectStore, stream: str) -> tuple[int, str]:
 
 def trim_unit(
     store: SecureObjectStore,
-    digester: _Digester,
+    digester: KeyedDigester,
     stream: str,
     *,
     before_index: int,

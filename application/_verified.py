@@ -23,8 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final
 
+from flowvault.application._keyed_digester import KeyedDigester
 from flowvault.application._records import MAX_LIST_LIMIT, LedgerPage
 from flowvault.application._streams import MAINTENANCE_EVENTS, mac_matches
 from flowvault.application.ports import SecureObjectStore
@@ -38,10 +39,6 @@ from flowvault.domain import (
 )
 
 _PAGE: Final = MAX_LIST_LIMIT
-
-
-class _Digester(Protocol):
-    def keyed_digest(self, tag: str, data: bytes | str) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +91,7 @@ class StreamVerifier:
         "unkeyed",
     )
 
-    def __init__(self, digester: _Digester | None) -> None:
+    def __init__(self, digester: KeyedDigester | None) -> None:
         self._digester = digester
         self._tip: tuple[int, str] | None = None
         self._claim: tuple[int, str] | None = None
@@ -218,7 +215,7 @@ def _settle(
 
 
 def verified_events(
-    store: SecureObjectStore, stream: str, digester: _Digester | None
+    store: SecureObjectStore, stream: str, digester: KeyedDigester | None
 ) -> list[LedgerEvent]:
     """Return every retained event of ``stream``, oldest first, after verifying them all.
 
@@ -241,7 +238,7 @@ def verified_events(
 def verified_page(
     store: SecureObjectStore,
     stream: str,
-    digester: _Digester | None,
+    digester: KeyedDigester | None,
     *,
     from_index: int,
     limit: int,

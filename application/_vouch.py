@@ -19,9 +19,10 @@ import hmac
 from dataclasses import dataclass
 from datetime import datetime
 
+from flowvault.application._keyed_digester import KeyedDigester
 from flowvault.application._records import UnitOfWork
 from flowvault.application._streams import VOUCH_EVENT, keyed, read_stream
-from flowvault.application._verified import StreamVerifier, _Digester
+from flowvault.application._verified import StreamVerifier
 from flowvault.application.ports import SecureObjectStore
 from flowvault.domain import ChainDefect, InvalidInput, JsonValue, LedgerEvent, NotFound
 
@@ -45,7 +46,7 @@ class Unvouched:
     """Whether the events before ``first_index`` are gone with no event accounting for them."""
 
 
-def inspect_unvouched(store: SecureObjectStore, stream: str, digester: _Digester) -> Unvouched:
+def inspect_unvouched(store: SecureObjectStore, stream: str, digester: KeyedDigester) -> Unvouched:
     """Return what a person must compare before vouching for ``stream``.
 
     Raises:
@@ -89,7 +90,7 @@ def inspect_unvouched(store: SecureObjectStore, stream: str, digester: _Digester
 
 
 def vouch_unit(
-    digester: _Digester, seen: Unvouched, *, head_hash: str, occurred_at: datetime
+    digester: KeyedDigester, seen: Unvouched, *, head_hash: str, occurred_at: datetime
 ) -> UnitOfWork:
     """Return the unit appending a keyed ``ledger.vouched`` event after ``seen``'s head.
 

@@ -29,7 +29,6 @@ from flowvault.application._freshness import (
     record_payload,
     record_stream,
 )
-from flowvault.application._graph import RETENTION_TOMBSTONE
 from flowvault.application._paging import Page, PageScope, read_page
 from flowvault.application._records import (
     Delete,
@@ -49,6 +48,7 @@ from flowvault.application._streams import (
     next_position,
     read_stream,
 )
+from flowvault.application._tombstones import RETENTION_TOMBSTONE
 from flowvault.application._verified import verified_events, verified_page
 from flowvault.application._write_cache import WriteCache
 from flowvault.application.ports import Clock, IdFactory

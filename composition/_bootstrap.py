@@ -11,6 +11,7 @@ from flowvault.application import (
     CheckpointService,
     Cipher,
     Clock,
+    DefinitionRegistry,
     EvidenceService,
     IdempotencyService,
     IdFactory,
@@ -24,6 +25,7 @@ from flowvault.application import (
     StateRepository,
     StoreCapabilities,
     StreamWriter,
+    TerminalReceipts,
     WorkflowService,
 )
 from flowvault.composition._container import Container, build_container
@@ -42,6 +44,8 @@ class Runtime:
     workflows: WorkflowService
     runs: RunRepository
     graph_runs: RunService
+    definitions: DefinitionRegistry
+    receipts: TerminalReceipts
     checkpoints: CheckpointService
     approvals: ApprovalService
     idempotency: IdempotencyService
@@ -152,7 +156,11 @@ def open_existing(settings: Settings, *, key: bytes | None = None) -> Runtime | 
 def _assemble(container: Container) -> Runtime:
     repository = container.repository()
     clock, ids = container.clock(), container.ids()
-    graph_runs = RunService(repository, clock, ids, integrity=repository, signer=container.signer())
+    definitions = DefinitionRegistry(repository, clock)
+    receipts = TerminalReceipts(repository, repository, signer=container.signer())
+    graph_runs = RunService(
+        repository, clock, ids, definitions=definitions, receipts=receipts
+    )
     checkpoints = CheckpointService(repository, clock, integrity=repository, runs=graph_runs)
     return Runtime(
         settings=container.settings(),
@@ -162,6 +170,8 @@ def _assemble(container: Container) -> Runtime:
         workflows=container.workflows(),
         runs=RunRepository(repository),
         graph_runs=graph_runs,
+        definitions=definitions,
+        receipts=receipts,
         checkpoints=checkpoints,
         approvals=ApprovalService(
             repository,

@@ -20,6 +20,7 @@ from flowvault.application import (
     CheckpointService,
     Cipher,
     Clock,
+    DefinitionRegistry,
     KeyRingStore,
     ReceiptSigner,
     RetentionJob,
@@ -29,6 +30,7 @@ from flowvault.application import (
     SecureObjectStore,
     StateRepository,
     StoreCapabilities,
+    TerminalReceipts,
     WorkflowService,
 )
 from flowvault.domain import WorkflowState
@@ -86,6 +88,10 @@ class Services(Protocol):
     def workflows(self) -> WorkflowService: ...
     @property
     def graph_runs(self) -> RunService: ...
+    @property
+    def definitions(self) -> DefinitionRegistry: ...
+    @property
+    def receipts(self) -> TerminalReceipts: ...
     @property
     def checkpoints(self) -> CheckpointService: ...
     @property

@@ -280,7 +280,7 @@ def _action_result(s: _Scenario) -> StepReport:
 
 def _checkpoint(s: _Scenario) -> StepReport:
     runs, checkpoints = s.runtime.graph_runs, s.runtime.checkpoints
-    definition = runs.register_definition(
+    definition = s.runtime.definitions.register_definition(
         DEFINITION, {"nodes": ["plan", "prepare", "approve", "pay"]}
     )
     run, created = runs.start_run(
@@ -398,7 +398,8 @@ def _finish(s: _Scenario) -> StepReport:
     receipt = runs.finish_run(
         s.run_id, "completed", expected_status="running", final_state={"paid": True}
     )
-    expect(runs.terminal_receipt(s.run_id) == receipt, "the terminal receipt does not read back")
+    stored = s.runtime.receipts.terminal_receipt(s.run_id)
+    expect(stored == receipt, "the terminal receipt does not read back")
     s.moved("completed", "executing")
     record = s.runtime.workflows.get(s.workflow_id)
     expect(record.work_order.parameters == {}, "the finished work order kept its parameters")

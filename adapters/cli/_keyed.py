@@ -11,11 +11,13 @@ from flowvault.adapters.system import RandomIdFactory, SystemClock
 from flowvault.application import (
     KEY_ENV,
     BoundRecords,
+    DefinitionRegistry,
     KeyRing,
     LedgerAudit,
     RunService,
     SealedRepository,
     SecureObjectStore,
+    TerminalReceipts,
     WorkflowService,
     parse_master_key,
 )
@@ -51,7 +53,13 @@ def keyed_audit(
     bound = BoundRecords(
         repository,
         WorkflowService(repository, clock, ids),
-        RunService(repository, clock, ids, integrity=repository),
+        RunService(
+            repository,
+            clock,
+            ids,
+            definitions=DefinitionRegistry(repository, clock),
+            receipts=TerminalReceipts(repository, repository),
+        ),
     )
     mark = (
         None if context is None else context.anti_rollback(store, cipher, repository.capabilities)

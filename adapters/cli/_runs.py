@@ -26,7 +26,7 @@ from flowvault.adapters.cli._listing import (
 )
 from flowvault.adapters.cli._receipts import terminal_receipt_document
 from flowvault.adapters.cli._verbs import Verbs, add_verb
-from flowvault.application import Page, RunService
+from flowvault.application import Page, RunService, TerminalReceipts
 from flowvault.domain import GraphRun, InvalidInput, NotFound, TerminalReceipt
 from flowvault.domain._graph_runs import RUN_LIFECYCLE
 
@@ -54,11 +54,11 @@ def _event_count(runs: RunService, run_id: str) -> tuple[int, bool]:
     return count, trimmed
 
 
-def _terminal_receipt(runs: RunService, run: GraphRun) -> TerminalReceipt | None:
+def _terminal_receipt(receipts: TerminalReceipts, run: GraphRun) -> TerminalReceipt | None:
     if not run.finished:
         return None
     try:
-        return runs.terminal_receipt(run.run_id)
+        return receipts.terminal_receipt(run.run_id)
     except NotFound:
         return None
 
@@ -86,10 +86,13 @@ def runs_list_command(
     return print_listing(io, "runs", RUN_COLUMNS, page_rows(page, _run_row))
 
 
-def runs_show_command(runs: RunService | None, run_id: str, io: CommandIO) -> int:
+def runs_show_command(
+    found: tuple[RunService, TerminalReceipts] | None, run_id: str, io: CommandIO
+) -> int:
     """Show one run's metadata, counts and receipt digest; never its input or state."""
-    if runs is None:
+    if found is None:
         raise cold_not_found("run")
+    runs, receipts = found
     run = runs.get_run(run_id)
     count, trimmed = _event_count(runs, run_id)
     fields: Fields = {
@@ -100,17 +103,17 @@ def runs_show_command(runs: RunService | None, run_id: str, io: CommandIO) -> in
         "budget_count": len(run.budgets),
         "event_count": count,
         "events_trimmed": trimmed,
-        **_receipt_fields(_terminal_receipt(runs, run)),
+        **_receipt_fields(_terminal_receipt(receipts, run)),
     }
     io.emit({"run": fields}, detail_lines(f"run {run_id}", fields))
     return 0
 
 
-def runs_receipt_command(runs: RunService | None, run_id: str, io: CommandIO) -> int:
+def runs_receipt_command(receipts: TerminalReceipts | None, run_id: str, io: CommandIO) -> int:
     """Print a finished run's terminal receipt, checked under the store key first, to keep."""
-    if runs is None:
+    if receipts is None:
         raise cold_not_found("run")
-    receipt = runs.terminal_receipt(run_id)
+    receipt = receipts.terminal_receipt(run_id)
     io.emit(terminal_receipt_document(receipt), [receipt.text().removesuffix("\n")])
     return 0
 
@@ -141,6 +144,14 @@ def _runs(services: Services) -> RunService:
     return services.graph_runs
 
 
+def _run_readers(services: Services) -> tuple[RunService, TerminalReceipts]:
+    return services.graph_runs, services.receipts
+
+
+def _receipts(services: Services) -> TerminalReceipts:
+    return services.receipts
+
+
 def _runs_list(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
     return with_service(
         context,
@@ -150,11 +161,15 @@ def _runs_list(args: argparse.Namespace, context: CliContext, io: CommandIO) -> 
 
 
 def _runs_show(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
-    return with_service(context, _runs, lambda found: runs_show_command(found, args.run_id, io))
+    return with_service(
+        context, _run_readers, lambda found: runs_show_command(found, args.run_id, io)
+    )
 
 
 def _runs_receipt(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
-    return with_service(context, _runs, lambda found: runs_receipt_command(found, args.run_id, io))
+    return with_service(
+        context, _receipts, lambda found: runs_receipt_command(found, args.run_id, io)
+    )
 
 
 def _runs_events(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:

@@ -31,7 +31,7 @@ def _paused(home: Path, *, expires_in: timedelta, **quorum: object) -> tuple[str
     """Start, checkpoint and pause a run on a SQLite home; return (run id, approval id)."""
     with bootstrap(Settings(backend="sqlite", home=home)) as runtime:
         runs = runtime.graph_runs
-        runs.register_definition("wire.send", {"nodes": ["send"]})
+        runtime.definitions.register_definition("wire.send", {"nodes": ["send"]})
         run, _ = runs.start_run("wire.send", {"amount": 9000})
         runs.set_status(run.run_id, "running", expected_status="accepted")
         checkpoint = create_checkpoint(runtime.checkpoints, run.run_id, {"n": 1}, {"s": 1})

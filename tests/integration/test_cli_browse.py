@@ -157,7 +157,7 @@ def _workflows(runtime: Runtime) -> tuple[str, str]:
 
 def _runs(runtime: Runtime) -> tuple[str, str]:
     runs = runtime.graph_runs
-    runs.register_definition("invoice.pay", {"nodes": ["draft", "pay"]})
+    runtime.definitions.register_definition("invoice.pay", {"nodes": ["draft", "pay"]})
     paused, _ = runs.start_run("invoice.pay", {"invoice": RUN_INPUT}, budgets={"t": BUDGET})
     runs.set_status(paused.run_id, "running", expected_status="accepted")
     finished, _ = runs.start_run("invoice.pay", {"invoice": RUN_INPUT})

@@ -43,7 +43,7 @@ def _populate(runtime: Runtime) -> str:
         workflow.workflow_id, content_hash("a"), {"r": 1}, retention=timedelta(hours=1)
     )
     runs = runtime.graph_runs
-    runs.register_definition("graph.demo", {"nodes": ["plan", "act"]})
+    runtime.definitions.register_definition("graph.demo", {"nodes": ["plan", "act"]})
     run, _ = runs.start_run("graph.demo", {"ticket": "T-1"})
     runs.set_status(run.run_id, "running", expected_status="accepted")
     runs.finish_run(run.run_id, "completed", expected_status="running", final_state={"ok": True})

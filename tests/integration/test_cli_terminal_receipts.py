@@ -52,7 +52,7 @@ def ended(tmp_path: Path) -> Ended:
     assert made.returncode == 0, made.stderr
     with bootstrap(_settings(home, key)) as runtime:
         runs = runtime.graph_runs
-        runs.register_definition("triage", {"nodes": ["plan"]})
+        runtime.definitions.register_definition("triage", {"nodes": ["plan"]})
         failed = runs.start_run("triage", {"ask": INPUT_MARKER})[0].run_id
         runs.set_status(failed, "running", expected_status="accepted")
         runs.set_status(failed, "failed", expected_status="running")

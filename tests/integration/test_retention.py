@@ -7,6 +7,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from graph_services import graph_runs
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore
@@ -15,12 +16,13 @@ from flowvault.application import (
     RETENTION_TOMBSTONE,
     ApprovalService,
     CheckpointService,
+    DefinitionRegistry,
     IdempotencyService,
     RetentionJob,
     RetentionPolicy,
-    RunService,
     SealedRepository,
     SecureObjectStore,
+    TerminalReceipts,
     WorkflowService,
     read_stream,
     run_stream,
@@ -38,7 +40,9 @@ class Services:
         self.clock = FrozenClock()
         repo = SealedRepository(store, AesGcmCipher(bytes(range(32))), self.clock)
         self.workflows = WorkflowService(repo, self.clock, SequentialIds("wf"))
-        self.runs = RunService(repo, self.clock, SequentialIds("run"), integrity=repo)
+        self.runs = graph_runs(repo, self.clock, SequentialIds("run"))
+        self.definitions = DefinitionRegistry(repo, self.clock)
+        self.receipts = TerminalReceipts(repo, repo)
         self.checkpoints = CheckpointService(repo, self.clock, integrity=repo)
         self.approvals = ApprovalService(
             repo, self.clock, SequentialIds("ap"), checkpoints=self.checkpoints, integrity=repo
@@ -84,7 +88,7 @@ def services(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Service
 def test_job_purges_every_kind_past_its_horizon(services: Services) -> None:
     """One pass removes each expired kind once, leaves tombstones, and keeps runs by default."""
     s = services
-    s.runs.register_definition("graph.demo", {"nodes": ["plan", "approve", "act"]})
+    s.definitions.register_definition("graph.demo", {"nodes": ["plan", "approve", "act"]})
     run_id = s.finished_run()
     live, _ = s.runs.start_run("graph.demo", {"ticket": "T-2"})
     checkpoint = s.checkpoints.create_checkpoint(
@@ -136,7 +140,7 @@ def test_job_purges_every_kind_past_its_horizon(services: Services) -> None:
 def test_ten_thousand_finished_runs_purge_to_the_horizon() -> None:
     """Of 10,000 runs finished over 100 hours, exactly those older than 50 hours go."""
     s = Services(InMemorySecureObjectStore())
-    s.runs.register_definition("graph.demo", {"nodes": ["a"]})
+    s.definitions.register_definition("graph.demo", {"nodes": ["a"]})
     finished: list[tuple[str, int]] = []
     for hour in range(100):
         for _ in range(100):

@@ -44,6 +44,7 @@ from flowvault.application import (
     Guard,
     LedgerTrim,
     UnitOfWork,
+    purge_finished_runs,
     read_stream,
 )
 from flowvault.application.testing import FrozenClock
@@ -219,7 +220,7 @@ def _expired_result_replaced(v: Vault) -> Deletion:
 
 def _checkpoint(v: Vault) -> Checkpoint:
     runs = v.runtime.graph_runs
-    runs.register_definition(DEFINITION, {"nodes": ["plan", "approve", "act"]})
+    v.runtime.definitions.register_definition(DEFINITION, {"nodes": ["plan", "approve", "act"]})
     run, _ = runs.start_run(DEFINITION, {"ticket": "T-1"})
     checkpoint = v.runtime.checkpoints.create_checkpoint(
         run.run_id,
@@ -287,7 +288,7 @@ def _idempotency_purged(v: Vault) -> Deletion:
 
 def _run_purged(v: Vault) -> Deletion:
     runs = v.runtime.graph_runs
-    runs.register_definition(DEFINITION, {"nodes": ["plan", "approve", "act"]})
+    v.runtime.definitions.register_definition(DEFINITION, {"nodes": ["plan", "approve", "act"]})
     run, _ = runs.start_run(DEFINITION, {"ticket": v.marker}, idempotency_key=f"run-{v.marker}")
     v.disk.observe()
     runs.set_status(run.run_id, "running", expected_status="accepted")
@@ -299,20 +300,20 @@ def _run_purged(v: Vault) -> Deletion:
     v.clock.advance(2 * DAY)
 
     def delete() -> None:
-        assert runs.purge_finished_runs(v.clock.now(), DAY) == 1
+        purged = purge_finished_runs(v.runtime.repository, v.runtime.clock, v.clock.now(), DAY)
+        assert purged == 1
 
     return delete
 
 
 def _definition_deleted(v: Vault) -> Deletion:
-    runs = v.runtime.graph_runs
-    runs.register_definition("graph.secret", {"nodes": [v.marker]})
+    v.runtime.definitions.register_definition("graph.secret", {"nodes": [v.marker]})
     v.disk.observe()
-    runs.register_definition("graph.secret", {"nodes": [v.marker, "act"]})
+    v.runtime.definitions.register_definition("graph.secret", {"nodes": [v.marker, "act"]})
     v.disk.observe()
 
     def delete() -> None:
-        assert runs.delete_definition("graph.secret") == 2
+        assert v.runtime.definitions.delete_definition("graph.secret") == 2
 
     return delete
 

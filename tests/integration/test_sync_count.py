@@ -86,7 +86,7 @@ Unit = Callable[[], object]
 
 def _units(runtime: Runtime) -> dict[str, list[Unit]]:
     """``UNITS`` calls of each operation, everything they act on made beforehand."""
-    runtime.graph_runs.register_definition("graph.sync", {"nodes": ["approve"]})
+    runtime.definitions.register_definition("graph.sync", {"nodes": ["approve"]})
     created = [runtime.workflows.create(_order(f"moved-{n}"))[0] for n in range(UNITS)]
     runtime.state("main").update_with_events(_stepped)
     approvals = [_pending_approval(runtime, n) for n in range(UNITS)]

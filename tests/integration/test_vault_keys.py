@@ -184,7 +184,7 @@ def test_insecure_home_is_refused_unless_allowed(tmp_path: Path) -> None:
 def test_recover_runs_on_open_interrupts_unfinished_runs(tmp_path: Path) -> None:
     """With FLOWVAULT_RECOVER_RUNS_ON_OPEN, opening marks accepted runs interrupted; else not."""
     with bootstrap(_settings(tmp_path)) as vault:
-        vault.graph_runs.register_definition("graph.demo", {"nodes": ["a"]})
+        vault.definitions.register_definition("graph.demo", {"nodes": ["a"]})
         run, _ = vault.graph_runs.start_run("graph.demo", {"n": 1})
     with bootstrap(_settings(tmp_path)) as vault:
         assert vault.graph_runs.get_run(run.run_id).status == "accepted"

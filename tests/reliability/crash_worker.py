@@ -507,7 +507,7 @@ def warm_up() -> None:
     with bootstrap(settings, key=bytes(32)) as runtime:
         task: Task = {"cycle": 0, "seed": 0, "early": False, "checkpoint_hint": 0}
         workflow_id = runtime.workflows.create(retry_order(0, "warm"))[0].workflow_id
-        runtime.graph_runs.register_definition("warm", {"nodes": []})
+        runtime.definitions.register_definition("warm", {"nodes": []})
         run, _ = runtime.graph_runs.start_run("warm", {})
         task.update(workflows=[workflow_id], scopes=["warm"], run=run.run_id, wf=workflow_id)
         writer = LoopWriter(runtime, task, _Silent())

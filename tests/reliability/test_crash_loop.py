@@ -311,7 +311,7 @@ class LoopWorld:
                 )[0].workflow_id
                 for n in range(LANES)
             )
-            runtime.graph_runs.register_definition("crash.loop", {"nodes": ["work", "approve"]})
+            runtime.definitions.register_definition("crash.loop", {"nodes": ["work", "approve"]})
             run, _ = runtime.graph_runs.start_run("crash.loop", {"loop": True})
             runtime.graph_runs.set_status(run.run_id, "running", expected_status="accepted")
         scopes = tuple(f"crash-{n}" for n in range(LANES))
@@ -845,7 +845,7 @@ class RetryWorld:
             workflows.transition(
                 record.workflow_id, "executing", expected_state="planning", expected_version=2
             )
-            runtime.graph_runs.register_definition("retry.run", {"nodes": ["approve"]})
+            runtime.definitions.register_definition("retry.run", {"nodes": ["approve"]})
             run, _ = runtime.graph_runs.start_run("retry.run", {"retry": True})
             runtime.graph_runs.set_status(run.run_id, "running", expected_status="accepted")
         return cls(home, record.workflow_id, run.run_id)

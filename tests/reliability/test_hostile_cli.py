@@ -114,7 +114,7 @@ def _populate(root: Path, scratch: Path) -> Home:
             workflow.workflow_id, content_hash("pay"), {"receipt": SECRETS[6]}
         )
         vault.state("main").save(WorkflowState(note=SECRETS[2]))
-        vault.graph_runs.register_definition("flow.main", {"nodes": ["a"]})
+        vault.definitions.register_definition("flow.main", {"nodes": ["a"]})
         run, _ = vault.graph_runs.start_run("flow.main", {"note": SECRETS[3]})
         vault.graph_runs.set_status(run.run_id, "running", expected_status="accepted")
         checkpoint = vault.checkpoints.create_checkpoint(

@@ -54,6 +54,7 @@ from flowvault.application import (
     LOG_GENESIS,
     ApprovalService,
     CheckpointService,
+    DefinitionRegistry,
     Delete,
     EvidenceService,
     FilterOp,
@@ -79,6 +80,7 @@ from flowvault.application import (
     StoreStats,
     StreamCatalog,
     StreamWriter,
+    TerminalReceipts,
     UnitOfWork,
     Upsert,
     WorkflowService,
@@ -91,6 +93,7 @@ from flowvault.application import (
     issue_receipt,
     parse_mark,
     parse_master_key,
+    purge_finished_runs,
     read_stream,
     replay_log,
     reset_progress,
@@ -222,7 +225,7 @@ def _populate(runtime: Runtime) -> Known:
     runtime.runs.save(
         WorkflowResult(run_id="run-001", status="completed", started_at=T0, finished_at=T0)
     )
-    definition = runtime.graph_runs.register_definition("flow.main", {"nodes": ["a", "b"]})
+    definition = runtime.definitions.register_definition("flow.main", {"nodes": ["a", "b"]})
     run, _ = runtime.graph_runs.start_run("flow.main", {"x": 1}, idempotency_key="start-1")
     runtime.graph_runs.set_status(run.run_id, "running", expected_status="accepted")
     checkpoints = [
@@ -680,6 +683,21 @@ def _graph(w: World) -> RunService:
     return w.runtime.graph_runs
 
 
+def _definitions(w: World) -> DefinitionRegistry:
+    return w.runtime.definitions
+
+
+def _terminal_receipts(w: World) -> TerminalReceipts:
+    return w.runtime.receipts
+
+
+def _issue(w: World, a: Arguments) -> object:
+    """Issue a receipt for a stored run over its stored events, as its ending would."""
+    run = _graph(w).get_run(a["run_id"])
+    appended = _graph(w).read_run_events(a["run_id"]).events
+    return _terminal_receipts(w).issue(run, a["final_digest"], appended, a["issued_at"])
+
+
 def _checkpoints(w: World) -> CheckpointService:
     return w.runtime.checkpoints
 
@@ -1014,29 +1032,29 @@ def _run_result_rows() -> list[EntryPoint]:
 def _graph_rows() -> list[EntryPoint]:
     return [
         EntryPoint(
-            "RunService.register_definition",
+            "DefinitionRegistry.register_definition",
             lambda k: args(definition_id=_definition_ids(k), spec=JSON, overwrite=st.booleans()),
-            lambda w, a: _graph(w).register_definition(
+            lambda w, a: _definitions(w).register_definition(
                 a["definition_id"], a["spec"], overwrite=a["overwrite"]
             ),
             sqlite=True,
         ),
         EntryPoint(
-            "RunService.get_definition",
+            "DefinitionRegistry.get_definition",
             lambda k: args(
                 definition_id=_definition_ids(k), version=opt(text(k.definition_version))
             ),
-            lambda w, a: _graph(w).get_definition(**a),
+            lambda w, a: _definitions(w).get_definition(**a),
         ),
         EntryPoint(
-            "RunService.definition_versions",
+            "DefinitionRegistry.definition_versions",
             lambda k: args(definition_id=_definition_ids(k)),
-            lambda w, a: _graph(w).definition_versions(**a),
+            lambda w, a: _definitions(w).definition_versions(**a),
         ),
         EntryPoint(
-            "RunService.delete_definition",
+            "DefinitionRegistry.delete_definition",
             lambda k: args(definition_id=_definition_ids(k)),
-            lambda w, a: _graph(w).delete_definition(**a),
+            lambda w, a: _definitions(w).delete_definition(**a),
         ),
         EntryPoint(
             "RunService.start_run",
@@ -1115,15 +1133,49 @@ def _graph_rows() -> list[EntryPoint]:
             ),
         ),
         EntryPoint(
-            "RunService.terminal_receipt",
+            "purge_finished_runs",
+            _purge_args,
+            lambda w, a: purge_finished_runs(w.runtime.repository, w.runtime.clock, **a),
+            sqlite=True,
+        ),
+    ]
+
+
+def _definition_rows() -> list[EntryPoint]:
+    return [
+        EntryPoint(
+            "DefinitionRegistry.reference",
+            lambda k: args(
+                definition_id=_definition_ids(k),
+                version=opt(text(k.definition_version)),
+                at=TIMES,
+            ),
+            lambda w, a: _definitions(w).reference(**a),
+        ),
+    ]
+
+
+def _receipt_rows() -> list[EntryPoint]:
+    return [
+        EntryPoint(
+            "TerminalReceipts.terminal_receipt",
             lambda k: args(run_id=_run_ids(k)),
-            lambda w, a: _graph(w).terminal_receipt(**a),
+            lambda w, a: _terminal_receipts(w).terminal_receipt(**a),
         ),
         EntryPoint(
-            "RunService.purge_finished_runs",
-            _purge_args,
-            lambda w, a: _graph(w).purge_finished_runs(**a),
-            sqlite=True,
+            "TerminalReceipts.final_state_digest",
+            lambda k: args(final_state=JSON),
+            lambda w, a: _terminal_receipts(w).final_state_digest(**a),
+        ),
+        EntryPoint(
+            "TerminalReceipts.receipt_digest",
+            lambda k: args(run_id=_run_ids(k)),
+            lambda w, a: _terminal_receipts(w).receipt_digest(**a),
+        ),
+        EntryPoint(
+            "TerminalReceipts.issue",
+            lambda k: args(run_id=_run_ids(k), final_digest=digests(k), issued_at=TIMES),
+            _issue,
         ),
     ]
 
@@ -1790,6 +1842,8 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
     *_stream_rows(),
     *_run_result_rows(),
     *_graph_rows(),
+    *_definition_rows(),
+    *_receipt_rows(),
     *_approval_rows(),
     *_audit_rows(),
     *_sealed_rows(),
@@ -2025,9 +2079,9 @@ FOUND: tuple[tuple[str, Callable[[Known], Arguments]], ...] = (
     ("StateRepository.save", lambda k: {"scope": "main", "state": WorkflowState(odd={_SET: 1})}),
     ("RunRepository.list", lambda k: {"since": "2026-01-01", "cursor": None, "limit": 10}),
     ("RunService.finish_run", lambda k: {**_finish(k), "status": bytearray(b"completed")}),
-    ("RunService.purge_finished_runs", lambda k: _purge(_FIRST_DAY, timedelta(days=1), 10)),
-    ("RunService.purge_finished_runs", lambda k: _purge(T0, None, 10)),
-    ("RunService.purge_finished_runs", lambda k: _purge(T0, timedelta(days=1), b"1")),
+    ("purge_finished_runs", lambda k: _purge(_FIRST_DAY, timedelta(days=1), 10)),
+    ("purge_finished_runs", lambda k: _purge(T0, None, 10)),
+    ("purge_finished_runs", lambda k: _purge(T0, timedelta(days=1), b"1")),
     ("CheckpointService.purge", lambda k: _purge(_FIRST_DAY, timedelta(days=1), 10)),
     ("ApprovalService.purge", lambda k: _purge(_FIRST_DAY, timedelta(days=1), 10)),
     ("IdempotencyService.purge", lambda k: _purge(_FIRST_DAY, timedelta(days=1), 10)),
@@ -2273,6 +2327,8 @@ def test_table_covers_every_public_method() -> None:
         ("StreamWriter", StreamWriter),
         ("RunRepository", RunRepository),
         ("RunService", RunService),
+        ("DefinitionRegistry", DefinitionRegistry),
+        ("TerminalReceipts", TerminalReceipts),
         ("CheckpointService", CheckpointService),
         ("ApprovalService", ApprovalService),
         ("IdempotencyService", IdempotencyService),

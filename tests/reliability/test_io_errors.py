@@ -105,7 +105,7 @@ def _workflow_in(runtime: Runtime, state: str) -> str:
 
 def _checkpoint_for(runtime: Runtime, cursor: str) -> tuple[str, str]:
     """Start a running run and checkpoint it; return (run id, checkpoint id)."""
-    runtime.graph_runs.register_definition("graph.io", {"nodes": ["draft", "approve"]})
+    runtime.definitions.register_definition("graph.io", {"nodes": ["draft", "approve"]})
     run, _ = runtime.graph_runs.start_run("graph.io", {"cursor": cursor})
     runtime.graph_runs.set_status(run.run_id, "running", expected_status="accepted")
     checkpoint = runtime.checkpoints.create_checkpoint(

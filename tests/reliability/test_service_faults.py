@@ -538,11 +538,11 @@ def _check_reset(bench: Bench, scope: str, _result: Any) -> None:
 
 
 def _new_run(bench: Bench) -> str:
-    runs = bench.runtime.graph_runs
+    runs, definitions = bench.runtime.graph_runs, bench.runtime.definitions
     try:
-        runs.get_definition(DEFINITION)
+        definitions.get_definition(DEFINITION)
     except NotFound:
-        runs.register_definition(DEFINITION, {"nodes": ["draft", "approve", "pay"]})
+        definitions.register_definition(DEFINITION, {"nodes": ["draft", "approve", "pay"]})
     run, _ = runs.start_run(DEFINITION, {"invoice": f"INV-{bench.next()}"})
     runs.set_status(run.run_id, "running", expected_status="accepted")
     return run.run_id
@@ -597,7 +597,7 @@ def _finish(bench: Bench, run_id: str) -> Any:
 
 def _check_finished(bench: Bench, run_id: str, receipt: Any) -> None:
     runs = bench.runtime.graph_runs
-    assert runs.terminal_receipt(run_id) == receipt
+    assert bench.runtime.receipts.terminal_receipt(run_id) == receipt
     assert runs.get_run(run_id).status == "completed"
 
 
@@ -609,22 +609,22 @@ def _fail(bench: Bench, run_id: str) -> Any:
 
 def _check_failed(bench: Bench, run_id: str, _result: Any) -> None:
     runs = bench.runtime.graph_runs
-    assert runs.terminal_receipt(run_id).status == "failed"
+    assert bench.runtime.receipts.terminal_receipt(run_id).status == "failed"
     assert runs.get_run(run_id).status == "failed"
 
 
 def _new_definition(bench: Bench) -> str:
     definition_id = f"fault.def-{bench.next()}"
-    runs = bench.runtime.graph_runs
-    runs.register_definition(definition_id, {"nodes": ["a"], "note": bench.filler()})
-    runs.register_definition(definition_id, {"nodes": ["a", "b"]})
+    definitions = bench.runtime.definitions
+    definitions.register_definition(definition_id, {"nodes": ["a"], "note": bench.filler()})
+    definitions.register_definition(definition_id, {"nodes": ["a", "b"]})
     return definition_id
 
 
 def _check_deleted(bench: Bench, definition_id: str, removed: Any) -> None:
     assert removed == 2
     with pytest.raises(NotFound):
-        bench.runtime.graph_runs.get_definition(definition_id)
+        bench.runtime.definitions.get_definition(definition_id)
 
 
 SCENARIOS = (
@@ -664,7 +664,7 @@ SCENARIOS = (
     Scenario(
         "definition delete",
         _new_definition,
-        lambda bench, definition_id: bench.runtime.graph_runs.delete_definition(definition_id),
+        lambda bench, definition_id: bench.runtime.definitions.delete_definition(definition_id),
         _check_deleted,
     ),
 )

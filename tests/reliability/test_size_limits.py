@@ -221,7 +221,7 @@ class Bench:
     def run(self) -> str:
         """Start a graph run of the shared definition; return its id."""
         runs = self.runtime.graph_runs
-        runs.register_definition(DEFINITION, {"nodes": ["a", "b"]})
+        self.runtime.definitions.register_definition(DEFINITION, {"nodes": ["a", "b"]})
         run, _ = runs.start_run(DEFINITION, {"n": self.serial})
         return run.run_id
 
@@ -506,7 +506,7 @@ def definition_id(bench: Bench) -> list[Boundary]:
     """Return the edges of a definition id's 1 to 64 characters."""
 
     def register(name: str) -> None:
-        bench.runtime.graph_runs.register_definition(name, {"nodes": [name]})
+        bench.runtime.definitions.register_definition(name, {"nodes": [name]})
 
     return [
         Boundary("longest", lambda: register("d" * 64), lambda: register("d" * 65), INVALID),
@@ -517,7 +517,7 @@ def definition_id(bench: Bench) -> list[Boundary]:
 def run_idempotency_key(bench: Bench) -> list[Boundary]:
     """Return the edges of a run request's 1 to 256 character idempotency key."""
     runs = bench.runtime.graph_runs
-    runs.register_definition(DEFINITION, {"nodes": ["a", "b"]})
+    bench.runtime.definitions.register_definition(DEFINITION, {"nodes": ["a", "b"]})
 
     def start(key: str) -> None:
         runs.start_run(DEFINITION, {"key": len(key)}, idempotency_key=key)

@@ -29,6 +29,7 @@ from typing import Any, ClassVar, TypeVar, cast
 import pytest
 import reliability
 import store_model
+from graph_services import graph_runs
 from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky, HypothesisException
@@ -70,7 +71,6 @@ from flowvault.application import (
     Order,
     RecordMetadata,
     RecordPage,
-    RunService,
     SecureObjectStore,
     StoredRecord,
     StoreStats,
@@ -528,9 +528,9 @@ class VaultMachine(RuleBasedStateMachine):
         """Start ``RUNS`` under their own ids, outside the model's id sequence, and run them."""
         names = iter(RUNS)
         repository = self.runtime.repository
-        runs = RunService(repository, self.clock, _NamedIds(names), integrity=repository)
+        runs = graph_runs(repository, self.clock, _NamedIds(names))
         try:
-            runs.register_definition(RUN_DEFINITION, {"nodes": ["a"]})
+            self.runtime.definitions.register_definition(RUN_DEFINITION, {"nodes": ["a"]})
             for name in RUNS:
                 runs.start_run(RUN_DEFINITION, {})
                 runs.set_status(name, "running", expected_status="accepted")

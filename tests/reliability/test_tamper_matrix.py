@@ -275,7 +275,7 @@ def _populate_state(runtime: Runtime, clock: FrozenClock) -> None:
 
 def _populate_runs(runtime: Runtime, clock: FrozenClock) -> tuple[tuple[str, ...], list[str]]:
     runs = runtime.graph_runs
-    runs.register_definition("flow.a", DEFINITION)
+    runtime.definitions.register_definition("flow.a", DEFINITION)
     clock.advance()
     done, _ = _start_first_run(runtime)
     runs.set_status(done.run_id, "running", expected_status="accepted")
@@ -546,10 +546,13 @@ def _graph_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
             family="graph runs in a status",
         )
     for definition in catalog.definitions:
-        yield Reader(f"definition {definition}", lambda d=definition: list(runs.get_definition(d)))
+        yield Reader(
+            f"definition {definition}",
+            lambda d=definition: list(runtime.definitions.get_definition(d)),
+        )
         yield Reader(
             f"definition versions {definition}",
-            lambda d=definition: runs.definition_versions(d),
+            lambda d=definition: runtime.definitions.definition_versions(d),
             "definition versions",
             filtered=True,
         )
@@ -565,7 +568,7 @@ def _graph_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
     for run in catalog.receipts:
         yield Reader(
             f"terminal receipt {run}",
-            lambda r=run: [runs.terminal_receipt(r)],
+            lambda r=run: [runtime.receipts.terminal_receipt(r)],
             family="terminal receipt",
         )
 
@@ -685,7 +688,7 @@ def retries(runtime: Runtime, catalog: Catalog, requests: Sequence[Asked]) -> li
     second record or event. They write when wrong, so they run after the
     pure reads, on the tampered copy.
     """
-    flows, runs, approvals = runtime.workflows, runtime.graph_runs, runtime.approvals
+    flows, approvals = runtime.workflows, runtime.approvals
     calls: list[Reader] = [
         Reader(
             f"retry create {order.idempotency_key}",
@@ -717,8 +720,8 @@ def retries(runtime: Runtime, catalog: Catalog, requests: Sequence[Asked]) -> li
         ),
         Reader(
             "retry register_definition flow.a",
-            lambda: [runs.register_definition("flow.a", DEFINITION)],
-            family="retry: graph_runs.register_definition",
+            lambda: [runtime.definitions.register_definition("flow.a", DEFINITION)],
+            family="retry: definitions.register_definition",
         ),
     ]
     for request in requests:

@@ -50,7 +50,7 @@ def request_approval(
 def checkpointed_run(runtime: Runtime, definition: str) -> tuple[GraphRun, Checkpoint]:
     """Start a run of a one-node ``definition``, mark it running and checkpoint it."""
     runs = runtime.graph_runs
-    runs.register_definition(definition, {"nodes": ["a"]})
+    runtime.definitions.register_definition(definition, {"nodes": ["a"]})
     run, _ = runs.start_run(definition, {"t": 1})
     runs.set_status(run.run_id, "running", expected_status="accepted")
     return run, create_checkpoint(runtime.checkpoints, run.run_id, {"node": 1}, {"s": 1})

@@ -139,7 +139,7 @@ class ApprovalMachine(RuleBasedStateMachine):
             clock=self.clock,
             ids=SequentialIds("model"),
         )
-        self.runtime.graph_runs.register_definition("model.flow", {"nodes": ["a", "b"]})
+        self.runtime.definitions.register_definition("model.flow", {"nodes": ["a", "b"]})
         self.model: dict[str, ModelApproval] = {}
 
     def teardown(self) -> None:

@@ -52,7 +52,7 @@ def runtime(backend_store: SecureObjectStore, tmp_path: Path) -> Runtime:
 def paused(runtime: Runtime) -> tuple[GraphRun, Checkpoint]:
     """Start a run, checkpoint it while running, then leave it awaiting approval."""
     runs = runtime.graph_runs
-    runs.register_definition("wire.send", {"nodes": ["draft", "approve", "send"]})
+    runtime.definitions.register_definition("wire.send", {"nodes": ["draft", "approve", "send"]})
     run, _ = runs.start_run("wire.send", {"amount": 9000})
     runs.set_status(run.run_id, "running", expected_status="accepted")
     checkpoint = create_checkpoint(runtime.checkpoints, run.run_id, {"node": "send"}, {"d": 1})

@@ -72,7 +72,7 @@ def snapshot(runtime: Runtime, *run_ids: str, workflow_id: str | None = None) ->
 def started(runtime: Runtime, status: str = "running") -> GraphRun:
     """Start a run and move it to ``running`` (and on to ``status`` through ``running``)."""
     runs = runtime.graph_runs
-    runs.register_definition("invoice.pay", {"nodes": ["draft", "approve", "pay"]})
+    runtime.definitions.register_definition("invoice.pay", {"nodes": ["draft", "approve", "pay"]})
     run, _ = runs.start_run("invoice.pay", {"invoice": "INV-17"})
     run = runs.set_status(run.run_id, "running", expected_status="accepted")
     if status != "running":

@@ -508,7 +508,6 @@ def test_everything_durable_needs_the_integrity_key(world: World) -> None:
         checkpoints=world.checkpoints,
         integrity=None,
     )
-    evidence = EvidenceService(world.repository, world.clock, integrity=None)
     now = world.clock.now()
     calls: list[Callable[[], object]] = [
         lambda: checkpoints.create_checkpoint(
@@ -530,8 +529,6 @@ def test_everything_durable_needs_the_integrity_key(world: World) -> None:
         lambda: approvals.list_approvals(RUN),
         lambda: approvals.approval_receipt(approval),
         lambda: approvals.purge(now, DAY),
-        lambda: evidence.capture_witness("https://e.test/a", b"x", "text/plain", "primary", now),
-        lambda: evidence.load_witness(digest_bytes(b"x")),
     ]
     before = world.visible()
     for call in calls:
@@ -539,6 +536,24 @@ def test_everything_durable_needs_the_integrity_key(world: World) -> None:
             call()
         assert caught.value.code == "INTEGRITY_KEY_REQUIRED"
     assert world.visible() == before
+
+
+def test_witnesses_verify_only_under_the_key_they_were_captured_with(world: World) -> None:
+    """Evidence is signed by the keyed digester given at construction; another key refuses it."""
+    now = world.clock.now()
+    captured = world.evidence.capture_witness(
+        "https://e.test/a", b"x", "text/plain", "primary", now
+    )
+    other = SealedRepository(world.store, AesGcmCipher(bytes(range(1, 33))), world.clock)
+    elsewhere = EvidenceService(world.repository, world.clock, integrity=other)
+    before = world.visible()
+    with pytest.raises(IntegrityFailure) as caught:
+        elsewhere.load_witness(captured.content_digest)
+    assert caught.value.code == "INTEGRITY_FAILURE"
+    with pytest.raises(IntegrityFailure):
+        elsewhere.capture_witness("https://e.test/b", b"x", "text/plain", "primary", now)
+    assert world.visible() == before
+    assert world.evidence.load_witness(digest_bytes(b"x")) == captured
 
 
 # -- approval requests --------------------------------------------------------------

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
+from graph_services import graph_runs
 from pydantic import BaseModel, ConfigDict
 from row_edits import PassThroughStore, RowEditor
 
@@ -22,12 +23,13 @@ from flowvault.application import (
     STATE_NAMESPACE,
     STATE_WRITTEN_EVENT,
     WORKFLOWS,
+    DefinitionRegistry,
     Guard,
     LedgerPage,
-    RunService,
     SealedRepository,
     SecureObjectStore,
     StateRepository,
+    TerminalReceipts,
     UnitOfWork,
     UnreadableItem,
     Upsert,
@@ -65,9 +67,9 @@ class World(RowEditor):
         self.clock = FrozenClock()
         super().__init__(store, SealedRepository(store, AesGcmCipher(KEY), self.clock))
         self.service = WorkflowService(self.repository, self.clock, SequentialIds("wf"))
-        self.runs = RunService(
-            self.repository, self.clock, SequentialIds("run"), integrity=self.repository
-        )
+        self.runs = graph_runs(self.repository, self.clock, SequentialIds("run"))
+        self.definitions = DefinitionRegistry(self.repository, self.clock)
+        self.receipts = TerminalReceipts(self.repository, self.repository)
 
     def over(self, store: SecureObjectStore) -> WorkflowService:
         """Return a service reading through ``store`` (a wrapper around this world's store)."""
@@ -453,7 +455,7 @@ def test_a_host_unit_from_to_write_binds_the_row(world: World) -> None:
 
 
 def _run(world: World) -> str:
-    world.runs.register_definition("triage", {"nodes": ["plan"]})
+    world.definitions.register_definition("triage", {"nodes": ["plan"]})
     run, _ = world.runs.start_run("triage", {"ask": SECRET})
     return run.run_id
 

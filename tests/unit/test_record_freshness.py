@@ -16,6 +16,7 @@ from datetime import timedelta
 
 import pytest
 from checkpoint_setup import create_checkpoint, request_approval
+from graph_services import graph_runs
 from row_edits import PassThroughStore, RowEditor, refused
 
 from flowvault.adapters.crypto import AesGcmCipher
@@ -35,16 +36,18 @@ from flowvault.application import (
     WITNESSES,
     ApprovalService,
     CheckpointService,
+    DefinitionRegistry,
     EvidenceService,
     Guard,
     IdempotencyService,
     LedgerPage,
-    RunService,
     SealedRepository,
     SecureObjectStore,
     StoredRecord,
+    TerminalReceipts,
     UnreadableItem,
     WorkflowService,
+    purge_finished_runs,
     record_stream,
     run_stream,
     stream_of,
@@ -82,7 +85,9 @@ class World(RowEditor):
         self.idempotency = IdempotencyService(repo, self.clock)
         self.evidence = EvidenceService(repo, self.clock, integrity=repo)
         self.workflows = WorkflowService(repo, self.clock, SequentialIds("wf"))
-        self.runs = RunService(repo, self.clock, SequentialIds("run"), integrity=repo)
+        self.runs = graph_runs(repo, self.clock, SequentialIds("run"))
+        self.definitions = DefinitionRegistry(repo, self.clock)
+        self.receipts = TerminalReceipts(repo, repo)
 
     def checkpoint(self, cursor: str = "node-b") -> Checkpoint:
         return create_checkpoint(self.checkpoints, RUN, cursor, {"iban": SECRET})
@@ -360,7 +365,7 @@ def test_a_deleted_event_key_marker_cannot_append_the_event_twice(world: World) 
 
 def test_a_deleted_run_marker_cannot_start_the_run_twice(world: World) -> None:
     """A start's marker is vouched for by its record stream; a purge tombstones that stream."""
-    world.runs.register_definition("flow.a", {"nodes": ["a"]})
+    world.definitions.register_definition("flow.a", {"nodes": ["a"]})
     run, _ = world.runs.start_run("flow.a", {"n": 1}, idempotency_key="start-1")
     marker = world.digest(GRAPH_RUN_IDEMPOTENCY, "start-1")
     world.delete(GRAPH_RUN_IDEMPOTENCY, marker)
@@ -370,11 +375,11 @@ def test_a_deleted_run_marker_cannot_start_the_run_twice(world: World) -> None:
 
 def test_a_purged_run_frees_its_key(world: World) -> None:
     """The run purge tombstones the marker's stream too, so a later start is a new run."""
-    world.runs.register_definition("flow.a", {"nodes": ["a"]})
+    world.definitions.register_definition("flow.a", {"nodes": ["a"]})
     run, _ = world.runs.start_run("flow.a", {"n": 1}, idempotency_key="start-1")
     world.runs.finish_run(run.run_id, "cancelled", expected_status="accepted", final_state={})
     world.clock.advance(2 * DAY)
-    assert world.runs.purge_finished_runs(world.clock.now(), DAY) == 1
+    assert purge_finished_runs(world.repository, world.clock, world.clock.now(), DAY) == 1
     stream = record_stream(IDEMPOTENCY_KIND, world.digest(GRAPH_RUN_IDEMPOTENCY, "start-1"))
     assert world.events(stream)[-1].type == RETENTION_TOMBSTONE
     again, created = world.runs.start_run("flow.a", {"n": 1}, idempotency_key="start-1")

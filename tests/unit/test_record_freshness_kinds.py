@@ -18,6 +18,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 import pytest
+from graph_services import graph_runs
 from row_edits import PassThroughStore, RowEditor, refused
 
 from flowvault.adapters.crypto import AesGcmCipher
@@ -33,18 +34,20 @@ from flowvault.application import (
     RETENTION_TOMBSTONE,
     RUNS,
     BoundRecords,
+    DefinitionRegistry,
     Guard,
     LedgerAudit,
     LedgerPage,
     RunRepository,
-    RunService,
     SealedRepository,
     SecureObjectStore,
     StoredRecord,
+    TerminalReceipts,
     UnreadableItem,
     WorkflowService,
     list_all_streams,
     mac_matches,
+    purge_finished_runs,
     record_stream,
     run_stream,
     stream_of,
@@ -71,9 +74,9 @@ class World(RowEditor):
         self.clock = FrozenClock()
         super().__init__(store, SealedRepository(store, AesGcmCipher(KEY), self.clock))
         self.workflows = WorkflowService(self.repository, self.clock, SequentialIds("wf"))
-        self.runs = RunService(
-            self.repository, self.clock, SequentialIds("run"), integrity=self.repository
-        )
+        self.runs = graph_runs(self.repository, self.clock, SequentialIds("run"))
+        self.definitions = DefinitionRegistry(self.repository, self.clock)
+        self.receipts = TerminalReceipts(self.repository, self.repository)
         self.results = RunRepository(self.repository)
 
     def workflow(self) -> str:
@@ -83,7 +86,7 @@ class World(RowEditor):
         return record.workflow_id
 
     def finished_run(self) -> str:
-        self.runs.register_definition(DEFINITION, {"nodes": [SECRET]})
+        self.definitions.register_definition(DEFINITION, {"nodes": [SECRET]})
         run, _ = self.runs.start_run(DEFINITION, {"input": SECRET})
         self.runs.set_status(run.run_id, "running", expected_status="accepted")
         self.runs.finish_run(
@@ -258,29 +261,29 @@ def test_a_receipt_is_bound_to_the_event_that_ended_its_run(world: World) -> Non
     assert isinstance(ended.payload, dict)
     assert ended.payload["records"] == [digest]
     assert world.row(GRAPH_RUN_RECEIPTS, run_id).metadata.header.ledger_index == ended.index
-    assert world.runs.terminal_receipt(run_id).status == "completed"
+    assert world.receipts.terminal_receipt(run_id).status == "completed"
 
 
 def test_a_deleted_receipt_is_refused_not_read_as_never_issued(world: World) -> None:
     """Its run's stream says it was issued; a run that has not ended still has none."""
     run_id = world.finished_run()
     world.delete(GRAPH_RUN_RECEIPTS, world.digest(GRAPH_RUN_RECEIPTS, run_id))
-    failure = _refused(lambda: world.runs.terminal_receipt(run_id), DELETED)
+    failure = _refused(lambda: world.receipts.terminal_receipt(run_id), DELETED)
     assert failure.details["namespace"] == GRAPH_RUN_RECEIPTS
     run, _ = world.runs.start_run(DEFINITION, {"input": 2})
     world.runs.set_status(run.run_id, "running", expected_status="accepted")
     with pytest.raises(NotFound):
-        world.runs.terminal_receipt(run.run_id)
+        world.receipts.terminal_receipt(run.run_id)
 
 
 def test_a_receipt_stays_current_after_its_run_is_purged(world: World) -> None:
     """The purge tombstone after ``run.<status>`` does not name the receipt, so it still reads."""
     run_id = world.finished_run()
-    receipt = world.runs.terminal_receipt(run_id)
+    receipt = world.receipts.terminal_receipt(run_id)
     world.clock.advance(2 * DAY)
-    assert world.runs.purge_finished_runs(world.clock.now(), DAY) == 1
+    assert purge_finished_runs(world.repository, world.clock, world.clock.now(), DAY) == 1
     assert world.events(run_stream(run_id))[-1].type == RETENTION_TOMBSTONE
-    assert world.runs.terminal_receipt(run_id) == receipt
+    assert world.receipts.terminal_receipt(run_id) == receipt
 
 
 def test_a_receipt_row_without_an_index_is_refused(world: World) -> None:
@@ -297,7 +300,7 @@ def test_a_receipt_row_without_an_index_is_refused(world: World) -> None:
     world.delete(GRAPH_RUN_RECEIPTS, world.digest(GRAPH_RUN_RECEIPTS, run_id))
     world.repository.write(GRAPH_RUN_RECEIPTS, run_id, opened.document, expected=Guard.ABSENT)
     assert world.row(GRAPH_RUN_RECEIPTS, run_id).metadata.header.ledger_index is None
-    _refused(lambda: world.runs.terminal_receipt(run_id), STALE)
+    _refused(lambda: world.receipts.terminal_receipt(run_id), STALE)
 
 
 # -- graph definitions and their versions ------------------------------------------
@@ -309,9 +312,9 @@ def _definition_stream(world: World) -> str:
 
 def test_definition_writes_name_their_record_stream_event(world: World) -> None:
     """Registering names the head and any new version; a run start names the head it rewrites."""
-    first = world.runs.register_definition(DEFINITION, {"nodes": [1]})
-    second = world.runs.register_definition(DEFINITION, {"nodes": [2]})
-    world.runs.register_definition(DEFINITION, {"nodes": [1]})
+    first = world.definitions.register_definition(DEFINITION, {"nodes": [1]})
+    second = world.definitions.register_definition(DEFINITION, {"nodes": [2]})
+    world.definitions.register_definition(DEFINITION, {"nodes": [1]})
     head = world.digest(GRAPH_DEFINITIONS, DEFINITION)
     versions = [
         world.digest(GRAPH_DEFINITION_VERSIONS, f"{DEFINITION}\x1f{made.version}")
@@ -336,23 +339,23 @@ def test_definition_writes_name_their_record_stream_event(world: World) -> None:
 
 def test_an_older_definition_head_put_back_is_refused_by_every_read(world: World) -> None:
     """The head naming the first version opens, but a later registration rewrote it."""
-    world.runs.register_definition(DEFINITION, {"nodes": [1]})
+    world.definitions.register_definition(DEFINITION, {"nodes": [1]})
     older = world.row(GRAPH_DEFINITIONS, DEFINITION)
-    world.runs.register_definition(DEFINITION, {"nodes": [2]})
+    world.definitions.register_definition(DEFINITION, {"nodes": [2]})
     world.replay(older)
-    failure = _refused(lambda: world.runs.get_definition(DEFINITION), STALE)
+    failure = _refused(lambda: world.definitions.get_definition(DEFINITION), STALE)
     assert failure.details["ledger_index"] == 0
-    _refused(lambda: world.runs.definition_versions(DEFINITION), STALE)
+    _refused(lambda: world.definitions.definition_versions(DEFINITION), STALE)
     _refused(lambda: world.runs.start_run(DEFINITION, {"input": 1}), STALE)
-    _refused(lambda: world.runs.register_definition(DEFINITION, {"nodes": [3]}), STALE)
-    _refused(lambda: world.runs.delete_definition(DEFINITION), STALE)
+    _refused(lambda: world.definitions.register_definition(DEFINITION, {"nodes": [3]}), STALE)
+    _refused(lambda: world.definitions.delete_definition(DEFINITION), STALE)
 
 
 def test_a_version_put_back_from_before_a_delete_is_refused(world: World) -> None:
     """Deleted and registered again, a version's older row names an event two writes back."""
-    made = world.runs.register_definition(DEFINITION, {"nodes": [1]})
+    made = world.definitions.register_definition(DEFINITION, {"nodes": [1]})
     older = world.row(GRAPH_DEFINITION_VERSIONS, f"{DEFINITION}\x1f{made.version}")
-    assert world.runs.delete_definition(DEFINITION) == 1
+    assert world.definitions.delete_definition(DEFINITION) == 1
     deleted = world.events(_definition_stream(world))[-1]
     assert deleted.type == "definition.deleted"
     assert isinstance(deleted.payload, dict)
@@ -361,53 +364,53 @@ def test_a_version_put_back_from_before_a_delete_is_refused(world: World) -> Non
         older.metadata.key_digest,
     }
     with pytest.raises(NotFound):
-        world.runs.get_definition(DEFINITION)
+        world.definitions.get_definition(DEFINITION)
     world.replay(older)
-    _refused(lambda: world.runs.get_definition(DEFINITION, made.version), STALE)
+    _refused(lambda: world.definitions.get_definition(DEFINITION, made.version), STALE)
     world.delete(GRAPH_DEFINITION_VERSIONS, older.metadata.key_digest)
-    world.runs.register_definition(DEFINITION, {"nodes": [1]})
+    world.definitions.register_definition(DEFINITION, {"nodes": [1]})
     world.clock.advance(SECOND)
-    world.runs.register_definition(DEFINITION, {"nodes": [2]})
+    world.definitions.register_definition(DEFINITION, {"nodes": [2]})
     world.replay(older)
-    _refused(lambda: world.runs.get_definition(DEFINITION, made.version), STALE)
-    _refused(lambda: world.runs.definition_versions(DEFINITION), STALE)
+    _refused(lambda: world.definitions.get_definition(DEFINITION, made.version), STALE)
+    _refused(lambda: world.definitions.definition_versions(DEFINITION), STALE)
 
 
 def test_deleted_definition_rows_are_refused_and_not_registered_again(world: World) -> None:
     """A head or version deleted outside flowvault is refused; registering again is too."""
-    made = world.runs.register_definition(DEFINITION, {"nodes": [1]})
+    made = world.definitions.register_definition(DEFINITION, {"nodes": [1]})
     version = world.digest(GRAPH_DEFINITION_VERSIONS, f"{DEFINITION}\x1f{made.version}")
     world.delete(GRAPH_DEFINITION_VERSIONS, version)
-    _refused(lambda: world.runs.get_definition(DEFINITION), DELETED)
-    _refused(lambda: world.runs.register_definition(DEFINITION, {"nodes": [1]}), DELETED)
+    _refused(lambda: world.definitions.get_definition(DEFINITION), DELETED)
+    _refused(lambda: world.definitions.register_definition(DEFINITION, {"nodes": [1]}), DELETED)
     _refused(lambda: world.runs.start_run(DEFINITION, {"input": 1}, version=made.version), DELETED)
     world.delete(GRAPH_DEFINITIONS, world.digest(GRAPH_DEFINITIONS, DEFINITION))
-    _refused(lambda: world.runs.get_definition(DEFINITION), DELETED)
-    _refused(lambda: world.runs.register_definition(DEFINITION, {"nodes": [1]}), DELETED)
+    _refused(lambda: world.definitions.get_definition(DEFINITION), DELETED)
+    _refused(lambda: world.definitions.register_definition(DEFINITION, {"nodes": [1]}), DELETED)
     _refused(lambda: world.runs.start_run(DEFINITION, {"input": 1}), DELETED)
     assert len(world.events(_definition_stream(world))) == 1
     with pytest.raises(NotFound):
-        world.runs.get_definition("otherdef")
+        world.definitions.get_definition("otherdef")
 
 
 def test_a_definition_head_rewritten_during_a_read_is_no_false_alarm(world: World) -> None:
     """A read that met the head just before a registration rewrote it reads again."""
-    world.runs.register_definition(DEFINITION, {"nodes": [1]})
+    world.definitions.register_definition(DEFINITION, {"nodes": [1]})
     older = world.row(GRAPH_DEFINITIONS, DEFINITION)
-    second = world.runs.register_definition(DEFINITION, {"nodes": [2]})
+    second = world.definitions.register_definition(DEFINITION, {"nodes": [2]})
     racing, repository = _racing(world, older)
-    service = RunService(repository, world.clock, SequentialIds("r"), integrity=repository)
+    service = DefinitionRegistry(repository, world.clock)
     assert service.get_definition(DEFINITION)[0] == second
     assert racing.served == 1
 
 
 def test_a_head_put_back_from_before_a_run_start_is_refused(world: World) -> None:
     """The same content, one revision older: the start's ``definition.referenced`` rewrote it."""
-    world.runs.register_definition(DEFINITION, {"nodes": [1]})
+    world.definitions.register_definition(DEFINITION, {"nodes": [1]})
     older = world.row(GRAPH_DEFINITIONS, DEFINITION)
     world.runs.start_run(DEFINITION, {"input": 1})
     world.replay(older)
-    _refused(lambda: world.runs.get_definition(DEFINITION), STALE)
+    _refused(lambda: world.definitions.get_definition(DEFINITION), STALE)
     _refused(lambda: world.runs.start_run(DEFINITION, {"input": 2}), STALE)
     assert {(found.namespace, found.key_digest) for found in world.audit().run().stale} == {
         (GRAPH_DEFINITIONS, older.metadata.key_digest)
@@ -478,16 +481,16 @@ def test_a_full_audit_finds_replays_and_deletions_of_every_kind(world: World) ->
     workflow_id, older_result, _ = _replaced_result(world)
     run_id = world.finished_run()
     older_head = world.row(GRAPH_DEFINITIONS, DEFINITION)
-    world.runs.register_definition(DEFINITION, {"nodes": [2]}, overwrite=True)
+    world.definitions.register_definition(DEFINITION, {"nodes": [2]}, overwrite=True)
     world.results.save(world.result("failed"))
     older_saved = world.row(RUNS, RESULT_RUN)
     world.results.save(world.result())
-    world.runs.register_definition("gonedef", {"nodes": []})
-    world.runs.delete_definition("gonedef")
+    world.definitions.register_definition("gonedef", {"nodes": []})
+    world.definitions.delete_definition("gonedef")
     world.workflows.put_action_result(workflow_id, content_hash("b"), {"v": 1}, retention=SECOND)
     world.clock.advance(2 * SECOND)
     assert world.workflows.purge_expired() == 1
-    assert world.runs.purge_finished_runs(world.clock.now(), SECOND) == 1
+    assert purge_finished_runs(world.repository, world.clock, world.clock.now(), SECOND) == 1
     assert world.audit().run().ok
 
     world.replay(older_result)
@@ -535,7 +538,7 @@ def test_a_full_audit_reads_each_stream_once(world: World) -> None:
     bound = BoundRecords(
         repository,
         WorkflowService(repository, world.clock, SequentialIds("wf")),
-        RunService(repository, world.clock, SequentialIds("run"), integrity=repository),
+        graph_runs(repository, world.clock, SequentialIds("run")),
     )
     report = LedgerAudit(counting, repository, bound).run()
     assert report.ok
@@ -550,8 +553,8 @@ def test_every_new_event_is_keyed_and_names_only_digests(world: World) -> None:
     world.workflows.put_action_result(workflow_id, ACTION, {"v": SECRET})
     world.finished_run()
     world.results.save(world.result())
-    world.runs.register_definition("otherdef", {"nodes": []})
-    world.runs.delete_definition("otherdef")
+    world.definitions.register_definition("otherdef", {"nodes": []})
+    world.definitions.delete_definition("otherdef")
     kinds = (ACTION_RESULT_KIND, DEFINITION_KIND, RESULT_KIND, "run")
     streams = [name for name in list_all_streams(world.store) if name.split("/")[0] in kinds]
     assert len(streams) == 5

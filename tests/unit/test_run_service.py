@@ -8,6 +8,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from graph_services import graph_runs
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
@@ -19,13 +20,16 @@ from flowvault.application import (
     GRAPH_RUNS,
     RETENTION_TOMBSTONE,
     TRIM_EVENT,
+    DefinitionRegistry,
     Guard,
     LedgerTrim,
     RunService,
     SealedRepository,
     SecureObjectStore,
+    TerminalReceipts,
     UnitOfWork,
     UnreadableItem,
+    purge_finished_runs,
     read_stream,
     run_stream,
     trim_unit,
@@ -35,7 +39,6 @@ from flowvault.domain import (
     DefinitionReferenced,
     IdempotencyConflict,
     IntegrityFailure,
-    IntegrityKeyRequired,
     InvalidInput,
     InvalidTransition,
     JsonValue,
@@ -72,13 +75,16 @@ class World:
         self.clock = FrozenClock()
         self.repository = SealedRepository(store, AesGcmCipher(KEY), self.clock)
         self.service = self.service_over(self.repository)
+        self.definitions = DefinitionRegistry(self.repository, self.clock)
+        self.receipts = TerminalReceipts(self.repository, self.repository)
 
-    def service_over(self, repository: SealedRepository, *, keyed: bool = True) -> RunService:
-        return RunService(
-            repository,
-            self.clock,
-            SequentialIds("run"),
-            integrity=repository if keyed else None,
+    def service_over(self, repository: SealedRepository) -> RunService:
+        return graph_runs(repository, self.clock, SequentialIds("run"))
+
+    def purge(self, older_than: timedelta, batch_size: int = 200) -> int:
+        """Purge runs finished before ``older_than`` ago, as the retention job does."""
+        return purge_finished_runs(
+            self.repository, self.clock, self.clock.now(), older_than, batch_size
         )
 
     def crashing(self, when: Callable[[UnitOfWork], bool]) -> RunService:
@@ -137,7 +143,7 @@ def _holds_receipt(unit: UnitOfWork) -> bool:
 def world(backend_store: SecureObjectStore) -> World:
     """Provide a fresh world with one registered definition on each backend."""
     made = World(backend_store)
-    made.service.register_definition("triage", SPEC)
+    made.definitions.register_definition("triage", SPEC)
     return made
 
 
@@ -170,32 +176,32 @@ def test_run_lifecycle_shape() -> None:
 
 def test_versions_are_named_by_content_and_identical_content_is_a_no_op(world: World) -> None:
     """Each distinct content is a version named by its hash; the same content changes nothing."""
-    first, spec = world.service.get_definition("triage")
+    first, spec = world.definitions.get_definition("triage")
     assert first.version == content_hash(SPEC)
     assert spec == SPEC
     before = world.visible()
     world.clock.advance()
-    again = world.service.register_definition("triage", SPEC)
+    again = world.definitions.register_definition("triage", SPEC)
     assert again == first
     assert world.visible() == before
     world.clock.advance()
-    second = world.service.register_definition("triage", OTHER_SPEC)
+    second = world.definitions.register_definition("triage", OTHER_SPEC)
     assert second.version == content_hash(OTHER_SPEC)
-    assert world.service.get_definition("triage")[0] == second
-    assert world.service.get_definition("triage", first.version) == (first, SPEC)
-    assert world.service.definition_versions("triage") == [first, second]
+    assert world.definitions.get_definition("triage")[0] == second
+    assert world.definitions.get_definition("triage", first.version) == (first, SPEC)
+    assert world.definitions.definition_versions("triage") == [first, second]
 
 
 def test_reregistering_an_old_content_makes_it_current_again(world: World) -> None:
     """Going back to an earlier content reuses its version record and its creation time."""
-    first = world.service.get_definition("triage")[0]
+    first = world.definitions.get_definition("triage")[0]
     world.clock.advance()
-    world.service.register_definition("triage", OTHER_SPEC)
+    world.definitions.register_definition("triage", OTHER_SPEC)
     world.clock.advance()
-    back = world.service.register_definition("triage", SPEC)
+    back = world.definitions.register_definition("triage", SPEC)
     assert back == first
-    assert world.service.get_definition("triage")[0] == first
-    assert len(world.service.definition_versions("triage")) == 2
+    assert world.definitions.get_definition("triage")[0] == first
+    assert len(world.definitions.definition_versions("triage")) == 2
 
 
 def test_replacing_a_referenced_version_needs_overwrite(world: World) -> None:
@@ -203,33 +209,35 @@ def test_replacing_a_referenced_version_needs_overwrite(world: World) -> None:
     run_id = world.start()
     before = world.visible(run_id)
     with pytest.raises(DefinitionReferenced) as caught:
-        world.service.register_definition("triage", OTHER_SPEC)
+        world.definitions.register_definition("triage", OTHER_SPEC)
     assert caught.value.code == "DEFINITION_REFERENCED"
     assert world.visible(run_id) == before
-    replaced = world.service.register_definition("triage", OTHER_SPEC, overwrite=True)
-    assert world.service.get_definition("triage")[0] == replaced
+    replaced = world.definitions.register_definition("triage", OTHER_SPEC, overwrite=True)
+    assert world.definitions.get_definition("triage")[0] == replaced
     pinned = world.service.get_run(run_id).definition_version
     assert pinned == content_hash(SPEC)
-    assert world.service.get_definition("triage", pinned)[1] == SPEC
-    assert world.service.register_definition("triage", {"n": 3}).version == content_hash({"n": 3})
+    assert world.definitions.get_definition("triage", pinned)[1] == SPEC
+    assert world.definitions.register_definition("triage", {"n": 3}).version == content_hash(
+        {"n": 3}
+    )
 
 
 @pytest.mark.parametrize("definition_id", ["", "Triage", "9lives", "a" * 65, "has space", "a\x1fb"])
 def test_malformed_definition_ids_are_invalid(world: World, definition_id: str) -> None:
     """Definition ids follow a short lowercase grammar."""
     with pytest.raises(InvalidInput):
-        world.service.register_definition(definition_id, SPEC)
+        world.definitions.register_definition(definition_id, SPEC)
     with pytest.raises(InvalidInput):
-        world.service.get_definition(definition_id)
+        world.definitions.get_definition(definition_id)
 
 
 def test_unknown_definitions_and_versions_are_not_found(world: World) -> None:
     """Reading, listing, deleting or starting an unknown definition or version is NOT_FOUND."""
     calls: list[Callable[[], object]] = [
-        lambda: world.service.get_definition("nope"),
-        lambda: world.service.get_definition("triage", content_hash("nope")),
-        lambda: world.service.definition_versions("nope"),
-        lambda: world.service.delete_definition("nope"),
+        lambda: world.definitions.get_definition("nope"),
+        lambda: world.definitions.get_definition("triage", content_hash("nope")),
+        lambda: world.definitions.definition_versions("nope"),
+        lambda: world.definitions.delete_definition("nope"),
         lambda: world.service.start_run("nope", {}),
         lambda: world.service.start_run("triage", {}, version=content_hash("nope")),
     ]
@@ -244,40 +252,42 @@ def test_unknown_definitions_and_versions_are_not_found(world: World) -> None:
 def test_delete_is_refused_while_any_run_references_any_version(world: World) -> None:
     """A run pinned to an old version still blocks deletion of the whole definition."""
     run_id = world.start()
-    world.service.register_definition("triage", OTHER_SPEC, overwrite=True)
+    world.definitions.register_definition("triage", OTHER_SPEC, overwrite=True)
     before = world.visible(run_id)
     with pytest.raises(DefinitionReferenced) as caught:
-        world.service.delete_definition("triage")
+        world.definitions.delete_definition("triage")
     assert caught.value.code == "DEFINITION_REFERENCED"
     assert world.visible(run_id) == before
 
 
 def test_delete_removes_the_head_and_every_version(world: World) -> None:
     """Deleting an unreferenced definition removes all of its records and no others."""
-    world.service.register_definition("triage", OTHER_SPEC)
-    world.service.register_definition("triage", {"n": 3})
-    world.service.register_definition("other", SPEC)
-    assert world.service.delete_definition("triage") == 3
+    world.definitions.register_definition("triage", OTHER_SPEC)
+    world.definitions.register_definition("triage", {"n": 3})
+    world.definitions.register_definition("other", SPEC)
+    assert world.definitions.delete_definition("triage") == 3
     with pytest.raises(NotFound):
-        world.service.get_definition("triage")
+        world.definitions.get_definition("triage")
     with pytest.raises(NotFound):
-        world.service.get_definition("triage", content_hash(SPEC))
+        world.definitions.get_definition("triage", content_hash(SPEC))
     assert len(world.store.list(GRAPH_DEFINITIONS).items) == 1
     assert len(world.store.list(GRAPH_DEFINITION_VERSIONS).items) == 1
-    assert world.service.get_definition("other")[1] == SPEC
-    again = world.service.register_definition("triage", SPEC)
-    assert world.service.definition_versions("triage") == [again]
+    assert world.definitions.get_definition("other")[1] == SPEC
+    again = world.definitions.register_definition("triage", SPEC)
+    assert world.definitions.definition_versions("triage") == [again]
 
 
 def test_delete_is_one_unit_of_work(world: World) -> None:
     """A fault on the unit holding the deletes deletes nothing at all."""
-    world.service.register_definition("triage", OTHER_SPEC)
+    world.definitions.register_definition("triage", OTHER_SPEC)
     before = world.visible()
+    crashing = CrashingStore(world.store, _holds_deletes)
+    repository = SealedRepository(crashing, AesGcmCipher(KEY), world.clock)  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match="injected fault"):
-        world.crashing(_holds_deletes).delete_definition("triage")
+        DefinitionRegistry(repository, world.clock).delete_definition("triage")
     assert world.visible() == before
-    assert len(world.service.definition_versions("triage")) == 2
-    assert world.service.delete_definition("triage") == 2
+    assert len(world.definitions.definition_versions("triage")) == 2
+    assert world.definitions.delete_definition("triage") == 2
     assert world.store.list(GRAPH_DEFINITION_VERSIONS).items == ()
 
 
@@ -305,7 +315,7 @@ def test_start_pins_the_current_version_and_records_acceptance(world: World) -> 
 def test_start_with_an_explicit_version(world: World) -> None:
     """A run may pin an older version than the current one."""
     old = content_hash(SPEC)
-    world.service.register_definition("triage", OTHER_SPEC)
+    world.definitions.register_definition("triage", OTHER_SPEC)
     current, _ = world.service.start_run("triage", {})
     pinned, _ = world.service.start_run("triage", {}, version=old)
     assert current.definition_version == content_hash(OTHER_SPEC)
@@ -424,7 +434,7 @@ def test_unknown_run_is_not_found(world: World) -> None:
         lambda: world.service.finish_run(
             "run-999999", "completed", expected_status="running", final_state=None
         ),
-        lambda: world.service.terminal_receipt("run-999999"),
+        lambda: world.receipts.terminal_receipt("run-999999"),
     ]
     for call in calls:
         with pytest.raises(NotFound) as caught:
@@ -674,7 +684,7 @@ def test_finish_writes_status_state_events_and_a_signed_receipt(world: World) ->
     assert receipt.event_count == 2
     assert receipt.events_digest == content_hash([e.event_hash for e in events[-2:]])
     assert receipt.issued_at == run.finished_at
-    assert world.service.terminal_receipt(run_id) == receipt
+    assert world.receipts.terminal_receipt(run_id) == receipt
     ended = events[-1].payload
     assert isinstance(ended, dict)
     assert str(ended["final_state_digest"]).startswith("sha256:")
@@ -703,7 +713,7 @@ def test_a_forged_receipt_fails_verification(world: World) -> None:
     forged = {**stored.document, "status": "failed"}  # type: ignore[dict-item]
     world.repository.write(GRAPH_RUN_RECEIPTS, run_id, forged, expected=stored.revision)
     with pytest.raises(IntegrityFailure) as caught:
-        world.service.terminal_receipt(run_id)
+        world.receipts.terminal_receipt(run_id)
     assert caught.value.code == "INTEGRITY_FAILURE"
 
 
@@ -715,7 +725,7 @@ def test_a_receipt_moved_to_another_run_fails_verification(world: World) -> None
     assert copied is not None
     world.repository.write(GRAPH_RUN_RECEIPTS, second, copied.document, expected=Guard.ABSENT)
     with pytest.raises(IntegrityFailure):
-        world.service.terminal_receipt(second)
+        world.receipts.terminal_receipt(second)
 
 
 def test_finish_is_one_unit_of_work(world: World) -> None:
@@ -734,7 +744,7 @@ def test_finish_is_one_unit_of_work(world: World) -> None:
     assert world.service.get_run(run_id).status == "running"
     assert world.store.list(GRAPH_RUN_RECEIPTS).items == ()
     with pytest.raises(NotFound):
-        world.service.terminal_receipt(run_id)
+        world.receipts.terminal_receipt(run_id)
     assert world.finish(run_id).status == "completed"
 
 
@@ -755,19 +765,18 @@ def test_finish_checks_status_expectation_and_lifecycle(world: World) -> None:
     assert receipt.status == "failed"
 
 
-def test_receipts_need_an_integrity_key(world: World) -> None:
-    """Without an integrity key, finishing and reading receipts are INTEGRITY_KEY_REQUIRED."""
-    keyless = world.service_over(world.repository, keyed=False)
-    run, _ = keyless.start_run("triage", {})
-    keyless.set_status(run.run_id, "running", expected_status="accepted")
-    before = world.visible(run.run_id)
-    with pytest.raises(IntegrityKeyRequired) as caught:
-        keyless.finish_run(run.run_id, "completed", expected_status="running", final_state=None)
-    assert caught.value.code == "INTEGRITY_KEY_REQUIRED"
-    assert world.visible(run.run_id) == before
-    world.finish(run.run_id)
-    with pytest.raises(IntegrityKeyRequired):
-        keyless.terminal_receipt(run.run_id)
+def test_receipts_verify_only_under_the_digester_they_were_built_with(world: World) -> None:
+    """Receipts are MAC'd by the keyed digester given at construction; another key refuses them."""
+    run_id = world.running()
+    world.finish(run_id)
+    other = AesGcmCipher(bytes(range(1, 33)))
+    elsewhere = TerminalReceipts(
+        world.repository, SealedRepository(world.store, other, world.clock)
+    )
+    with pytest.raises(IntegrityFailure) as caught:
+        elsewhere.terminal_receipt(run_id)
+    assert caught.value.code == "INTEGRITY_FAILURE"
+    assert world.receipts.terminal_receipt(run_id).status == "completed"
 
 
 def test_receipt_model_is_terminal_and_digest_only(world: World) -> None:
@@ -789,9 +798,9 @@ def test_purge_deletes_old_finished_runs_and_leaves_tombstones(world: World) -> 
     recent = world.running()
     world.finish(recent)
     live = world.running()
-    purged = world.service.purge_finished_runs(world.clock.now(), timedelta(days=1), batch_size=2)
+    purged = world.purge(timedelta(days=1), 2)
     assert purged == 3
-    assert world.service.purge_finished_runs(world.clock.now(), timedelta(days=1)) == 0
+    assert world.purge(timedelta(days=1)) == 0
     for run_id, receipt in zip(old, receipts, strict=True):
         with pytest.raises(NotFound):
             world.service.get_run(run_id)
@@ -809,7 +818,7 @@ def test_purge_deletes_old_finished_runs_and_leaves_tombstones(world: World) -> 
         for secret in (run_id, INPUT_MARKER, FINAL_MARKER, SPEC_MARKER):
             assert secret not in text
         assert world.service.read_run_events(run_id).events[-1] == tombstone
-        assert world.service.terminal_receipt(run_id) == receipt
+        assert world.receipts.terminal_receipt(run_id) == receipt
     assert world.service.get_run(recent).status == "completed"
     assert world.service.get_run(live).status == "running"
 
@@ -819,13 +828,13 @@ def test_purge_frees_idempotency_keys_and_definitions(world: World) -> None:
     first, _ = world.service.start_run("triage", {}, idempotency_key="req-1")
     world.service.set_status(first.run_id, "cancelled", expected_status="accepted")
     world.clock.advance(timedelta(days=2))
-    assert world.service.purge_finished_runs(world.clock.now(), timedelta(days=1)) == 1
+    assert world.purge(timedelta(days=1)) == 1
     assert world.store.list(GRAPH_RUN_IDEMPOTENCY).items == ()
     tombstone = world.events(first.run_id)[-1].payload
     assert isinstance(tombstone, dict)
     assert tombstone["idempotency_marker"] == first.idempotency_key_digest
-    assert world.service.delete_definition("triage") == 1
-    world.service.register_definition("triage", SPEC)
+    assert world.definitions.delete_definition("triage") == 1
+    world.definitions.register_definition("triage", SPEC)
     again, created = world.service.start_run("triage", {}, idempotency_key="req-1")
     assert created
     assert again.run_id != first.run_id
@@ -836,7 +845,7 @@ def test_purge_arguments_are_checked(world: World) -> None:
     now = world.clock.now()
     for older_than, batch in ((timedelta(seconds=-1), 10), (timedelta(0), 0), (timedelta(0), 201)):
         with pytest.raises(InvalidInput):
-            world.service.purge_finished_runs(now, older_than, batch)
+            purge_finished_runs(world.repository, world.clock, now, older_than, batch)
 
 
 # -- concurrency --------------------------------------------------------------------
@@ -846,7 +855,7 @@ def test_exactly_one_of_eight_racing_moves_wins(tmp_path: Path) -> None:
     """Eight threads moving one run accepted -> running on SQLite: one wins, seven conflict."""
     with SQLiteSecureObjectStore.open(tmp_path / "data" / "store.db") as store:
         world = World(store)
-        world.service.register_definition("triage", SPEC)
+        world.definitions.register_definition("triage", SPEC)
         _race(world)
 
 

@@ -13,14 +13,17 @@ from collections.abc import Callable
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from graph_services import graph_runs
 
 from flowvault.adapters.crypto import AesGcmCipher, Ed25519ReceiptSigner
 from flowvault.application import (
     GRAPH_RUN_RECEIPTS,
     GRAPH_RUNS,
+    DefinitionRegistry,
     RunService,
     SealedRepository,
     SecureObjectStore,
+    TerminalReceipts,
     UnitOfWork,
     authenticate,
     authenticate_terminal,
@@ -32,7 +35,6 @@ from flowvault.application import (
 from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.domain import (
     IntegrityFailure,
-    IntegrityKeyRequired,
     InvalidInput,
     LedgerEvent,
     TerminalReceipt,
@@ -78,22 +80,15 @@ class World:
         self.repository = SealedRepository(store, AesGcmCipher(KEY), self.clock)
         self.signer = Ed25519ReceiptSigner(Ed25519PrivateKey.generate())
         self.service = self.service_over(self.repository, signer=self.signer)
-        self.service.register_definition("triage", {"nodes": ["plan", "act"]})
+        self.receipts = TerminalReceipts(self.repository, self.repository, signer=self.signer)
+        DefinitionRegistry(self.repository, self.clock).register_definition(
+            "triage", {"nodes": ["plan", "act"]}
+        )
 
     def service_over(
-        self,
-        repository: SealedRepository,
-        *,
-        keyed: bool = True,
-        signer: Ed25519ReceiptSigner | None = None,
+        self, repository: SealedRepository, *, signer: Ed25519ReceiptSigner | None = None
     ) -> RunService:
-        return RunService(
-            repository,
-            self.clock,
-            SequentialIds("run"),
-            integrity=repository if keyed else None,
-            signer=signer,
-        )
+        return graph_runs(repository, self.clock, SequentialIds("run"), signer=signer)
 
     def crashing(self, when: Callable[[UnitOfWork], bool]) -> RunService:
         store = CrashingStore(self.store, when)
@@ -128,7 +123,7 @@ def world(backend_store: SecureObjectStore) -> World:
 
 def _assert_ended_with_receipt(world: World, run_id: str, status: str) -> TerminalReceipt:
     """Check the receipt verifies, covers the ``run.<status>`` event, and that event names it."""
-    receipt = world.service.terminal_receipt(run_id)
+    receipt = world.receipts.terminal_receipt(run_id)
     ended = world.events(run_id)[-1]
     assert (receipt.status, ended.type, ended.to_state) == (status, f"run.{status}", status)
     assert receipt.event_count == 1
@@ -207,19 +202,16 @@ def test_recovery_interrupted_by_a_fault_leaves_the_run_as_it_was(world: World) 
     assert world.visible(run_id) == before
 
 
-def test_ending_a_run_without_an_integrity_key_is_refused(world: World) -> None:
-    """No key, no receipt: a terminal set_status fails closed; other moves still work."""
-    keyless = world.service_over(world.repository, keyed=False)
-    run_id = world.running(keyless)
-    before = world.visible(run_id)
-    with pytest.raises(IntegrityKeyRequired) as caught:
-        keyless.set_status(run_id, "cancelled", expected_status="running")
-    assert caught.value.code == "INTEGRITY_KEY_REQUIRED"
-    assert world.visible(run_id) == before
-    with pytest.raises(IntegrityKeyRequired):
-        keyless.recover_incomplete_runs()
-    assert world.visible(run_id) == before
-    keyless.set_status(run_id, "checkpointed", expected_status="running")
+def test_only_endings_write_receipts_and_each_ending_writes_one(world: World) -> None:
+    """Moves that do not end a run write no receipt; a terminal move and recovery each write one."""
+    run_id = world.running()
+    world.service.set_status(run_id, "checkpointed", expected_status="running")
+    assert world.store.list(GRAPH_RUN_RECEIPTS, limit=10).items == ()
+    world.service.set_status(run_id, "cancelled", expected_status="checkpointed")
+    assert world.receipts.terminal_receipt(run_id).status == "cancelled"
+    other = world.running()
+    assert world.service.recover_incomplete_runs() == 1
+    assert world.receipts.terminal_receipt(other).status == "interrupted_non_resumable"
 
 
 def test_without_a_signer_receipts_carry_the_mac_only(world: World) -> None:
@@ -227,7 +219,7 @@ def test_without_a_signer_receipts_carry_the_mac_only(world: World) -> None:
     unsigned = world.service_over(world.repository)
     run_id = world.running(unsigned)
     unsigned.set_status(run_id, "failed", expected_status="running")
-    receipt = unsigned.terminal_receipt(run_id)
+    receipt = world.receipts.terminal_receipt(run_id)
     assert (receipt.signer_hint, receipt.ed25519_signature) == (None, None)
     assert set(receipt.body()) == {
         "kind",

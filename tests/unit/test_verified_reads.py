@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from checkpoint_setup import checkpointed_run
+from graph_services import graph_runs
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore
@@ -26,6 +27,7 @@ from flowvault.application import (
     WITNESSES,
     WORKFLOWS,
     BoundRecords,
+    DefinitionRegistry,
     Delete,
     Guard,
     HistoryEvent,
@@ -309,7 +311,7 @@ def test_the_verifier_reports_the_first_broken_link() -> None:
 def _world(store: SecureObjectStore) -> tuple[SealedRepository, WorkflowService, RunService]:
     repository = SealedRepository(store, AesGcmCipher(KEY), FrozenClock())
     ids = SequentialIds("id")
-    runs = RunService(repository, repository.clock, ids, integrity=repository)
+    runs = graph_runs(repository, repository.clock, ids)
     return repository, WorkflowService(repository, repository.clock, ids), runs
 
 
@@ -333,7 +335,7 @@ def test_workflow_events_history_and_run_events_refuse_what_the_key_did_not_writ
     record, _ = workflows.create(WorkOrder(kind="k", requester="r", idempotency_key="i"))
     state = StateRepository(repository, "main")
     state.update_with_events(lambda _: (WorkflowState(step=1), [HistoryEvent("state.stepped")]))
-    runs.register_definition("graph", {"nodes": ["a"]})
+    DefinitionRegistry(repository, repository.clock).register_definition("graph", {"nodes": ["a"]})
     run, _ = runs.start_run("graph", {"t": 1})
     assert workflows.events(record.workflow_id)
     assert state.history()
@@ -425,7 +427,7 @@ def test_records_stay_current_after_their_streams_are_trimmed_on_record(
         state.update_with_events(
             lambda _, step=step: (WorkflowState(step=step), [HistoryEvent("state.stepped")])
         )
-    runs.register_definition("graph", {"nodes": ["a"]})
+    DefinitionRegistry(repository, repository.clock).register_definition("graph", {"nodes": ["a"]})
     run, _ = runs.start_run("graph", {"t": 1})
     runs.append_run_events(run.run_id, [("node.tick", {"n": 1}), ("node.tick", {"n": 2})])
     before = workflows.get(record.workflow_id)
@@ -542,7 +544,7 @@ def test_a_workflow_or_run_deleted_outside_flowvault_is_refused_not_unknown(
     repository, workflows, runs = _world(backend_store)
     order = WorkOrder(kind="k", requester="r", idempotency_key="i")
     record, _ = workflows.create(order)
-    runs.register_definition("graph", {"nodes": ["a"]})
+    DefinitionRegistry(repository, repository.clock).register_definition("graph", {"nodes": ["a"]})
     run, _ = runs.start_run("graph", {"t": 1})
     for namespace, natural in ((WORKFLOWS, record.workflow_id), (GRAPH_RUNS, run.run_id)):
         digest = repository.key_digest(namespace, natural)

@@ -15,24 +15,27 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
+from graph_services import graph_runs
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.application import (
     GRAPH_RUNS,
     VOUCH_EVENT,
     BoundRecords,
+    DefinitionRegistry,
     HistoryEvent,
     LedgerAudit,
     LedgerTrim,
-    RunService,
     SealedRepository,
     SecureObjectStore,
     StateRepository,
+    TerminalReceipts,
     UnitOfWork,
     WorkflowService,
     history_stream,
     inspect_unvouched,
     keyed,
+    purge_finished_runs,
     read_stream,
     run_stream,
     stream_of,
@@ -62,9 +65,9 @@ class World:
         self.clock = FrozenClock()
         self.repository = SealedRepository(store, AesGcmCipher(KEY), self.clock)
         self.workflows = WorkflowService(self.repository, self.clock, SequentialIds("wf"))
-        self.runs = RunService(
-            self.repository, self.clock, SequentialIds("run"), integrity=self.repository
-        )
+        self.runs = graph_runs(self.repository, self.clock, SequentialIds("run"))
+        self.definitions = DefinitionRegistry(self.repository, self.clock)
+        self.receipts = TerminalReceipts(self.repository, self.repository)
 
     def legacy(self, count: int, *, stream: str = STREAM) -> list[LedgerEvent]:
         """Append ``count`` events without a chain MAC, as schema 2 wrote them."""
@@ -312,7 +315,7 @@ def test_a_vouched_scope_keeps_its_state_current(world: World) -> None:
 
 def test_a_vouched_run_stream_keeps_its_run_and_a_purged_run_stays_gone(world: World) -> None:
     """A vouch is no ``run.*`` event and no tombstone: a run reads on, a purged one stays purged."""
-    world.runs.register_definition("graph", {"nodes": ["a"]})
+    world.definitions.register_definition("graph", {"nodes": ["a"]})
     live, _ = world.runs.start_run("graph", {"t": 1})
     world.runs.append_run_events(live.run_id, [("node.done", {"n": 1})])
     world.cut(run_stream(live.run_id), 1)
@@ -321,7 +324,10 @@ def test_a_vouched_run_stream_keeps_its_run_and_a_purged_run_stays_gone(world: W
     gone, _ = world.runs.start_run("graph", {"t": 2})
     world.runs.finish_run(gone.run_id, "cancelled", expected_status="accepted", final_state=None)
     world.clock.advance(timedelta(days=2))
-    assert world.runs.purge_finished_runs(world.clock.now(), timedelta(days=1)) == 1
+    assert (
+        purge_finished_runs(world.repository, world.clock, world.clock.now(), timedelta(days=1))
+        == 1
+    )
     assert (
         world.store.peek_metadata(GRAPH_RUNS, world.repository.key_digest(GRAPH_RUNS, gone.run_id))
         is None
