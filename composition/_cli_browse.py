@@ -29,7 +29,12 @@ from flowvault.adapters.cli import (
     workflows_show_command,
 )
 from flowvault.adapters.crypto import load_public_key
-from flowvault.application import ApprovalService, RunService, WorkflowService
+from flowvault.application import (
+    ApprovalService,
+    RunService,
+    WorkflowEventService,
+    WorkflowService,
+)
 from flowvault.composition._bootstrap import Runtime, open_existing
 from flowvault.composition._cli_base import Verbs, add_verb, file_path
 from flowvault.composition._settings import Settings
@@ -58,6 +63,14 @@ def _workflows(runtime: Runtime) -> WorkflowService:
     return runtime.workflows
 
 
+def _workflow_events(runtime: Runtime) -> WorkflowEventService:
+    return runtime.workflow_events
+
+
+def _workflow_readers(runtime: Runtime) -> tuple[WorkflowService, WorkflowEventService]:
+    return runtime.workflows, runtime.workflow_events
+
+
 def _runs(runtime: Runtime) -> RunService:
     return runtime.graph_runs
 
@@ -78,13 +91,17 @@ def _workflows_list(args: argparse.Namespace, settings: Settings, io: CommandIO)
 
 
 def _workflows_show(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
-    return _with(settings, _workflows, lambda found: workflows_show_command(found, args.id, io))
+    def show(found: tuple[WorkflowService, WorkflowEventService] | None) -> int:
+        workflows, events = found or (None, None)
+        return workflows_show_command(workflows, events, args.id, io)
+
+    return _with(settings, _workflow_readers, show)
 
 
 def _workflows_events(args: argparse.Namespace, settings: Settings, io: CommandIO) -> int:
     return _with(
         settings,
-        _workflows,
+        _workflow_events,
         lambda found: workflows_events_command(found, args.id, _page_request(args), io),
     )
 

@@ -46,6 +46,7 @@ from flowvault.application import (
     RunService,
     SealedRepository,
     SecureObjectStore,
+    WorkflowRecords,
     WorkflowService,
     authenticate,
     compact_fully,
@@ -106,7 +107,7 @@ def keyed_audit(
     ids = RandomIdFactory()
     bound = BoundRecords(
         repository,
-        WorkflowService(repository, clock, ids),
+        WorkflowService(WorkflowRecords(repository), clock, ids),
         RunService(repository, clock, ids, integrity=repository),
     )
     mark = (

@@ -21,6 +21,7 @@ from flowvault.application import (
     Page,
     ReceiptVerifier,
     RunService,
+    WorkflowEventService,
     WorkflowService,
 )
 from flowvault.domain import (
@@ -181,13 +182,19 @@ def workflows_list_command(
 
 
 def workflows_show_command(
-    workflows: WorkflowService | None, workflow_id: str, io: CommandIO
+    workflows: WorkflowService | None,
+    events: WorkflowEventService | None,
+    workflow_id: str,
+    io: CommandIO,
 ) -> int:
-    """Show one workflow's metadata, hashes and verified ledger length; never its parameters."""
-    if workflows is None:
+    """Show one workflow's metadata, hashes and verified ledger length; never its parameters.
+
+    Both services are ``None`` on a cold root.
+    """
+    if workflows is None or events is None:
         raise _cold("workflow")
     record = workflows.get(workflow_id)
-    fields = _workflow_detail(record, workflows.events(workflow_id))
+    fields = _workflow_detail(record, events.events(workflow_id))
     io.emit({"workflow": fields}, _detail_lines(f"workflow {workflow_id}", fields))
     return 0
 
@@ -208,13 +215,13 @@ def _event_row(event: LedgerEvent) -> Fields:
 
 
 def workflows_events_command(
-    workflows: WorkflowService | None, workflow_id: str, request: PageRequest, io: CommandIO
+    events: WorkflowEventService | None, workflow_id: str, request: PageRequest, io: CommandIO
 ) -> int:
     """List a workflow's verified events in index order; ``None`` is a cold root."""
-    if workflows is None:
+    if events is None:
         raise _cold("workflow")
     page = _read_pages(
-        lambda cursor: workflows.event_page(workflow_id, cursor, request.limit), request
+        lambda cursor: events.event_page(workflow_id, cursor, request.limit), request
     )
     return _listing(io, "events", EVENT_COLUMNS, _rows(page, _event_row))
 

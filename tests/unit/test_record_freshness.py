@@ -17,6 +17,7 @@ from datetime import timedelta
 import pytest
 from checkpoint_setup import create_checkpoint, request_approval
 from row_edits import PassThroughStore, RowEditor, refused
+from workflow_services import workflow_services
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore
@@ -44,7 +45,6 @@ from flowvault.application import (
     SecureObjectStore,
     StoredRecord,
     UnreadableItem,
-    WorkflowService,
     record_stream,
     run_stream,
     stream_of,
@@ -81,7 +81,10 @@ class World(RowEditor):
         )
         self.idempotency = IdempotencyService(repo, self.clock)
         self.evidence = EvidenceService(repo, self.clock, integrity=repo)
-        self.workflows = WorkflowService(repo, self.clock, SequentialIds("wf"))
+        services = workflow_services(repo, self.clock, SequentialIds("wf"))
+        self.workflows = services.workflows
+        self.workflow_events = services.events
+        self.action_results = services.results
         self.runs = RunService(repo, self.clock, SequentialIds("run"), integrity=repo)
 
     def checkpoint(self, cursor: str = "node-b") -> Checkpoint:
@@ -344,13 +347,13 @@ def test_a_deleted_workflow_marker_cannot_make_a_second_workflow(world: World) -
 def test_a_deleted_event_key_marker_cannot_append_the_event_twice(world: World) -> None:
     """The keyed event carries the marker's digest, so the retry finds it and refuses."""
     record, _ = world.workflows.create(_order())
-    world.workflows.append_event(
+    world.workflow_events.append_event(
         record.workflow_id, "note.added", expected_state="intake", expected_version=1,
         event_key="note-1",
     )  # fmt: skip
     marker = world.digest(EVENT_KEYS, f"{record.workflow_id}\x1fnote-1")
     world.delete(EVENT_KEYS, marker)
-    retry = lambda: world.workflows.append_event(  # noqa: E731
+    retry = lambda: world.workflow_events.append_event(  # noqa: E731
         record.workflow_id, "note.added", expected_state="intake", expected_version=1,
         event_key="note-1",
     )  # fmt: skip

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
+from workflow_services import workflow_services
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.application import (
@@ -29,7 +30,6 @@ from flowvault.application import (
     SecureObjectStore,
     StateRepository,
     UnitOfWork,
-    WorkflowService,
     history_stream,
     inspect_unvouched,
     keyed,
@@ -61,7 +61,10 @@ class World:
         self.store = store
         self.clock = FrozenClock()
         self.repository = SealedRepository(store, AesGcmCipher(KEY), self.clock)
-        self.workflows = WorkflowService(self.repository, self.clock, SequentialIds("wf"))
+        services = workflow_services(self.repository, self.clock, SequentialIds("wf"))
+        self.workflows = services.workflows
+        self.workflow_events = services.events
+        self.action_results = services.results
         self.runs = RunService(
             self.repository, self.clock, SequentialIds("run"), integrity=self.repository
         )
@@ -269,7 +272,7 @@ def test_a_vouched_workflow_stream_keeps_its_record_current(world: World) -> Non
     workflow_id = record.workflow_id
     for _ in range(3):
         current = world.workflows.get(workflow_id)
-        world.workflows.append_event(
+        world.workflow_events.append_event(
             workflow_id,
             "workflow.noted",
             expected_state=current.state,
@@ -278,10 +281,10 @@ def test_a_vouched_workflow_stream_keeps_its_record_current(world: World) -> Non
     before = world.workflows.get(workflow_id)
     world.cut(stream_of(workflow_id), 2)
     with pytest.raises(IntegrityFailure):
-        world.workflows.events(workflow_id)
+        world.workflow_events.events(workflow_id)
     world.vouch(stream_of(workflow_id))
     assert world.workflows.get(workflow_id) == before
-    assert world.workflows.events(workflow_id)[-1].type == VOUCH_EVENT
+    assert world.workflow_events.events(workflow_id)[-1].type == VOUCH_EVENT
     current = world.workflows.get(workflow_id)
     world.workflows.transition(
         workflow_id,
