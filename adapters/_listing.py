@@ -19,7 +19,8 @@ from flowvault.application import (
     RecordMetadata,
     RecordPage,
 )
-from flowvault.domain import IntegrityFailure, format_instant
+from flowvault.domain import IntegrityFailure
+from flowvault.domain._envelope import format_instant
 
 FilterShape: TypeAlias = tuple[FilterOp, bool]
 """A filter's operator and whether it compares text (else integers): all the SQL depends on."""

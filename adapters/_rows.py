@@ -15,13 +15,8 @@ from typing import Any, TypeAlias
 from pydantic import ValidationError
 
 from flowvault.application import MAX_HEAD_BATCH, LabelValue, RecordMetadata, StoredRecord
-from flowvault.domain import (
-    EnvelopeHeader,
-    IntegrityFailure,
-    InvalidInput,
-    LedgerEvent,
-    format_instant,
-)
+from flowvault.domain import EnvelopeHeader, IntegrityFailure, InvalidInput, LedgerEvent
+from flowvault.domain._envelope import format_instant
 
 Row: TypeAlias = Sequence[Any]
 Params: TypeAlias = tuple[object, ...]

@@ -179,6 +179,7 @@ from flowvault.application._state import (
     history_stream,
     reset_progress,
 )
+from flowvault.application._stream_writer import StreamWriter
 from flowvault.application._streams import (
     LEDGER_MAC_TAG,
     TRIM_EVENT,
@@ -362,6 +363,7 @@ __all__ = [
     "StreamHeadBatch",
     "StreamHeads",
     "StreamVerifier",
+    "StreamWriter",
     "UnitOfWork",
     "UnreadableItem",
     "UnreadableRecord",

@@ -53,9 +53,9 @@ from flowvault.domain import (
     JsonValue,
     LedgerEvent,
     RevisionConflict,
-    canonical_bytes,
-    format_instant,
 )
+from flowvault.domain._canonical import canonical_bytes
+from flowvault.domain._envelope import format_instant
 
 ACTION_RESULTS = "flowvault.action-results"
 

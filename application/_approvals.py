@@ -85,14 +85,12 @@ from flowvault.domain import (
     JsonValue,
     LedgerEvent,
     NotFound,
-    RejectionRule,
     RevisionConflict,
-    Vote,
-    canonical_bytes,
-    canonical_json,
     decision_statement,
-    format_instant,
 )
+from flowvault.domain._approvals import RejectionRule, Vote
+from flowvault.domain._canonical import canonical_bytes, canonical_json
+from flowvault.domain._envelope import format_instant
 
 
 def _stale(checkpoint: Checkpoint, fields: list[str]) -> RevisionConflict:

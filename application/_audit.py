@@ -33,7 +33,6 @@ from flowvault.application.ports import SecureObjectStore, StreamCatalog
 from flowvault.domain import (
     ChainDefect,
     FlowvaultError,
-    HeadReceipt,
     IntegrityFailure,
     InvalidInput,
     KeyRequired,
@@ -42,6 +41,7 @@ from flowvault.domain import (
     StoreRolledBack,
     StoreUnavailable,
 )
+from flowvault.domain._receipt import HeadReceipt
 
 T = TypeVar("T")
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Final, Literal, TypeVar
+from typing import Final, TypeVar
 
 from flowvault.domain import InvalidInput, RevisionConflict
 
@@ -114,7 +114,7 @@ LOST: Final = Lost.RACE
 
 
 def settle(
-    attempt: Callable[[], _Result | Literal[Lost.RACE]],
+    attempt: Callable[[], _Result | Lost],
     what: str,
     *,
     policy: RetryPolicy = DEFAULT_RETRY,

@@ -44,8 +44,8 @@ from flowvault.domain import (
     RevisionConflict,
     checkpoint_id_for,
     content_hash,
-    format_instant,
 )
+from flowvault.domain._envelope import format_instant
 
 
 class CheckpointService:

@@ -11,7 +11,8 @@ import binascii
 from dataclasses import dataclass
 
 from flowvault.application._records import MAX_LIST_LIMIT, Order
-from flowvault.domain import InvalidInput, canonical_bytes, parse_json
+from flowvault.domain import InvalidInput
+from flowvault.domain._canonical import canonical_bytes, parse_json
 
 
 @dataclass(frozen=True, slots=True)

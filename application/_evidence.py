@@ -37,16 +37,16 @@ from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application._signing import integrity_digest, signed
 from flowvault.application.ports import Clock
 from flowvault.domain import (
-    DIGEST_PATTERN,
-    MAX_WITNESS_LOCATORS,
     IntegrityFailure,
     InvalidInput,
     NotFound,
     PayloadTooLarge,
     RevisionConflict,
     Witness,
-    digest_bytes,
 )
+from flowvault.domain._approvals import MAX_WITNESS_LOCATORS
+from flowvault.domain._canonical import digest_bytes
+from flowvault.domain._envelope import DIGEST_PATTERN
 
 
 class EvidenceService:

@@ -17,12 +17,8 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from flowvault.application._graph import KeyedDigester
-from flowvault.domain import (
-    MAX_SAFE_INTEGER,
-    IntegrityFailure,
-    InvalidInput,
-    canonical_bytes,
-)
+from flowvault.domain import IntegrityFailure, InvalidInput
+from flowvault.domain._canonical import MAX_SAFE_INTEGER, canonical_bytes
 
 MARK_TAG: Final = "flowvault.high-water/1"
 """Purpose tag of the head's MAC."""

@@ -16,13 +16,8 @@ from typing import Generic, TypeVar
 from flowvault.application._cursor import effective_limit
 from flowvault.application._records import LabelFilter, Order, RecordMetadata
 from flowvault.application.ports import SecureObjectStore
-from flowvault.domain import (
-    MAX_SAFE_INTEGER,
-    IntegrityFailure,
-    InvalidInput,
-    JsonValue,
-    content_hash,
-)
+from flowvault.domain import IntegrityFailure, InvalidInput, JsonValue, content_hash
+from flowvault.domain._canonical import MAX_SAFE_INTEGER
 
 T = TypeVar("T")
 

@@ -23,15 +23,8 @@ from pydantic import ValidationError
 
 from flowvault.application._graph import KeyedDigester
 from flowvault.application.ports import SecureObjectStore
-from flowvault.domain import (
-    HeadNote,
-    HeadReceipt,
-    IntegrityFailure,
-    InvalidInput,
-    NotFound,
-    ReceiptSignature,
-    TerminalReceipt,
-)
+from flowvault.domain import IntegrityFailure, InvalidInput, NotFound, TerminalReceipt
+from flowvault.domain._receipt import HeadNote, HeadReceipt, ReceiptSignature
 
 RECEIPT_MAC_TAG: Final = "flowvault.ledger-receipt/1"
 """Purpose tag of the MAC over a receipt's body."""

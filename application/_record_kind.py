@@ -32,9 +32,9 @@ from flowvault.domain import (
     JsonValue,
     LedgerEvent,
     RevisionConflict,
-    format_instant,
     sanitise_payload,
 )
+from flowvault.domain._envelope import format_instant
 
 PURGE_BATCH: Final = 200
 PURGE_STALLS: Final = 8

@@ -14,13 +14,8 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any, Final, TypeAlias
 
-from flowvault.domain import (
-    EnvelopeHeader,
-    InvalidInput,
-    LedgerEvent,
-    PayloadTooLarge,
-    digest_bytes,
-)
+from flowvault.domain import EnvelopeHeader, InvalidInput, LedgerEvent, PayloadTooLarge
+from flowvault.domain._canonical import digest_bytes
 
 MAX_PAYLOAD_BYTES: Final = 1024 * 1024
 """Largest sealed payload one record may hold (1 MiB)."""

@@ -46,16 +46,14 @@ from flowvault.application._records import (
 from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application.ports import Clock
 from flowvault.domain import (
-    DIGEST_PATTERN,
     IdempotencyConflict,
     IntegrityFailure,
     InvalidInput,
     JsonValue,
     RevisionConflict,
-    canonical_bytes,
-    format_instant,
-    validate_json,
 )
+from flowvault.domain._canonical import canonical_bytes, validate_json
+from flowvault.domain._envelope import DIGEST_PATTERN, format_instant
 
 
 def _check_key(key: object) -> str:

@@ -57,9 +57,6 @@ from flowvault.application._streams import (
 from flowvault.application._verified import verified_page
 from flowvault.application.ports import Clock, IdFactory, SecureObjectStore
 from flowvault.domain import (
-    DEFINITION_ID_PATTERN,
-    DIGEST_PATTERN,
-    RUN_LIFECYCLE,
     DefinitionReferenced,
     DefinitionVersion,
     GraphRun,
@@ -72,11 +69,12 @@ from flowvault.domain import (
     NotFound,
     RevisionConflict,
     TerminalReceipt,
-    canonical_bytes,
     content_hash,
-    format_instant,
     sanitise_payload,
 )
+from flowvault.domain._canonical import canonical_bytes
+from flowvault.domain._envelope import DIGEST_PATTERN, format_instant
+from flowvault.domain._graph_runs import DEFINITION_ID_PATTERN, RUN_LIFECYCLE
 
 GRAPH_DEFINITIONS = "flowvault.graph-definitions"
 """Definition heads: which version is current."""

@@ -29,13 +29,13 @@ from flowvault.application._records import (
 )
 from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.domain import (
-    RUN_ID_PATTERN,
     IntegrityFailure,
     InvalidInput,
     NotFound,
     RevisionConflict,
     WorkflowResult,
 )
+from flowvault.domain._state import RUN_ID_PATTERN
 
 RUNS = "flowvault.runs"
 

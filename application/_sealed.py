@@ -34,9 +34,8 @@ from flowvault.domain import (
     JsonValue,
     SchemaTooNew,
     Sensitivity,
-    canonical_bytes,
-    digest_bytes,
 )
+from flowvault.domain._canonical import canonical_bytes, digest_bytes
 
 NATURAL_KEY_TAG = "flowvault.key/1"
 SEALED_BODY_VERSION = 1

@@ -6,7 +6,13 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from flowvault.application._graph import KeyedDigester
-from flowvault.domain import GENESIS_HASH, Approval, Checkpoint, Witness, canonical_bytes
+from flowvault.domain import (
+    GENESIS_HASH,
+    Approval,
+    Checkpoint,
+    Witness,
+)
+from flowvault.domain._canonical import canonical_bytes
 
 Signed = TypeVar("Signed", Checkpoint, Approval, Witness)
 

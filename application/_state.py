@@ -37,21 +37,20 @@ from flowvault.application._verified import verified_events
 from flowvault.application.ports import SecureObjectStore
 from flowvault.domain import (
     GENESIS_HASH,
-    REASON_PATTERN,
-    SCOPE_PATTERN,
     EnvelopeHeader,
     FlowvaultError,
     IntegrityFailure,
     InvalidInput,
     JsonValue,
     LedgerEvent,
-    Readability,
     ResetFingerprint,
     RevisionConflict,
     Sensitivity,
     WorkflowState,
     sanitise_payload,
 )
+from flowvault.domain._fingerprint import Readability
+from flowvault.domain._state import REASON_PATTERN, SCOPE_PATTERN
 
 STATE_NAMESPACE = "flowvault.workflow-state"
 RESET_EVENT = "workflow_state.reset"

@@ -9,14 +9,8 @@ from typing import Final, Protocol
 
 from flowvault.application._records import LedgerTrim, UnitOfWork
 from flowvault.application.ports import SecureObjectStore
-from flowvault.domain import (
-    GENESIS_HASH,
-    MAX_SAFE_INTEGER,
-    InvalidInput,
-    LedgerEvent,
-    canonical_bytes,
-    quote_string,
-)
+from flowvault.domain import GENESIS_HASH, InvalidInput, LedgerEvent
+from flowvault.domain._canonical import MAX_SAFE_INTEGER, canonical_bytes, quote_string
 
 LEDGER_MAC_TAG: Final = "flowvault.ledger-mac/1"
 """Purpose tag of an event's ``chain_mac``."""

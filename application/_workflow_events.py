@@ -31,8 +31,6 @@ from flowvault.application._workflow_records import (
 )
 from flowvault.application.ports import Clock
 from flowvault.domain import (
-    DECISION_TYPES,
-    DIGEST_PATTERN,
     ApprovalAlreadyDecided,
     DecisionReceipt,
     IdempotencyConflict,
@@ -43,9 +41,11 @@ from flowvault.domain import (
     LedgerEvent,
     RevisionConflict,
     WorkflowRecord,
-    canonical_bytes,
     sanitise_payload,
 )
+from flowvault.domain._canonical import canonical_bytes
+from flowvault.domain._envelope import DIGEST_PATTERN
+from flowvault.domain._workflow import DECISION_TYPES
 
 EVENT_KEYS = "flowvault.workflow-event-keys"
 

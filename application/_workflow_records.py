@@ -21,8 +21,6 @@ from flowvault.application._write_cache import WriteCache
 from flowvault.application.ports import SecureObjectStore
 from flowvault.domain import (
     DEFAULT_LIFECYCLE,
-    DIGEST_PATTERN,
-    MAX_SAFE_INTEGER,
     IntegrityFailure,
     InvalidDefinition,
     InvalidInput,
@@ -34,6 +32,8 @@ from flowvault.domain import (
     WorkflowRecord,
     sanitise_payload,
 )
+from flowvault.domain._canonical import MAX_SAFE_INTEGER
+from flowvault.domain._envelope import DIGEST_PATTERN
 
 WORKFLOWS = "flowvault.workflows"
 

@@ -38,7 +38,6 @@ from flowvault.application._workflow_records import (
 )
 from flowvault.application.ports import Clock, IdFactory
 from flowvault.domain import (
-    DECISION_TYPES,
     GENESIS_HASH,
     IdempotencyConflict,
     InvalidInput,
@@ -48,6 +47,7 @@ from flowvault.domain import (
     WorkflowRecord,
     WorkOrder,
 )
+from flowvault.domain._workflow import DECISION_TYPES
 
 IDEMPOTENCY = "flowvault.workflow-idempotency"
 

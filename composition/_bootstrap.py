@@ -24,6 +24,7 @@ from flowvault.application import (
     SecureObjectStore,
     StateRepository,
     StoreCapabilities,
+    StreamWriter,
     WorkflowEventService,
     WorkflowService,
 )
@@ -85,6 +86,10 @@ class Runtime:
     def state(self, scope: str) -> StateRepository[WorkflowState]:
         """Return the workflow state repository of ``scope``."""
         return StateRepository(self.repository, scope)
+
+    def stream(self, name: str) -> StreamWriter:
+        """Return a writer that appends keyed events to the ledger stream ``name``."""
+        return StreamWriter(self.store, self.repository, self.clock, name)
 
     def close(self) -> None:
         """Release the store's connections and files."""

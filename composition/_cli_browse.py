@@ -38,7 +38,8 @@ from flowvault.application import (
 from flowvault.composition._bootstrap import Runtime, open_existing
 from flowvault.composition._cli_base import Verbs, add_verb, file_path
 from flowvault.composition._settings import Settings
-from flowvault.domain import RUN_LIFECYCLE, ApprovalStatus, InvalidInput
+from flowvault.domain import ApprovalStatus, InvalidInput
+from flowvault.domain._graph_runs import RUN_LIFECYCLE
 
 S = TypeVar("S")
 

@@ -45,10 +45,10 @@ from flowvault.domain import (
     RevisionConflict,
     WorkflowState,
     WorkOrder,
-    canonical_json,
     content_hash,
     verify_chain,
 )
+from flowvault.domain._canonical import canonical_json
 
 SOURCE = "flowvault demo"
 DEMO_SCOPE = "demo"

@@ -15,7 +15,8 @@ from pydantic import (
     model_validator,
 )
 
-from flowvault.domain import InvalidInput, ValueModel
+from flowvault.domain import InvalidInput
+from flowvault.domain._values import ValueModel
 
 ENV_PREFIX = "FLOWVAULT_"
 DATABASE_FILE = "flowvault.db"

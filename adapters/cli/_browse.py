@@ -36,8 +36,8 @@ from flowvault.domain import (
     NotFound,
     TerminalReceipt,
     WorkflowRecord,
-    format_instant,
 )
+from flowvault.domain._envelope import format_instant
 
 Fields = dict[str, JsonValue]
 T = TypeVar("T")

@@ -18,7 +18,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from flowvault.domain import FlowvaultError, canonical_json
+from flowvault.domain import FlowvaultError
+from flowvault.domain._canonical import canonical_json
 
 T = TypeVar("T")
 

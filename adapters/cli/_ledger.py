@@ -32,18 +32,17 @@ from flowvault.application import (
     purge,
 )
 from flowvault.domain import (
-    MAX_RECEIPT_BYTES,
-    HeadReceipt,
     IntegrityFailure,
     InvalidInput,
     ResetFingerprint,
     StoreBusy,
     TerminalReceipt,
     WorkflowState,
-    format_instant,
     parse_receipt,
     parse_terminal_receipt,
 )
+from flowvault.domain._envelope import format_instant
+from flowvault.domain._receipt import MAX_RECEIPT_BYTES, HeadReceipt
 
 _KINDS = (
     "action_results",

@@ -17,7 +17,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from flowvault.adapters.crypto._key_file import FileKeyStore
-from flowvault.domain import ED25519_ALGORITHM, InvalidInput, KeyRequired, key_hint
+from flowvault.domain import InvalidInput, KeyRequired
+from flowvault.domain._receipt import ED25519_ALGORITHM, key_hint
 
 SIGNER_NAME: Final = "flowvault-ed25519"
 """The signer name on Ed25519 signature lines."""

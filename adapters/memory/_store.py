@@ -26,7 +26,8 @@ from flowvault.application import (
     check_upsert,
     effective_limit,
 )
-from flowvault.domain import InvalidInput, LedgerEvent, StoreUnavailable, format_instant
+from flowvault.domain import InvalidInput, LedgerEvent, StoreUnavailable
+from flowvault.domain._envelope import format_instant
 
 _Key = tuple[str, str]
 _Keys = list[_Key]

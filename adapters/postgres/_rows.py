@@ -19,9 +19,7 @@ from flowvault.adapters._rows import (
 from flowvault.adapters._rows import metadata_from_row as shared_metadata
 from flowvault.adapters._rows import record_from_row as shared_record
 from flowvault.application import Guard, LabelValue, RecordMetadata, StoredRecord, Upsert
-from flowvault.domain import (
-    format_instant,
-)
+from flowvault.domain._envelope import format_instant
 
 
 def record_params(upsert: Upsert) -> dict[str, object]:

@@ -8,14 +8,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
 from flowvault.application import ExpectedRevision, Guard, LabelValue, Upsert
-from flowvault.domain import (
-    GENESIS_HASH,
-    EnvelopeHeader,
-    JsonValue,
-    LedgerEvent,
-    Sensitivity,
-    natural_key_digest,
-)
+from flowvault.domain import GENESIS_HASH, EnvelopeHeader, JsonValue, LedgerEvent, Sensitivity
+from flowvault.domain._envelope import natural_key_digest
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -18,7 +18,8 @@ import pytest
 from flowvault.application import RecordLock, SecureObjectStore, UnitOfWork
 from flowvault.application.testing._fakes import make_event, make_upsert
 from flowvault.application.testing._store_contract import StoreHarness
-from flowvault.domain import InvalidInput, natural_key_digest
+from flowvault.domain import InvalidInput
+from flowvault.domain._envelope import natural_key_digest
 
 NS = "contract"
 SETTLE = 0.3

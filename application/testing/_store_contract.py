@@ -45,9 +45,9 @@ from flowvault.domain import (
     PayloadTooLarge,
     RevisionConflict,
     StoreUnavailable,
-    natural_key_digest,
     verify_chain,
 )
+from flowvault.domain._envelope import natural_key_digest
 
 NS = "contract"
 

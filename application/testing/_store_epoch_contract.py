@@ -20,7 +20,8 @@ from flowvault.application import (
 )
 from flowvault.application.testing._fakes import make_event, make_upsert
 from flowvault.application.testing._store_contract import StoreHarness
-from flowvault.domain import RevisionConflict, natural_key_digest
+from flowvault.domain import RevisionConflict
+from flowvault.domain._envelope import natural_key_digest
 
 NS = "contract"
 

@@ -22,13 +22,9 @@ from cli_helpers import run_cli as _run
 
 from flowvault.application import stream_of
 from flowvault.composition import Settings, bootstrap
-from flowvault.domain import (
-    LedgerEvent,
-    StoreRolledBack,
-    WorkOrder,
-    canonical_json,
-    format_instant,
-)
+from flowvault.domain import LedgerEvent, StoreRolledBack, WorkOrder
+from flowvault.domain._canonical import canonical_json
+from flowvault.domain._envelope import format_instant
 
 MARKER = "receipt-marker-8c1f"
 

@@ -32,9 +32,9 @@ from flowvault.domain import (
     SchemaTooNew,
     Sensitivity,
     StoreUnavailable,
-    natural_key_digest,
     verify_chain,
 )
+from flowvault.domain._envelope import natural_key_digest
 
 pytestmark = pytest.mark.postgres
 

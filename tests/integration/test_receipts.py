@@ -31,13 +31,13 @@ from flowvault.application import (
 from flowvault.application.testing import EPOCH, FrozenClock
 from flowvault.domain import (
     GENESIS_HASH,
-    HeadReceipt,
     IntegrityFailure,
     InvalidInput,
     LedgerEvent,
     NotFound,
     parse_receipt,
 )
+from flowvault.domain._receipt import HeadReceipt
 
 STREAM = "workflow/receipts"
 

@@ -22,12 +22,8 @@ from flowvault.adapters.sqlite import _store as sqlite_store
 from flowvault.adapters.sqlite._group import MAX_GROUP
 from flowvault.application import UnitOfWork
 from flowvault.application.testing import make_event, make_upsert
-from flowvault.domain import (
-    FlowvaultError,
-    RevisionConflict,
-    StoreUnavailable,
-    natural_key_digest,
-)
+from flowvault.domain import FlowvaultError, RevisionConflict, StoreUnavailable
+from flowvault.domain._envelope import natural_key_digest
 
 NS = "orders"
 WAIT = 20.0

@@ -29,9 +29,9 @@ from flowvault.domain import (
     SchemaTooNew,
     Sensitivity,
     StoreUnavailable,
-    natural_key_digest,
     verify_chain,
 )
+from flowvault.domain._envelope import natural_key_digest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sqlite"
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

@@ -31,9 +31,9 @@ from flowvault.domain import (
     InvalidInput,
     StoreBusy,
     StoreUnavailable,
-    natural_key_digest,
     verify_chain,
 )
+from flowvault.domain._envelope import natural_key_digest
 
 NS = "orders"
 

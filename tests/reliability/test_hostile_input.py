@@ -79,6 +79,7 @@ from flowvault.application import (
     StoredRecord,
     StoreStats,
     StreamCatalog,
+    StreamWriter,
     UnitOfWork,
     Upsert,
     WorkflowEventService,
@@ -102,18 +103,13 @@ from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
     DEFAULT_LIFECYCLE,
     GENESIS_HASH,
-    MAX_SAFE_INTEGER,
-    RUN_LIFECYCLE,
     Approval,
     ApprovalExpired,
     ApprovalStatus,
     Checkpoint,
     FlowvaultError,
-    HeadNote,
-    HeadReceipt,
     InvalidInput,
     LedgerEvent,
-    ReceiptSignature,
     RevisionConflict,
     Sensitivity,
     StateMachine,
@@ -121,19 +117,23 @@ from flowvault.domain import (
     WorkflowResult,
     WorkflowState,
     WorkOrder,
-    canonical_bytes,
-    canonical_json,
     checkpoint_id_for,
     content_hash,
-    format_instant,
-    natural_key_digest,
-    parse_json,
     parse_receipt,
     parse_terminal_receipt,
     sanitise_payload,
-    validate_json,
     verify_chain,
 )
+from flowvault.domain._canonical import (
+    MAX_SAFE_INTEGER,
+    canonical_bytes,
+    canonical_json,
+    parse_json,
+    validate_json,
+)
+from flowvault.domain._envelope import format_instant, natural_key_digest
+from flowvault.domain._graph_runs import RUN_LIFECYCLE
+from flowvault.domain._receipt import HeadNote, HeadReceipt, ReceiptSignature
 
 FAMILY = "Hostile input, service entry points"
 MEMORY_EXAMPLES = reliability.size(1000, 100_000)
@@ -1761,9 +1761,43 @@ def _helper_rows() -> list[EntryPoint]:
     ]
 
 
+def _stream(world: World, a: Arguments) -> StreamWriter:
+    return world.runtime.stream(a["stream"])
+
+
+def _append(world: World, a: Arguments) -> object:
+    repository = world.runtime.repository
+    upserts = [
+        repository.prepare(namespace, key, document, expected=expected)
+        for namespace, key, document, expected in a["upserts"]
+    ]
+    return _stream(world, a).append(a["event_type"], a["payload"], upserts=upserts)
+
+
+def _stream_rows() -> list[EntryPoint]:
+    return [
+        EntryPoint("Runtime.stream", lambda k: args(stream=text("orders")), _stream),
+        EntryPoint(
+            "StreamWriter.append",
+            lambda k: args(
+                stream=text("orders"),
+                event_type=text("order.updated"),
+                payload=JSON,
+                upserts=st.lists(
+                    st.tuples(text(*k.namespaces), text("o-1"), JSON, expected_revisions()),
+                    max_size=2,
+                ),
+            ),
+            _append,
+            sqlite=True,
+        ),
+    ]
+
+
 ENTRY_POINTS: tuple[EntryPoint, ...] = (
     *_workflow_rows(),
     *_state_rows(),
+    *_stream_rows(),
     *_run_result_rows(),
     *_graph_rows(),
     *_approval_rows(),
@@ -1787,6 +1821,7 @@ WITHOUT_INPUT = {
     "SealedRepository.store": "a property",
     "KeyRotation.pending": "takes no input",
     "StateRepository.scope": "a property",
+    "StreamWriter.stream": "a property",
 }
 """Public members with no caller input to be hostile with, so no row."""
 
@@ -2254,6 +2289,7 @@ def test_table_covers_every_public_method() -> None:
         ("WorkflowEventService", WorkflowEventService),
         ("ActionResultService", ActionResultService),
         ("StateRepository", StateRepository),
+        ("StreamWriter", StreamWriter),
         ("RunRepository", RunRepository),
         ("RunService", RunService),
         ("CheckpointService", CheckpointService),

@@ -53,11 +53,10 @@ from flowvault.domain import (
     StoreUnavailable,
     WorkflowState,
     WorkOrder,
-    canonical_json,
     content_hash,
-    digest_bytes,
     verify_chain,
 )
+from flowvault.domain._canonical import canonical_json, digest_bytes
 
 KEY = bytes(range(32))
 TEMPLATE_TIME = EPOCH + timedelta(days=1)

@@ -41,16 +41,15 @@ from flowvault.application import _records as records_module
 from flowvault.application.testing import FrozenClock, make_event, make_upsert
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
-    MAX_WITNESS_LOCATORS,
     FlowvaultError,
     PayloadTooLarge,
     Witness,
     WorkflowState,
     WorkOrder,
-    canonical_bytes,
     content_hash,
-    parse_json,
 )
+from flowvault.domain._approvals import MAX_WITNESS_LOCATORS
+from flowvault.domain._canonical import canonical_bytes, parse_json
 
 LIMITS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "limits.md"
 ROW_ID = re.compile(r"^\| `([a-z0-9-]+)` \|", re.MULTILINE)

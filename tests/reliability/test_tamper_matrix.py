@@ -80,11 +80,11 @@ from flowvault.domain import (
     WorkflowResult,
     WorkflowState,
     WorkOrder,
-    canonical_json,
     checkpoint_id_for,
     content_hash,
-    format_instant,
 )
+from flowvault.domain._canonical import canonical_json
+from flowvault.domain._envelope import format_instant
 
 KEY: Final = bytes(range(7, 39))
 MarkSync = Literal["lagged", "strict"]

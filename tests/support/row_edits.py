@@ -16,7 +16,8 @@ from flowvault.application import (
     Upsert,
     read_stream,
 )
-from flowvault.domain import IntegrityFailure, LedgerEvent, canonical_json
+from flowvault.domain import IntegrityFailure, LedgerEvent
+from flowvault.domain._canonical import canonical_json
 
 
 class PassThroughStore:

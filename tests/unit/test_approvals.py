@@ -40,7 +40,6 @@ from flowvault.application import (
 )
 from flowvault.application.testing import FrozenClock, SequentialIds, make_event
 from flowvault.domain import (
-    MAX_WITNESS_LOCATORS,
     Approval,
     ApprovalAlreadyDecided,
     ApprovalDecisionNotAllowed,
@@ -63,11 +62,11 @@ from flowvault.domain import (
     RevisionConflict,
     StoreBusy,
     Witness,
-    canonical_json,
     content_hash,
-    digest_bytes,
     verify_chain,
 )
+from flowvault.domain._approvals import MAX_WITNESS_LOCATORS
+from flowvault.domain._canonical import canonical_json, digest_bytes
 
 MASTER_KEY = bytes(range(32))
 RUN = "run-0001"

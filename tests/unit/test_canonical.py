@@ -9,13 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flowvault.domain import (
+from flowvault.domain import InvalidInput, content_hash
+from flowvault.domain._canonical import (
     MAX_DEPTH,
     MAX_SAFE_INTEGER,
-    InvalidInput,
     canonical_bytes,
     canonical_json,
-    content_hash,
     parse_canonical,
     parse_json,
 )

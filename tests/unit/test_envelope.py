@@ -9,18 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flowvault.application.testing import EPOCH, make_header
-from flowvault.domain import (
-    EnvelopeHeader,
-    Fingerprint,
-    InvalidInput,
-    Readability,
-    Receipt,
-    Sensitivity,
-    canonical_bytes,
-    format_instant,
-    natural_key_digest,
-)
-from flowvault.domain._envelope import aad_fields
+from flowvault.domain import EnvelopeHeader, Fingerprint, InvalidInput, Receipt, Sensitivity
+from flowvault.domain._canonical import canonical_bytes
+from flowvault.domain._envelope import aad_fields, format_instant, natural_key_digest
+from flowvault.domain._fingerprint import Readability
 
 CHANGES: dict[str, object] = {
     "namespace": "other",

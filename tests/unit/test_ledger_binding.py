@@ -40,13 +40,12 @@ from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.domain import (
     IntegrityFailure,
     LedgerEvent,
-    Readability,
     RevisionConflict,
     WorkOrder,
-    canonical_bytes,
-    canonical_json,
     content_hash,
 )
+from flowvault.domain._canonical import canonical_bytes, canonical_json
+from flowvault.domain._fingerprint import Readability
 
 KEY = bytes(range(1, 33))
 SECRET = "binding-secret-4f1c-never-in-errors"

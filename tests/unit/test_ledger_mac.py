@@ -25,15 +25,14 @@ from flowvault.application import (
 from flowvault.application.testing import FrozenClock, make_event
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
-    MAX_SAFE_INTEGER,
     ChainDefect,
     InvalidInput,
     LedgerEvent,
     WorkflowState,
     WorkOrder,
-    canonical_bytes,
     content_hash,
 )
+from flowvault.domain._canonical import MAX_SAFE_INTEGER, canonical_bytes
 
 KEY = bytes(range(32))
 

@@ -8,15 +8,14 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from flowvault.domain import (
+from flowvault.domain import InvalidInput, parse_receipt
+from flowvault.domain._receipt import (
     ED25519_ALGORITHM,
     MAX_RECEIPT_BYTES,
     HeadNote,
     HeadReceipt,
-    InvalidInput,
     ReceiptSignature,
     key_hint,
-    parse_receipt,
 )
 
 HEAD = "sha256:" + hashlib.sha256(b"head").hexdigest()

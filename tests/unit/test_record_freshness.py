@@ -59,8 +59,8 @@ from flowvault.domain import (
     LedgerEvent,
     NotFound,
     WorkOrder,
-    canonical_json,
 )
+from flowvault.domain._canonical import canonical_json
 
 KEY = bytes(range(3, 35))
 SECRET = "freshness-secret-9b2e-never-in-errors"

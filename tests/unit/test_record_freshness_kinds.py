@@ -51,14 +51,8 @@ from flowvault.application import (
     stream_of,
 )
 from flowvault.application.testing import FrozenClock, SequentialIds
-from flowvault.domain import (
-    IntegrityFailure,
-    NotFound,
-    WorkflowResult,
-    WorkOrder,
-    canonical_json,
-    content_hash,
-)
+from flowvault.domain import IntegrityFailure, NotFound, WorkflowResult, WorkOrder, content_hash
+from flowvault.domain._canonical import canonical_json
 
 KEY = bytes(range(5, 37))
 SECRET = "kinds-secret-41c7-never-in-errors"

@@ -16,7 +16,8 @@ from flowvault.application import (
     effective_limit,
 )
 from flowvault.application.testing import make_event, make_header, make_upsert
-from flowvault.domain import InvalidInput, natural_key_digest
+from flowvault.domain import InvalidInput
+from flowvault.domain._envelope import natural_key_digest
 
 
 def test_create_must_write_revision_one() -> None:

@@ -32,7 +32,6 @@ from flowvault.application import (
 )
 from flowvault.application.testing import EPOCH, FrozenClock, SequentialIds
 from flowvault.domain import (
-    RUN_LIFECYCLE,
     DefinitionReferenced,
     IdempotencyConflict,
     IntegrityFailure,
@@ -44,10 +43,11 @@ from flowvault.domain import (
     NotFound,
     RevisionConflict,
     TerminalReceipt,
-    canonical_json,
     content_hash,
     verify_chain,
 )
+from flowvault.domain._canonical import canonical_json
+from flowvault.domain._graph_runs import RUN_LIFECYCLE
 
 KEY = bytes(range(32))
 SPEC_MARKER = "spec-marker-4be1-do-not-leak"

@@ -37,14 +37,14 @@ from flowvault.domain import (
     IntegrityFailure,
     InvalidInput,
     NotFound,
-    Readability,
     RevisionConflict,
     SchemaTooNew,
     Sensitivity,
     WorkflowResult,
     WorkflowState,
-    canonical_json,
 )
+from flowvault.domain._canonical import canonical_json
+from flowvault.domain._fingerprint import Readability
 
 MARKER = "state-marker-7d1e-do-not-leak"
 KEY = bytes(range(32))

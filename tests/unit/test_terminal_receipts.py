@@ -31,18 +31,17 @@ from flowvault.application import (
 )
 from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.domain import (
-    RUN_LIFECYCLE,
-    HeadReceipt,
     IntegrityFailure,
     IntegrityKeyRequired,
     InvalidInput,
     LedgerEvent,
-    ReceiptSignature,
     TerminalReceipt,
-    canonical_bytes,
     content_hash,
     parse_terminal_receipt,
 )
+from flowvault.domain._canonical import canonical_bytes
+from flowvault.domain._graph_runs import RUN_LIFECYCLE
+from flowvault.domain._receipt import HeadReceipt, ReceiptSignature
 
 KEY = bytes(range(32))
 INPUT_MARKER = "input-marker-5d21-do-not-leak"

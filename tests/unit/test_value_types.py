@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+import pkgutil
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,7 +13,8 @@ from pydantic import BaseModel
 
 from flowvault import application, composition, domain
 from flowvault.composition import Settings
-from flowvault.domain import FlowvaultError, InvalidInput, ValueModel, WorkflowResult
+from flowvault.domain import FlowvaultError, InvalidInput, WorkflowResult
+from flowvault.domain._values import ValueModel
 
 SECRET = "s3cret-value-that-must-not-leak"
 
@@ -26,11 +29,19 @@ class _Secret:
 
 
 def _exported_models() -> list[type[BaseModel]]:
+    """Every model the domain, application and composition modules define, public or not."""
+    modules = [
+        importlib.import_module(info.name)
+        for package in (domain, application, composition)
+        for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}.")
+    ]
     found = {
         value
-        for module in (domain, application, composition)
-        for value in (getattr(module, name) for name in module.__all__)
-        if isinstance(value, type) and issubclass(value, BaseModel)
+        for module in (domain, application, composition, *modules)
+        for value in vars(module).values()
+        if isinstance(value, type)
+        and issubclass(value, BaseModel)
+        and value.__module__.startswith("flowvault.")
     }
     return sorted(found, key=lambda model: model.__name__)
 

@@ -27,7 +27,6 @@ from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.application import SealedRepository, WorkflowEventService, stream_of
 from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.domain import (
-    DECISION_TYPES,
     DEFAULT_LIFECYCLE,
     ApprovalAlreadyDecided,
     FlowvaultError,
@@ -37,8 +36,9 @@ from flowvault.domain import (
     NotFound,
     RevisionConflict,
     WorkOrder,
-    canonical_bytes,
 )
+from flowvault.domain._canonical import canonical_bytes
+from flowvault.domain._workflow import DECISION_TYPES
 
 ALL_STATES = sorted(DEFAULT_LIFECYCLE.states)
 TARGETS = [*ALL_STATES, "no_such_state"]

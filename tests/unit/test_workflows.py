@@ -37,9 +37,9 @@ from flowvault.domain import (
     StateMachine,
     StoreUnavailable,
     WorkOrder,
-    canonical_json,
     content_hash,
 )
+from flowvault.domain._canonical import canonical_json
 
 SECRET = "iban-DE44-5001-0517-5407-3249-31"
 REQUESTER = "alice.requester@example.org"
