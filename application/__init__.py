@@ -4,6 +4,13 @@ Hosts import ports and unit-of-work values from here; adapters implement
 the ports; the contract kit lives in ``flowvault.application.testing``.
 """
 
+from flowvault.application._action_results import (
+    ACTION_RESULTS,
+    DEFAULT_RETENTION,
+    MAX_RETENTION,
+    MIN_RETENTION,
+    ActionResultService,
+)
 from flowvault.application._anti_rollback import COMPACT_SLACK, AntiRollback, MarkedStore
 from flowvault.application._approvals import ApprovalService, ExpiryReport, SignedDecision
 from flowvault.application._audit import (
@@ -188,18 +195,13 @@ from flowvault.application._terminal_receipts import TerminalReceipts
 from flowvault.application._tombstones import IDEMPOTENCY_STREAM, RETENTION_TOMBSTONE
 from flowvault.application._verified import StreamVerifier, verified_events, verified_page
 from flowvault.application._vouch import Unvouched, inspect_unvouched, vouch_unit
-from flowvault.application._workflows import (
-    ACTION_RESULTS,
+from flowvault.application._workflow_events import (
     DECISION_STATE,
-    DEFAULT_RETENTION,
     EVENT_KEYS,
-    IDEMPOTENCY,
-    MAX_RETENTION,
-    MIN_RETENTION,
-    WORKFLOWS,
-    WorkflowService,
-    stream_of,
+    WorkflowEventService,
 )
+from flowvault.application._workflow_records import WORKFLOWS, WorkflowRecords, stream_of
+from flowvault.application._workflows import IDEMPOTENCY, WorkflowService
 from flowvault.application.ports import (
     MAX_HEAD_BATCH,
     Cipher,
@@ -282,6 +284,7 @@ __all__ = [
     "WITNESSES",
     "WITNESS_KIND",
     "WORKFLOWS",
+    "ActionResultService",
     "AntiRollback",
     "ApprovalService",
     "AuditReport",
@@ -373,6 +376,8 @@ __all__ = [
     "Unvouched",
     "Upsert",
     "Vacuumer",
+    "WorkflowEventService",
+    "WorkflowRecords",
     "WorkflowService",
     "authenticate",
     "authenticate_terminal",

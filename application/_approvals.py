@@ -14,7 +14,10 @@ import hmac
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Literal
 
+from flowvault.application._backoff import LOST, Lost, settle
+from flowvault.application._checkpoint_records import keyed_digester
 from flowvault.application._checkpoints import CheckpointService
 from flowvault.application._decider_keys import DeciderKeys
 from flowvault.application._freshness import (
@@ -24,12 +27,11 @@ from flowvault.application._freshness import (
     record_payload,
 )
 from flowvault.application._instants import aware, micros
-from flowvault.application._keyed_digester import KeyedDigester, require_integrity
+from flowvault.application._keyed_digester import KeyedDigester
 from flowvault.application._natural_keys import joined
 from flowvault.application._paging import Page, PageScope, read_page
 from flowvault.application._record_kind import (
     PURGE_BATCH,
-    RETRIES,
     Doomed,
     list_all,
     open_listed,
@@ -83,7 +85,7 @@ from flowvault.domain import (
     RevisionConflict,
     decision_statement,
 )
-from flowvault.domain._approvals import MAX_DECIDERS, RejectionRule, Vote
+from flowvault.domain._approvals import RejectionRule, Vote
 from flowvault.domain._canonical import canonical_bytes, canonical_json
 from flowvault.domain._envelope import format_instant
 
@@ -134,6 +136,17 @@ AWAITING_APPROVAL = "awaiting_approval"
 
 
 @dataclass(frozen=True, slots=True)
+class _Vote:
+    """One decider's decision as ``decide`` received and checked it."""
+
+    decision: str
+    actor: str
+    voter: str
+    """The decider's keyed digest."""
+    signature: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class ExpiryReport:
     """What one expiry pass did."""
 
@@ -174,7 +187,7 @@ class ApprovalService:
         ids: IdFactory,
         *,
         checkpoints: CheckpointService,
-        integrity: KeyedDigester | None,
+        integrity: KeyedDigester,
         signatures: DecisionSignatures | None = None,
     ) -> None:
         if checkpoints.repository.store is not repository.store:
@@ -184,7 +197,8 @@ class ApprovalService:
         self._clock = clock
         self._ids = ids
         self._checkpoints = checkpoints
-        self._integrity = integrity
+        self._key = keyed_digester(integrity, "approvals")
+        self._checkpoint_records = checkpoints.records
         self._keys = DeciderKeys(repository, signatures)
         self._fresh = StreamPolicy[SealedDocument](
             "approval", repository, leaves_record=leaves_unnamed
@@ -232,11 +246,11 @@ class ApprovalService:
             InvalidInput: malformed fields, or ``expires_at`` not in the future.
 
         """
-        key = require_integrity(self._integrity)
+        key = self._key
         if isinstance(allowed_decisions, str) or not isinstance(allowed_decisions, Sequence):
             raise InvalidInput("allowed_decisions must be a sequence of decision names")
-        checkpoint, _ = self._checkpoints._require(checkpoint_id)
-        self._checkpoints._require_live_run(checkpoint.run_id)
+        checkpoint, _ = self._checkpoint_records.require(checkpoint_id)
+        self._checkpoint_records.require_live_run(checkpoint.run_id)
         if checkpoint.status is not CheckpointStatus.PENDING:
             raise CheckpointConsumed("checkpoint was already consumed", checkpoint_id=checkpoint_id)
         self._check_expectations(
@@ -270,47 +284,52 @@ class ApprovalService:
             "rejection": RejectionRule(rejection),
         }
         draft = signed(Approval, key, APPROVAL_TAG, {**fields, "approval_id": "draft"})
-        for _ in range(RETRIES):
-            existing = self._slot(key, checkpoint_id, draft.audience)
-            if existing is not None:
-                if existing.status is ApprovalStatus.PENDING and (
-                    existing.request() == draft.request()
-                ):
-                    return existing
-                raise ApprovalRequestConflict(
-                    "another approval is already requested for this checkpoint and audience",
-                    checkpoint_id=checkpoint_id,
-                )
-            made = signed(
-                Approval, key, APPROVAL_TAG, {**fields, "approval_id": self._ids.new_id()}
-            )
-            slot_key = joined(checkpoint_id, made.audience)
-            event = record_event(
-                self._repo,
-                checkpoint_stream(self._repo, checkpoint_id),
-                "approval.requested",
-                record_payload(
-                    self._repo.key_digest(APPROVALS, made.approval_id),
-                    self._repo.key_digest(APPROVAL_SLOTS, slot_key),
-                ),
-                made.requested_at,
-            )
-            slot = self._repo.prepare(
-                APPROVAL_SLOTS,
-                slot_key,
-                {"approval_id": made.approval_id},
-                expected=Guard.ABSENT,
-                ledger_index=event.index,
-            )
-            upserts = [self._upsert(made, Guard.ABSENT, event.index), slot]
-            try:
-                self._store.commit(UnitOfWork(upserts=upserts, appends=[event]))
-            except RevisionConflict:
-                continue
-            return made
-        raise RevisionConflict(
-            "approval requests kept changing; retry", checkpoint_id=checkpoint_id
+        return settle(
+            lambda: self._request_once(key, draft, fields),
+            "approval requests",
+            checkpoint_id=checkpoint_id,
         )
+
+    def _request_once(
+        self, key: KeyedDigester, draft: Approval, fields: Mapping[str, object]
+    ) -> Approval | Literal[Lost.RACE]:
+        """Commit a new request unless its slot holds one; ``LOST`` when a racer moved first."""
+        checkpoint_id = draft.checkpoint_id
+        existing = self._slot(key, checkpoint_id, draft.audience)
+        if existing is not None:
+            if existing.status is ApprovalStatus.PENDING and (
+                existing.request() == draft.request()
+            ):
+                return existing
+            raise ApprovalRequestConflict(
+                "another approval is already requested for this checkpoint and audience",
+                checkpoint_id=checkpoint_id,
+            )
+        made = signed(Approval, key, APPROVAL_TAG, {**fields, "approval_id": self._ids.new_id()})
+        slot_key = joined(checkpoint_id, made.audience)
+        event = record_event(
+            self._repo,
+            checkpoint_stream(self._repo, checkpoint_id),
+            "approval.requested",
+            record_payload(
+                self._repo.key_digest(APPROVALS, made.approval_id),
+                self._repo.key_digest(APPROVAL_SLOTS, slot_key),
+            ),
+            made.requested_at,
+        )
+        slot = self._repo.prepare(
+            APPROVAL_SLOTS,
+            slot_key,
+            {"approval_id": made.approval_id},
+            expected=Guard.ABSENT,
+            ledger_index=event.index,
+        )
+        upserts = [self._upsert(made, Guard.ABSENT, event.index), slot]
+        try:
+            self._store.commit(UnitOfWork(upserts=upserts, appends=[event]))
+        except RevisionConflict:
+            return LOST
+        return made
 
     @staticmethod
     def _check_expectations(
@@ -356,7 +375,7 @@ class ApprovalService:
 
     def get_approval(self, approval_id: str) -> Approval:
         """Return the verified approval; ``NotFound`` if there is none."""
-        return self._require(require_integrity(self._integrity), approval_id)[0]
+        return self._require(self._key, approval_id)[0]
 
     def decide(
         self,
@@ -397,13 +416,15 @@ class ApprovalService:
                 (a resume, or an approval for another audience).
 
         """
-        key = require_integrity(self._integrity)
+        key = self._key
         _check_actor(actor)
         voter = key.keyed_digest(DECIDER_TAG, actor)
         moment = self._clock.now() if now is None else aware(now, "now")
-        signed: str | None = None
-        checked_signature = False
-        for _ in range(RETRIES + MAX_DECIDERS):
+        checked = False  # a decider's signature is checked on the first attempt only
+        signed_as: str | None = None
+
+        def attempt() -> tuple[Approval, Checkpoint] | Literal[Lost.RACE]:
+            nonlocal checked, signed_as
             approval, revision = self._require(key, approval_id)
             replayed = self._replayed(approval, decision, actor, voter, moment)
             if replayed is not None:
@@ -413,51 +434,59 @@ class ApprovalService:
                     f"approval is already {approval.status.value}", approval_id=approval_id
                 )
             self._check_decider(approval, decision, voter)
-            if not checked_signature:
-                signed = self._keys.checked_signature(
-                    actor, decision_statement(approval, decision), signature
+            if not checked:
+                statement = decision_statement(approval, decision)
+                signed_as = self._keys.checked_signature(actor, statement, signature)
+                checked = True
+            vote = _Vote(decision=decision, actor=actor, voter=voter, signature=signed_as)
+            return self._decide_once(approval, revision, vote, moment)
+
+        return settle(attempt, "approval", approval_id=approval_id)
+
+    def _decide_once(
+        self, approval: Approval, revision: int, vote: _Vote, moment: datetime
+    ) -> tuple[Approval, Checkpoint] | Literal[Lost.RACE]:
+        """Commit one decision on a pending approval; ``LOST`` when a racer moved first."""
+        key = self._key
+        position = next_position(self._store, run_stream(approval.run_id))
+        self._checkpoint_records.require_live_run(approval.run_id)
+        target = self._pending_checkpoint(approval)
+        if moment >= approval.expires_at:
+            if self._expire(key, approval, revision, target, moment, position=position):
+                self._fail_if_stranded(approval.run_id)
+                raise ApprovalExpired(
+                    "approval expired before it was decided", approval_id=approval.approval_id
                 )
-                checked_signature = True
-            position = next_position(self._store, run_stream(approval.run_id))
-            self._checkpoints._require_live_run(approval.run_id)
-            target = self._pending_checkpoint(approval)
-            if moment >= approval.expires_at:
-                if self._expire(key, approval, revision, target, moment, position=position):
-                    self._fail_if_stranded(approval.run_id)
-                    raise ApprovalExpired(
-                        "approval expired before it was decided", approval_id=approval_id
-                    )
-                continue
-            if target is None:
-                refused = self._consumed_elsewhere(key, approval)
-                if refused is None:
-                    continue
-                raise refused
-            outcome = self._with_decision(
-                key,
-                approval,
-                decision=decision,
-                actor=actor,
-                voter=voter,
-                signature=signed,
-                moment=moment,
-            )
-            settled = outcome.status is ApprovalStatus.DECIDED
-            bound = self._bound_event(outcome, moment, consumes=settled)
-            upserts = [self._upsert(outcome, revision, bound.index)]
-            checkpoint = target[0]
-            if settled:
-                checkpoint = self._checkpoints._consumed(target[0], moment)
-                upserts.append(self._checkpoints._upsert(checkpoint, target[1], bound.index))
-            unit = UnitOfWork(
-                upserts=upserts, appends=[bound, self._outcome_event(outcome, moment, position)]
-            )
-            try:
-                self._store.commit(unit)
-            except RevisionConflict:
-                continue
-            return outcome, checkpoint
-        raise RevisionConflict("approval kept changing; retry", approval_id=approval_id)
+            return LOST
+        if target is None:
+            refused = self._consumed_elsewhere(key, approval)
+            if refused is None:
+                return LOST
+            raise refused
+        outcome = self._with_decision(
+            key,
+            approval,
+            decision=vote.decision,
+            actor=vote.actor,
+            voter=vote.voter,
+            signature=vote.signature,
+            moment=moment,
+        )
+        settled = outcome.status is ApprovalStatus.DECIDED
+        bound = self._bound_event(outcome, moment, consumes=settled)
+        upserts = [self._upsert(outcome, revision, bound.index)]
+        checkpoint = target[0]
+        if settled:
+            checkpoint = self._checkpoint_records.consumed(target[0], moment)
+            upserts.append(self._checkpoint_records.upsert(checkpoint, target[1], bound.index))
+        unit = UnitOfWork(
+            upserts=upserts, appends=[bound, self._outcome_event(outcome, moment, position)]
+        )
+        try:
+            self._store.commit(unit)
+        except RevisionConflict:
+            return LOST
+        return outcome, checkpoint
 
     @staticmethod
     def _check_decider(approval: Approval, decision: str, voter: str) -> None:
@@ -535,7 +564,7 @@ class ApprovalService:
             cast = approval.status is ApprovalStatus.DECIDED and (
                 (approval.actor, approval.decision) == (actor, decision)
             )
-        found = self._checkpoints._find(approval.checkpoint_id) if cast else None
+        found = self._checkpoint_records.find(approval.checkpoint_id) if cast else None
         if found is None or found[0].run_id != approval.run_id:
             return None
         checkpoint = found[0]
@@ -572,7 +601,7 @@ class ApprovalService:
 
     def _pending_checkpoint(self, approval: Approval) -> tuple[Checkpoint, int] | None:
         """Return the approval's checkpoint while it is pending; ``None`` once used or purged."""
-        found = self._checkpoints._find(approval.checkpoint_id)
+        found = self._checkpoint_records.find(approval.checkpoint_id)
         if found is None or found[0].status is not CheckpointStatus.PENDING:
             return None
         if not hmac.compare_digest(found[0].integrity_digest, approval.checkpoint_digest):
@@ -616,8 +645,8 @@ class ApprovalService:
         bound = self._bound_event(expired, moment, consumes=target is not None)
         upserts = [self._upsert(expired, revision, bound.index)]
         if target is not None:
-            consumed = self._checkpoints._consumed(target[0], moment)
-            upserts.append(self._checkpoints._upsert(consumed, target[1], bound.index))
+            consumed = self._checkpoint_records.consumed(target[0], moment)
+            upserts.append(self._checkpoint_records.upsert(consumed, target[1], bound.index))
         appends = [bound, self._outcome_event(expired, moment, position)]
         try:
             self._store.commit(UnitOfWork(upserts=upserts, appends=appends))
@@ -637,7 +666,7 @@ class ApprovalService:
         expired). Safe to repeat: a pass after a crash finishes what the last
         one began.
         """
-        key = require_integrity(self._integrity)
+        key = self._key
         moment = self._clock.now() if now is None else aware(now, "now")
         expired = 0
         pending = [LabelFilter("status", ApprovalStatus.PENDING.value)]
@@ -645,7 +674,7 @@ class ApprovalService:
             if approval.status_at(moment) is ApprovalStatus.EXPIRED:
                 expired += self._expire_overdue(key, approval.approval_id, moment)
         failed = 0
-        runs = self._checkpoints._runs
+        runs = self._checkpoint_records.runs
         if runs is not None:
             cursor: str | None = None
             waiting: list[str] = []
@@ -660,7 +689,8 @@ class ApprovalService:
 
     def _expire_overdue(self, key: KeyedDigester, approval_id: str, moment: datetime) -> bool:
         """Commit one overdue approval's expiry; ``False`` if it settled or its run ended."""
-        for _ in range(RETRIES):
+
+        def attempt() -> bool | Literal[Lost.RACE]:
             found = self._find(key, approval_id)
             if found is None:
                 return False
@@ -671,17 +701,19 @@ class ApprovalService:
                 return False
             position = next_position(self._store, run_stream(approval.run_id))
             try:
-                self._checkpoints._require_live_run(approval.run_id)
+                self._checkpoint_records.require_live_run(approval.run_id)
             except (NotFound, InvalidTransition):
                 return False
             target = self._pending_checkpoint(approval)
             if self._expire(key, approval, revision, target, moment, position=position):
                 return True
-        return False
+            return LOST
+
+        return settle(attempt, "approval", approval_id=approval_id)
 
     def _fail_if_stranded(self, run_id: str) -> bool:
         """Fail a run awaiting approval whose newest approval expired and none is pending."""
-        runs = self._checkpoints._runs
+        runs = self._checkpoint_records.runs
         if runs is None or not self._stranded(runs, run_id):
             return False
         try:
@@ -701,7 +733,7 @@ class ApprovalService:
                 return False
         except NotFound:
             return False
-        approvals = self._approvals_of(require_integrity(self._integrity), run_id)
+        approvals = self._approvals_of(self._key, run_id)
         if not approvals or any(a.status is ApprovalStatus.PENDING for a in approvals):
             return False
         newest = max(approvals, key=lambda approval: approval.requested_at)
@@ -781,7 +813,7 @@ class ApprovalService:
             IntegrityKeyRequired: the service has no integrity key.
 
         """
-        key = require_integrity(self._integrity)
+        key = self._key
         filters = []
         if run_id is not None:
             check_run_id(run_id)
@@ -816,7 +848,7 @@ class ApprovalService:
         Raises ``IntegrityFailure`` when ``approval`` does not verify under the
         integrity key, so no receipt is issued for an altered approval.
         """
-        key = require_integrity(self._integrity)
+        key = self._key
         if not hmac.compare_digest(
             integrity_digest(key, APPROVAL_TAG, approval), approval.integrity_digest
         ):
@@ -856,7 +888,7 @@ class ApprovalService:
         request's slot and leaves a ``retention.purged`` tombstone in the
         run's stream, in the same unit of work.
         """
-        key = require_integrity(self._integrity)
+        key = self._key
         filters = [LabelFilter("settled_at", purge_horizon(now, older_than), FilterOp.LT)]
         return purge(
             self._repo,

@@ -8,28 +8,18 @@ outside flowvault is told apart from one never created or purged.
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import datetime, timedelta
-from functools import partial
+from typing import Literal
 
-from flowvault.application._freshness import (
-    CHECKPOINT_KIND,
-    StreamPolicy,
-    leaves_unnamed,
-    record_event,
-    record_payload,
-    record_stream,
-)
-from flowvault.application._instants import micros
-from flowvault.application._keyed_digester import KeyedDigester, require_integrity
+from flowvault.application._backoff import LOST, Lost, settle
+from flowvault.application._checkpoint_records import CheckpointRecords, broken_checkpoint
+from flowvault.application._keyed_digester import KeyedDigester
 from flowvault.application._record_kind import (
     PURGE_BATCH,
-    RETRIES,
     Doomed,
     int_label,
     list_all,
-    open_listed,
     purge,
     purge_horizon,
 )
@@ -39,40 +29,24 @@ from flowvault.application._records import (
     FilterOp,
     Guard,
     LabelFilter,
-    LabelValue,
     RecordMetadata,
     UnitOfWork,
-    Upsert,
 )
 from flowvault.application._run_service import RunService
 from flowvault.application._runs import RUNS, check_run_id
 from flowvault.application._sealed import SealedDocument, SealedRepository
-from flowvault.application._signing import integrity_digest, signed
+from flowvault.application._signing import signed
 from flowvault.application._streams import run_stream
 from flowvault.application.ports import Clock
 from flowvault.domain import (
     Checkpoint,
-    CheckpointConsumed,
-    CheckpointIntegrityFailure,
-    CheckpointStatus,
     IdempotencyConflict,
-    IntegrityFailure,
-    InvalidInput,
-    InvalidTransition,
     JsonValue,
-    LedgerEvent,
-    NotFound,
     RevisionConflict,
     checkpoint_id_for,
     content_hash,
 )
 from flowvault.domain._envelope import format_instant
-
-
-def _broken_checkpoint(what: str, metadata: RecordMetadata) -> CheckpointIntegrityFailure:
-    return CheckpointIntegrityFailure(
-        f"checkpoint failed verification: {what}", key_digest=metadata.key_digest
-    )
 
 
 class CheckpointService:
@@ -88,24 +62,23 @@ class CheckpointService:
         repository: SealedRepository,
         clock: Clock,
         *,
-        integrity: KeyedDigester | None,
+        integrity: KeyedDigester,
         runs: RunService | None = None,
     ) -> None:
-        if runs is not None and runs.repository.store is not repository.store:
-            raise InvalidInput("checkpoints and their runs must share one store")
+        self._records = CheckpointRecords(repository, integrity=integrity, runs=runs)
         self._repo = repository
         self._store = repository.store
         self._clock = clock
-        self._integrity = integrity
-        self._runs = runs
-        self._fresh = StreamPolicy[SealedDocument](
-            "checkpoint", repository, leaves_record=leaves_unnamed
-        )
 
     @property
     def repository(self) -> SealedRepository:
         """The sealed repository checkpoints live in."""
         return self._repo
+
+    @property
+    def records(self) -> CheckpointRecords:
+        """How checkpoints are read and written; approvals consume them through it."""
+        return self._records
 
     def create_checkpoint(
         self,
@@ -123,16 +96,14 @@ class CheckpointService:
 
         The id follows from run and cursor, so a retried create finds the
         first. Raises ``IdempotencyConflict`` when that id already holds other
-        content, ``IntegrityKeyRequired`` without an integrity key, and, with
-        a run service wired, ``NotFound`` for a run never started and
-        ``InvalidTransition`` for one that has ended.
+        content, and, with a run service wired, ``NotFound`` for a run never
+        started and ``InvalidTransition`` for one that has ended.
         """
-        key = require_integrity(self._integrity)
         check_run_id(run_id)
-        self._require_live_run(run_id)
+        self._records.require_live_run(run_id)
         draft = signed(
             Checkpoint,
-            key,
+            self._records.key,
             CHECKPOINT_TAG,
             {
                 "checkpoint_id": checkpoint_id_for(run_id, next_cursor),
@@ -149,24 +120,28 @@ class CheckpointService:
                 "created_at": self._clock.now(),
             },
         )
-        existing = self._find(draft.checkpoint_id)
+        existing = self._records.find(draft.checkpoint_id) or self._create(draft)
         if existing is None:
-            event = self._event(draft, "checkpoint.created")
-            upsert = self._upsert(draft, Guard.ABSENT, event.index)
-            try:
-                self._store.commit(UnitOfWork(upserts=[upsert], appends=[event]))
-            except RevisionConflict:
-                existing = self._find(draft.checkpoint_id)
-                if existing is None:
-                    raise
-            else:
-                return draft
+            return draft
         if existing[0].content() != draft.content():
             raise IdempotencyConflict(
                 "checkpoint already exists with different content",
                 checkpoint_id=draft.checkpoint_id,
             )
         return existing[0]
+
+    def _create(self, draft: Checkpoint) -> tuple[Checkpoint, int] | None:
+        """Commit a new checkpoint; ``None`` once it is written, else the one a racer wrote."""
+        event = self._records.event(draft, "checkpoint.created")
+        upsert = self._records.upsert(draft, Guard.ABSENT, event.index)
+        try:
+            self._store.commit(UnitOfWork(upserts=[upsert], appends=[event]))
+        except RevisionConflict:
+            existing = self._records.find(draft.checkpoint_id)
+            if existing is None:
+                raise
+            return existing
+        return None
 
     def load_checkpoint(self, checkpoint_id: str) -> Checkpoint:
         """Return the verified checkpoint; ``NotFound`` if there is none.
@@ -179,7 +154,7 @@ class CheckpointService:
                 stream records it and no purge.
 
         """
-        return self._require(checkpoint_id)[0]
+        return self._records.require(checkpoint_id)[0]
 
     def latest_checkpoint(self, run_id: str) -> Checkpoint | None:
         """Return the run's most recently created checkpoint, verified, or ``None``.
@@ -192,14 +167,11 @@ class CheckpointService:
         made on authentic values; the cost is one open per checkpoint the
         run holds (retention keeps that number down).
         """
-        key = require_integrity(self._integrity)
         check_run_id(run_id)
         filters = [LabelFilter("run", self._repo.key_digest(RUNS, run_id))]
         candidates: list[SealedDocument] = []
         for metadata in list_all(self._store, CHECKPOINTS, filters):
-            opened = self._guarded(partial(open_listed, self._repo, metadata))
-            if opened is not None:
-                opened = self._checked(opened)
+            opened = self._records.open_checked(metadata)
             if opened is not None:
                 candidates.append(opened)
         newest = max(
@@ -213,9 +185,9 @@ class CheckpointService:
         )
         if newest is None:
             return None
-        checkpoint = self._verified(key, newest)
+        checkpoint = self._records.verified(newest)
         if checkpoint.run_id != run_id:
-            raise _broken_checkpoint("it names another run", newest.metadata)
+            raise broken_checkpoint("it names another run", newest.metadata)
         return checkpoint
 
     def consume_checkpoint(self, checkpoint_id: str) -> Checkpoint:
@@ -229,17 +201,19 @@ class CheckpointService:
             NotFound: there is no such checkpoint.
 
         """
-        for _ in range(RETRIES):
-            checkpoint, revision = self._require(checkpoint_id)
-            consumed = self._consumed(checkpoint, self._clock.now())
-            event = self._event(consumed, "checkpoint.consumed")
-            upsert = self._upsert(consumed, revision, event.index)
+
+        def attempt() -> Checkpoint | Literal[Lost.RACE]:
+            checkpoint, revision = self._records.require(checkpoint_id)
+            consumed = self._records.consumed(checkpoint, self._clock.now())
+            event = self._records.event(consumed, "checkpoint.consumed")
+            upsert = self._records.upsert(consumed, revision, event.index)
             try:
                 self._store.commit(UnitOfWork(upserts=[upsert], appends=[event]))
             except RevisionConflict:
-                continue
+                return LOST
             return consumed
-        raise RevisionConflict("checkpoint kept changing; retry", checkpoint_id=checkpoint_id)
+
+        return settle(attempt, "checkpoint", checkpoint_id=checkpoint_id)
 
     def purge(self, now: datetime, older_than: timedelta, batch_size: int = PURGE_BATCH) -> int:
         """Delete checkpoints consumed before ``now - older_than``; return how many.
@@ -248,7 +222,6 @@ class CheckpointService:
         ``retention.purged`` tombstone (kind, record digest, times) in its
         run's stream, in the same unit of work.
         """
-        key = require_integrity(self._integrity)
         filters = [LabelFilter("consumed_at", purge_horizon(now, older_than), FilterOp.LT)]
         return purge(
             self._repo,
@@ -256,16 +229,14 @@ class CheckpointService:
             CHECKPOINTS,
             filters=filters,
             batch_size=batch_size,
-            doom=lambda meta: self._doomed(key, meta),
+            doom=self._doomed,
         )
 
-    def _doomed(self, key: KeyedDigester, metadata: RecordMetadata) -> Doomed | None:
-        opened = self._guarded(lambda: open_listed(self._repo, metadata))
-        if opened is not None:
-            opened = self._checked(opened)
+    def _doomed(self, metadata: RecordMetadata) -> Doomed | None:
+        opened = self._records.open_checked(metadata)
         if opened is None:
             return None
-        checkpoint = self._verified(key, opened)
+        checkpoint = self._records.verified(opened)
         if checkpoint.consumed_at is None:
             return None
         tombstone: dict[str, JsonValue] = {
@@ -275,154 +246,8 @@ class CheckpointService:
             "consumed_at": format_instant(checkpoint.consumed_at),
         }
         delete = Delete(metadata.namespace, metadata.key_digest, opened.revision)
-        streams = (run_stream(checkpoint.run_id), self._stream(checkpoint.checkpoint_id))
+        streams = (
+            run_stream(checkpoint.run_id),
+            checkpoint_stream(self._repo, checkpoint.checkpoint_id),
+        )
         return Doomed((delete,), streams, tombstone)
-
-    # -- shared with the approval service ---------------------------------------
-
-    def _require_live_run(self, run_id: str) -> None:
-        """Refuse a run id no started run holds, or a run that has ended.
-
-        Checked before anything is written, so a refused call leaves no
-        ``run/<id>`` stream behind for a run that is not there.
-        """
-        if self._runs is None:
-            return
-        try:
-            run = self._runs.get_run(run_id)
-        except NotFound:
-            raise NotFound(
-                "no such run: start it with graph_runs.start_run before checkpointing it, "
-                "asking for an approval or deciding one",
-                run_id=run_id,
-            ) from None
-        if run.finished:
-            raise InvalidTransition(
-                f"run is already {run.status}: a finished run takes no checkpoint, "
-                "approval request or decision; start a new run instead",
-                run_id=run_id,
-                current=run.status,
-            )
-
-    def _require(self, checkpoint_id: str) -> tuple[Checkpoint, int]:
-        found = self._find(checkpoint_id)
-        if found is None:
-            raise NotFound("no such checkpoint", checkpoint_id=checkpoint_id)
-        return found
-
-    def _find(self, checkpoint_id: str) -> tuple[Checkpoint, int] | None:
-        """Return the verified checkpoint and its revision, or ``None`` when absent."""
-        key = require_integrity(self._integrity)
-        if not isinstance(checkpoint_id, str) or not checkpoint_id:
-            raise InvalidInput("a checkpoint id must be a non-empty string")
-        opened = self._fresh.read_vouched(
-            self._store,
-            self._stream(checkpoint_id),
-            (CHECKPOINTS, self._repo.key_digest(CHECKPOINTS, checkpoint_id)),
-            lambda: self._guarded(lambda: self._repo.read(CHECKPOINTS, checkpoint_id)),
-        )
-        if opened is None:
-            return None
-        checkpoint = self._verified(key, opened)
-        if checkpoint.checkpoint_id != checkpoint_id:
-            raise _broken_checkpoint("it names another checkpoint", opened.metadata)
-        return checkpoint, opened.revision
-
-    def _stream(self, checkpoint_id: str) -> str:
-        """Name the record stream of a checkpoint, its approvals and their slots."""
-        return checkpoint_stream(self._repo, checkpoint_id)
-
-    def _checked(self, opened: SealedDocument) -> SealedDocument | None:
-        """Check a listed row against its record stream; ``None`` if it vanished meanwhile."""
-        metadata = opened.metadata
-        stream = record_stream(CHECKPOINT_KIND, metadata.key_digest)
-        return self._fresh.check_listed(
-            self._store,
-            stream,
-            opened,
-            lambda: self._guarded(lambda: open_listed(self._repo, metadata)),
-        )
-
-    def _event(self, checkpoint: Checkpoint, event_type: str) -> LedgerEvent:
-        """Build the record-stream event a checkpoint write commits with and is bound to."""
-        digest = self._repo.key_digest(CHECKPOINTS, checkpoint.checkpoint_id)
-        return record_event(
-            self._repo,
-            self._stream(checkpoint.checkpoint_id),
-            event_type,
-            record_payload(digest),
-            checkpoint.consumed_at or checkpoint.created_at,
-        )
-
-    @staticmethod
-    def _guarded(read: Callable[[], SealedDocument | None]) -> SealedDocument | None:
-        """Run a sealed read, reporting a broken seal as a checkpoint integrity failure."""
-        try:
-            return read()
-        except CheckpointIntegrityFailure:
-            raise
-        except IntegrityFailure as exc:
-            raise CheckpointIntegrityFailure(
-                "sealed checkpoint failed verification", **exc.details
-            ) from None
-
-    def _verified(self, key: KeyedDigester, opened: SealedDocument) -> Checkpoint:
-        try:
-            checkpoint = Checkpoint.model_validate(opened.document)
-        except InvalidInput:
-            raise _broken_checkpoint("unexpected shape", opened.metadata) from None
-        checks = {
-            "key": self._repo.key_digest(CHECKPOINTS, checkpoint.checkpoint_id)
-            == opened.metadata.key_digest,
-            "checkpoint_id": checkpoint_id_for(checkpoint.run_id, checkpoint.next_cursor)
-            == checkpoint.checkpoint_id,
-            "state_digest": content_hash(checkpoint.state) == checkpoint.state_digest,
-            "dependency_digest": content_hash(checkpoint.dependency_summary)
-            == checkpoint.dependency_digest,
-            "integrity_digest": hmac.compare_digest(
-                integrity_digest(key, CHECKPOINT_TAG, checkpoint), checkpoint.integrity_digest
-            ),
-        }
-        failed = [name for name, ok in checks.items() if not ok]
-        if failed:
-            raise CheckpointIntegrityFailure(
-                "checkpoint failed verification: " + ", ".join(failed),
-                key_digest=opened.metadata.key_digest,
-                fields=",".join(failed),
-            )
-        return checkpoint
-
-    def _consumed(self, checkpoint: Checkpoint, moment: datetime) -> Checkpoint:
-        """Return the consumed successor of a pending checkpoint, re-signed."""
-        if checkpoint.status is not CheckpointStatus.PENDING:
-            raise CheckpointConsumed(
-                "checkpoint was already consumed", checkpoint_id=checkpoint.checkpoint_id
-            )
-        fields = {
-            **checkpoint.model_dump(),
-            "status": CheckpointStatus.CONSUMED,
-            "consumed_at": moment,
-        }
-        return signed(Checkpoint, require_integrity(self._integrity), CHECKPOINT_TAG, fields)
-
-    def _upsert(self, checkpoint: Checkpoint, expected: int | Guard, ledger_index: int) -> Upsert:
-        """Seal a checkpoint bound to the record-stream event committed with it."""
-        labels: dict[str, LabelValue] = {
-            "run": self._repo.key_digest(RUNS, checkpoint.run_id),
-            "created_at": micros(checkpoint.created_at),
-            "event_cursor": checkpoint.event_cursor,
-            "status": checkpoint.status.value,
-        }
-        if checkpoint.consumed_at is not None:
-            labels["consumed_at"] = micros(checkpoint.consumed_at)
-        return self._repo.prepare(
-            CHECKPOINTS,
-            checkpoint.checkpoint_id,
-            checkpoint.model_dump(mode="json"),
-            expected=expected,
-            labels=labels,
-            ledger_index=ledger_index,
-        )
-
-
-# -- approvals -----------------------------------------------------------------

@@ -9,8 +9,9 @@ that decider's).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Final
+from typing import Final, Literal
 
+from flowvault.application._backoff import LOST, Lost, settle
 from flowvault.application._freshness import (
     StreamPolicy,
     leaves_unnamed,
@@ -18,7 +19,6 @@ from flowvault.application._freshness import (
     record_payload,
     record_stream,
 )
-from flowvault.application._record_kind import RETRIES
 from flowvault.application._records import Guard, UnitOfWork
 from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application.ports import DecisionSignatures
@@ -54,31 +54,33 @@ class DeciderKeys:
         """
         signatures = self._require_signatures()
         raw = signatures.public_key(public_key_pem)
-        for _ in range(RETRIES):
-            current = self._read(decider)
-            if current is not None and _raw_key(current) == raw:
-                return
-            key_digest = self._repo.key_digest(DECIDER_KEYS, decider)
-            event = record_event(
-                self._repo,
-                record_stream(DECIDER_KEY_KIND, key_digest),
-                "decider_key.registered",
-                record_payload(key_digest),
-                now,
-            )
-            upsert = self._repo.prepare(
-                DECIDER_KEYS,
-                decider,
-                {"public_key": raw.hex()},
-                expected=Guard.ABSENT if current is None else current.revision,
-                ledger_index=event.index,
-            )
-            try:
-                self._repo.store.commit(UnitOfWork(upserts=[upsert], appends=[event]))
-            except RevisionConflict:
-                continue
-            return
-        raise RevisionConflict("decider key kept changing; retry")
+        settle(lambda: self._register_once(decider, raw, now), "decider key")
+
+    def _register_once(self, decider: str, raw: bytes, now: datetime) -> bool | Literal[Lost.RACE]:
+        """Commit ``raw`` as the decider's key unless it is already; ``LOST`` on a race."""
+        current = self._read(decider)
+        if current is not None and _raw_key(current) == raw:
+            return False
+        key_digest = self._repo.key_digest(DECIDER_KEYS, decider)
+        event = record_event(
+            self._repo,
+            record_stream(DECIDER_KEY_KIND, key_digest),
+            "decider_key.registered",
+            record_payload(key_digest),
+            now,
+        )
+        upsert = self._repo.prepare(
+            DECIDER_KEYS,
+            decider,
+            {"public_key": raw.hex()},
+            expected=Guard.ABSENT if current is None else current.revision,
+            ledger_index=event.index,
+        )
+        try:
+            self._repo.store.commit(UnitOfWork(upserts=[upsert], appends=[event]))
+        except RevisionConflict:
+            return LOST
+        return True
 
     def checked_signature(
         self, decider: str, statement: bytes, signature: bytes | None

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from flowvault.application._action_results import ACTION_RESULTS
 from flowvault.application._decider_keys import DECIDER_KEY_KIND, DECIDER_KEYS
 from flowvault.application._freshness import (
     ACTION_RESULT_KIND,
@@ -54,7 +55,7 @@ from flowvault.application._runs import RUNS
 from flowvault.application._sealed import SealedRepository
 from flowvault.application._state import StateRepository
 from flowvault.application._verified import verified_events
-from flowvault.application._workflows import ACTION_RESULTS, IDEMPOTENCY, WorkflowService
+from flowvault.application._workflows import IDEMPOTENCY, WorkflowService
 from flowvault.application.ports import SecureObjectStore
 from flowvault.domain import IntegrityFailure, InvalidInput, LedgerEvent, NotFound
 

@@ -37,9 +37,7 @@ from flowvault.domain import (
 from flowvault.domain._envelope import format_instant
 
 PURGE_BATCH: Final = 200
-RETRIES: Final = 8
-"""How often a write is rebuilt when a concurrent writer moved what it was guarded on."""
-PURGE_STALLS: Final = RETRIES
+PURGE_STALLS: Final = 8
 """How many purge units may lose a race to a concurrent writer before a purge stops early."""
 
 

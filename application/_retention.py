@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from flowvault.application._action_results import ActionResultService
 from flowvault.application._approvals import ApprovalService
 from flowvault.application._checkpoints import CheckpointService
 from flowvault.application._record_kind import purge_horizon
@@ -13,7 +14,6 @@ from flowvault.application._request_idempotency import IdempotencyService
 from flowvault.application._retention_policy import AGES, RetentionPolicy
 from flowvault.application._run_retention import purge_finished_runs
 from flowvault.application._run_service import RunService
-from flowvault.application._workflows import WorkflowService
 from flowvault.application.ports import Clock
 
 Purger = Callable[[datetime, timedelta, int], int]
@@ -57,7 +57,7 @@ class RetentionJob:
         clock: Clock,
         policy: RetentionPolicy,
         *,
-        workflows: WorkflowService,
+        action_results: ActionResultService,
         runs: RunService,
         checkpoints: CheckpointService,
         approvals: ApprovalService,
@@ -65,7 +65,7 @@ class RetentionJob:
     ) -> None:
         self._clock = clock
         self._policy = policy
-        self._workflows = workflows
+        self._action_results = action_results
         self._runs = runs
         self._checkpoints = checkpoints
         self._approvals = approvals
@@ -95,7 +95,7 @@ class RetentionJob:
         return RetentionReport(
             expired_approvals=expiry.expired_approvals,
             failed_runs=expiry.failed_runs,
-            action_results=self._workflows.purge_expired(at, batch_size=batch),
+            action_results=self._action_results.purge_expired(at, batch_size=batch),
             decided_approvals=purge(policy.decided_approvals, self._approvals.purge),
             consumed_checkpoints=purge(policy.consumed_checkpoints, self._checkpoints.purge),
             idempotency_records=purge(policy.idempotency_records, self._idempotency.purge),

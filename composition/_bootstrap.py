@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flowvault.application import (
+    ActionResultService,
     AntiRollback,
     ApprovalService,
     BoundRecords,
@@ -26,6 +27,7 @@ from flowvault.application import (
     StoreCapabilities,
     StreamWriter,
     TerminalReceipts,
+    WorkflowEventService,
     WorkflowService,
 )
 from flowvault.composition._container import Container, build_container
@@ -42,6 +44,8 @@ class Runtime:
     cipher: Cipher
     repository: SealedRepository
     workflows: WorkflowService
+    workflow_events: WorkflowEventService
+    action_results: ActionResultService
     runs: RunRepository
     graph_runs: RunService
     definitions: DefinitionRegistry
@@ -76,7 +80,7 @@ class Runtime:
         return RetentionJob(
             self.clock,
             policy or RetentionPolicy(),
-            workflows=self.workflows,
+            action_results=self.action_results,
             runs=self.graph_runs,
             checkpoints=self.checkpoints,
             approvals=self.approvals,
@@ -168,6 +172,8 @@ def _assemble(container: Container) -> Runtime:
         cipher=container.cipher(),
         repository=repository,
         workflows=container.workflows(),
+        workflow_events=container.workflow_events(),
+        action_results=container.action_results(),
         runs=RunRepository(repository),
         graph_runs=graph_runs,
         definitions=definitions,

@@ -19,6 +19,7 @@ from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.adapters.system import MarkFileStore, RandomIdFactory, SystemClock
 from flowvault.application import (
     KEY_ENV,
+    ActionResultService,
     AntiRollback,
     Cipher,
     CipherDigester,
@@ -30,6 +31,8 @@ from flowvault.application import (
     SealedRepository,
     SecureObjectStore,
     StoreCapabilities,
+    WorkflowEventService,
+    WorkflowRecords,
     WorkflowService,
     check_key_matches,
     resolve_key_ring,
@@ -278,7 +281,10 @@ class Container(containers.DeclarativeContainer):
         budget=budget,
         capabilities=capabilities,
     )
-    workflows = providers.Singleton(WorkflowService, repository, clock, ids)
+    workflow_records = providers.Singleton(WorkflowRecords, repository)
+    workflows = providers.Singleton(WorkflowService, workflow_records, clock, ids)
+    workflow_events = providers.Singleton(WorkflowEventService, workflow_records, clock)
+    action_results = providers.Singleton(ActionResultService, workflow_records, clock)
 
 
 def build_container(settings: Settings | None = None, *, key: bytes | None = None) -> Container:

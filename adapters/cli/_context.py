@@ -15,6 +15,7 @@ from typing import Literal, Protocol
 from pydantic import SecretStr
 
 from flowvault.application import (
+    ActionResultService,
     AntiRollback,
     ApprovalService,
     CheckpointService,
@@ -31,6 +32,7 @@ from flowvault.application import (
     StateRepository,
     StoreCapabilities,
     TerminalReceipts,
+    WorkflowEventService,
     WorkflowService,
 )
 from flowvault.domain import WorkflowState
@@ -90,6 +92,10 @@ class Services(Protocol):
     def graph_runs(self) -> RunService: ...
     @property
     def definitions(self) -> DefinitionRegistry: ...
+    @property
+    def workflow_events(self) -> WorkflowEventService: ...
+    @property
+    def action_results(self) -> ActionResultService: ...
     @property
     def receipts(self) -> TerminalReceipts: ...
     @property

@@ -255,17 +255,17 @@ def _lifecycle(s: _Scenario) -> StepReport:
 
 
 def _action_result(s: _Scenario) -> StepReport:
-    workflows = s.runtime.workflows
+    results = s.runtime.action_results
     s.action_hash = content_hash({"action": "prepare-transfer", "workflow": s.workflow_id})
     result: JsonValue = {"transfer_draft": "ready", "lines": 1}
-    stored = workflows.put_action_result(
+    stored = results.put_action_result(
         s.workflow_id, s.action_hash, result, retention=timedelta(days=7)
     )
-    again = workflows.put_action_result(
+    again = results.put_action_result(
         s.workflow_id, s.action_hash, result, retention=timedelta(days=7)
     )
     expect(again == stored, "storing the same result again made a second one")
-    read = workflows.get_action_result(s.workflow_id, s.action_hash)
+    read = results.get_action_result(s.workflow_id, s.action_hash)
     expect(read is not None and read.result == result, "the stored result did not read back")
     return StepReport(
         (
@@ -352,7 +352,7 @@ def _decide(s: _Scenario) -> StepReport:
         lambda: approvals.decide(s.approval_id, "reject", "mallory@example.org"),
         ApprovalAlreadyDecided,
     )
-    _, event, _ = s.runtime.workflows.append_event(
+    _, event, _ = s.runtime.workflow_events.append_event(
         s.workflow_id,
         "decision.approved",
         expected_state="decision",
@@ -426,7 +426,7 @@ def _run_events(s: _Scenario) -> Iterator[LedgerEvent]:
 
 
 def _verify(s: _Scenario) -> StepReport:
-    workflow = s.runtime.workflows.events(s.workflow_id)
+    workflow = s.runtime.workflow_events.events(s.workflow_id)
     run = list(_run_events(s))
     history = s.runtime.state(DEMO_SCOPE).history()
     counts: dict[str, JsonValue] = {}
@@ -475,9 +475,11 @@ def _tamper(s: _Scenario) -> StepReport:
         shutil.copytree(part, copy_home / part.name)
     offset = _flip_marker(copy.settings.database_path)
     with copy.bootstrap() as tampered:
-        caught = _refused(lambda: tampered.workflows.events(s.workflow_id), IntegrityFailure)
+        caught = _refused(
+            lambda: tampered.workflow_events.events(s.workflow_id), IntegrityFailure
+        )
     s.runtime = s.context.bootstrap()
-    intact = verify_chain(s.runtime.workflows.events(s.workflow_id))
+    intact = verify_chain(s.runtime.workflow_events.events(s.workflow_id))
     expect(intact.ok, "the original store no longer verifies")
     return StepReport(
         (
@@ -523,7 +525,7 @@ def _recovery(s: _Scenario) -> StepReport:
         [event.type for event in history] == [*writes, RESET_EVENT] and verify_chain(history).ok,
         "the scope's history does not show each state write, then the reset, verified",
     )
-    intact = verify_chain(s.runtime.workflows.events(s.workflow_id)).ok
+    intact = verify_chain(s.runtime.workflow_events.events(s.workflow_id)).ok
     expect(intact, "the workflow ledger no longer verifies after the reset")
     return StepReport(
         (

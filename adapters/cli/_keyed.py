@@ -18,6 +18,7 @@ from flowvault.application import (
     SealedRepository,
     SecureObjectStore,
     TerminalReceipts,
+    WorkflowRecords,
     WorkflowService,
     parse_master_key,
 )
@@ -52,7 +53,7 @@ def keyed_audit(
     ids = RandomIdFactory()
     bound = BoundRecords(
         repository,
-        WorkflowService(repository, clock, ids),
+        WorkflowService(WorkflowRecords(repository), clock, ids),
         RunService(
             repository,
             clock,

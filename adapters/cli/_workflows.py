@@ -26,7 +26,7 @@ from flowvault.adapters.cli._listing import (
     with_service,
 )
 from flowvault.adapters.cli._verbs import Verbs, add_verb
-from flowvault.application import WorkflowService
+from flowvault.application import WorkflowEventService, WorkflowService
 from flowvault.domain import LedgerEvent, WorkflowRecord
 
 WORKFLOW_COLUMNS = ("workflow_id", "kind", "state", "state_version", "updated_at")
@@ -69,26 +69,30 @@ def workflows_list_command(
 
 
 def workflows_show_command(
-    workflows: WorkflowService | None, workflow_id: str, io: CommandIO
+    workflows: WorkflowService | None,
+    events: WorkflowEventService | None,
+    workflow_id: str,
+    io: CommandIO,
 ) -> int:
-    """Show one workflow's metadata, hashes and verified ledger length; never its parameters."""
-    if workflows is None:
+    """Show one workflow's metadata, hashes and verified ledger length; never its parameters.
+
+    Both services are ``None`` on a cold root.
+    """
+    if workflows is None or events is None:
         raise cold_not_found("workflow")
     record = workflows.get(workflow_id)
-    fields = _workflow_detail(record, workflows.events(workflow_id))
+    fields = _workflow_detail(record, events.events(workflow_id))
     io.emit({"workflow": fields}, detail_lines(f"workflow {workflow_id}", fields))
     return 0
 
 
 def workflows_events_command(
-    workflows: WorkflowService | None, workflow_id: str, request: PageRequest, io: CommandIO
+    events: WorkflowEventService | None, workflow_id: str, request: PageRequest, io: CommandIO
 ) -> int:
     """List a workflow's verified events in index order; ``None`` is a cold root."""
-    if workflows is None:
+    if events is None:
         raise cold_not_found("workflow")
-    page = read_pages(
-        lambda cursor: workflows.event_page(workflow_id, cursor, request.limit), request
-    )
+    page = read_pages(lambda cursor: events.event_page(workflow_id, cursor, request.limit), request)
     return print_listing(io, "events", EVENT_COLUMNS, page_rows(page, event_row))
 
 
@@ -97,6 +101,14 @@ def workflows_events_command(
 
 def _workflows(services: Services) -> WorkflowService:
     return services.workflows
+
+
+def _workflow_events(services: Services) -> WorkflowEventService:
+    return services.workflow_events
+
+
+def _workflow_readers(services: Services) -> tuple[WorkflowService, WorkflowEventService]:
+    return services.workflows, services.workflow_events
 
 
 def _workflows_list(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
@@ -108,15 +120,17 @@ def _workflows_list(args: argparse.Namespace, context: CliContext, io: CommandIO
 
 
 def _workflows_show(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
-    return with_service(
-        context, _workflows, lambda found: workflows_show_command(found, args.id, io)
-    )
+    def show(found: tuple[WorkflowService, WorkflowEventService] | None) -> int:
+        workflows, events = found or (None, None)
+        return workflows_show_command(workflows, events, args.id, io)
+
+    return with_service(context, _workflow_readers, show)
 
 
 def _workflows_events(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
     return with_service(
         context,
-        _workflows,
+        _workflow_events,
         lambda found: workflows_events_command(found, args.id, page_request(args), io),
     )
 

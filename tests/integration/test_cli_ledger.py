@@ -32,14 +32,14 @@ def _populate(runtime: Runtime) -> str:
         )
     order = WorkOrder(kind="demo", requester="alice", idempotency_key="wf-1")
     workflow, _ = runtime.workflows.create(order)
-    runtime.workflows.append_event(
+    runtime.workflow_events.append_event(
         workflow.workflow_id,
         "workflow.noted",
         expected_state=workflow.state,
         expected_version=workflow.state_version,
         payload={"note": MARKER},
     )
-    runtime.workflows.put_action_result(
+    runtime.action_results.put_action_result(
         workflow.workflow_id, content_hash("a"), {"r": 1}, retention=timedelta(hours=1)
     )
     runs = runtime.graph_runs

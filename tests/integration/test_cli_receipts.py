@@ -38,7 +38,7 @@ def _append_notes(home: Path, workflow_id: str | None, notes: list[str]) -> str:
             workflow_id = workflows.create(order)[0].workflow_id
         for note in notes:
             current = workflows.get(workflow_id)
-            workflows.append_event(
+            runtime.workflow_events.append_event(
                 workflow_id,
                 "workflow.noted",
                 expected_state=current.state,

@@ -29,7 +29,7 @@ def home(tmp_path: Path) -> tuple[Path, str]:
         record = runtime.workflows.create(order)[0]
         for note in ("one", "two"):
             current = runtime.workflows.get(record.workflow_id)
-            runtime.workflows.append_event(
+            runtime.workflow_events.append_event(
                 record.workflow_id,
                 "workflow.noted",
                 expected_state=current.state,

@@ -310,7 +310,7 @@ def test_rotation_beside_a_writer_loses_no_update(settings: Settings) -> None:
         _check_every_record(runtime, writer, new_id)
         for workflow_id, record in workflows.items():
             assert runtime.workflows.get(workflow_id) == record
-            assert len(runtime.workflows.events(workflow_id)) == record.state_version
+            assert len(runtime.workflow_events.events(workflow_id)) == record.state_version
         moved = next(record for record in workflows.values() if record.state == "intake")
         after = runtime.workflows.transition(
             moved.workflow_id, "planning", expected_state="intake", expected_version=1

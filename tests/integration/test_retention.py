@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from graph_services import graph_runs
+from workflow_services import workflow_services
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore
@@ -23,7 +24,6 @@ from flowvault.application import (
     SealedRepository,
     SecureObjectStore,
     TerminalReceipts,
-    WorkflowService,
     read_stream,
     run_stream,
     stream_of,
@@ -39,7 +39,10 @@ class Services:
         self.store = store
         self.clock = FrozenClock()
         repo = SealedRepository(store, AesGcmCipher(bytes(range(32))), self.clock)
-        self.workflows = WorkflowService(repo, self.clock, SequentialIds("wf"))
+        services = workflow_services(repo, self.clock, SequentialIds("wf"))
+        self.workflows = services.workflows
+        self.workflow_events = services.events
+        self.action_results = services.results
         self.runs = graph_runs(repo, self.clock, SequentialIds("run"))
         self.definitions = DefinitionRegistry(repo, self.clock)
         self.receipts = TerminalReceipts(repo, repo)
@@ -53,7 +56,7 @@ class Services:
         return RetentionJob(
             self.clock,
             policy,
-            workflows=self.workflows,
+            action_results=self.action_results,
             runs=self.runs,
             checkpoints=self.checkpoints,
             approvals=self.approvals,
@@ -116,7 +119,7 @@ def test_job_purges_every_kind_past_its_horizon(services: Services) -> None:
     s.idempotency.remember("req-1", {"op": "pay"}, {"status": "ok"})
     order = WorkOrder(kind="demo", requester="alice", idempotency_key="wf-1")
     workflow, _ = s.workflows.create(order)
-    s.workflows.put_action_result(
+    s.action_results.put_action_result(
         workflow.workflow_id, content_hash("a"), {"r": 1}, retention=timedelta(seconds=1)
     )
 

@@ -205,14 +205,16 @@ def _expired_result_replaced(v: Vault) -> Deletion:
     workflows = v.runtime.workflows
     order = WorkOrder(kind="invoice.review", requester="requester-1", idempotency_key="wf-1")
     record, _ = workflows.create(order)
-    workflows.put_action_result(
+    v.runtime.action_results.put_action_result(
         record.workflow_id, ACTION_HASH, {"body": v.marker}, retention=timedelta(seconds=1)
     )
     v.disk.observe()
     v.clock.advance(timedelta(seconds=2))
 
     def delete() -> None:
-        fresh = workflows.put_action_result(record.workflow_id, ACTION_HASH, {"body": "fresh"})
+        fresh = v.runtime.action_results.put_action_result(
+            record.workflow_id, ACTION_HASH, {"body": "fresh"}
+        )
         assert fresh.result == {"body": "fresh"}
 
     return delete

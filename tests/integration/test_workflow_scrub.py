@@ -138,7 +138,7 @@ def test_terminal_transition_scrubs_every_sealed_revision(
         record = reopened.workflows.get(workflow_id)
         assert (record.state, record.state_version) == ("completed", 4)
         assert record.work_order.parameters == {}
-        assert len(reopened.workflows.events(workflow_id)) == 4
+        assert len(reopened.workflow_events.events(workflow_id)) == 4
 
 
 def test_purge_removes_sealed_result_and_leaves_tombstone(
@@ -146,8 +146,8 @@ def test_purge_removes_sealed_result_and_leaves_tombstone(
 ) -> None:
     """Remove a purged result's sealed bytes from disk and record a body-free tombstone."""
     marker = f"result-marker-{uuid.uuid4().hex}"
-    service = runtime.workflows
-    record, _ = service.create(_order(f"order-{marker}"))
+    service = runtime.action_results
+    record, _ = runtime.workflows.create(_order(f"order-{marker}"))
     workflow_id = record.workflow_id
     stored = service.put_action_result(
         workflow_id, ACTION_HASH, {"body": marker}, retention=timedelta(seconds=1)
@@ -165,7 +165,7 @@ def test_purge_removes_sealed_result_and_leaves_tombstone(
     assert _leaks(settings, needles) == []
     assert _leaks(settings, [marker.encode()]) == []
 
-    events = service.events(workflow_id)
+    events = runtime.workflow_events.events(workflow_id)
     tombstones = [event for event in events if event.type == PURGED]
     assert len(tombstones) == 1
     payload = tombstones[0].payload

@@ -191,7 +191,9 @@ class LoopWriter:
         body = {"cycle": self._task["cycle"], "n": self._results, "wf": workflow_id}
         action = content_hash(body)
         self._ack(True, "result", wf=workflow_id, hash=action, body=body)
-        self._rt.workflows.put_action_result(workflow_id, action, body, retention=RESULT_RETENTION)
+        self._rt.action_results.put_action_result(
+            workflow_id, action, body, retention=RESULT_RETENTION
+        )
         self._ack(False, "result", wf=workflow_id, hash=action, body=body)
 
     def approval(self) -> None:
@@ -361,7 +363,7 @@ def perform(
         return {"id": record.workflow_id, "created": created}
     if op == "event":
         current = workflows.get(task["wf"])
-        _, event, created = workflows.append_event(
+        _, event, created = runtime.workflow_events.append_event(
             task["wf"],
             "note.recorded",
             expected_state=current.state,

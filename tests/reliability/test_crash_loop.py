@@ -383,7 +383,7 @@ class LoopChecker:
             found.append(Anomaly("record", f"final audit: {unreadable} records do not open"))
         for workflow_id in self.world.workflows:
             try:
-                runtime.workflows.events(workflow_id)
+                runtime.workflow_events.events(workflow_id)
             except FlowvaultError as exc:
                 found.append(Anomaly("chain", f"workflow {workflow_id} events: {exc}"))
         found += _guarded("half", lambda: self._units(runtime, recount=True))
@@ -613,7 +613,7 @@ def _has_update(_: LoopChecker, runtime: Runtime, ack: dict[str, Any]) -> bool:
 
 
 def _has_result(_: LoopChecker, runtime: Runtime, ack: dict[str, Any]) -> bool:
-    stored = runtime.workflows.get_action_result(ack["wf"], ack["hash"])
+    stored = runtime.action_results.get_action_result(ack["wf"], ack["hash"])
     return stored is not None and stored.result == ack["body"]
 
 

@@ -110,7 +110,7 @@ def _populate(root: Path, scratch: Path) -> Home:
             idempotency_key="order-1",
         )
         workflow, _ = vault.workflows.create(order)
-        vault.workflows.put_action_result(
+        vault.action_results.put_action_result(
             workflow.workflow_id, content_hash("pay"), {"receipt": SECRETS[6]}
         )
         vault.state("main").save(WorkflowState(note=SECRETS[2]))

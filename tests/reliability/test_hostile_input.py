@@ -52,6 +52,7 @@ from pydantic import BaseModel, ValidationError
 
 from flowvault.application import (
     LOG_GENESIS,
+    ActionResultService,
     ApprovalService,
     CheckpointService,
     DefinitionRegistry,
@@ -83,6 +84,7 @@ from flowvault.application import (
     TerminalReceipts,
     UnitOfWork,
     Upsert,
+    WorkflowEventService,
     WorkflowService,
     check_run_id,
     check_scope,
@@ -220,7 +222,7 @@ def _populate(runtime: Runtime) -> Known:
         workflow_id, "decision", expected_state="planning", expected_version=2
     )
     action_hash = content_hash({"action": "pay"})
-    runtime.workflows.put_action_result(workflow_id, action_hash, {"paid": True})
+    runtime.action_results.put_action_result(workflow_id, action_hash, {"paid": True})
     runtime.state("main").save(WorkflowState(step=1))
     runtime.runs.save(
         WorkflowResult(run_id="run-001", status="completed", started_at=T0, finished_at=T0)
@@ -679,6 +681,14 @@ def _workflows(w: World) -> WorkflowService:
     return w.runtime.workflows
 
 
+def _workflow_events(w: World) -> WorkflowEventService:
+    return w.runtime.workflow_events
+
+
+def _action_results(w: World) -> ActionResultService:
+    return w.runtime.action_results
+
+
 def _graph(w: World) -> RunService:
     return w.runtime.graph_runs
 
@@ -825,7 +835,7 @@ def _workflow_rows() -> list[EntryPoint]:
             ),
         ),
         EntryPoint(
-            "WorkflowService.append_event",
+            "WorkflowEventService.append_event",
             lambda k: args(
                 workflow_id=_workflow_ids(k),
                 event_type=text("note.added", "decision.approved", "decision.rejected"),
@@ -839,7 +849,7 @@ def _workflow_rows() -> list[EntryPoint]:
                 ),
                 event_key=opt(text("key-1")),
             ),
-            lambda w, a: _workflows(w).append_event(
+            lambda w, a: _workflow_events(w).append_event(
                 a["workflow_id"],
                 a["event_type"],
                 expected_state=a["expected_state"],
@@ -849,44 +859,44 @@ def _workflow_rows() -> list[EntryPoint]:
             ),
         ),
         EntryPoint(
-            "WorkflowService.decision_receipt",
+            "WorkflowEventService.decision_receipt",
             lambda k: args(workflow_id=_workflow_ids(k), event=ledger_events(k)),
-            lambda w, a: _workflows(w).decision_receipt(**a),
+            lambda w, a: _workflow_events(w).decision_receipt(**a),
         ),
         EntryPoint(
-            "WorkflowService.events",
+            "WorkflowEventService.events",
             lambda k: args(workflow_id=_workflow_ids(k), verify=st.booleans()),
-            lambda w, a: _workflows(w).events(a["workflow_id"], verify=a["verify"]),
+            lambda w, a: _workflow_events(w).events(a["workflow_id"], verify=a["verify"]),
         ),
         EntryPoint(
-            "WorkflowService.event_page",
+            "WorkflowEventService.event_page",
             lambda k: args(workflow_id=_workflow_ids(k), cursor=cursors(), limit=INTS),
-            lambda w, a: _workflows(w).event_page(**a),
+            lambda w, a: _workflow_events(w).event_page(**a),
         ),
         EntryPoint(
-            "WorkflowService.put_action_result",
+            "ActionResultService.put_action_result",
             lambda k: args(
                 workflow_id=_workflow_ids(k), action_hash=digests(k), result=JSON, retention=AGES
             ),
-            lambda w, a: _workflows(w).put_action_result(
+            lambda w, a: _action_results(w).put_action_result(
                 a["workflow_id"], a["action_hash"], a["result"], retention=a["retention"]
             ),
             sqlite=True,
         ),
         EntryPoint(
-            "WorkflowService.get_action_result",
+            "ActionResultService.get_action_result",
             lambda k: args(workflow_id=_workflow_ids(k), action_hash=digests(k)),
-            lambda w, a: _workflows(w).get_action_result(**a),
+            lambda w, a: _action_results(w).get_action_result(**a),
         ),
         EntryPoint(
-            "WorkflowService.list_action_results",
+            "ActionResultService.list_action_results",
             lambda k: args(workflow_id=_workflow_ids(k)),
-            lambda w, a: _workflows(w).list_action_results(**a),
+            lambda w, a: _action_results(w).list_action_results(**a),
         ),
         EntryPoint(
-            "WorkflowService.purge_expired",
+            "ActionResultService.purge_expired",
             lambda k: args(now=opt(TIMES), batch_size=INTS),
-            lambda w, a: _workflows(w).purge_expired(a["now"], batch_size=a["batch_size"]),
+            lambda w, a: _action_results(w).purge_expired(a["now"], batch_size=a["batch_size"]),
             sqlite=True,
         ),
     ]
@@ -1860,6 +1870,7 @@ WITHOUT_INPUT = {
     "RunService.compact": "takes no input",
     "RunService.recover_incomplete_runs": "takes no input",
     "CheckpointService.repository": "a property",
+    "CheckpointService.records": "a property",
     "SealedRepository.clock": "a property",
     "SealedRepository.store": "a property",
     "KeyRotation.pending": "takes no input",
@@ -2059,17 +2070,23 @@ FOUND: tuple[tuple[str, Callable[[Known], Arguments]], ...] = (
     ("WorkflowService.create", lambda k: {"order": _order(), "original_content_hash": "x"}),
     ("WorkflowService.transition", lambda k: {**_move(k), "event_type": bytearray(b"t")}),
     ("WorkflowService.transition", lambda k: {**_move(k), "expected_version": _HUGE}),
-    ("WorkflowService.append_event", lambda k: {**_note(k), "event_key": 1}),
-    ("WorkflowService.append_event", lambda k: {**_note(k), "payload": {"decided_by": "\ud800"}}),
+    ("WorkflowEventService.append_event", lambda k: {**_note(k), "event_key": 1}),
     (
-        "WorkflowService.get_action_result",
+        "WorkflowEventService.append_event",
+        lambda k: {**_note(k), "payload": {"decided_by": "\ud800"}},
+    ),
+    (
+        "ActionResultService.get_action_result",
         lambda k: {"workflow_id": k.workflow_id, "action_hash": 1},
     ),
-    ("WorkflowService.put_action_result", lambda k: {**_result(k), "retention": 1}),
-    ("WorkflowService.purge_expired", lambda k: {"now": _NAIVE, "batch_size": 10}),
-    ("WorkflowService.decision_receipt", lambda k: {"workflow_id": _HUGE, "event": _decision()}),
+    ("ActionResultService.put_action_result", lambda k: {**_result(k), "retention": 1}),
+    ("ActionResultService.purge_expired", lambda k: {"now": _NAIVE, "batch_size": 10}),
     (
-        "WorkflowService.decision_receipt",
+        "WorkflowEventService.decision_receipt",
+        lambda k: {"workflow_id": _HUGE, "event": _decision()},
+    ),
+    (
+        "WorkflowEventService.decision_receipt",
         lambda k: {"workflow_id": k.workflow_id, "event": _decision(f"workflow/{k.workflow_id}")},
     ),
     ("RunService.read_run_events", lambda k: {"run_id": _HUGE, "cursor": None, "limit": 10}),
@@ -2323,6 +2340,8 @@ def test_table_covers_every_public_method() -> None:
     covered = {entry.name for entry in ENTRY_POINTS}
     classes: Sequence[tuple[str, type]] = (
         ("WorkflowService", WorkflowService),
+        ("WorkflowEventService", WorkflowEventService),
+        ("ActionResultService", ActionResultService),
         ("StateRepository", StateRepository),
         ("StreamWriter", StreamWriter),
         ("RunRepository", RunRepository),

@@ -159,7 +159,7 @@ def _purgeable(runtime: Runtime) -> Ids:
     """Something of every kind retention purges; three results make two batches."""
     workflow = _workflow_in(runtime, "executing")
     for n in range(3):
-        runtime.workflows.put_action_result(
+        runtime.action_results.put_action_result(
             workflow, content_hash(f"action-{n}"), {"n": n}, retention=timedelta(seconds=1)
         )
     _, settled = _checkpoint_for(runtime, "settled")

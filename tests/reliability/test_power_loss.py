@@ -245,7 +245,7 @@ def _observe_workflow(runtime: Runtime, workflow_id: str) -> Entry:
     except NotFound:
         head = runtime.store.ledger_head(stream_of(workflow_id))
         return None if head is None else ("<ledger without record>", 0, head.index + 1)
-    events = runtime.workflows.events(workflow_id, verify=True)
+    events = runtime.workflow_events.events(workflow_id, verify=True)
     return (record.state, record.state_version, len(events))
 
 

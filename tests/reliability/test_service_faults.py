@@ -506,7 +506,8 @@ def _check_created(bench: Bench, _order: WorkOrder, result: Any) -> None:
     assert created, "the retried create found an earlier, partial one"
     workflows = bench.runtime.workflows
     assert workflows.get(record.workflow_id) == record
-    assert [e.type for e in workflows.events(record.workflow_id)] == ["workflow.created"]
+    events = bench.runtime.workflow_events.events(record.workflow_id)
+    assert [e.type for e in events] == ["workflow.created"]
 
 
 def _check_moved(state: str) -> Callable[[Bench, Any, Any], None]:
@@ -514,7 +515,8 @@ def _check_moved(state: str) -> Callable[[Bench, Any, Any], None]:
         workflows = bench.runtime.workflows
         record = workflows.get(workflow_id)
         assert (record.state, record.state_version) == (state, 2)
-        assert [e.to_state for e in workflows.events(workflow_id)] == ["intake", state]
+        events = bench.runtime.workflow_events.events(workflow_id)
+        assert [e.to_state for e in events] == ["intake", state]
         if workflows.machine.is_terminal(state):
             assert record.work_order.parameters == {}
 

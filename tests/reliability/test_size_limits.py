@@ -768,7 +768,9 @@ def action_result_retention(bench: Bench) -> list[Boundary]:
 
     def keep(for_: timedelta) -> None:
         action = content_hash(bench.fresh("action"))
-        bench.runtime.workflows.put_action_result(workflow, action, {"ok": True}, retention=for_)
+        bench.runtime.action_results.put_action_result(
+            workflow, action, {"ok": True}, retention=for_
+        )
 
     longest, shortest = timedelta(days=30), SECOND
     return [

@@ -783,7 +783,7 @@ class VaultMachine(RuleBasedStateMachine):
             "workflow event" + kind,
             f"append event {workflow_id} key={event_key} v{variant} at {version}",
             predicted,
-            lambda: self.runtime.workflows.append_event(
+            lambda: self.runtime.workflow_events.append_event(
                 workflow_id,
                 "note.added",
                 expected_state=state,

@@ -219,7 +219,7 @@ def _orders() -> tuple[WorkOrder, ...]:
 
 def _decision_receipt(runtime: Runtime, workflow_id: str) -> tuple[object, ...]:
     """Append the keyed decision receipt; a retry with the same event key returns the first."""
-    return runtime.workflows.append_event(
+    return runtime.workflow_events.append_event(
         workflow_id,
         "decision.approved",
         expected_state="decision",
@@ -240,9 +240,10 @@ def _populate_workflows(runtime: Runtime, clock: FrozenClock) -> tuple[str, ...]
     flows.transition(first.workflow_id, "planning", expected_state="intake", expected_version=1)
     flows.transition(first.workflow_id, "decision", expected_state="planning", expected_version=2)
     _decision_receipt(runtime, first.workflow_id)
-    flows.put_action_result(first.workflow_id, ACTIONS[0], RESULTS[0])
-    flows.put_action_result(first.workflow_id, ACTIONS[1], RESULTS[1])
-    flows.put_action_result(second.workflow_id, ACTIONS[2], RESULTS[2])
+    results = runtime.action_results
+    results.put_action_result(first.workflow_id, ACTIONS[0], RESULTS[0])
+    results.put_action_result(first.workflow_id, ACTIONS[1], RESULTS[1])
+    results.put_action_result(second.workflow_id, ACTIONS[2], RESULTS[2])
     clock.advance()
     flows.transition(third.workflow_id, "cancelled", expected_state="intake", expected_version=1)
     return first.workflow_id, second.workflow_id, third.workflow_id
@@ -458,7 +459,7 @@ def _store_readers(runtime: Runtime, streams: Sequence[str]) -> Iterator[Reader]
 
 
 def _workflow_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
-    flows = runtime.workflows
+    flows, events, results = runtime.workflows, runtime.workflow_events, runtime.action_results
     yield Reader("workflows", lambda: refused(flows.list_workflows(limit=200)), "workflows")
     for state in catalog.workflow_states:
         yield Reader(
@@ -477,12 +478,12 @@ def _workflow_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
         )
         yield Reader(
             f"workflow events {workflow}",
-            lambda w=workflow: flows.events(w),
+            lambda w=workflow: events.events(w),
             family="audit: workflow events",
         )
         yield Reader(
             f"action results of {workflow}",
-            lambda w=workflow: flows.list_action_results(w),
+            lambda w=workflow: results.list_action_results(w),
             "listed results",
             filtered=True,
             family="action results of a workflow",
@@ -490,7 +491,7 @@ def _workflow_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
     for workflow, action in catalog.action_results:
         yield Reader(
             f"action result {workflow} {action[7:19]}",
-            lambda w=workflow, a=action: [flows.get_action_result(w, a)],
+            lambda w=workflow, a=action: [results.get_action_result(w, a)],
             family="action result",
         )
 
@@ -701,15 +702,17 @@ def retries(runtime: Runtime, catalog: Catalog, requests: Sequence[Asked]) -> li
         Reader(
             "retry append_event decision-1",
             lambda: list(_decision_receipt(runtime, catalog.workflows[0])),
-            family="retry: workflows.append_event (event key)",
+            family="retry: workflow_events.append_event (event key)",
         )
     )
     for (workflow, action), result in zip(catalog.action_results, RESULTS, strict=True):
         calls.append(
             Reader(
                 f"retry put_action_result {workflow} {action[7:19]}",
-                lambda w=workflow, a=action, r=result: [flows.put_action_result(w, a, r)],
-                family="retry: workflows.put_action_result",
+                lambda w=workflow, a=action, r=result: [
+                    runtime.action_results.put_action_result(w, a, r)
+                ],
+                family="retry: action_results.put_action_result",
             )
         )
     calls += [
@@ -2334,7 +2337,7 @@ def _retries(world: World) -> list[Reader]:
         Reader(
             "retry keyed decision receipt",
             lambda: list(
-                runtime.workflows.append_event(
+                runtime.workflow_events.append_event(
                     first,
                     "decision.approved",
                     expected_state="decision",
@@ -3157,7 +3160,7 @@ def test_undecodable_text_is_an_integrity_failure(world: World) -> None:
         (b"workflow.transitioned\xff", stream),
     )
     with pytest.raises(IntegrityFailure) as caught:
-        world.runtime.workflows.events(world.catalog.workflows[0])
+        world.runtime.workflow_events.events(world.catalog.workflows[0])
     assert caught.value.code == "INTEGRITY_FAILURE"
     assert "workflow.transitioned" not in str(caught.value)
     row = record_id(world, STATE_NAMESPACE, "side")
@@ -3214,7 +3217,7 @@ def test_altered_label_index_cannot_steer_a_purge(world: World) -> None:
     )
     before = world.runtime.store.namespace_counts()
     with pytest.raises(IntegrityFailure) as caught:
-        world.runtime.workflows.purge_expired()
+        world.runtime.action_results.purge_expired()
     assert caught.value.code == "INTEGRITY_FAILURE"
     assert world.runtime.store.namespace_counts() == before
-    assert world.runtime.workflows.get_action_result(workflow, action) is not None
+    assert world.runtime.action_results.get_action_result(workflow, action) is not None

@@ -178,7 +178,7 @@ def _in_decision(runtime: Runtime) -> str:
 def _decision(
     runtime: Runtime, wf: str, *, approved: bool, decider: str, version: int, key: str, action: str
 ) -> tuple[object, ...]:
-    return runtime.workflows.append_event(
+    return runtime.workflow_events.append_event(
         wf,
         "decision.approved" if approved else "decision.rejected",
         expected_state="decision",
@@ -215,7 +215,7 @@ def test_a_contradicting_decision_is_refused_and_a_retry_replays(runtime: Runtim
         runtime, wf, approved=True, decider=DECIDER, version=3, key="bob-approves", action=action
     )
     assert replayed == (runtime.workflows.get(wf), first[1], False)
-    decisions = [e for e in runtime.workflows.events(wf) if e.type.startswith("decision.")]
+    decisions = [e for e in runtime.workflow_events.events(wf) if e.type.startswith("decision.")]
     assert [e.type for e in decisions] == ["decision.approved"]
 
 
@@ -273,7 +273,7 @@ def test_racing_contradicting_decisions_record_one(runtime: Runtime) -> None:
     assert sum(isinstance(o, tuple) for o in outcomes) == 1
     losers = [type(o).__name__ for o in outcomes if not isinstance(o, tuple)]
     assert losers == ["RevisionConflict"] * 7
-    decisions = [e for e in runtime.workflows.events(wf) if e.type.startswith("decision.")]
+    decisions = [e for e in runtime.workflow_events.events(wf) if e.type.startswith("decision.")]
     assert len(decisions) == 1
     with pytest.raises(ApprovalAlreadyDecided):
         _decision(runtime, wf, approved=True, decider="late", version=4, key="late", action=action)

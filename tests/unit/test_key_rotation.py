@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from workflow_services import workflow_services
 
 from flowvault.adapters.crypto import AesGcmCipher, derive_integrity_key, key_id_of
 from flowvault.adapters.memory import InMemorySecureObjectStore
@@ -17,7 +18,6 @@ from flowvault.application import (
     StoredRecord,
     UnitOfWork,
     Upsert,
-    WorkflowService,
 )
 from flowvault.application.testing import FrozenClock, SequentialIds, make_header
 from flowvault.domain import (
@@ -108,7 +108,7 @@ def test_reseal_upserts_must_keep_the_guarded_revision() -> None:
 def test_rotation_moves_every_namespace_and_workflows_still_read() -> None:
     """Workflows (whose document version must equal the row revision) survive rotation."""
     old = Old(records=30)
-    workflows = WorkflowService(old.before, old.clock, SequentialIds("wf"))
+    workflows = workflow_services(old.before, old.clock, SequentialIds("wf")).workflows
     created = [workflows.create(_order(f"req-{n}"))[0] for n in range(5)]
     workflows.transition(
         created[0].workflow_id, "planning", expected_state="intake", expected_version=1
@@ -125,7 +125,7 @@ def test_rotation_moves_every_namespace_and_workflows_still_read() -> None:
     assert dict(report.by_key) == {key_id_of(NEW): total}
     assert seen[-1] == (total, total)
     assert [done for done, _ in seen] == sorted(done for done, _ in seen)
-    after = WorkflowService(old.after, old.clock, SequentialIds("wf2"))
+    after = workflow_services(old.after, old.clock, SequentialIds("wf2")).workflows
     for record in created:
         assert after.get(record.workflow_id).workflow_id == record.workflow_id
     assert after.get(created[0].workflow_id).state == "planning"

@@ -15,6 +15,7 @@ import pytest
 from graph_services import graph_runs
 from pydantic import BaseModel, ConfigDict
 from row_edits import PassThroughStore, RowEditor
+from workflow_services import workflow_services
 
 from flowvault.adapters.crypto import AesGcmCipher, derive_integrity_key
 from flowvault.application import (
@@ -66,7 +67,10 @@ class World(RowEditor):
     def __init__(self, store: SecureObjectStore) -> None:
         self.clock = FrozenClock()
         super().__init__(store, SealedRepository(store, AesGcmCipher(KEY), self.clock))
-        self.service = WorkflowService(self.repository, self.clock, SequentialIds("wf"))
+        services = workflow_services(self.repository, self.clock, SequentialIds("wf"))
+        self.service = services.workflows
+        self.workflow_events = services.events
+        self.action_results = services.results
         self.runs = graph_runs(self.repository, self.clock, SequentialIds("run"))
         self.definitions = DefinitionRegistry(self.repository, self.clock)
         self.receipts = TerminalReceipts(self.repository, self.repository)
@@ -74,7 +78,7 @@ class World(RowEditor):
     def over(self, store: SecureObjectStore) -> WorkflowService:
         """Return a service reading through ``store`` (a wrapper around this world's store)."""
         repository = SealedRepository(store, AesGcmCipher(KEY), self.clock)
-        return WorkflowService(repository, self.clock, SequentialIds("wf"))
+        return workflow_services(repository, self.clock, SequentialIds("wf")).workflows
 
     def state(self, scope: str = "main") -> StateRepository[Counter]:
         return StateRepository(self.repository, scope, model=Counter)
@@ -118,7 +122,7 @@ def test_each_workflow_write_names_the_event_committed_with_it(world: World) -> 
     assert world.row(WORKFLOWS, workflow_id).metadata.header.ledger_index == 0
     world.service.transition(workflow_id, "planning", expected_state="intake", expected_version=1)
     assert world.row(WORKFLOWS, workflow_id).metadata.header.ledger_index == 1
-    _, event, _ = world.service.append_event(
+    _, event, _ = world.workflow_events.append_event(
         workflow_id, "note.added", expected_state="planning", expected_version=2
     )
     header = world.row(WORKFLOWS, workflow_id).metadata.header
@@ -138,7 +142,7 @@ def test_a_replayed_workflow_record_is_refused_by_every_read(world: World) -> No
     listed = world.service.list_workflows()
     assert listed.items == ()
     assert listed.unreadable == (UnreadableItem(old.metadata.key_digest, "INTEGRITY_FAILURE"),)
-    _stale(lambda: world.service.events(workflow_id))
+    _stale(lambda: world.workflow_events.events(workflow_id))
     _stale(
         lambda: world.service.transition(
             workflow_id, "planning", expected_state="intake", expected_version=1
@@ -153,11 +157,11 @@ def test_tombstones_after_the_record_event_leave_it_current(world: World) -> Non
     old = world.row(WORKFLOWS, workflow_id)
     world.service.transition(workflow_id, "planning", expected_state="intake", expected_version=1)
     for n in range(3):
-        world.service.put_action_result(
+        world.action_results.put_action_result(
             workflow_id, content_hash(f"a{n}"), {"n": n}, retention=timedelta(seconds=1)
         )
     world.clock.advance(timedelta(seconds=5))
-    assert world.service.purge_expired() == 3
+    assert world.action_results.purge_expired() == 3
     assert world.store.ledger_head(stream_of(workflow_id)).index == 4  # type: ignore[union-attr]
     assert world.service.get(workflow_id).state_version == 2
     assert [r.state for r in world.service.list_workflows().items] == ["planning"]
@@ -281,7 +285,7 @@ def test_a_row_rewritten_under_every_read_is_a_conflict_not_tampering(world: Wor
     version = [1]
 
     def write() -> None:
-        world.service.append_event(
+        world.workflow_events.append_event(
             workflow_id, "tick", expected_state="intake", expected_version=version[0]
         )
         version[0] += 1
@@ -341,7 +345,7 @@ def test_resealing_under_a_new_key_keeps_the_binding(world: World) -> None:
     assert upsert is not None
     assert upsert.header.ledger_index == 1
     world.store.commit(UnitOfWork(upserts=[upsert]))
-    service = WorkflowService(rotating, world.clock, SequentialIds("wf"))
+    service = workflow_services(rotating, world.clock, SequentialIds("wf")).workflows
     assert service.get(workflow_id).state == "planning"
 
 

@@ -44,14 +44,14 @@ def runtime() -> Runtime:
     built = bootstrap(Settings(backend="memory"), key=KEY, clock=clock)
     workflows = built.workflows
     record, _ = workflows.create(WorkOrder(kind="demo", requester="a", idempotency_key="k"))
-    workflows.append_event(
+    built.workflow_events.append_event(
         record.workflow_id,
         "workflow.noted",
         expected_state=record.state,
         expected_version=record.state_version,
         payload={"note": 1},
     )
-    workflows.put_action_result(
+    built.action_results.put_action_result(
         record.workflow_id, content_hash("x"), {"r": 1}, retention=timedelta(minutes=1)
     )
     built.state("main").update_with_events(

@@ -18,6 +18,7 @@ import pytest
 from checkpoint_setup import create_checkpoint, request_approval
 from graph_services import graph_runs
 from row_edits import PassThroughStore, RowEditor, refused
+from workflow_services import workflow_services
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore
@@ -46,7 +47,6 @@ from flowvault.application import (
     StoredRecord,
     TerminalReceipts,
     UnreadableItem,
-    WorkflowService,
     purge_finished_runs,
     record_stream,
     run_stream,
@@ -84,7 +84,10 @@ class World(RowEditor):
         )
         self.idempotency = IdempotencyService(repo, self.clock)
         self.evidence = EvidenceService(repo, self.clock, integrity=repo)
-        self.workflows = WorkflowService(repo, self.clock, SequentialIds("wf"))
+        services = workflow_services(repo, self.clock, SequentialIds("wf"))
+        self.workflows = services.workflows
+        self.workflow_events = services.events
+        self.action_results = services.results
         self.runs = graph_runs(repo, self.clock, SequentialIds("run"))
         self.definitions = DefinitionRegistry(repo, self.clock)
         self.receipts = TerminalReceipts(repo, repo)
@@ -349,13 +352,13 @@ def test_a_deleted_workflow_marker_cannot_make_a_second_workflow(world: World) -
 def test_a_deleted_event_key_marker_cannot_append_the_event_twice(world: World) -> None:
     """The keyed event carries the marker's digest, so the retry finds it and refuses."""
     record, _ = world.workflows.create(_order())
-    world.workflows.append_event(
+    world.workflow_events.append_event(
         record.workflow_id, "note.added", expected_state="intake", expected_version=1,
         event_key="note-1",
     )  # fmt: skip
     marker = world.digest(EVENT_KEYS, f"{record.workflow_id}\x1fnote-1")
     world.delete(EVENT_KEYS, marker)
-    retry = lambda: world.workflows.append_event(  # noqa: E731
+    retry = lambda: world.workflow_events.append_event(  # noqa: E731
         record.workflow_id, "note.added", expected_state="intake", expected_version=1,
         event_key="note-1",
     )  # fmt: skip

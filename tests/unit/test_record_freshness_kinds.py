@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 import pytest
 from graph_services import graph_runs
 from row_edits import PassThroughStore, RowEditor, refused
+from workflow_services import workflow_services
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore
@@ -33,6 +34,7 @@ from flowvault.application import (
     RESULT_KIND,
     RETENTION_TOMBSTONE,
     RUNS,
+    ActionResultService,
     BoundRecords,
     DefinitionRegistry,
     Guard,
@@ -44,7 +46,6 @@ from flowvault.application import (
     StoredRecord,
     TerminalReceipts,
     UnreadableItem,
-    WorkflowService,
     list_all_streams,
     mac_matches,
     purge_finished_runs,
@@ -73,7 +74,10 @@ class World(RowEditor):
     def __init__(self, store: SecureObjectStore) -> None:
         self.clock = FrozenClock()
         super().__init__(store, SealedRepository(store, AesGcmCipher(KEY), self.clock))
-        self.workflows = WorkflowService(self.repository, self.clock, SequentialIds("wf"))
+        services = workflow_services(self.repository, self.clock, SequentialIds("wf"))
+        self.workflows = services.workflows
+        self.workflow_events = services.events
+        self.action_results = services.results
         self.runs = graph_runs(self.repository, self.clock, SequentialIds("run"))
         self.definitions = DefinitionRegistry(self.repository, self.clock)
         self.receipts = TerminalReceipts(self.repository, self.repository)
@@ -108,9 +112,9 @@ class World(RowEditor):
             self.store, self.repository, BoundRecords(self.repository, self.workflows, self.runs)
         )
 
-    def reader_at(self, moment: datetime) -> WorkflowService:
+    def reader_at(self, moment: datetime) -> ActionResultService:
         """Return a workflow service whose clock shows ``moment``, over the same store."""
-        return WorkflowService(self.repository, FrozenClock(moment), SequentialIds("wf"))
+        return workflow_services(self.repository, FrozenClock(moment), SequentialIds("wf")).results
 
 
 @pytest.fixture
@@ -153,10 +157,10 @@ def _replaced_result(world: World) -> tuple[str, StoredRecord, datetime]:
     """Store a result, let it expire, store another in its place; return the older row."""
     workflow_id = world.workflow()
     stored_at = world.clock.now()
-    world.workflows.put_action_result(workflow_id, ACTION, {"v": SECRET}, retention=SECOND)
+    world.action_results.put_action_result(workflow_id, ACTION, {"v": SECRET}, retention=SECOND)
     older = world.row(ACTION_RESULTS, f"{workflow_id}\x1f{ACTION}")
     world.clock.advance(2 * SECOND)
-    world.workflows.put_action_result(workflow_id, ACTION, {"v": 2}, retention=DAY)
+    world.action_results.put_action_result(workflow_id, ACTION, {"v": 2}, retention=DAY)
     return workflow_id, older, stored_at
 
 
@@ -184,9 +188,11 @@ def test_an_older_action_result_put_back_is_refused_by_every_read(world: World) 
     failure = _refused(lambda: early.get_action_result(workflow_id, ACTION), STALE)
     assert failure.details["ledger_index"] == 0
     _refused(lambda: early.list_action_results(workflow_id), STALE)
-    _refused(lambda: world.workflows.get_action_result(workflow_id, ACTION), STALE)
+    _refused(lambda: world.action_results.get_action_result(workflow_id, ACTION), STALE)
     _refused(
-        lambda: world.workflows.put_action_result(workflow_id, ACTION, {"v": 2}, retention=DAY),
+        lambda: world.action_results.put_action_result(
+            workflow_id, ACTION, {"v": 2}, retention=DAY
+        ),
         STALE,
     )
 
@@ -194,17 +200,17 @@ def test_an_older_action_result_put_back_is_refused_by_every_read(world: World) 
 def test_a_deleted_action_result_is_refused_and_not_stored_again(world: World) -> None:
     """Its stream still vouches for it: a read and a retried put refuse instead of starting over."""
     workflow_id = world.workflow()
-    world.workflows.put_action_result(workflow_id, ACTION, {"v": 1}, retention=DAY)
+    world.action_results.put_action_result(workflow_id, ACTION, {"v": 1}, retention=DAY)
     digest = world.digest(ACTION_RESULTS, f"{workflow_id}\x1f{ACTION}")
     world.delete(ACTION_RESULTS, digest)
-    _refused(lambda: world.workflows.get_action_result(workflow_id, ACTION), DELETED)
+    _refused(lambda: world.action_results.get_action_result(workflow_id, ACTION), DELETED)
     for body in ({"v": 1}, {"v": 2}):
         _refused(
-            lambda body=body: world.workflows.put_action_result(workflow_id, ACTION, body),
+            lambda body=body: world.action_results.put_action_result(workflow_id, ACTION, body),
             DELETED,
         )
     assert len(world.events(record_stream(ACTION_RESULT_KIND, digest))) == 1
-    assert world.workflows.get_action_result(workflow_id, content_hash("other")) is None
+    assert world.action_results.get_action_result(workflow_id, content_hash("other")) is None
 
 
 def test_a_purged_action_result_is_gone_and_its_row_cannot_come_back(world: World) -> None:
@@ -213,24 +219,24 @@ def test_a_purged_action_result_is_gone_and_its_row_cannot_come_back(world: Worl
     It can then be stored again, while its purged row put back is refused.
     """
     workflow_id = world.workflow()
-    world.workflows.put_action_result(workflow_id, ACTION, {"v": SECRET}, retention=SECOND)
+    world.action_results.put_action_result(workflow_id, ACTION, {"v": SECRET}, retention=SECOND)
     purged = world.row(ACTION_RESULTS, f"{workflow_id}\x1f{ACTION}")
     world.clock.advance(2 * SECOND)
-    assert world.workflows.purge_expired() == 1
+    assert world.action_results.purge_expired() == 1
     digest = purged.metadata.key_digest
     stream = record_stream(ACTION_RESULT_KIND, digest)
     tombstone = world.events(stream)[-1]
     assert tombstone.type == RETENTION_TOMBSTONE
     assert mac_matches(tombstone, world.repository)
-    assert world.workflows.get_action_result(workflow_id, ACTION) is None
+    assert world.action_results.get_action_result(workflow_id, ACTION) is None
     world.replay(purged)
-    _refused(lambda: world.workflows.get_action_result(workflow_id, ACTION), STALE)
+    _refused(lambda: world.action_results.get_action_result(workflow_id, ACTION), STALE)
     stale = world.audit().run().stale
     assert [(found.namespace, found.key_digest) for found in stale] == [(ACTION_RESULTS, digest)]
-    _refused(world.workflows.purge_expired, STALE)
+    _refused(world.action_results.purge_expired, STALE)
     world.delete(ACTION_RESULTS, digest)
-    world.workflows.put_action_result(workflow_id, ACTION, {"v": 3}, retention=DAY)
-    found = world.workflows.get_action_result(workflow_id, ACTION)
+    world.action_results.put_action_result(workflow_id, ACTION, {"v": 3}, retention=DAY)
+    found = world.action_results.get_action_result(workflow_id, ACTION)
     assert found is not None
     assert found.result == {"v": 3}
 
@@ -240,9 +246,9 @@ def test_an_action_result_rewritten_during_a_read_is_no_false_alarm(world: World
     workflow_id, _, _ = _replaced_result(world)
     older = world.row(ACTION_RESULTS, f"{workflow_id}\x1f{ACTION}")
     world.clock.advance(2 * DAY)
-    world.workflows.put_action_result(workflow_id, ACTION, {"v": 3}, retention=DAY)
+    world.action_results.put_action_result(workflow_id, ACTION, {"v": 3}, retention=DAY)
     racing, repository = _racing(world, older)
-    service = WorkflowService(repository, world.clock, SequentialIds("wf"))
+    service = workflow_services(repository, world.clock, SequentialIds("wf")).results
     found = service.get_action_result(workflow_id, ACTION)
     assert found is not None
     assert found.result == {"v": 3}
@@ -487,9 +493,11 @@ def test_a_full_audit_finds_replays_and_deletions_of_every_kind(world: World) ->
     world.results.save(world.result())
     world.definitions.register_definition("gonedef", {"nodes": []})
     world.definitions.delete_definition("gonedef")
-    world.workflows.put_action_result(workflow_id, content_hash("b"), {"v": 1}, retention=SECOND)
+    world.action_results.put_action_result(
+        workflow_id, content_hash("b"), {"v": 1}, retention=SECOND
+    )
     world.clock.advance(2 * SECOND)
-    assert world.workflows.purge_expired() == 1
+    assert world.action_results.purge_expired() == 1
     assert purge_finished_runs(world.repository, world.clock, world.clock.now(), SECOND) == 1
     assert world.audit().run().ok
 
@@ -537,7 +545,7 @@ def test_a_full_audit_reads_each_stream_once(world: World) -> None:
     )
     bound = BoundRecords(
         repository,
-        WorkflowService(repository, world.clock, SequentialIds("wf")),
+        workflow_services(repository, world.clock, SequentialIds("wf")).workflows,
         graph_runs(repository, world.clock, SequentialIds("run")),
     )
     report = LedgerAudit(counting, repository, bound).run()
@@ -550,7 +558,7 @@ def test_a_full_audit_reads_each_stream_once(world: World) -> None:
 def test_every_new_event_is_keyed_and_names_only_digests(world: World) -> None:
     """The events these kinds write carry their chain MAC and no natural key or payload."""
     workflow_id = world.workflow()
-    world.workflows.put_action_result(workflow_id, ACTION, {"v": SECRET})
+    world.action_results.put_action_result(workflow_id, ACTION, {"v": SECRET})
     world.finished_run()
     world.results.save(world.result())
     world.definitions.register_definition("otherdef", {"nodes": []})

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from checkpoint_setup import checkpointed_run
-from graph_services import graph_runs
+from workflow_services import workflow_services
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore
@@ -41,6 +41,7 @@ from flowvault.application import (
     StreamVerifier,
     UnitOfWork,
     Upsert,
+    WorkflowEventService,
     WorkflowService,
     keyed,
     read_stream,
@@ -308,11 +309,14 @@ def test_the_verifier_reports_the_first_broken_link() -> None:
 # -- the services' audit reads ------------------------------------------------------
 
 
-def _world(store: SecureObjectStore) -> tuple[SealedRepository, WorkflowService, RunService]:
+def _world(
+    store: SecureObjectStore,
+) -> tuple[SealedRepository, WorkflowService, WorkflowEventService, RunService]:
     repository = SealedRepository(store, AesGcmCipher(KEY), FrozenClock())
     ids = SequentialIds("id")
-    runs = graph_runs(repository, repository.clock, ids)
-    return repository, WorkflowService(repository, repository.clock, ids), runs
+    runs = RunService(repository, repository.clock, ids, integrity=repository)
+    services = workflow_services(repository, repository.clock, ids)
+    return repository, services.workflows, services.events, runs
 
 
 def _forge_after(store: SecureObjectStore, stream: str) -> None:
@@ -331,17 +335,17 @@ def test_workflow_events_history_and_run_events_refuse_what_the_key_did_not_writ
     (an event after the one the record names, with no MAC); the others in
     the chain's verification.
     """
-    repository, workflows, runs = _world(backend_store)
+    repository, workflows, events, runs = _world(backend_store)
     record, _ = workflows.create(WorkOrder(kind="k", requester="r", idempotency_key="i"))
     state = StateRepository(repository, "main")
     state.update_with_events(lambda _: (WorkflowState(step=1), [HistoryEvent("state.stepped")]))
     DefinitionRegistry(repository, repository.clock).register_definition("graph", {"nodes": ["a"]})
     run, _ = runs.start_run("graph", {"t": 1})
-    assert workflows.events(record.workflow_id)
+    assert events.events(record.workflow_id)
     assert state.history()
     assert runs.read_run_events(run.run_id).events
     reads: list[tuple[str, Callable[[], object]]] = [
-        (stream_of(record.workflow_id), lambda: workflows.events(record.workflow_id)),
+        (stream_of(record.workflow_id), lambda: events.events(record.workflow_id)),
         ("scope/main", state.history),
         (f"run/{run.run_id}", lambda: runs.read_run_events(run.run_id)),
     ]
@@ -358,7 +362,7 @@ def test_a_full_audit_fails_on_an_unreadable_or_a_replayed_record(
     backend_store: SecureObjectStore,
 ) -> None:
     """``ledger verify --all`` is not ok when a record does not open or is older than its stream."""
-    repository, workflows, runs = _world(backend_store)
+    repository, workflows, _events, runs = _world(backend_store)
     bound = BoundRecords(repository, workflows, runs)
     record, _ = workflows.create(WorkOrder(kind="k", requester="r", idempotency_key="i"))
     digest = repository.key_digest(WORKFLOWS, record.workflow_id)
@@ -413,9 +417,9 @@ def test_records_stay_current_after_their_streams_are_trimmed_on_record(
     Trimming away the event a record names is another matter: the record
     can no longer be shown current, so it reads as stale.
     """
-    repository, workflows, runs = _world(backend_store)
+    repository, workflows, events, runs = _world(backend_store)
     record, _ = workflows.create(WorkOrder(kind="k", requester="r", idempotency_key="i"))
-    workflows.append_event(
+    events.append_event(
         record.workflow_id,
         "workflow.noted",
         expected_state=record.state,
@@ -436,7 +440,7 @@ def test_records_stay_current_after_their_streams_are_trimmed_on_record(
             trim_unit(backend_store, repository, stream, before_index=1, occurred_at=EPOCH)
         )
     assert workflows.get(record.workflow_id) == before
-    assert workflows.events(record.workflow_id)[-1].type == "ledger.trimmed"
+    assert events.events(record.workflow_id)[-1].type == "ledger.trimmed"
     assert state.load().state == WorkflowState(step=2)
     assert state.history()[0].index == 1
     assert runs.get_run(run.run_id).status == run.status
@@ -513,7 +517,7 @@ def test_a_state_row_deleted_outside_flowvault_is_refused_not_read_as_empty(
     Reading the scope as empty would hand out a default state, and an
     update would write revision 1 over what was lost.
     """
-    repository, workflows, runs = _world(backend_store)
+    repository, workflows, _events, runs = _world(backend_store)
     state = StateRepository(repository, "main")
     state.save(WorkflowState(step=3))
     address = repository.key_digest(STATE_NAMESPACE, "main")
@@ -541,7 +545,7 @@ def test_a_workflow_or_run_deleted_outside_flowvault_is_refused_not_unknown(
     A retried create is refused too (no second workflow), and the full
     audit lists both; a run purged by retention still reads as ``NOT_FOUND``.
     """
-    repository, workflows, runs = _world(backend_store)
+    repository, workflows, _events, runs = _world(backend_store)
     order = WorkOrder(kind="k", requester="r", idempotency_key="i")
     record, _ = workflows.create(order)
     DefinitionRegistry(repository, repository.clock).register_definition("graph", {"nodes": ["a"]})

@@ -16,6 +16,7 @@ from datetime import timedelta
 
 import pytest
 from graph_services import graph_runs
+from workflow_services import workflow_services
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.application import (
@@ -31,7 +32,6 @@ from flowvault.application import (
     StateRepository,
     TerminalReceipts,
     UnitOfWork,
-    WorkflowService,
     history_stream,
     inspect_unvouched,
     keyed,
@@ -64,7 +64,10 @@ class World:
         self.store = store
         self.clock = FrozenClock()
         self.repository = SealedRepository(store, AesGcmCipher(KEY), self.clock)
-        self.workflows = WorkflowService(self.repository, self.clock, SequentialIds("wf"))
+        services = workflow_services(self.repository, self.clock, SequentialIds("wf"))
+        self.workflows = services.workflows
+        self.workflow_events = services.events
+        self.action_results = services.results
         self.runs = graph_runs(self.repository, self.clock, SequentialIds("run"))
         self.definitions = DefinitionRegistry(self.repository, self.clock)
         self.receipts = TerminalReceipts(self.repository, self.repository)
@@ -272,7 +275,7 @@ def test_a_vouched_workflow_stream_keeps_its_record_current(world: World) -> Non
     workflow_id = record.workflow_id
     for _ in range(3):
         current = world.workflows.get(workflow_id)
-        world.workflows.append_event(
+        world.workflow_events.append_event(
             workflow_id,
             "workflow.noted",
             expected_state=current.state,
@@ -281,10 +284,10 @@ def test_a_vouched_workflow_stream_keeps_its_record_current(world: World) -> Non
     before = world.workflows.get(workflow_id)
     world.cut(stream_of(workflow_id), 2)
     with pytest.raises(IntegrityFailure):
-        world.workflows.events(workflow_id)
+        world.workflow_events.events(workflow_id)
     world.vouch(stream_of(workflow_id))
     assert world.workflows.get(workflow_id) == before
-    assert world.workflows.events(workflow_id)[-1].type == VOUCH_EVENT
+    assert world.workflow_events.events(workflow_id)[-1].type == VOUCH_EVENT
     current = world.workflows.get(workflow_id)
     world.workflows.transition(
         workflow_id,

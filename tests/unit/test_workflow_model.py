@@ -20,10 +20,11 @@ from hypothesis.stateful import (
     multiple,
     rule,
 )
+from workflow_services import WorkflowServices, workflow_services
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore
-from flowvault.application import SealedRepository, WorkflowService, stream_of
+from flowvault.application import SealedRepository, WorkflowEventService, stream_of
 from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.domain import (
     DEFAULT_LIFECYCLE,
@@ -103,11 +104,11 @@ def _order(key: str, variant: int) -> WorkOrder:
     )
 
 
-def _build_service() -> tuple[WorkflowService, InMemorySecureObjectStore, FrozenClock]:
+def _build_service() -> tuple[WorkflowServices, InMemorySecureObjectStore, FrozenClock]:
     clock = FrozenClock()
     store = InMemorySecureObjectStore()
     repository = SealedRepository(store, AesGcmCipher(bytes(32)), clock)
-    return WorkflowService(repository, clock, SequentialIds("wf")), store, clock
+    return workflow_services(repository, clock, SequentialIds("wf")), store, clock
 
 
 def _payload_is_valid(event_type: str, payload: dict[str, object]) -> bool:
@@ -185,13 +186,16 @@ def _refusal(
 
 
 class WorkflowModel(RuleBasedStateMachine):
-    """Drive ``WorkflowService`` and check it against plain dictionaries."""
+    """Drive the workflow services and check them against plain dictionaries."""
 
     workflows = Bundle("workflows")
 
     def __init__(self) -> None:
         super().__init__()
-        self.service, self.store, self.clock = _build_service()
+        services, self.store, self.clock = _build_service()
+        self.service = services.workflows
+        self.workflow_events = services.events
+        self.action_results = services.results
         self.model: dict[str, ModelWorkflow] = {}
         self.idempotency: dict[str, tuple[int, str]] = {}
         self.event_keys: dict[tuple[str, str], ModelEvent] = {}
@@ -204,11 +208,13 @@ class WorkflowModel(RuleBasedStateMachine):
         workflows = {
             workflow_id: (
                 self.service.get(workflow_id),
-                len(self.service.events(workflow_id, verify=False)),
+                len(self.workflow_events.events(workflow_id, verify=False)),
             )
             for workflow_id in self.model
         }
-        results = {key: self.service.get_action_result(*key) for key in sorted(self.result_keys)}
+        results = {
+            key: self.action_results.get_action_result(*key) for key in sorted(self.result_keys)
+        }
         return workflows, results, self.store.namespace_counts()
 
     def _refused(self, error: type[FlowvaultError], call: Callable[[], object]) -> None:
@@ -252,7 +258,9 @@ class WorkflowModel(RuleBasedStateMachine):
             current.state = target
             current.version += 1
         if retention is not None:
-            self.service.put_action_result(workflow_id, HASHES[0], RESULTS[0], retention=retention)
+            self.action_results.put_action_result(
+                workflow_id, HASHES[0], RESULTS[0], retention=retention
+            )
             now = self.clock.now()
             self.results[(workflow_id, HASHES[0])] = ModelResult(RESULTS[0], now + retention)
             self.result_keys.add((workflow_id, HASHES[0]))
@@ -377,7 +385,7 @@ class WorkflowModel(RuleBasedStateMachine):
         expected_state, expected_version = self._expected(data, current)
 
         def call() -> tuple[object, object, bool]:
-            return self.service.append_event(
+            return self.workflow_events.append_event(
                 workflow_id,
                 event_type,
                 expected_state=expected_state,
@@ -415,7 +423,7 @@ class WorkflowModel(RuleBasedStateMachine):
         note_event(f"appended {'decision' if event_type in DECISION_TYPES else 'event'}")
         assert event.index == len(current.events)
         if event_type in DECISION_TYPES:
-            receipt = self.service.decision_receipt(workflow_id, event)
+            receipt = self.workflow_events.decision_receipt(workflow_id, event)
             assert (receipt.action_hash, receipt.approved) == (
                 payload["action_hash"],
                 event_type == APPROVED,
@@ -451,7 +459,7 @@ class WorkflowModel(RuleBasedStateMachine):
             result = data.draw(st.sampled_from(RESULTS), label="result")
 
         def call() -> object:
-            return self.service.put_action_result(
+            return self.action_results.put_action_result(
                 workflow_id, action_hash, result, retention=retention
             )
 
@@ -490,7 +498,7 @@ class WorkflowModel(RuleBasedStateMachine):
         """Purge exactly the expired results, leaving one tombstone for each."""
         now = self.clock.now()
         expired = [key for key, held in self.results.items() if held.expires_at <= now]
-        assert self.service.purge_expired(batch_size=batch_size) == len(expired)
+        assert self.action_results.purge_expired(batch_size=batch_size) == len(expired)
         note_event(f"purged {min(len(expired), 3)}{'+' if len(expired) >= 3 else ''}")
         for workflow_id, action_hash in expired:
             del self.results[(workflow_id, action_hash)]
@@ -502,7 +510,7 @@ class WorkflowModel(RuleBasedStateMachine):
     def unknown_workflow(self) -> None:
         """Refuse every operation on a workflow that does not exist."""
         self._refused(NotFound, lambda: self.service.get("wf-missing"))
-        self._refused(NotFound, lambda: self.service.events("wf-missing"))
+        self._refused(NotFound, lambda: self.workflow_events.events("wf-missing"))
         self._refused(
             NotFound,
             lambda: self.service.transition(
@@ -511,13 +519,13 @@ class WorkflowModel(RuleBasedStateMachine):
         )
         self._refused(
             NotFound,
-            lambda: self.service.append_event(
+            lambda: self.workflow_events.append_event(
                 "wf-missing", "note.added", expected_state="intake", expected_version=1
             ),
         )
         self._refused(
             NotFound,
-            lambda: self.service.put_action_result("wf-missing", HASHES[0], {"n": 1}),
+            lambda: self.action_results.put_action_result("wf-missing", HASHES[0], {"n": 1}),
         )
 
     # -- invariants -----------------------------------------------------------
@@ -538,7 +546,7 @@ class WorkflowModel(RuleBasedStateMachine):
     def ledgers_match_model(self) -> None:
         """Check every ledger verifies, is complete and agrees with its record."""
         for workflow_id, expected in self.model.items():
-            events = self.service.events(workflow_id)
+            events = self.workflow_events.events(workflow_id)
             assert [(e.type, e.from_state, e.to_state) for e in events] == expected.events
             assert [e.index for e in events] == list(range(len(events)))
             assert {e.stream for e in events} == {stream_of(workflow_id)}
@@ -572,7 +580,7 @@ class WorkflowModel(RuleBasedStateMachine):
         now = self.clock.now()
         for key in self.result_keys:
             held = self.results.get(key)
-            found = self.service.get_action_result(*key)
+            found = self.action_results.get_action_result(*key)
             if held is None or held.expires_at <= now:
                 assert found is None
             else:
@@ -580,7 +588,7 @@ class WorkflowModel(RuleBasedStateMachine):
                 assert canonical_bytes(found.result) == canonical_bytes(held.result)
                 assert found.expires_at == held.expires_at
         for workflow_id in self.model:
-            listed = self.service.list_action_results(workflow_id)
+            listed = self.action_results.list_action_results(workflow_id)
             assert all(item.result is None for item in listed)
             live = {
                 action_hash
@@ -616,7 +624,8 @@ def _race(count: int, work: Callable[[], object]) -> list[object]:
 
 def test_concurrent_create_and_transition_have_one_winner() -> None:
     """Let exactly one of eight racing creates and eight racing transitions win."""
-    service, _, _ = _build_service()
+    services, _, _ = _build_service()
+    service = services.workflows
     order = _order("idem-race", 0)
     created = _race(8, lambda: service.create(order))
     assert all(isinstance(outcome, tuple) for outcome in created), created
@@ -637,20 +646,21 @@ def test_concurrent_create_and_transition_have_one_winner() -> None:
     assert all(type(loser) is RevisionConflict for loser in losers), losers
     record = service.get(workflow_id)
     assert (record.state, record.state_version) == ("planning", 2)
-    events = service.events(workflow_id)
+    events = services.events.events(workflow_id)
     assert [(e.type, e.from_state, e.to_state) for e in events] == [
         (CREATED, None, "intake"),
         (TRANSITIONED, "intake", "planning"),
     ]
 
 
-def _decision_workflow() -> tuple[WorkflowService, str]:
-    service, _, _ = _build_service()
+def _decision_workflow() -> tuple[WorkflowEventService, str]:
+    services, _, _ = _build_service()
+    service = services.workflows
     record, _ = service.create(_order("idem-decision", 0))
     workflow_id = record.workflow_id
     service.transition(workflow_id, "planning", expected_state="intake", expected_version=1)
     service.transition(workflow_id, "decision", expected_state="planning", expected_version=2)
-    return service, workflow_id
+    return services.events, workflow_id
 
 
 def test_decision_with_malformed_action_hash_is_refused() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from listings import every_page
 from row_edits import PassThroughStore
+from workflow_services import workflow_services
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
@@ -21,7 +22,6 @@ from flowvault.application import (
     SecureObjectStore,
     UnitOfWork,
     UnreadableItem,
-    WorkflowService,
     stream_of,
 )
 from flowvault.application.testing import FrozenClock, SequentialIds
@@ -53,7 +53,10 @@ class World:
         self.store = store
         self.clock = FrozenClock()
         self.repository = SealedRepository(store, AesGcmCipher(bytes(range(32))), self.clock)
-        self.service = WorkflowService(self.repository, self.clock, SequentialIds("wf"))
+        services = workflow_services(self.repository, self.clock, SequentialIds("wf"))
+        self.service = services.workflows
+        self.workflow_events = services.events
+        self.action_results = services.results
 
     def order(self, key: str = "req-1", **changes: object) -> WorkOrder:
         fields: dict[str, object] = {
@@ -103,14 +106,14 @@ def test_create_starts_in_intake_with_a_created_event(world: World) -> None:
     assert record.machine_version == DEFAULT_LIFECYCLE.version
     assert record.original_content_hash == ACTION
     assert record.created_at == record.updated_at == world.clock.now()
-    (event,) = world.service.events(record.workflow_id)
+    (event,) = world.workflow_events.events(record.workflow_id)
     assert (event.type, event.from_state, event.to_state) == ("workflow.created", None, "intake")
 
 
 def test_ledger_summary_holds_no_parameters_or_requester(world: World) -> None:
     """The created event describes the order without its parameters or requester."""
     record, _ = world.service.create(world.order())
-    text = canonical_json([e.payload for e in world.service.events(record.workflow_id)])
+    text = canonical_json([e.payload for e in world.workflow_events.events(record.workflow_id)])
     assert SECRET not in text
     assert REQUESTER not in text
     assert "1200" not in text
@@ -123,7 +126,7 @@ def test_same_key_same_content_returns_the_first(world: World) -> None:
     again, created = world.service.create(world.order())
     assert not created
     assert again == first
-    assert len(world.service.events(first.workflow_id)) == 1
+    assert len(world.workflow_events.events(first.workflow_id)) == 1
 
 
 def test_same_key_other_content_conflicts_and_writes_nothing(world: World) -> None:
@@ -166,7 +169,7 @@ def test_transition_advances_version_and_records_the_move(world: World) -> None:
     )
     assert (moved.state, moved.state_version) == ("planning", 2)
     assert moved.updated_at > record.updated_at
-    event = world.service.events(record.workflow_id)[-1]
+    event = world.workflow_events.events(record.workflow_id)[-1]
     assert (event.index, event.from_state, event.to_state) == (1, "intake", "planning")
     assert event.payload == {"note": "plan", "api_token": "[REDACTED]"}
     assert world.service.get(record.workflow_id) == moved
@@ -255,12 +258,12 @@ def test_unknown_workflow_is_not_found(world: World) -> None:
     """Every verb on an unknown workflow raises NOT_FOUND."""
     calls = [
         lambda: world.service.get("nope"),
-        lambda: world.service.events("nope"),
+        lambda: world.workflow_events.events("nope"),
         lambda: world.service.transition(
             "nope", "planning", expected_state="intake", expected_version=1
         ),
-        lambda: world.service.put_action_result("nope", ACTION, {"x": 1}),
-        lambda: world.service.list_action_results("nope"),
+        lambda: world.action_results.put_action_result("nope", ACTION, {"x": 1}),
+        lambda: world.action_results.list_action_results("nope"),
     ]
     for call in calls:
         with pytest.raises(NotFound):
@@ -273,7 +276,9 @@ def test_workflow_remembers_its_machine(world: World) -> None:
     other = StateMachine.define(
         name="short", initial="intake", transitions={"intake": {"done"}}, terminal={"done"}
     )
-    service = WorkflowService(world.repository, world.clock, SequentialIds("x"), machine=other)
+    service = workflow_services(
+        world.repository, world.clock, SequentialIds("x"), machine=other
+    ).workflows
     with pytest.raises(InvalidDefinition):
         service.transition(record.workflow_id, "done", expected_state="intake", expected_version=1)
     made, _ = service.create(world.order(key="req-2"))
@@ -292,7 +297,7 @@ def test_workflow_remembers_its_machine(world: World) -> None:
 def test_append_event_keeps_state_and_advances_version(world: World) -> None:
     """A receipt keeps the state, bumps the version and chains a same-state event."""
     record, _ = world.service.create(world.order())
-    updated, event, created = world.service.append_event(
+    updated, event, created = world.workflow_events.append_event(
         record.workflow_id, "note.added", expected_state="intake", expected_version=1
     )
     assert created
@@ -303,7 +308,7 @@ def test_append_event_keeps_state_and_advances_version(world: World) -> None:
 def test_event_key_retry_returns_the_original(world: World) -> None:
     """Retrying with the same event key returns the first event and writes nothing."""
     record, _ = world.service.create(world.order())
-    first = world.service.append_event(
+    first = world.workflow_events.append_event(
         record.workflow_id,
         "note.added",
         expected_state="intake",
@@ -312,7 +317,7 @@ def test_event_key_retry_returns_the_original(world: World) -> None:
         event_key="note-1",
     )
     before = world.visible()
-    again = world.service.append_event(
+    again = world.workflow_events.append_event(
         record.workflow_id,
         "note.added",
         expected_state="intake",
@@ -336,7 +341,7 @@ def test_event_key_reused_for_other_content_conflicts(
 ) -> None:
     """The same event key with another type or payload is IDEMPOTENCY_CONFLICT."""
     record, _ = world.service.create(world.order())
-    world.service.append_event(
+    world.workflow_events.append_event(
         record.workflow_id,
         "note.added",
         expected_state="intake",
@@ -346,7 +351,7 @@ def test_event_key_reused_for_other_content_conflicts(
     )
     before = world.visible()
     with pytest.raises(IdempotencyConflict):
-        world.service.append_event(
+        world.workflow_events.append_event(
             record.workflow_id,
             event_type,
             expected_state="intake",
@@ -361,14 +366,14 @@ def test_decision_receipt_proves_who_without_revealing(world: World) -> None:
     """An approval in the decision state yields a digest-only receipt that names no one."""
     record, _ = world.service.create(world.order())
     version = world.to_decision(record.workflow_id)
-    _, event, _ = world.service.append_event(
+    _, event, _ = world.workflow_events.append_event(
         record.workflow_id,
         "decision.approved",
         expected_state="decision",
         expected_version=version,
         payload={"action_hash": ACTION, "approved": True, "decided_by": "bob@example.org"},
     )
-    receipt = world.service.decision_receipt(record.workflow_id, event)
+    receipt = world.workflow_events.decision_receipt(record.workflow_id, event)
     body = canonical_json(receipt.body())
     assert "bob@example.org" not in body + canonical_json(event.payload)
     assert record.workflow_id not in body
@@ -396,7 +401,7 @@ def test_malformed_decisions_are_refused(
     record, _ = world.service.create(world.order())
     version = world.to_decision(record.workflow_id)
     with pytest.raises(InvalidInput):
-        world.service.append_event(
+        world.workflow_events.append_event(
             record.workflow_id,
             event_type,
             expected_state="decision",
@@ -409,7 +414,7 @@ def test_decision_outside_the_decision_state_is_refused(world: World) -> None:
     """A well-formed decision receipt in another state is INVALID_TRANSITION."""
     record, _ = world.service.create(world.order())
     with pytest.raises(InvalidTransition):
-        world.service.append_event(
+        world.workflow_events.append_event(
             record.workflow_id,
             "decision.rejected",
             expected_state="intake",
@@ -424,16 +429,16 @@ def test_decision_outside_the_decision_state_is_refused(world: World) -> None:
 def test_action_result_round_trip_and_idempotency(world: World) -> None:
     """A result reads back; the same content again returns the first; other content conflicts."""
     record, _ = world.service.create(world.order())
-    stored = world.service.put_action_result(record.workflow_id, ACTION, {"paid": SECRET})
+    stored = world.action_results.put_action_result(record.workflow_id, ACTION, {"paid": SECRET})
     world.clock.advance()
-    again = world.service.put_action_result(record.workflow_id, ACTION, {"paid": SECRET})
+    again = world.action_results.put_action_result(record.workflow_id, ACTION, {"paid": SECRET})
     assert again == stored
-    fetched = world.service.get_action_result(record.workflow_id, ACTION)
+    fetched = world.action_results.get_action_result(record.workflow_id, ACTION)
     assert fetched is not None
     assert fetched.result == {"paid": SECRET}
     assert stored.expires_at - stored.created_at == timedelta(hours=24)
     with pytest.raises(IdempotencyConflict):
-        world.service.put_action_result(record.workflow_id, ACTION, {"paid": "other"})
+        world.action_results.put_action_result(record.workflow_id, ACTION, {"paid": "other"})
 
 
 @pytest.mark.parametrize(
@@ -443,35 +448,37 @@ def test_retention_outside_bounds_is_invalid(world: World, retention: timedelta)
     """Retention must lie between one second and thirty days."""
     record, _ = world.service.create(world.order())
     with pytest.raises(InvalidInput):
-        world.service.put_action_result(record.workflow_id, ACTION, {}, retention=retention)
+        world.action_results.put_action_result(record.workflow_id, ACTION, {}, retention=retention)
 
 
 def test_action_hash_must_be_a_digest(world: World) -> None:
     """A free-text action hash is refused before anything is stored."""
     record, _ = world.service.create(world.order())
     with pytest.raises(InvalidInput):
-        world.service.put_action_result(record.workflow_id, "pay-invoice", {})
+        world.action_results.put_action_result(record.workflow_id, "pay-invoice", {})
 
 
 def test_expired_results_vanish_and_purge_leaves_tombstones(world: World) -> None:
     """Expired results are not returned; purging deletes them and logs a body-free tombstone."""
     record, _ = world.service.create(world.order())
     short, long_ = content_hash("short"), content_hash("long")
-    world.service.put_action_result(
+    world.action_results.put_action_result(
         record.workflow_id, short, {"v": SECRET}, retention=timedelta(seconds=1)
     )
-    world.service.put_action_result(
+    world.action_results.put_action_result(
         record.workflow_id, long_, {"v": 2}, retention=timedelta(days=1)
     )
-    listed = world.service.list_action_results(record.workflow_id)
+    listed = world.action_results.list_action_results(record.workflow_id)
     assert [item.action_hash for item in listed] == sorted([short, long_])
     assert all(item.result is None for item in listed)
     world.clock.advance(timedelta(seconds=1))
-    assert world.service.get_action_result(record.workflow_id, short) is None
-    assert [r.action_hash for r in world.service.list_action_results(record.workflow_id)] == [long_]
-    assert world.service.purge_expired() == 1
-    assert world.service.purge_expired() == 0
-    tombstone = world.service.events(record.workflow_id)[-1]
+    assert world.action_results.get_action_result(record.workflow_id, short) is None
+    assert [
+        r.action_hash for r in world.action_results.list_action_results(record.workflow_id)
+    ] == [long_]
+    assert world.action_results.purge_expired() == 1
+    assert world.action_results.purge_expired() == 0
+    tombstone = world.workflow_events.events(record.workflow_id)[-1]
     assert tombstone.type == "action_result.purged"
     assert isinstance(tombstone.payload, dict)
     assert tombstone.payload["action_hash"] == short
@@ -482,16 +489,18 @@ def test_expired_results_vanish_and_purge_leaves_tombstones(world: World) -> Non
 def test_expired_result_can_be_stored_again(world: World) -> None:
     """After expiry the action hash takes a new result, and the old one leaves a tombstone."""
     record, _ = world.service.create(world.order())
-    world.service.put_action_result(
+    world.action_results.put_action_result(
         record.workflow_id, ACTION, {"v": 1}, retention=timedelta(seconds=1)
     )
     world.clock.advance(timedelta(seconds=2))
-    fresh = world.service.put_action_result(record.workflow_id, ACTION, {"v": 2})
-    fetched = world.service.get_action_result(record.workflow_id, ACTION)
+    fresh = world.action_results.put_action_result(record.workflow_id, ACTION, {"v": 2})
+    fetched = world.action_results.get_action_result(record.workflow_id, ACTION)
     assert fetched is not None
     assert fetched.result == {"v": 2} == fresh.result
     (tombstone,) = [
-        e for e in world.service.events(record.workflow_id) if e.type == "action_result.purged"
+        e
+        for e in world.workflow_events.events(record.workflow_id)
+        if e.type == "action_result.purged"
     ]
     assert tombstone.payload["action_hash"] == ACTION  # type: ignore[index,call-overload]
 
@@ -500,28 +509,28 @@ def test_purge_works_in_bounded_batches(world: World) -> None:
     """Purging more results than one batch holds removes all of them, each with a tombstone."""
     record, _ = world.service.create(world.order())
     for n in range(7):
-        world.service.put_action_result(
+        world.action_results.put_action_result(
             record.workflow_id, content_hash(n), {"n": n}, retention=timedelta(seconds=1)
         )
     world.clock.advance(timedelta(seconds=5))
-    assert world.service.purge_expired(batch_size=3) == 7
-    events = world.service.events(record.workflow_id)
+    assert world.action_results.purge_expired(batch_size=3) == 7
+    events = world.workflow_events.events(record.workflow_id)
     assert sum(e.type == "action_result.purged" for e in events) == 7
 
 
 def test_purge_does_not_block_a_later_transition(world: World) -> None:
     """A transition after tombstones were appended still chains onto the new head."""
     record, _ = world.service.create(world.order())
-    world.service.put_action_result(
+    world.action_results.put_action_result(
         record.workflow_id, ACTION, {"n": 1}, retention=timedelta(seconds=1)
     )
     world.clock.advance(timedelta(seconds=5))
-    world.service.purge_expired()
+    world.action_results.purge_expired()
     moved = world.service.transition(
         record.workflow_id, "planning", expected_state="intake", expected_version=1
     )
     assert moved.state_version == 2
-    assert [e.index for e in world.service.events(record.workflow_id)] == [0, 1, 2]
+    assert [e.index for e in world.workflow_events.events(record.workflow_id)] == [0, 1, 2]
 
 
 # -- ledger verification ----------------------------------------------------------
@@ -540,9 +549,9 @@ def test_tampered_ledger_is_reported_with_its_first_bad_index(tmp_path: Path) ->
                 ('{"forged":true}', stream_of(record.workflow_id)),
             )
         with pytest.raises(IntegrityFailure) as caught:
-            world.service.events(record.workflow_id)
+            world.workflow_events.events(record.workflow_id)
         assert caught.value.details["index"] == 2
-        assert len(world.service.events(record.workflow_id, verify=False)) == 4
+        assert len(world.workflow_events.events(record.workflow_id, verify=False)) == 4
 
 
 # -- listings -------------------------------------------------------------------
@@ -578,7 +587,7 @@ def test_workflows_in_a_state_page_and_a_cursor_keeps_its_filter(world: World) -
     for call in (
         lambda: world.service.list_workflows(cursor=page.next_cursor),
         lambda: world.service.list_workflows("intake", cursor=page.next_cursor),
-        lambda: world.service.event_page(made[0], cursor=page.next_cursor),
+        lambda: world.workflow_events.event_page(made[0], cursor=page.next_cursor),
         lambda: world.service.list_workflows(cursor="bm90IGEgY3Vyc29y"),
     ):
         with pytest.raises(InvalidInput) as caught:
@@ -631,19 +640,19 @@ def test_a_store_wide_error_still_fails_the_listing(world: World) -> None:
         world.clock,
     )
     with pytest.raises(StoreUnavailable):
-        WorkflowService(broken, world.clock, SequentialIds("wf")).list_workflows()
+        workflow_services(broken, world.clock, SequentialIds("wf")).workflows.list_workflows()
 
 
 def test_a_workflows_events_page_in_index_order(world: World) -> None:
     """event_page walks the verified ledger a page at a time, as events() returns it whole."""
     record, _ = world.service.create(world.order())
     world.to_decision(record.workflow_id)
-    whole = world.service.events(record.workflow_id)
+    whole = world.workflow_events.events(record.workflow_id)
     assert len(whole) == 4
     pages = []
     cursor: str | None = None
     while True:
-        page = world.service.event_page(record.workflow_id, cursor, limit=3)
+        page = world.workflow_events.event_page(record.workflow_id, cursor, limit=3)
         pages.append([event.index for event in page.items])
         assert page.unreadable == ()
         cursor = page.next_cursor
@@ -651,8 +660,8 @@ def test_a_workflows_events_page_in_index_order(world: World) -> None:
             break
     assert pages == [[0, 1, 2], [3]]
     other, _ = world.service.create(world.order("req-2"))
-    first = world.service.event_page(record.workflow_id, limit=1)
+    first = world.workflow_events.event_page(record.workflow_id, limit=1)
     with pytest.raises(InvalidInput):
-        world.service.event_page(other.workflow_id, first.next_cursor)
+        world.workflow_events.event_page(other.workflow_id, first.next_cursor)
     with pytest.raises(NotFound):
-        world.service.event_page("nope")
+        world.workflow_events.event_page("nope")

@@ -14,6 +14,7 @@ from collections import Counter
 
 import pytest
 from row_edits import PassThroughStore, RowEditor
+from workflow_services import workflow_services
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.application import (
@@ -21,7 +22,6 @@ from flowvault.application import (
     SealedRepository,
     SecureObjectStore,
     StoredRecord,
-    WorkflowService,
     stream_of,
 )
 from flowvault.application._write_cache import WriteCache
@@ -56,8 +56,12 @@ class World(RowEditor):
         super().__init__(store, SealedRepository(store, AesGcmCipher(KEY), self.clock))
         self.counted = CountingStore(store)
         mine = SealedRepository(self.counted, AesGcmCipher(KEY), self.clock)  # type: ignore[arg-type]
-        self.service = WorkflowService(mine, self.clock, SequentialIds("wf"))
-        self.other = WorkflowService(self.repository, self.clock, SequentialIds("other"))
+        services = workflow_services(mine, self.clock, SequentialIds("wf"))
+        self.service = services.workflows
+        self.workflow_events = services.events
+        self.other = workflow_services(
+            self.repository, self.clock, SequentialIds("other")
+        ).workflows
 
     def create(self) -> str:
         order = WorkOrder(
@@ -86,7 +90,7 @@ def test_a_workflow_this_process_wrote_is_not_read_back(world: World) -> None:
             workflow_id, target, expected_state=state, expected_version=version
         )
         version += 1
-    world.service.append_event(
+    world.workflow_events.append_event(
         workflow_id, "note.added", expected_state="executing", expected_version=version
     )
     assert world.counted.reads == Counter()
