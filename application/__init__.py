@@ -4,122 +4,22 @@ Hosts import ports and unit-of-work values from here; adapters implement
 the ports; the contract kit lives in ``flowvault.application.testing``.
 """
 
-from flowvault.application._action_results import (
-    ACTION_RESULTS,
-    DEFAULT_RETENTION,
-    MAX_RETENTION,
-    MIN_RETENTION,
-    ActionResultService,
-)
-from flowvault.application._anti_rollback import COMPACT_SLACK, AntiRollback, MarkedStore
+from flowvault.application._action_results import ActionResultService
 from flowvault.application._approvals import ApprovalService, ExpiryReport, SignedDecision
-from flowvault.application._audit import (
-    MAX_LISTED_UNREADABLE,
-    AuditReport,
-    LedgerAudit,
-    Progress,
-    PurgeOutcome,
-    RecordReadability,
-    StreamAudit,
-    StreamFailure,
-    UnreadableRecord,
-    list_all_streams,
-    no_progress,
-    purge,
-    verify_stream,
-)
+from flowvault.application._audit import AuditReport, LedgerAudit
 from flowvault.application._backoff import RetryPolicy
-from flowvault.application._capabilities import (
-    DURABLE_TIER,
-    MAINTENANCE_TIER,
-    StoreCapabilities,
-)
+from flowvault.application._capabilities import StoreCapabilities
 from flowvault.application._checkpoints import CheckpointService
-from flowvault.application._checks import Check, Severity
-from flowvault.application._compaction import compact_after_commit, compact_fully
 from flowvault.application._cursor import ListCursor, effective_limit
-from flowvault.application._decider_keys import DECIDER_KEY_KIND, DECIDER_KEYS
 from flowvault.application._definitions import DefinitionRegistry
 from flowvault.application._evidence import EvidenceService
-from flowvault.application._freshness import (
-    ACTION_RESULT_KIND,
-    CHECKPOINT_KIND,
-    DEFINITION_KIND,
-    IDEMPOTENCY_KIND,
-    RESULT_KIND,
-    WITNESS_KIND,
-    record_stream,
-)
-from flowvault.application._graph_namespaces import (
-    GRAPH_DEFINITION_VERSIONS,
-    GRAPH_DEFINITIONS,
-    GRAPH_RUN_IDEMPOTENCY,
-    GRAPH_RUN_RECEIPTS,
-    GRAPH_RUNS,
-)
 from flowvault.application._guards import check_append, check_delete, check_upsert
-from flowvault.application._high_water_store import HighWaterStore
-from flowvault.application._keyed_digester import KeyedDigester, require_integrity
-from flowvault.application._keys import (
-    KEY_ENV,
-    MASTER_KEY_BYTES,
-    MAX_RING_KEYS,
-    RING_HEADER,
-    KeyRing,
-    KeyRingStore,
-    KeyStore,
-    check_key_matches,
-    encode_master_key,
-    format_key_ring,
-    parse_key_ring,
-    parse_master_key,
-    resolve_key_ring,
-    resolve_master_key,
-)
-from flowvault.application._mark_flusher import MARK_LAG_WINDOW, MarkFlusher
-from flowvault.application._mark_format import (
-    LOG_GENESIS,
-    LOG_TAG,
-    MARK_HEADER,
-    MARK_TAG,
-    HighWaterMark,
-    MarkFile,
-    MarkState,
-    MarkWrite,
-    format_mark,
-    parse_mark,
-    replay_log,
-)
+from flowvault.application._keyed_digester import KeyedDigester
+from flowvault.application._keys import KeyStore
 from flowvault.application._paging import Page, UnreadableItem
-from flowvault.application._receipts import (
-    RECEIPT_MAC_NAME,
-    RECEIPT_MAC_TAG,
-    ReceiptDefect,
-    ReceiptMac,
-    ReceiptMismatch,
-    ReceiptSigner,
-    ReceiptVerifier,
-    authenticate,
-    authenticate_terminal,
-    compare_with_receipt,
-    head_note,
-    issue_receipt,
-    sign_terminal_receipt,
-)
-from flowvault.application._record_audit import BoundRecords, StaleRecord
-from flowvault.application._record_kinds import (
-    APPROVAL_SLOTS,
-    APPROVALS,
-    CHECKPOINTS,
-    MAX_WITNESS_BYTES,
-    REQUEST_IDEMPOTENCY,
-    WITNESSES,
-)
+from flowvault.application._receipts import ReceiptSigner, ReceiptVerifier, authenticate_terminal
 from flowvault.application._records import (
-    MAX_LABEL_TEXT,
-    MAX_LABELS,
     MAX_LIST_LIMIT,
-    MAX_PAYLOAD_BYTES,
     Delete,
     ExpectedRevision,
     FilterOp,
@@ -138,70 +38,16 @@ from flowvault.application._records import (
 from flowvault.application._request_idempotency import IdempotencyService
 from flowvault.application._retention import RetentionJob, RetentionReport
 from flowvault.application._retention_policy import RetentionPolicy
-from flowvault.application._rotation import (
-    DEFAULT_BATCH,
-    MAX_BATCH,
-    KeyRotation,
-    RotationReport,
-)
-from flowvault.application._run_retention import purge_finished_runs
-from flowvault.application._run_service import (
-    RunEventPage,
-    RunService,
-)
-from flowvault.application._runs import RUNS, RunRepository, check_run_id
-from flowvault.application._seal_budget import (
-    DEFAULT_SEAL_WARNING,
-    FIRST_SEAL_BLOCK,
-    MAX_SEAL_BLOCK,
-    NIST_SEAL_LIMIT,
-    SealBudget,
-)
-from flowvault.application._sealed import (
-    SEALED_BODY_VERSION,
-    CipherDigester,
-    SealedDocument,
-    SealedRepository,
-    SealOptions,
-)
-from flowvault.application._state import (
-    RESET_EVENT,
-    STATE_NAMESPACE,
-    STATE_WRITTEN_EVENT,
-    HistoryEvent,
-    ResetOutcome,
-    StateProbe,
-    StateRepository,
-    StateSnapshot,
-    check_scope,
-    cold_fingerprint,
-    history_stream,
-    reset_progress,
-)
+from flowvault.application._run_service import RunService
+from flowvault.application._runs import ResultRepository
+from flowvault.application._sealed import SealedDocument, SealedRepository
+from flowvault.application._state import HistoryEvent, StateRepository, StateSnapshot
 from flowvault.application._stream_writer import StreamWriter
-from flowvault.application._streams import (
-    LEDGER_MAC_TAG,
-    TRIM_EVENT,
-    VOUCH_EVENT,
-    chain_mac,
-    keyed,
-    mac_matches,
-    next_position,
-    read_stream,
-    run_stream,
-    trim_unit,
-)
+from flowvault.application._streams import read_stream, trim_unit
 from flowvault.application._terminal_receipts import TerminalReceipts
-from flowvault.application._tombstones import IDEMPOTENCY_STREAM, RETENTION_TOMBSTONE
 from flowvault.application._verified import StreamVerifier, verified_events, verified_page
-from flowvault.application._vouch import Unvouched, inspect_unvouched, vouch_unit
-from flowvault.application._workflow_events import (
-    DECISION_STATE,
-    EVENT_KEYS,
-    WorkflowEventService,
-)
-from flowvault.application._workflow_records import WORKFLOWS, WorkflowRecords, stream_of
-from flowvault.application._workflows import IDEMPOTENCY, WorkflowService
+from flowvault.application._workflow_events import WorkflowEventService
+from flowvault.application._workflows import WorkflowService
 from flowvault.application.ports import (
     MAX_HEAD_BATCH,
     Cipher,
@@ -221,78 +67,13 @@ from flowvault.application.ports import (
 )
 
 __all__ = [
-    "ACTION_RESULTS",
-    "ACTION_RESULT_KIND",
-    "APPROVALS",
-    "APPROVAL_SLOTS",
-    "CHECKPOINTS",
-    "CHECKPOINT_KIND",
-    "COMPACT_SLACK",
-    "DECIDER_KEYS",
-    "DECIDER_KEY_KIND",
-    "DECISION_STATE",
-    "DEFAULT_BATCH",
-    "DEFAULT_RETENTION",
-    "DEFAULT_SEAL_WARNING",
-    "DEFINITION_KIND",
-    "DURABLE_TIER",
-    "EVENT_KEYS",
-    "FIRST_SEAL_BLOCK",
-    "GRAPH_DEFINITIONS",
-    "GRAPH_DEFINITION_VERSIONS",
-    "GRAPH_RUNS",
-    "GRAPH_RUN_IDEMPOTENCY",
-    "GRAPH_RUN_RECEIPTS",
-    "IDEMPOTENCY",
-    "IDEMPOTENCY_KIND",
-    "IDEMPOTENCY_STREAM",
-    "KEY_ENV",
-    "LEDGER_MAC_TAG",
-    "LOG_GENESIS",
-    "LOG_TAG",
-    "MAINTENANCE_TIER",
-    "MARK_HEADER",
-    "MARK_LAG_WINDOW",
-    "MARK_TAG",
-    "MASTER_KEY_BYTES",
-    "MAX_BATCH",
     "MAX_HEAD_BATCH",
-    "MAX_LABELS",
-    "MAX_LABEL_TEXT",
-    "MAX_LISTED_UNREADABLE",
     "MAX_LIST_LIMIT",
-    "MAX_PAYLOAD_BYTES",
-    "MAX_RETENTION",
-    "MAX_RING_KEYS",
-    "MAX_SEAL_BLOCK",
-    "MAX_WITNESS_BYTES",
-    "MIN_RETENTION",
-    "NIST_SEAL_LIMIT",
-    "RECEIPT_MAC_NAME",
-    "RECEIPT_MAC_TAG",
-    "REQUEST_IDEMPOTENCY",
-    "RESET_EVENT",
-    "RESULT_KIND",
-    "RETENTION_TOMBSTONE",
-    "RING_HEADER",
-    "RUNS",
-    "SEALED_BODY_VERSION",
-    "STATE_NAMESPACE",
-    "STATE_WRITTEN_EVENT",
-    "TRIM_EVENT",
-    "VOUCH_EVENT",
-    "WITNESSES",
-    "WITNESS_KIND",
-    "WORKFLOWS",
     "ActionResultService",
-    "AntiRollback",
     "ApprovalService",
     "AuditReport",
-    "BoundRecords",
-    "Check",
     "CheckpointService",
     "Cipher",
-    "CipherDigester",
     "Clock",
     "Compactor",
     "DecisionSignatures",
@@ -303,14 +84,9 @@ __all__ = [
     "ExpiryReport",
     "FilterOp",
     "Guard",
-    "HighWaterMark",
-    "HighWaterStore",
     "HistoryEvent",
     "IdFactory",
     "IdempotencyService",
-    "KeyRing",
-    "KeyRingStore",
-    "KeyRotation",
     "KeyStore",
     "KeyedDigester",
     "LabelFilter",
@@ -319,52 +95,31 @@ __all__ = [
     "LedgerPage",
     "LedgerTrim",
     "ListCursor",
-    "MarkFile",
-    "MarkFlusher",
-    "MarkState",
-    "MarkWrite",
-    "MarkedStore",
     "Order",
     "Page",
-    "Progress",
-    "PurgeOutcome",
-    "ReceiptDefect",
-    "ReceiptMac",
-    "ReceiptMismatch",
     "ReceiptSigner",
     "ReceiptVerifier",
     "RecordLock",
     "RecordMetadata",
     "RecordPage",
-    "RecordReadability",
-    "ResetOutcome",
+    "ResultRepository",
     "RetentionJob",
     "RetentionPolicy",
     "RetentionReport",
     "RetryPolicy",
-    "RotationReport",
-    "RunEventPage",
-    "RunRepository",
     "RunService",
-    "SealBudget",
     "SealCounter",
-    "SealOptions",
     "SealedDocument",
     "SealedRepository",
     "SecureObjectStore",
-    "Severity",
     "SignedDecision",
-    "StaleRecord",
-    "StateProbe",
     "StateRepository",
     "StateSnapshot",
     "StoreCapabilities",
     "StoreEpoch",
     "StoreStats",
     "StoredRecord",
-    "StreamAudit",
     "StreamCatalog",
-    "StreamFailure",
     "StreamHeadBatch",
     "StreamHeads",
     "StreamVerifier",
@@ -372,57 +127,17 @@ __all__ = [
     "TerminalReceipts",
     "UnitOfWork",
     "UnreadableItem",
-    "UnreadableRecord",
-    "Unvouched",
     "Upsert",
     "Vacuumer",
     "WorkflowEventService",
-    "WorkflowRecords",
     "WorkflowService",
-    "authenticate",
     "authenticate_terminal",
-    "chain_mac",
     "check_append",
     "check_delete",
-    "check_key_matches",
-    "check_run_id",
-    "check_scope",
     "check_upsert",
-    "cold_fingerprint",
-    "compact_after_commit",
-    "compact_fully",
-    "compare_with_receipt",
     "effective_limit",
-    "encode_master_key",
-    "format_key_ring",
-    "format_mark",
-    "head_note",
-    "history_stream",
-    "inspect_unvouched",
-    "issue_receipt",
-    "keyed",
-    "list_all_streams",
-    "mac_matches",
-    "next_position",
-    "no_progress",
-    "parse_key_ring",
-    "parse_mark",
-    "parse_master_key",
-    "purge",
-    "purge_finished_runs",
     "read_stream",
-    "record_stream",
-    "replay_log",
-    "require_integrity",
-    "reset_progress",
-    "resolve_key_ring",
-    "resolve_master_key",
-    "run_stream",
-    "sign_terminal_receipt",
-    "stream_of",
     "trim_unit",
     "verified_events",
     "verified_page",
-    "verify_stream",
-    "vouch_unit",
 ]

@@ -115,7 +115,7 @@ class CheckpointRecords:
             run = self._runs.get_run(run_id)
         except NotFound:
             raise NotFound(
-                "no such run: start it with graph_runs.start_run before checkpointing it, "
+                "no such run: start it with runs.start_run before checkpointing it, "
                 "asking for an approval or deciding one",
                 run_id=run_id,
             ) from None

@@ -302,7 +302,7 @@ ACTION_RESULT_KIND: Final = "action-result"
 DEFINITION_KIND: Final = "definition"
 """Record streams ``definition/<digest>``: a graph definition's head and its versions."""
 RESULT_KIND: Final = "result"
-"""Record streams ``result/<digest>``: one run result each (``RunRepository``)."""
+"""Record streams ``result/<digest>``: one run result each (``ResultRepository``)."""
 
 RECORDS_FIELD: Final = "records"
 """Payload field of a record-stream event: the key digests of the rows it wrote."""

@@ -62,7 +62,7 @@ def _instant(since: date | datetime) -> datetime:
     return datetime(since.year, since.month, since.day, tzinfo=UTC)
 
 
-class RunRepository:
+class ResultRepository:
     """Sealed terminal run results; a run only ever comes back under its own id."""
 
     def __init__(self, repository: SealedRepository) -> None:

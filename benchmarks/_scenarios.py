@@ -61,14 +61,9 @@ from _workload import (
     sqlite_settings,
 )
 
-from flowvault.application import (
-    KeyedDigester,
-    SecureObjectStore,
-    UnitOfWork,
-    WorkflowService,
-    keyed,
-    verify_stream,
-)
+from flowvault.application import KeyedDigester, SecureObjectStore, UnitOfWork, WorkflowService
+from flowvault.application._audit import verify_stream
+from flowvault.application._streams import keyed
 from flowvault.application.ports import Clock
 from flowvault.composition import Settings
 from flowvault.domain import GENESIS_HASH, FlowvaultError, LedgerEvent, WorkOrder

@@ -40,7 +40,8 @@ from typing import Final
 from _workload import Orders, run_lifecycles, sqlite_settings
 
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
-from flowvault.application import Guard, HighWaterStore
+from flowvault.application import Guard
+from flowvault.application._high_water_store import HighWaterStore
 from flowvault.composition import Runtime, Settings, bootstrap
 
 GROUPS: Final = (

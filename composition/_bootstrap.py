@@ -6,9 +6,7 @@ from dataclasses import dataclass
 
 from flowvault.application import (
     ActionResultService,
-    AntiRollback,
     ApprovalService,
-    BoundRecords,
     CheckpointService,
     Cipher,
     Clock,
@@ -17,9 +15,9 @@ from flowvault.application import (
     IdempotencyService,
     IdFactory,
     LedgerAudit,
+    ResultRepository,
     RetentionJob,
     RetentionPolicy,
-    RunRepository,
     RunService,
     SealedRepository,
     SecureObjectStore,
@@ -30,6 +28,8 @@ from flowvault.application import (
     WorkflowEventService,
     WorkflowService,
 )
+from flowvault.application._anti_rollback import AntiRollback
+from flowvault.application._record_audit import BoundRecords
 from flowvault.composition._container import Container, build_container
 from flowvault.composition._settings import Settings
 from flowvault.domain import WorkflowState
@@ -46,8 +46,8 @@ class Runtime:
     workflows: WorkflowService
     workflow_events: WorkflowEventService
     action_results: ActionResultService
-    runs: RunRepository
-    graph_runs: RunService
+    results: ResultRepository
+    runs: RunService
     definitions: DefinitionRegistry
     receipts: TerminalReceipts
     checkpoints: CheckpointService
@@ -72,7 +72,7 @@ class Runtime:
         store with its high-water mark, writing nothing; ``ok`` is false
         on any finding.
         """
-        bound = BoundRecords(self.repository, self.workflows, self.graph_runs)
+        bound = BoundRecords(self.repository, self.workflows, self.runs)
         return LedgerAudit(self.store, self.repository, bound, self.mark)
 
     def retention(self, policy: RetentionPolicy | None = None) -> RetentionJob:
@@ -81,7 +81,7 @@ class Runtime:
             self.clock,
             policy or RetentionPolicy(),
             action_results=self.action_results,
-            runs=self.graph_runs,
+            runs=self.runs,
             checkpoints=self.checkpoints,
             approvals=self.approvals,
             idempotency=self.idempotency,
@@ -134,7 +134,7 @@ def bootstrap(
     try:
         runtime = _assemble(container)
         if runtime.settings.recover_runs_on_open:
-            runtime.graph_runs.recover_incomplete_runs()
+            runtime.runs.recover_incomplete_runs()
         return runtime
     except BaseException:
         if store is None:
@@ -162,10 +162,8 @@ def _assemble(container: Container) -> Runtime:
     clock, ids = container.clock(), container.ids()
     definitions = DefinitionRegistry(repository, clock)
     receipts = TerminalReceipts(repository, repository, signer=container.signer())
-    graph_runs = RunService(
-        repository, clock, ids, definitions=definitions, receipts=receipts
-    )
-    checkpoints = CheckpointService(repository, clock, integrity=repository, runs=graph_runs)
+    runs = RunService(repository, clock, ids, definitions=definitions, receipts=receipts)
+    checkpoints = CheckpointService(repository, clock, integrity=repository, runs=runs)
     return Runtime(
         settings=container.settings(),
         store=container.guarded_store(),
@@ -174,8 +172,8 @@ def _assemble(container: Container) -> Runtime:
         workflows=container.workflows(),
         workflow_events=container.workflow_events(),
         action_results=container.action_results(),
-        runs=RunRepository(repository),
-        graph_runs=graph_runs,
+        results=ResultRepository(repository),
+        runs=runs,
         definitions=definitions,
         receipts=receipts,
         checkpoints=checkpoints,

@@ -16,14 +16,9 @@ from flowvault.adapters.crypto import FileKeyStore
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.adapters.system import MarkFileStore
-from flowvault.application import (
-    AntiRollback,
-    Cipher,
-    CipherDigester,
-    ReceiptSigner,
-    SecureObjectStore,
-    StoreCapabilities,
-)
+from flowvault.application import Cipher, ReceiptSigner, SecureObjectStore, StoreCapabilities
+from flowvault.application._anti_rollback import AntiRollback
+from flowvault.application._sealed import CipherDigester
 from flowvault.composition._bootstrap import Runtime, bootstrap, is_cold_root, open_existing
 from flowvault.composition._container import (
     NO_SHARED_KEY_FILE,

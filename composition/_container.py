@@ -11,32 +11,29 @@ from flowvault.adapters.crypto import (
     Ed25519DecisionSignatures,
     Ed25519ReceiptSigner,
     FileKeyStore,
-    generate_master_key,
-    load_signing_key,
 )
+from flowvault.adapters.crypto._cipher import generate_master_key
+from flowvault.adapters.crypto._signing import load_signing_key
 from flowvault.adapters.memory import InMemoryKeyStore, InMemorySecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.adapters.system import MarkFileStore, RandomIdFactory, SystemClock
 from flowvault.application import (
-    KEY_ENV,
     ActionResultService,
-    AntiRollback,
     Cipher,
-    CipherDigester,
-    HighWaterStore,
-    KeyRing,
     KeyStore,
-    MarkFlusher,
-    SealBudget,
     SealedRepository,
     SecureObjectStore,
     StoreCapabilities,
     WorkflowEventService,
-    WorkflowRecords,
     WorkflowService,
-    check_key_matches,
-    resolve_key_ring,
 )
+from flowvault.application._anti_rollback import AntiRollback
+from flowvault.application._high_water_store import HighWaterStore
+from flowvault.application._keys import KEY_ENV, KeyRing, check_key_matches, resolve_key_ring
+from flowvault.application._mark_flusher import MarkFlusher
+from flowvault.application._seal_budget import SealBudget
+from flowvault.application._sealed import CipherDigester
+from flowvault.application._workflow_records import WorkflowRecords
 from flowvault.composition._settings import Settings
 from flowvault.domain import InvalidInput, KeyRequired, StoreUnavailable
 

@@ -16,13 +16,11 @@ from pydantic import SecretStr
 
 from flowvault.application import (
     ActionResultService,
-    AntiRollback,
     ApprovalService,
     CheckpointService,
     Cipher,
     Clock,
     DefinitionRegistry,
-    KeyRingStore,
     ReceiptSigner,
     RetentionJob,
     RetentionPolicy,
@@ -35,6 +33,8 @@ from flowvault.application import (
     WorkflowEventService,
     WorkflowService,
 )
+from flowvault.application._anti_rollback import AntiRollback
+from flowvault.application._keys import KeyRingStore
 from flowvault.domain import WorkflowState
 
 
@@ -89,7 +89,7 @@ class Services(Protocol):
     @property
     def workflows(self) -> WorkflowService: ...
     @property
-    def graph_runs(self) -> RunService: ...
+    def runs(self) -> RunService: ...
     @property
     def definitions(self) -> DefinitionRegistry: ...
     @property

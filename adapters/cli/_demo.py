@@ -21,7 +21,7 @@ from flowvault.adapters._paths import check_os_path
 from flowvault.adapters.cli._context import CliContext, Services
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._verbs import Verbs, add_verb, expanded
-from flowvault.application import RESET_EVENT, STATE_WRITTEN_EVENT, reset_progress
+from flowvault.application._state import RESET_EVENT, STATE_WRITTEN_EVENT, reset_progress
 from flowvault.domain import (
     ApprovalAlreadyDecided,
     ApprovalStatus,
@@ -279,7 +279,7 @@ def _action_result(s: _Scenario) -> StepReport:
 
 
 def _checkpoint(s: _Scenario) -> StepReport:
-    runs, checkpoints = s.runtime.graph_runs, s.runtime.checkpoints
+    runs, checkpoints = s.runtime.runs, s.runtime.checkpoints
     definition = s.runtime.definitions.register_definition(
         DEFINITION, {"nodes": ["plan", "prepare", "approve", "pay"]}
     )
@@ -380,7 +380,7 @@ def _resume(s: _Scenario) -> StepReport:
     resume_from = checkpoints.load_checkpoint(s.resume_id)
     expect(resume_from.status == CheckpointStatus.CONSUMED, "the resume point is not consumed")
     again = _refused(lambda: checkpoints.consume_checkpoint(s.resume_id), CheckpointConsumed)
-    s.runtime.graph_runs.set_status(s.run_id, "running", expected_status="awaiting_approval")
+    s.runtime.runs.set_status(s.run_id, "running", expected_status="awaiting_approval")
     s.moved("executing", "decision")
     return StepReport(
         (
@@ -394,7 +394,7 @@ def _resume(s: _Scenario) -> StepReport:
 
 
 def _finish(s: _Scenario) -> StepReport:
-    runs = s.runtime.graph_runs
+    runs = s.runtime.runs
     receipt = runs.finish_run(
         s.run_id, "completed", expected_status="running", final_state={"paid": True}
     )
@@ -420,7 +420,7 @@ def _finish(s: _Scenario) -> StepReport:
 def _run_events(s: _Scenario) -> Iterator[LedgerEvent]:
     cursor: int | None = 0
     while cursor is not None:
-        page = s.runtime.graph_runs.read_run_events(s.run_id, cursor)
+        page = s.runtime.runs.read_run_events(s.run_id, cursor)
         yield from page.events
         cursor = page.next_cursor
 

@@ -15,16 +15,13 @@ from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._keyed import keyed_audit
 from flowvault.adapters.cli._status import opened_store, store_location, store_stats
 from flowvault.adapters.cli._verbs import Verbs, add_verb
-from flowvault.adapters.crypto import AesGcmCipher, load_signing_key
-from flowvault.adapters.sqlite import ConnectOptions, file_mode_check, probe_database
-from flowvault.application import (
-    KEY_ENV,
-    Check,
-    KeyRing,
-    SecureObjectStore,
-    StoreCapabilities,
-    parse_master_key,
-)
+from flowvault.adapters.crypto import AesGcmCipher
+from flowvault.adapters.crypto._signing import load_signing_key
+from flowvault.adapters.sqlite._connect import ConnectOptions
+from flowvault.adapters.sqlite._doctor import file_mode_check, probe_database
+from flowvault.application import SecureObjectStore, StoreCapabilities
+from flowvault.application._checks import Check
+from flowvault.application._keys import KEY_ENV, KeyRing, parse_master_key
 from flowvault.domain import FlowvaultError, IntegrityFailure, StoreRolledBack
 
 

@@ -7,7 +7,8 @@ import argparse
 from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._verbs import Verbs, add_verb
-from flowvault.application import StateRepository, cold_fingerprint
+from flowvault.application import StateRepository
+from flowvault.application._state import cold_fingerprint
 from flowvault.domain import ResetFingerprint, WorkflowState
 
 

@@ -15,7 +15,7 @@ from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._status import store_location, store_stats
 from flowvault.adapters.cli._verbs import Verbs, add_verb
-from flowvault.application import KEY_ENV
+from flowvault.application._keys import KEY_ENV
 from flowvault.domain import InvalidInput, KeyRequired
 
 PRIVATE_DIR = 0o700

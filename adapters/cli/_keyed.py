@@ -9,19 +9,17 @@ from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.system import RandomIdFactory, SystemClock
 from flowvault.application import (
-    KEY_ENV,
-    BoundRecords,
     DefinitionRegistry,
-    KeyRing,
     LedgerAudit,
     RunService,
     SealedRepository,
     SecureObjectStore,
     TerminalReceipts,
-    WorkflowRecords,
     WorkflowService,
-    parse_master_key,
 )
+from flowvault.application._keys import KEY_ENV, KeyRing, parse_master_key
+from flowvault.application._record_audit import BoundRecords
+from flowvault.application._workflow_records import WorkflowRecords
 
 
 def existing_ring(context: CliContext) -> KeyRing | None:

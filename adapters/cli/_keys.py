@@ -19,21 +19,10 @@ from flowvault.adapters.cli._context import CliContext, Services
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._keyed import existing_ring
 from flowvault.adapters.cli._verbs import Verbs, add_verb, file_path
-from flowvault.adapters.crypto import (
-    create_signing_key,
-    derive_integrity_key,
-    generate_master_key,
-    key_id_of,
-)
-from flowvault.application import (
-    DEFAULT_BATCH,
-    KEY_ENV,
-    MAX_BATCH,
-    KeyRing,
-    KeyRingStore,
-    KeyRotation,
-    RotationReport,
-)
+from flowvault.adapters.crypto import create_signing_key
+from flowvault.adapters.crypto._cipher import derive_integrity_key, generate_master_key, key_id_of
+from flowvault.application._keys import KEY_ENV, KeyRing, KeyRingStore
+from flowvault.application._rotation import DEFAULT_BATCH, MAX_BATCH, KeyRotation, RotationReport
 from flowvault.domain import InvalidInput, KeyRequired, StoreUnavailable
 
 PRIMARY = "primary"

@@ -26,21 +26,17 @@ from flowvault.adapters.cli._verbs import Verbs, add_verb, file_path
 from flowvault.adapters.crypto import load_public_key
 from flowvault.adapters.system import SystemClock
 from flowvault.application import (
-    KEY_ENV,
     AuditReport,
     LedgerAudit,
-    ReceiptMac,
     ReceiptSigner,
     ReceiptVerifier,
-    RecordReadability,
-    StaleRecord,
-    StreamFailure,
-    Unvouched,
-    authenticate,
     authenticate_terminal,
-    inspect_unvouched,
-    vouch_unit,
 )
+from flowvault.application._audit import RecordReadability, StreamFailure
+from flowvault.application._keys import KEY_ENV
+from flowvault.application._receipts import ReceiptMac, authenticate
+from flowvault.application._record_audit import StaleRecord
+from flowvault.application._vouch import Unvouched, inspect_unvouched, vouch_unit
 from flowvault.domain import (
     IntegrityFailure,
     InvalidInput,

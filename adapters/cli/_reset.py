@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._verbs import Verbs, add_verb
-from flowvault.application import ResetOutcome, StateRepository, reset_progress
+from flowvault.application import StateRepository
+from flowvault.application._state import ResetOutcome, reset_progress
 from flowvault.domain import WorkflowState
 
 SOURCE = "flowvault reset-progress"

@@ -10,15 +10,9 @@ from pathlib import Path
 from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._verbs import Verbs, add_verb
-from flowvault.application import (
-    PurgeOutcome,
-    RetentionJob,
-    RetentionPolicy,
-    RetentionReport,
-    StoreCapabilities,
-    compact_fully,
-    purge,
-)
+from flowvault.application import RetentionJob, RetentionPolicy, RetentionReport, StoreCapabilities
+from flowvault.application._audit import PurgeOutcome, purge
+from flowvault.application._compaction import compact_fully
 from flowvault.domain import InvalidInput, StoreBusy
 
 _KINDS = (

@@ -141,11 +141,11 @@ def runs_events_command(
 
 
 def _runs(services: Services) -> RunService:
-    return services.graph_runs
+    return services.runs
 
 
 def _run_readers(services: Services) -> tuple[RunService, TerminalReceipts]:
-    return services.graph_runs, services.receipts
+    return services.runs, services.receipts
 
 
 def _receipts(services: Services) -> TerminalReceipts:

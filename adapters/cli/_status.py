@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from flowvault.adapters.cli._context import CliContext, CliSettings
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._verbs import Verbs, add_verb
-from flowvault.adapters.sqlite import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
-from flowvault.adapters.sqlite import probe_database
+from flowvault.adapters.sqlite._doctor import probe_database
+from flowvault.adapters.sqlite._schema import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from flowvault.application import SecureObjectStore, StoreCapabilities, StoreStats
 from flowvault.domain import StoreUnavailable
 
@@ -162,7 +162,7 @@ def _sqlite_status(context: CliContext) -> StoreStatus:
 
 def _postgres_status(context: CliContext) -> StoreStatus:
     """Report this build's schema version: opening migrated to it or refused a newer one."""
-    from flowvault.adapters.postgres import (  # noqa: PLC0415 - an optional extra
+    from flowvault.adapters.postgres._schema import (  # noqa: PLC0415 - an optional extra
         SCHEMA_VERSION as POSTGRES_SCHEMA_VERSION,
     )
 

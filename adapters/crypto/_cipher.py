@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from flowvault.application import MASTER_KEY_BYTES, KeyRing
+from flowvault.application._keys import MASTER_KEY_BYTES, KeyRing
 from flowvault.domain import IntegrityFailure, InvalidInput
 
 WIRE_VERSION = 0x01

@@ -21,7 +21,7 @@ from pathlib import Path
 import structlog
 
 from flowvault.adapters._paths import create_private_directories
-from flowvault.application import (
+from flowvault.application._keys import (
     MASTER_KEY_BYTES,
     KeyRing,
     encode_master_key,

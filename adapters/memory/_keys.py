@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from flowvault.application import KeyRing
+from flowvault.application._keys import KeyRing
 from flowvault.domain import InvalidInput, RevisionConflict
 
 

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from flowvault.adapters.sqlite._connect import ConnectOptions
-from flowvault.application import Check, Severity
+from flowvault.application._checks import Check, Severity
 from flowvault.domain import StoreUnavailable
 
 PRIVATE_DIR = 0o700

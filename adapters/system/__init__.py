@@ -1,6 +1,10 @@
 """Adapters for the process environment: the clock, random ids, the high-water mark file."""
 
 from flowvault.adapters.system._clock import RandomIdFactory, SystemClock
-from flowvault.adapters.system._mark_file import LOG_OFFSET, SLOT_BYTES, MarkFileStore
+from flowvault.adapters.system._mark_file import MarkFileStore
 
-__all__ = ["LOG_OFFSET", "SLOT_BYTES", "MarkFileStore", "RandomIdFactory", "SystemClock"]
+__all__ = [
+    "MarkFileStore",
+    "RandomIdFactory",
+    "SystemClock",
+]

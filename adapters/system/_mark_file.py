@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Final
 
 from flowvault.adapters._paths import create_private_directories
-from flowvault.application import MarkState, MarkWrite
+from flowvault.application._mark_format import MarkState, MarkWrite
 from flowvault.domain import InsecurePermissions, InvalidInput, StoreUnavailable
 
 SLOT_BYTES: Final = 512

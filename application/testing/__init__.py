@@ -6,7 +6,6 @@ Needs only the ``testing`` extra (pytest, hypothesis). Subclass a
 
 from flowvault.application.testing._catalog_contract import StreamCatalogContract
 from flowvault.application.testing._fakes import (
-    EPOCH,
     FrozenClock,
     SequentialIds,
     make_event,
@@ -23,7 +22,6 @@ from flowvault.application.testing._store_contract import (
 from flowvault.application.testing._store_epoch_contract import StoreEpochContract
 
 __all__ = [
-    "EPOCH",
     "FrozenClock",
     "RecordLockContract",
     "SealCounterContract",

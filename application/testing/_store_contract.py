@@ -18,7 +18,6 @@ import pytest
 from flowvault.application import (
     MAX_HEAD_BATCH,
     MAX_LIST_LIMIT,
-    MAX_PAYLOAD_BYTES,
     Delete,
     FilterOp,
     Guard,
@@ -32,6 +31,7 @@ from flowvault.application import (
     UnitOfWork,
     Upsert,
 )
+from flowvault.application._records import MAX_PAYLOAD_BYTES
 from flowvault.application.testing._fakes import (
     EPOCH,
     make_event,

@@ -25,15 +25,13 @@ from mark_lag import settle
 from psycopg import sql
 from structlog.testing import capture_logs
 
-from flowvault.adapters.system import LOG_OFFSET, SLOT_BYTES, MarkFileStore
-from flowvault.application import (
-    AntiRollback,
-    CipherDigester,
-    MarkWrite,
-    StoreEpoch,
-    encode_master_key,
-    parse_mark,
-)
+from flowvault.adapters.system import MarkFileStore
+from flowvault.adapters.system._mark_file import LOG_OFFSET, SLOT_BYTES
+from flowvault.application import StoreEpoch
+from flowvault.application._anti_rollback import AntiRollback
+from flowvault.application._keys import encode_master_key
+from flowvault.application._mark_format import MarkWrite, parse_mark
+from flowvault.application._sealed import CipherDigester
 from flowvault.composition import Runtime, Settings, bootstrap, build_container
 from flowvault.domain import FlowvaultError, IntegrityFailure, StoreRolledBack, WorkflowState
 

@@ -30,7 +30,7 @@ BEN = "decider-marker-ben@example.org"
 def _paused(home: Path, *, expires_in: timedelta, **quorum: object) -> tuple[str, str]:
     """Start, checkpoint and pause a run on a SQLite home; return (run id, approval id)."""
     with bootstrap(Settings(backend="sqlite", home=home)) as runtime:
-        runs = runtime.graph_runs
+        runs = runtime.runs
         runtime.definitions.register_definition("wire.send", {"nodes": ["send"]})
         run, _ = runs.start_run("wire.send", {"amount": 9000})
         runs.set_status(run.run_id, "running", expected_status="accepted")
@@ -93,7 +93,7 @@ def test_an_overdue_approval_lists_expired_and_expire_fails_the_run(tmp_path: Pa
     assert "expired_approvals: 0" in again.stdout
     with bootstrap(Settings(backend="sqlite", home=home)) as runtime:
         assert runtime.approvals.get_approval(approval_id).status is ApprovalStatus.EXPIRED
-        assert runtime.graph_runs.get_run(run_id).status == "failed"
+        assert runtime.runs.get_run(run_id).status == "failed"
 
 
 def test_quorum_votes_signed_decisions_and_an_offline_check(tmp_path: Path) -> None:

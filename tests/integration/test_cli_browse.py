@@ -23,7 +23,9 @@ from cli_helpers import FLOWVAULT, cli_env
 
 from flowvault.adapters.cli import CommandIO
 from flowvault.adapters.cli._approvals import DecideRequest, approvals_decide_command
-from flowvault.application import APPROVALS, GRAPH_RUNS, WORKFLOWS
+from flowvault.application._graph_namespaces import GRAPH_RUNS
+from flowvault.application._record_kinds import APPROVALS
+from flowvault.application._workflow_records import WORKFLOWS
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import Approval, ApprovalStatus, InvalidInput, WorkOrder, content_hash
 
@@ -156,7 +158,7 @@ def _workflows(runtime: Runtime) -> tuple[str, str]:
 
 
 def _runs(runtime: Runtime) -> tuple[str, str]:
-    runs = runtime.graph_runs
+    runs = runtime.runs
     runtime.definitions.register_definition("invoice.pay", {"nodes": ["draft", "pay"]})
     paused, _ = runs.start_run("invoice.pay", {"invoice": RUN_INPUT}, budgets={"t": BUDGET})
     runs.set_status(paused.run_id, "running", expected_status="accepted")
@@ -174,7 +176,7 @@ def _prepare(home: Path) -> Prepared:
         paused_run, finished_run = _runs(runtime)
         approval = _request(runtime, paused_run, 1, timedelta(hours=4))
         spare = _request(runtime, paused_run, 2, timedelta(hours=4))
-        runtime.graph_runs.set_status(paused_run, "awaiting_approval", expected_status="running")
+        runtime.runs.set_status(paused_run, "awaiting_approval", expected_status="running")
     return Prepared(
         open_workflow=open_workflow,
         done_workflow=done_workflow,

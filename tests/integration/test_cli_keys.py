@@ -19,8 +19,10 @@ import pytest
 from cli_helpers import json_document, run_cli
 from structlog.testing import capture_logs
 
-from flowvault.adapters.crypto import FileKeyStore, generate_master_key
-from flowvault.application import RING_HEADER, Guard, StoreStats, parse_key_ring
+from flowvault.adapters.crypto import FileKeyStore
+from flowvault.adapters.crypto._cipher import generate_master_key
+from flowvault.application import Guard, StoreStats
+from flowvault.application._keys import RING_HEADER, parse_key_ring
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import KeyExhausted, WorkOrder
 

@@ -12,8 +12,11 @@ import pytest
 from cli_helpers import json_document as _document
 from cli_helpers import run_cli as _run
 
-from flowvault.adapters.crypto import generate_master_key
-from flowvault.application import HistoryEvent, encode_master_key, history_stream, stream_of
+from flowvault.adapters.crypto._cipher import generate_master_key
+from flowvault.application import HistoryEvent
+from flowvault.application._keys import encode_master_key
+from flowvault.application._state import history_stream
+from flowvault.application._workflow_records import stream_of
 from flowvault.application.testing import FrozenClock
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import WorkflowState, WorkOrder, content_hash
@@ -42,7 +45,7 @@ def _populate(runtime: Runtime) -> str:
     runtime.action_results.put_action_result(
         workflow.workflow_id, content_hash("a"), {"r": 1}, retention=timedelta(hours=1)
     )
-    runs = runtime.graph_runs
+    runs = runtime.runs
     runtime.definitions.register_definition("graph.demo", {"nodes": ["plan", "act"]})
     run, _ = runs.start_run("graph.demo", {"ticket": "T-1"})
     runs.set_status(run.run_id, "running", expected_status="accepted")

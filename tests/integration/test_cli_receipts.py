@@ -20,7 +20,7 @@ import pytest
 from cli_helpers import json_document as _document
 from cli_helpers import run_cli as _run
 
-from flowvault.application import stream_of
+from flowvault.application._workflow_records import stream_of
 from flowvault.composition import Settings, bootstrap
 from flowvault.domain import LedgerEvent, StoreRolledBack, WorkOrder
 from flowvault.domain._canonical import canonical_json

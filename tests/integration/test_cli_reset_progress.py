@@ -15,7 +15,7 @@ from cli_helpers import cli_env as _env
 from cli_helpers import json_document as _document
 from cli_helpers import run_cli as _run
 
-from flowvault.application import RESET_EVENT, STATE_WRITTEN_EVENT
+from flowvault.application._state import RESET_EVENT, STATE_WRITTEN_EVENT
 from flowvault.composition import Settings, bootstrap
 from flowvault.domain import WorkflowState
 

@@ -14,8 +14,8 @@ from cli_helpers import FLOWVAULT, TIMEOUT, cli_env
 from cli_helpers import json_document as _document
 from cli_helpers import run_cli as _run
 
-from flowvault.adapters.sqlite import SCHEMA_VERSION
-from flowvault.application import encode_master_key
+from flowvault.adapters.sqlite._schema import SCHEMA_VERSION
+from flowvault.application._keys import encode_master_key
 from flowvault.composition import Settings, bootstrap
 from flowvault.domain import WorkflowState
 
@@ -355,7 +355,7 @@ def test_help_exits_zero_with_exit_codes(tmp_path: Path, verb: str) -> None:
 @pytest.mark.postgres
 def test_status_on_postgres(tmp_path: Path, postgres_server, pg_schema: str) -> None:
     """Status against PostgreSQL reports the backend, its schema and the counts."""
-    from flowvault.adapters.crypto import generate_master_key  # noqa: PLC0415
+    from flowvault.adapters.crypto._cipher import generate_master_key  # noqa: PLC0415
 
     dsn = postgres_server.dsn
     key = generate_master_key()

@@ -51,7 +51,7 @@ def ended(tmp_path: Path) -> Ended:
     made = _run(tmp_path, "keys", "signing-key", "--out", str(key))
     assert made.returncode == 0, made.stderr
     with bootstrap(_settings(home, key)) as runtime:
-        runs = runtime.graph_runs
+        runs = runtime.runs
         runtime.definitions.register_definition("triage", {"nodes": ["plan"]})
         failed = runs.start_run("triage", {"ask": INPUT_MARKER})[0].run_id
         runs.set_status(failed, "running", expected_status="accepted")
@@ -59,7 +59,7 @@ def ended(tmp_path: Path) -> Ended:
         recovered = runs.start_run("triage", {"ask": INPUT_MARKER})[0].run_id
         assert runs.recover_incomplete_runs() == 1
     with bootstrap(_settings(home, None)) as runtime:
-        runs = runtime.graph_runs
+        runs = runtime.runs
         unsigned = runs.start_run("triage", {"ask": INPUT_MARKER})[0].run_id
         runs.set_status(unsigned, "running", expected_status="accepted")
         runs.finish_run(

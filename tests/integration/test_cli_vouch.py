@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import json_document, run_cli
 
-from flowvault.application import stream_of
+from flowvault.application._workflow_records import stream_of
 from flowvault.composition import Settings, bootstrap
 from flowvault.domain import WorkOrder
 

@@ -20,7 +20,8 @@ import pytest
 from cli_helpers import json_document, run_cli
 from structlog.testing import capture_logs
 
-from flowvault.adapters.crypto import FileKeyStore, derive_integrity_key, generate_master_key
+from flowvault.adapters.crypto import FileKeyStore
+from flowvault.adapters.crypto._cipher import derive_integrity_key, generate_master_key
 from flowvault.composition import Settings, bootstrap
 from flowvault.domain import InsecurePermissions, WorkflowState
 

@@ -7,8 +7,9 @@ import psycopg_pool
 import pytest
 from psycopg import errors, sql
 
-from flowvault.adapters.postgres import ATTEMPTS, PostgresSecureObjectStore
+from flowvault.adapters.postgres import PostgresSecureObjectStore
 from flowvault.adapters.postgres._errors import Timeouts, translate
+from flowvault.adapters.postgres._store import ATTEMPTS
 from flowvault.application import UnitOfWork
 from flowvault.application.testing import make_event, make_header, make_upsert
 from flowvault.domain import (

@@ -14,7 +14,8 @@ import pytest
 from psycopg import sql
 from schema_contents import assert_baseline_reads_back, baseline_events, fill_baseline
 
-from flowvault.adapters.postgres import SCHEMA_VERSION, PostgresSecureObjectStore, _schema
+from flowvault.adapters.postgres import PostgresSecureObjectStore, _schema
+from flowvault.adapters.postgres._schema import SCHEMA_VERSION
 from flowvault.application import UnitOfWork
 from flowvault.application.testing import make_event, make_upsert
 from flowvault.domain import SchemaTooNew, StoreUnavailable

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from flowvault.adapters.crypto import generate_master_key
+from flowvault.adapters.crypto._cipher import generate_master_key
 from flowvault.adapters.postgres import PostgresSecureObjectStore
-from flowvault.application import Guard, encode_master_key
+from flowvault.application import Guard
+from flowvault.application._keys import encode_master_key
 from flowvault.composition import Settings, bootstrap
 from flowvault.domain import IntegrityFailure, InvalidInput, KeyRequired
 

@@ -15,7 +15,8 @@ from psycopg import sql
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.postgres import PostgresSecureObjectStore, _queries
 from flowvault.application import FilterOp, LabelFilter, Order, UnitOfWork
-from flowvault.application.testing import EPOCH, make_upsert
+from flowvault.application.testing import make_upsert
+from flowvault.application.testing._fakes import EPOCH
 from flowvault.domain import InvalidInput, StoreBusy, StoreUnavailable
 
 pytestmark = pytest.mark.postgres

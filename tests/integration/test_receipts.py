@@ -16,19 +16,22 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flowvault.adapters.crypto import AesGcmCipher, Ed25519ReceiptSigner
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.application import (
-    KeyRing,
     LedgerAudit,
     LedgerTrim,
-    ReceiptDefect,
-    ReceiptMac,
     SealedRepository,
     SecureObjectStore,
     UnitOfWork,
+)
+from flowvault.application._keys import KeyRing
+from flowvault.application._receipts import (
+    ReceiptDefect,
+    ReceiptMac,
     authenticate,
     compare_with_receipt,
     issue_receipt,
 )
-from flowvault.application.testing import EPOCH, FrozenClock
+from flowvault.application.testing import FrozenClock
+from flowvault.application.testing._fakes import EPOCH
 from flowvault.domain import (
     GENESIS_HASH,
     IntegrityFailure,

@@ -14,7 +14,6 @@ from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.application import (
-    RETENTION_TOMBSTONE,
     ApprovalService,
     CheckpointService,
     DefinitionRegistry,
@@ -25,9 +24,10 @@ from flowvault.application import (
     SecureObjectStore,
     TerminalReceipts,
     read_stream,
-    run_stream,
-    stream_of,
 )
+from flowvault.application._streams import run_stream
+from flowvault.application._tombstones import RETENTION_TOMBSTONE
+from flowvault.application._workflow_records import stream_of
 from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.domain import WorkOrder, content_hash, verify_chain
 

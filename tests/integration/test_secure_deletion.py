@@ -27,26 +27,24 @@ from urllib.parse import quote
 import pytest
 from cli_helpers import json_document, run_cli
 
-from flowvault.adapters.sqlite import ConnectOptions, SQLiteSecureObjectStore
-from flowvault.application import (
-    ACTION_RESULTS,
-    APPROVAL_SLOTS,
-    APPROVALS,
-    CHECKPOINTS,
+from flowvault.adapters.sqlite import SQLiteSecureObjectStore
+from flowvault.adapters.sqlite._connect import ConnectOptions
+from flowvault.application import Compactor, Delete, Guard, LedgerTrim, UnitOfWork, read_stream
+from flowvault.application._action_results import ACTION_RESULTS
+from flowvault.application._graph_namespaces import (
     GRAPH_DEFINITION_VERSIONS,
     GRAPH_DEFINITIONS,
     GRAPH_RUN_IDEMPOTENCY,
     GRAPH_RUNS,
-    REQUEST_IDEMPOTENCY,
-    STATE_NAMESPACE,
-    Compactor,
-    Delete,
-    Guard,
-    LedgerTrim,
-    UnitOfWork,
-    purge_finished_runs,
-    read_stream,
 )
+from flowvault.application._record_kinds import (
+    APPROVAL_SLOTS,
+    APPROVALS,
+    CHECKPOINTS,
+    REQUEST_IDEMPOTENCY,
+)
+from flowvault.application._run_retention import purge_finished_runs
+from flowvault.application._state import STATE_NAMESPACE
 from flowvault.application.testing import FrozenClock
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import GENESIS_HASH, Checkpoint, LedgerEvent, WorkflowState, WorkOrder
@@ -221,7 +219,7 @@ def _expired_result_replaced(v: Vault) -> Deletion:
 
 
 def _checkpoint(v: Vault) -> Checkpoint:
-    runs = v.runtime.graph_runs
+    runs = v.runtime.runs
     v.runtime.definitions.register_definition(DEFINITION, {"nodes": ["plan", "approve", "act"]})
     run, _ = runs.start_run(DEFINITION, {"ticket": "T-1"})
     checkpoint = v.runtime.checkpoints.create_checkpoint(
@@ -289,7 +287,7 @@ def _idempotency_purged(v: Vault) -> Deletion:
 
 
 def _run_purged(v: Vault) -> Deletion:
-    runs = v.runtime.graph_runs
+    runs = v.runtime.runs
     v.runtime.definitions.register_definition(DEFINITION, {"nodes": ["plan", "approve", "act"]})
     run, _ = runs.start_run(DEFINITION, {"ticket": v.marker}, idempotency_key=f"run-{v.marker}")
     v.disk.observe()

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from flowvault.adapters.sqlite import SCHEMA_VERSION, SQLiteSecureObjectStore
+from flowvault.adapters.sqlite import SQLiteSecureObjectStore
+from flowvault.adapters.sqlite._schema import SCHEMA_VERSION
 from flowvault.application import StreamCatalog, UnitOfWork, read_stream
 from flowvault.application.testing import make_event, make_upsert
 from flowvault.domain import IntegrityFailure, SchemaTooNew, StoreUnavailable, verify_chain

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from schema_contents import assert_baseline_reads_back, baseline_events, fill_baseline
 
-from flowvault.adapters.sqlite import SCHEMA_VERSION, SQLiteSecureObjectStore, _schema
+from flowvault.adapters.sqlite import SQLiteSecureObjectStore, _schema
+from flowvault.adapters.sqlite._schema import SCHEMA_VERSION
 from flowvault.application import UnitOfWork
 from flowvault.application.testing import make_event, make_upsert
 from flowvault.domain import SchemaTooNew, StoreUnavailable

@@ -74,8 +74,8 @@ def _stepped(state: WorkflowState) -> tuple[WorkflowState, list[HistoryEvent]]:
 
 def _pending_approval(runtime: Runtime, n: int) -> str:
     """Start a run, checkpoint it and ask for an approval; return the approval's id."""
-    run, _ = runtime.graph_runs.start_run("graph.sync", {"n": n})
-    runtime.graph_runs.set_status(run.run_id, "running", expected_status="accepted")
+    run, _ = runtime.runs.start_run("graph.sync", {"n": n})
+    runtime.runs.set_status(run.run_id, "running", expected_status="accepted")
     checkpoint = create_checkpoint(runtime.checkpoints, run.run_id, {"node": "a"}, {"n": n})
     expires = runtime.clock.now() + timedelta(hours=4)
     return request_approval(runtime.approvals, checkpoint, "finance", expires).approval_id

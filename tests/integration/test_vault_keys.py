@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from flowvault.adapters.crypto import generate_master_key
-from flowvault.application import Guard, encode_master_key
+from flowvault.adapters.crypto._cipher import generate_master_key
+from flowvault.application import Guard
+from flowvault.application._keys import encode_master_key
 from flowvault.composition import Settings, bootstrap
 from flowvault.domain import InsecurePermissions, IntegrityFailure, InvalidInput, KeyRequired
 
@@ -185,9 +186,9 @@ def test_recover_runs_on_open_interrupts_unfinished_runs(tmp_path: Path) -> None
     """With FLOWVAULT_RECOVER_RUNS_ON_OPEN, opening marks accepted runs interrupted; else not."""
     with bootstrap(_settings(tmp_path)) as vault:
         vault.definitions.register_definition("graph.demo", {"nodes": ["a"]})
-        run, _ = vault.graph_runs.start_run("graph.demo", {"n": 1})
+        run, _ = vault.runs.start_run("graph.demo", {"n": 1})
     with bootstrap(_settings(tmp_path)) as vault:
-        assert vault.graph_runs.get_run(run.run_id).status == "accepted"
+        assert vault.runs.get_run(run.run_id).status == "accepted"
     env = {"FLOWVAULT_HOME": str(tmp_path), "FLOWVAULT_RECOVER_RUNS_ON_OPEN": "true"}
     with bootstrap(Settings.from_env(env)) as vault:
-        assert vault.graph_runs.get_run(run.run_id).status == "interrupted_non_resumable"
+        assert vault.runs.get_run(run.run_id).status == "interrupted_non_resumable"

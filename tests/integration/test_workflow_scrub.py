@@ -9,8 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from flowvault.adapters.crypto import FileKeyStore, derive_integrity_key, generate_master_key
-from flowvault.application import ACTION_RESULTS, WORKFLOWS, Guard, KeyRotation
+from flowvault.adapters.crypto import FileKeyStore
+from flowvault.adapters.crypto._cipher import derive_integrity_key, generate_master_key
+from flowvault.application import Guard
+from flowvault.application._action_results import ACTION_RESULTS
+from flowvault.application._rotation import KeyRotation
+from flowvault.application._workflow_records import WORKFLOWS
 from flowvault.application.testing import FrozenClock
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import WorkOrder

@@ -53,14 +53,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
-from flowvault.application import (
-    IDEMPOTENCY,
-    REQUEST_IDEMPOTENCY,
-    WORKFLOWS,
-    HistoryEvent,
-    run_stream,
-    stream_of,
-)
+from flowvault.application import HistoryEvent
+from flowvault.application._record_kinds import REQUEST_IDEMPOTENCY
+from flowvault.application._streams import run_stream
+from flowvault.application._workflow_records import WORKFLOWS, stream_of
+from flowvault.application._workflows import IDEMPOTENCY
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
     ApprovalAlreadyDecided,
@@ -510,7 +507,7 @@ def warm_up() -> None:
         task: Task = {"cycle": 0, "seed": 0, "early": False, "checkpoint_hint": 0}
         workflow_id = runtime.workflows.create(retry_order(0, "warm"))[0].workflow_id
         runtime.definitions.register_definition("warm", {"nodes": []})
-        run, _ = runtime.graph_runs.start_run("warm", {})
+        run, _ = runtime.runs.start_run("warm", {})
         task.update(workflows=[workflow_id], scopes=["warm"], run=run.run_id, wf=workflow_id)
         writer = LoopWriter(runtime, task, _Silent())
         for unit in (writer.transition, writer.update, writer.update, writer.action_result):

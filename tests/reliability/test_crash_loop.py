@@ -46,26 +46,20 @@ import reliability
 from mark_lag import mark_trailed
 
 from flowvault.adapters.system import MarkFileStore
-from flowvault.application import (
+from flowvault.application import LabelFilter, LedgerAudit, Order, UnitOfWork
+from flowvault.application._audit import RecordReadability, list_all_streams
+from flowvault.application._freshness import (
     ACTION_RESULT_KIND,
-    APPROVAL_SLOTS,
-    APPROVALS,
     CHECKPOINT_KIND,
-    CHECKPOINTS,
     DEFINITION_KIND,
     IDEMPOTENCY_KIND,
     RESULT_KIND,
     WITNESS_KIND,
-    LabelFilter,
-    LedgerAudit,
-    Order,
-    RecordReadability,
-    UnitOfWork,
-    history_stream,
-    list_all_streams,
-    run_stream,
-    stream_of,
 )
+from flowvault.application._record_kinds import APPROVAL_SLOTS, APPROVALS, CHECKPOINTS
+from flowvault.application._state import history_stream
+from flowvault.application._streams import run_stream
+from flowvault.application._workflow_records import stream_of
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
     GENESIS_HASH,
@@ -312,8 +306,8 @@ class LoopWorld:
                 for n in range(LANES)
             )
             runtime.definitions.register_definition("crash.loop", {"nodes": ["work", "approve"]})
-            run, _ = runtime.graph_runs.start_run("crash.loop", {"loop": True})
-            runtime.graph_runs.set_status(run.run_id, "running", expected_status="accepted")
+            run, _ = runtime.runs.start_run("crash.loop", {"loop": True})
+            runtime.runs.set_status(run.run_id, "running", expected_status="accepted")
         scopes = tuple(f"crash-{n}" for n in range(LANES))
         return cls(home, workflows, scopes, run.run_id)
 
@@ -846,8 +840,8 @@ class RetryWorld:
                 record.workflow_id, "executing", expected_state="planning", expected_version=2
             )
             runtime.definitions.register_definition("retry.run", {"nodes": ["approve"]})
-            run, _ = runtime.graph_runs.start_run("retry.run", {"retry": True})
-            runtime.graph_runs.set_status(run.run_id, "running", expected_status="accepted")
+            run, _ = runtime.runs.start_run("retry.run", {"retry": True})
+            runtime.runs.set_status(run.run_id, "running", expected_status="accepted")
         return cls(home, record.workflow_id, run.run_id)
 
 

@@ -115,8 +115,8 @@ def _populate(root: Path, scratch: Path) -> Home:
         )
         vault.state("main").save(WorkflowState(note=SECRETS[2]))
         vault.definitions.register_definition("flow.main", {"nodes": ["a"]})
-        run, _ = vault.graph_runs.start_run("flow.main", {"note": SECRETS[3]})
-        vault.graph_runs.set_status(run.run_id, "running", expected_status="accepted")
+        run, _ = vault.runs.start_run("flow.main", {"note": SECRETS[3]})
+        vault.runs.set_status(run.run_id, "running", expected_status="accepted")
         checkpoint = vault.checkpoints.create_checkpoint(
             run.run_id,
             1,

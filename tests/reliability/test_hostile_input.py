@@ -51,7 +51,6 @@ from hypothesis.errors import NoSuchExample
 from pydantic import BaseModel, ValidationError
 
 from flowvault.application import (
-    LOG_GENESIS,
     ActionResultService,
     ApprovalService,
     CheckpointService,
@@ -60,18 +59,16 @@ from flowvault.application import (
     EvidenceService,
     FilterOp,
     Guard,
-    HighWaterMark,
     HistoryEvent,
     IdempotencyService,
-    KeyRotation,
     LabelFilter,
     LedgerAudit,
     LedgerTrim,
     ListCursor,
     Order,
+    ResultRepository,
     RetentionJob,
     RetentionPolicy,
-    RunRepository,
     RunService,
     SealCounter,
     SealedRepository,
@@ -86,22 +83,24 @@ from flowvault.application import (
     Upsert,
     WorkflowEventService,
     WorkflowService,
-    check_run_id,
+    effective_limit,
+    read_stream,
+)
+from flowvault.application._audit import verify_stream
+from flowvault.application._keys import parse_master_key
+from flowvault.application._mark_format import LOG_GENESIS, HighWaterMark, parse_mark, replay_log
+from flowvault.application._receipts import compare_with_receipt, issue_receipt
+from flowvault.application._rotation import KeyRotation
+from flowvault.application._run_retention import purge_finished_runs
+from flowvault.application._runs import check_run_id
+from flowvault.application._state import (
     check_scope,
     cold_fingerprint,
-    compare_with_receipt,
-    effective_limit,
     history_stream,
-    issue_receipt,
-    parse_mark,
-    parse_master_key,
-    purge_finished_runs,
-    read_stream,
-    replay_log,
     reset_progress,
-    verify_stream,
 )
-from flowvault.application.testing import EPOCH, FrozenClock, SequentialIds, make_header
+from flowvault.application.testing import FrozenClock, SequentialIds, make_header
+from flowvault.application.testing._fakes import EPOCH
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
     DEFAULT_LIFECYCLE,
@@ -224,12 +223,12 @@ def _populate(runtime: Runtime) -> Known:
     action_hash = content_hash({"action": "pay"})
     runtime.action_results.put_action_result(workflow_id, action_hash, {"paid": True})
     runtime.state("main").save(WorkflowState(step=1))
-    runtime.runs.save(
+    runtime.results.save(
         WorkflowResult(run_id="run-001", status="completed", started_at=T0, finished_at=T0)
     )
     definition = runtime.definitions.register_definition("flow.main", {"nodes": ["a", "b"]})
-    run, _ = runtime.graph_runs.start_run("flow.main", {"x": 1}, idempotency_key="start-1")
-    runtime.graph_runs.set_status(run.run_id, "running", expected_status="accepted")
+    run, _ = runtime.runs.start_run("flow.main", {"x": 1}, idempotency_key="start-1")
+    runtime.runs.set_status(run.run_id, "running", expected_status="accepted")
     checkpoints = [
         runtime.checkpoints.create_checkpoint(
             run.run_id,
@@ -690,7 +689,7 @@ def _action_results(w: World) -> ActionResultService:
 
 
 def _graph(w: World) -> RunService:
-    return w.runtime.graph_runs
+    return w.runtime.runs
 
 
 def _definitions(w: World) -> DefinitionRegistry:
@@ -724,8 +723,8 @@ def _evidence(w: World) -> EvidenceService:
     return w.runtime.evidence
 
 
-def _runs(w: World) -> RunRepository:
-    return w.runtime.runs
+def _runs(w: World) -> ResultRepository:
+    return w.runtime.results
 
 
 def _repo(w: World) -> SealedRepository:
@@ -1014,19 +1013,19 @@ def _state_rows() -> list[EntryPoint]:
 def _run_result_rows() -> list[EntryPoint]:
     return [
         EntryPoint(
-            "RunRepository.save",
+            "ResultRepository.save",
             lambda k: args(result=workflow_results()),
             lambda w, a: _runs(w).save(**a),
             sqlite=True,
         ),
         EntryPoint(
-            "RunRepository.load",
+            "ResultRepository.load",
             lambda k: args(run_id=text(k.result_run_id)),
             lambda w, a: _runs(w).load(**a),
             sqlite=True,
         ),
         EntryPoint(
-            "RunRepository.list",
+            "ResultRepository.list",
             lambda k: args(since=opt(TIMES), cursor=cursors(), limit=INTS),
             lambda w, a: _runs(w).list(**a),
             sqlite=True,
@@ -2094,7 +2093,7 @@ FOUND: tuple[tuple[str, Callable[[Known], Arguments]], ...] = (
     ("StateRepository.save", lambda k: {"scope": "main", "state": WorkflowState(blob=b"\xff")}),
     ("StateRepository.save", lambda k: {"scope": "main", "state": WorkflowState(deep=_deep())}),
     ("StateRepository.save", lambda k: {"scope": "main", "state": WorkflowState(odd={_SET: 1})}),
-    ("RunRepository.list", lambda k: {"since": "2026-01-01", "cursor": None, "limit": 10}),
+    ("ResultRepository.list", lambda k: {"since": "2026-01-01", "cursor": None, "limit": 10}),
     ("RunService.finish_run", lambda k: {**_finish(k), "status": bytearray(b"completed")}),
     ("purge_finished_runs", lambda k: _purge(_FIRST_DAY, timedelta(days=1), 10)),
     ("purge_finished_runs", lambda k: _purge(T0, None, 10)),
@@ -2344,7 +2343,7 @@ def test_table_covers_every_public_method() -> None:
         ("ActionResultService", ActionResultService),
         ("StateRepository", StateRepository),
         ("StreamWriter", StreamWriter),
-        ("RunRepository", RunRepository),
+        ("ResultRepository", ResultRepository),
         ("RunService", RunService),
         ("DefinitionRegistry", DefinitionRegistry),
         ("TerminalReceipts", TerminalReceipts),

@@ -46,7 +46,8 @@ from apsw_driver import Action, FaultPlan, FaultVFS
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.adapters.sqlite._connect import Synchronous
 from flowvault.application import HistoryEvent, RetentionPolicy, UnitOfWork
-from flowvault.application.testing import EPOCH, FrozenClock, SequentialIds
+from flowvault.application.testing import FrozenClock, SequentialIds
+from flowvault.application.testing._fakes import EPOCH
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
     FlowvaultError,
@@ -106,8 +107,8 @@ def _workflow_in(runtime: Runtime, state: str) -> str:
 def _checkpoint_for(runtime: Runtime, cursor: str) -> tuple[str, str]:
     """Start a running run and checkpoint it; return (run id, checkpoint id)."""
     runtime.definitions.register_definition("graph.io", {"nodes": ["draft", "approve"]})
-    run, _ = runtime.graph_runs.start_run("graph.io", {"cursor": cursor})
-    runtime.graph_runs.set_status(run.run_id, "running", expected_status="accepted")
+    run, _ = runtime.runs.start_run("graph.io", {"cursor": cursor})
+    runtime.runs.set_status(run.run_id, "running", expected_status="accepted")
     checkpoint = runtime.checkpoints.create_checkpoint(
         run.run_id,
         {"node": cursor},
@@ -164,9 +165,9 @@ def _purgeable(runtime: Runtime) -> Ids:
         )
     _, settled = _checkpoint_for(runtime, "settled")
     runtime.approvals.decide(_request(runtime, settled), "reject", "carol@example.org")
-    finished, _ = runtime.graph_runs.start_run("graph.io", {"cursor": "done"})
-    runtime.graph_runs.set_status(finished.run_id, "running", expected_status="accepted")
-    runtime.graph_runs.finish_run(
+    finished, _ = runtime.runs.start_run("graph.io", {"cursor": "done"})
+    runtime.runs.set_status(finished.run_id, "running", expected_status="accepted")
+    runtime.runs.finish_run(
         finished.run_id, "completed", expected_status="running", final_state={"ok": True}
     )
     runtime.idempotency.remember("request-1", {"n": 1}, {"status": "ok"})

@@ -41,11 +41,9 @@ from mark_lag import mark_trailed
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.adapters.sqlite._connect import Synchronous
 from flowvault.adapters.system import MarkFileStore
-from flowvault.application import (
-    STATE_WRITTEN_EVENT,
-    HistoryEvent,
-    stream_of,
-)
+from flowvault.application import HistoryEvent
+from flowvault.application._state import STATE_WRITTEN_EVENT
+from flowvault.application._workflow_records import stream_of
 from flowvault.application.testing import FrozenClock
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (

@@ -540,7 +540,7 @@ def _check_reset(bench: Bench, scope: str, _result: Any) -> None:
 
 
 def _new_run(bench: Bench) -> str:
-    runs, definitions = bench.runtime.graph_runs, bench.runtime.definitions
+    runs, definitions = bench.runtime.runs, bench.runtime.definitions
     try:
         definitions.get_definition(DEFINITION)
     except NotFound:
@@ -588,7 +588,7 @@ def _check_decided(bench: Bench, subject: tuple[str, str], result: Any) -> None:
 
 
 def _finish(bench: Bench, run_id: str) -> Any:
-    return bench.runtime.graph_runs.finish_run(
+    return bench.runtime.runs.finish_run(
         run_id,
         "completed",
         expected_status="running",
@@ -598,19 +598,19 @@ def _finish(bench: Bench, run_id: str) -> Any:
 
 
 def _check_finished(bench: Bench, run_id: str, receipt: Any) -> None:
-    runs = bench.runtime.graph_runs
+    runs = bench.runtime.runs
     assert bench.runtime.receipts.terminal_receipt(run_id) == receipt
     assert runs.get_run(run_id).status == "completed"
 
 
 def _fail(bench: Bench, run_id: str) -> Any:
-    return bench.runtime.graph_runs.set_status(
+    return bench.runtime.runs.set_status(
         run_id, "failed", expected_status="running", payload={"reason": "fault-test"}
     )
 
 
 def _check_failed(bench: Bench, run_id: str, _result: Any) -> None:
-    runs = bench.runtime.graph_runs
+    runs = bench.runtime.runs
     assert bench.runtime.receipts.terminal_receipt(run_id).status == "failed"
     assert runs.get_run(run_id).status == "failed"
 

@@ -28,16 +28,10 @@ from psycopg import sql
 from wiring import Wired
 
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
-from flowvault.application import (
-    MAX_HEAD_BATCH,
-    MAX_LIST_LIMIT,
-    MAX_PAYLOAD_BYTES,
-    MAX_WITNESS_BYTES,
-    Guard,
-    StreamHeadBatch,
-    UnitOfWork,
-)
+from flowvault.application import MAX_HEAD_BATCH, MAX_LIST_LIMIT, Guard, StreamHeadBatch, UnitOfWork
 from flowvault.application import _records as records_module
+from flowvault.application._record_kinds import MAX_WITNESS_BYTES
+from flowvault.application._records import MAX_PAYLOAD_BYTES
 from flowvault.application.testing import FrozenClock, make_event, make_upsert
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
@@ -220,7 +214,7 @@ class Bench:
 
     def run(self) -> str:
         """Start a graph run of the shared definition; return its id."""
-        runs = self.runtime.graph_runs
+        runs = self.runtime.runs
         self.runtime.definitions.register_definition(DEFINITION, {"nodes": ["a", "b"]})
         run, _ = runs.start_run(DEFINITION, {"n": self.serial})
         return run.run_id
@@ -516,7 +510,7 @@ def definition_id(bench: Bench) -> list[Boundary]:
 
 def run_idempotency_key(bench: Bench) -> list[Boundary]:
     """Return the edges of a run request's 1 to 256 character idempotency key."""
-    runs = bench.runtime.graph_runs
+    runs = bench.runtime.runs
     bench.runtime.definitions.register_definition(DEFINITION, {"nodes": ["a", "b"]})
 
     def start(key: str) -> None:
@@ -545,7 +539,7 @@ def event_type(bench: Bench) -> list[Boundary]:
     run = bench.run()
 
     def append(kind: str) -> None:
-        bench.runtime.graph_runs.append_run_events(run, [(kind, {})])
+        bench.runtime.runs.append_run_events(run, [(kind, {})])
 
     return [
         Boundary("append_run_events", lambda: append("e" * 100), lambda: append("e" * 101), INVALID)
@@ -557,7 +551,7 @@ def events_per_call(bench: Bench) -> list[Boundary]:
     run = bench.run()
 
     def append(count: int) -> None:
-        appended = bench.runtime.graph_runs.append_run_events(run, [("step.done", {})] * count)
+        appended = bench.runtime.runs.append_run_events(run, [("step.done", {})] * count)
         _expect(len(appended) == count, "events lost")
 
     return [Boundary("append_run_events", lambda: append(200), lambda: append(201), INVALID)]
@@ -741,14 +735,14 @@ def page_size(bench: Bench) -> list[Boundary]:
         UnitOfWork(appends=events + [make_event(f"limits/s{i:03d}", 0) for i in range(count)])
     )
     run = bench.run()
-    runtime.graph_runs.append_run_events(run, [("step.done", {})] * MAX_LIST_LIMIT)
+    runtime.runs.append_run_events(run, [("step.done", {})] * MAX_LIST_LIMIT)
     for _ in range(count):
         bench.workflow()
     readers: dict[str, Callable[[int], int]] = {
         "list": lambda n: len(store.list(space, limit=n).items),
         "read_ledger": lambda n: len(store.read_ledger(stream, limit=n).events),
         "list_streams": lambda n: len(store.list_streams(limit=n)),
-        "read_run_events": lambda n: len(runtime.graph_runs.read_run_events(run, limit=n).events),
+        "read_run_events": lambda n: len(runtime.runs.read_run_events(run, limit=n).events),
         "list_workflows": lambda n: len(runtime.workflows.list_workflows(limit=n).items),
     }
     boundaries = []
@@ -784,8 +778,8 @@ def action_result_retention(bench: Bench) -> list[Boundary]:
 
 def _logged(bench: Bench, run: str, payload: dict[str, Any]) -> object:
     """Append ``payload`` as a run event; return it as stored, after checking the read-back."""
-    event = bench.runtime.graph_runs.append_run_events(run, [("ledger.probe", payload)])[0]
-    stored = bench.runtime.graph_runs.read_run_events(run, cursor=event.index, limit=1).events[0]
+    event = bench.runtime.runs.append_run_events(run, [("ledger.probe", payload)])[0]
+    stored = bench.runtime.runs.read_run_events(run, cursor=event.index, limit=1).events[0]
     _expect(stored == event, "the stored event differs from the appended one")
     return stored.payload
 

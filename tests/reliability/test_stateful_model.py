@@ -47,23 +47,6 @@ from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.postgres import PostgresSecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.application import (
-    ACTION_RESULT_KIND,
-    APPROVAL_SLOTS,
-    APPROVALS,
-    CHECKPOINT_KIND,
-    CHECKPOINTS,
-    DEFINITION_KIND,
-    EVENT_KEYS,
-    GRAPH_DEFINITION_VERSIONS,
-    GRAPH_DEFINITIONS,
-    GRAPH_RUNS,
-    IDEMPOTENCY,
-    IDEMPOTENCY_KIND,
-    REQUEST_IDEMPOTENCY,
-    RESULT_KIND,
-    STATE_NAMESPACE,
-    WITNESS_KIND,
-    WORKFLOWS,
     Delete,
     Guard,
     LabelFilter,
@@ -77,10 +60,34 @@ from flowvault.application import (
     StreamCatalog,
     UnitOfWork,
     Upsert,
-    keyed,
     read_stream,
 )
-from flowvault.application.testing import EPOCH, FrozenClock, SequentialIds
+from flowvault.application._freshness import (
+    ACTION_RESULT_KIND,
+    CHECKPOINT_KIND,
+    DEFINITION_KIND,
+    IDEMPOTENCY_KIND,
+    RESULT_KIND,
+    WITNESS_KIND,
+)
+from flowvault.application._graph_namespaces import (
+    GRAPH_DEFINITION_VERSIONS,
+    GRAPH_DEFINITIONS,
+    GRAPH_RUNS,
+)
+from flowvault.application._record_kinds import (
+    APPROVAL_SLOTS,
+    APPROVALS,
+    CHECKPOINTS,
+    REQUEST_IDEMPOTENCY,
+)
+from flowvault.application._state import STATE_NAMESPACE
+from flowvault.application._streams import keyed
+from flowvault.application._workflow_events import EVENT_KEYS
+from flowvault.application._workflow_records import WORKFLOWS
+from flowvault.application._workflows import IDEMPOTENCY
+from flowvault.application.testing import FrozenClock, SequentialIds
+from flowvault.application.testing._fakes import EPOCH
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
     FlowvaultError,

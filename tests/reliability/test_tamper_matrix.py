@@ -45,31 +45,35 @@ from mark_lag import settle
 from pydantic import BaseModel, SecretStr
 
 from flowvault.application import (
-    ACTION_RESULTS,
-    APPROVAL_SLOTS,
-    APPROVALS,
-    CHECKPOINTS,
-    EVENT_KEYS,
-    GRAPH_RUN_IDEMPOTENCY,
-    GRAPH_RUN_RECEIPTS,
-    GRAPH_RUNS,
-    IDEMPOTENCY,
-    REQUEST_IDEMPOTENCY,
-    STATE_NAMESPACE,
-    WITNESSES,
-    WORKFLOWS,
     HistoryEvent,
     KeyedDigester,
     LedgerAudit,
     SecureObjectStore,
-    encode_master_key,
-    issue_receipt,
-    list_all_streams,
     read_stream,
-    run_stream,
-    stream_of,
 )
-from flowvault.application.testing import EPOCH, FrozenClock, SequentialIds
+from flowvault.application._action_results import ACTION_RESULTS
+from flowvault.application._audit import list_all_streams
+from flowvault.application._graph_namespaces import (
+    GRAPH_RUN_IDEMPOTENCY,
+    GRAPH_RUN_RECEIPTS,
+    GRAPH_RUNS,
+)
+from flowvault.application._keys import encode_master_key
+from flowvault.application._receipts import issue_receipt
+from flowvault.application._record_kinds import (
+    APPROVAL_SLOTS,
+    APPROVALS,
+    CHECKPOINTS,
+    REQUEST_IDEMPOTENCY,
+    WITNESSES,
+)
+from flowvault.application._state import STATE_NAMESPACE
+from flowvault.application._streams import run_stream
+from flowvault.application._workflow_events import EVENT_KEYS
+from flowvault.application._workflow_records import WORKFLOWS, stream_of
+from flowvault.application._workflows import IDEMPOTENCY
+from flowvault.application.testing import FrozenClock, SequentialIds
+from flowvault.application.testing._fakes import EPOCH
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
     ApprovalStatus,
@@ -263,7 +267,7 @@ def _populate_state(runtime: Runtime, clock: FrozenClock) -> None:
     gone = runtime.state("gone")
     gone.save(WorkflowState(doomed=1))
     gone.reset(actor="ops", source="tamper-matrix")
-    runtime.runs.save(
+    runtime.results.save(
         WorkflowResult(
             run_id="result-1",
             status="completed",
@@ -275,7 +279,7 @@ def _populate_state(runtime: Runtime, clock: FrozenClock) -> None:
 
 
 def _populate_runs(runtime: Runtime, clock: FrozenClock) -> tuple[tuple[str, ...], list[str]]:
-    runs = runtime.graph_runs
+    runs = runtime.runs
     runtime.definitions.register_definition("flow.a", DEFINITION)
     clock.advance()
     done, _ = _start_first_run(runtime)
@@ -301,7 +305,7 @@ def _populate_runs(runtime: Runtime, clock: FrozenClock) -> tuple[tuple[str, ...
 
 def _start_first_run(runtime: Runtime) -> tuple[object, ...]:
     """Start the first run under its idempotency key; a retry returns the same run."""
-    return runtime.graph_runs.start_run(
+    return runtime.runs.start_run(
         "flow.a", {"invoice": "INV-9"}, budgets={"tokens": 100}, idempotency_key="run-key-1"
     )
 
@@ -501,17 +505,17 @@ def _state_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
         state = runtime.state(scope)
         yield Reader(f"state {scope}", lambda s=state: [s.load(), s.fingerprint()], family="state")
         yield Reader(f"history {scope}", lambda s=state: s.history(), family="audit: state history")
-    yield Reader("run results", lambda: refused(runtime.runs.list(limit=200)), "results")
+    yield Reader("run results", lambda: refused(runtime.results.list(limit=200)), "results")
     yield Reader(
         "run results since",
-        lambda: refused(runtime.runs.list(since=catalog.since, limit=200)),
+        lambda: refused(runtime.results.list(since=catalog.since, limit=200)),
         "results",
         filtered=True,
     )
     for result in catalog.results:
         yield Reader(
             f"run result {result}",
-            lambda r=result: [runtime.runs.load(r)],
+            lambda r=result: [runtime.results.load(r)],
             "results",
             family="run result",
         )
@@ -526,7 +530,7 @@ def paged_run_events(runtime: Runtime, run_id: str) -> list[object]:
     pages: list[object] = []
     cursor: int | None = None
     while True:
-        page = runtime.graph_runs.read_run_events(run_id, cursor, limit=RUN_EVENT_PAGE)
+        page = runtime.runs.read_run_events(run_id, cursor, limit=RUN_EVENT_PAGE)
         pages.append(page)
         if page.next_cursor is None:
             return pages
@@ -536,7 +540,7 @@ def paged_run_events(runtime: Runtime, run_id: str) -> list[object]:
 
 
 def _graph_readers(runtime: Runtime, catalog: Catalog) -> Iterator[Reader]:
-    runs = runtime.graph_runs
+    runs = runtime.runs
     yield Reader("graph runs", lambda: refused(runs.list_runs(limit=200)), "graph runs")
     for status in catalog.run_statuses:
         yield Reader(
@@ -2315,7 +2319,7 @@ def _advance(world: World) -> OldRows:
         catalog.workflows[1], "planning", expected_state="intake", expected_version=1
     )
     runtime.approvals.decide(catalog.approvals[1], "approve", "frank@example.org")
-    runtime.graph_runs.set_status(catalog.runs[1], "awaiting_approval", expected_status="running")
+    runtime.runs.set_status(catalog.runs[1], "awaiting_approval", expected_status="running")
     _ask(runtime, _checkpoint(runtime, catalog.runs[1], "d", PENDING_CURSOR), "ops")
     return old
 
@@ -2355,7 +2359,7 @@ def _retries(world: World) -> list[Reader]:
         Reader(
             "retry start run",
             lambda: list(
-                runtime.graph_runs.start_run(
+                runtime.runs.start_run(
                     "flow.a",
                     {"invoice": "INV-9"},
                     budgets={"tokens": 100},

@@ -49,7 +49,7 @@ def request_approval(
 
 def checkpointed_run(runtime: Runtime, definition: str) -> tuple[GraphRun, Checkpoint]:
     """Start a run of a one-node ``definition``, mark it running and checkpoint it."""
-    runs = runtime.graph_runs
+    runs = runtime.runs
     runtime.definitions.register_definition(definition, {"nodes": ["a"]})
     run, _ = runs.start_run(definition, {"t": 1})
     runs.set_status(run.run_id, "running", expected_status="accepted")

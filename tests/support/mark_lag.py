@@ -11,14 +11,10 @@ from __future__ import annotations
 import time
 
 from flowvault.adapters.system import MarkFileStore
-from flowvault.application import (
-    MARK_LAG_WINDOW,
-    MarkState,
-    StoreEpoch,
-    list_all_streams,
-    parse_mark,
-    replay_log,
-)
+from flowvault.application import StoreEpoch
+from flowvault.application._audit import list_all_streams
+from flowvault.application._mark_flusher import MARK_LAG_WINDOW
+from flowvault.application._mark_format import MarkState, parse_mark, replay_log
 from flowvault.composition import Runtime
 
 SETTLE_TIMEOUT = 30.0

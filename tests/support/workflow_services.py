@@ -10,9 +10,9 @@ from flowvault.application import (
     IdFactory,
     SealedRepository,
     WorkflowEventService,
-    WorkflowRecords,
     WorkflowService,
 )
+from flowvault.application._workflow_records import WorkflowRecords
 from flowvault.domain import DEFAULT_LIFECYCLE, StateMachine
 
 

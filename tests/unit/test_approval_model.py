@@ -157,7 +157,7 @@ class ApprovalMachine(RuleBasedStateMachine):
     def request(self, required: int, closed: bool, rejection: str, minutes: int) -> str:
         if required == 1 and not closed:
             rejection = "any"
-        runs = self.runtime.graph_runs
+        runs = self.runtime.runs
         run, _ = runs.start_run("model.flow", {"n": len(self.model)})
         runs.set_status(run.run_id, "running", expected_status="accepted")
         checkpoint = create_checkpoint(self.runtime.checkpoints, run.run_id, {"at": 1}, {"s": 1})
@@ -253,7 +253,7 @@ class ApprovalMachine(RuleBasedStateMachine):
         """Resume the run once: awaiting_approval to running, whatever its approval says."""
         a = self.model[approval_id]
         try:
-            self.runtime.graph_runs.set_status(
+            self.runtime.runs.set_status(
                 a.run_id, "running", expected_status="awaiting_approval"
             )
             moved = True
@@ -276,7 +276,7 @@ class ApprovalMachine(RuleBasedStateMachine):
             assert status_now == ("expired" if overdue else a.status)
             checkpoint = self.runtime.checkpoints.load_checkpoint(a.checkpoint_id)
             assert checkpoint.status is CheckpointStatus(a.checkpoint)
-            assert self.runtime.graph_runs.get_run(a.run_id).status == a.run
+            assert self.runtime.runs.get_run(a.run_id).status == a.run
 
 
 def _memory() -> tuple[SecureObjectStore, Callable[[], None]]:

@@ -15,7 +15,10 @@ from checkpoint_setup import create_checkpoint
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from flowvault.application import APPROVALS, CHECKPOINTS, GRAPH_RUNS, SecureObjectStore, run_stream
+from flowvault.application import SecureObjectStore
+from flowvault.application._graph_namespaces import GRAPH_RUNS
+from flowvault.application._record_kinds import APPROVALS, CHECKPOINTS
+from flowvault.application._streams import run_stream
 from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
@@ -51,7 +54,7 @@ def runtime(backend_store: SecureObjectStore, tmp_path: Path) -> Runtime:
 
 def paused(runtime: Runtime) -> tuple[GraphRun, Checkpoint]:
     """Start a run, checkpoint it while running, then leave it awaiting approval."""
-    runs = runtime.graph_runs
+    runs = runtime.runs
     runtime.definitions.register_definition("wire.send", {"nodes": ["draft", "approve", "send"]})
     run, _ = runs.start_run("wire.send", {"amount": 9000})
     runs.set_status(run.run_id, "running", expected_status="accepted")
@@ -333,7 +336,8 @@ def test_a_signature_is_bound_to_its_approval(runtime: Runtime) -> None:
 
 def test_a_deleted_decider_key_is_refused_not_read_as_unsigned(runtime: Runtime) -> None:
     """Deleting a decider's key row outside flowvault does not let an unsigned decision pass."""
-    from flowvault.application import DECIDER_KEYS, Delete, Guard, UnitOfWork  # noqa: PLC0415
+    from flowvault.application import Delete, Guard, UnitOfWork  # noqa: PLC0415
+    from flowvault.application._decider_keys import DECIDER_KEYS  # noqa: PLC0415
 
     _, checkpoint = paused(runtime)
     _, ann_public = key_pair()
@@ -389,7 +393,7 @@ def test_the_expiry_pass_records_expiry_and_fails_the_waiting_run(runtime: Runti
     assert runtime.checkpoints.load_checkpoint(checkpoint.checkpoint_id).status is (
         CheckpointStatus.CONSUMED
     )
-    assert runtime.graph_runs.get_run(run.run_id).status == "failed"
+    assert runtime.runs.get_run(run.run_id).status == "failed"
     types = [e.type for e in runtime.store.read_ledger(run_stream(run.run_id), limit=200).events]
     assert types[-2:] == ["approval.expired", "run.failed"]
     again = runtime.approvals.expire_overdue()
@@ -402,7 +406,7 @@ def test_a_late_decide_also_fails_the_run(runtime: Runtime) -> None:
     approval_id = ask(runtime, checkpoint, required=1, deciders=None)
     with pytest.raises(ApprovalExpired):
         runtime.approvals.decide(approval_id, "approve", ANN, now=runtime.clock.now() + 2 * HOUR)
-    assert runtime.graph_runs.get_run(run.run_id).status == "failed"
+    assert runtime.runs.get_run(run.run_id).status == "failed"
 
 
 def test_the_pass_finishes_a_run_left_waiting_by_an_interrupted_pass(runtime: Runtime) -> None:
@@ -411,7 +415,7 @@ def test_the_pass_finishes_a_run_left_waiting_by_an_interrupted_pass(runtime: Ru
     approval_id = ask(runtime, checkpoint, required=1, deciders=None)
     assert isinstance(runtime.clock, FrozenClock)
     runtime.clock.advance(2 * HOUR)
-    runs = runtime.graph_runs
+    runs = runtime.runs
     runs.set_status(run.run_id, "running", expected_status="awaiting_approval")
     assert runtime.approvals.expire_overdue().failed_runs == 0
     runs.set_status(run.run_id, "awaiting_approval", expected_status="running")
@@ -427,7 +431,7 @@ def test_a_run_waiting_for_a_live_approval_is_left_alone(runtime: Runtime) -> No
     assert isinstance(runtime.clock, FrozenClock)
     runtime.clock.advance(2 * HOUR)
     assert runtime.approvals.expire_overdue().failed_runs == 0
-    assert runtime.graph_runs.get_run(run.run_id).status == "awaiting_approval"
+    assert runtime.runs.get_run(run.run_id).status == "awaiting_approval"
 
 
 def test_retention_runs_the_expiry_pass(runtime: Runtime) -> None:
@@ -440,4 +444,4 @@ def test_retention_runs_the_expiry_pass(runtime: Runtime) -> None:
     runtime.clock.advance(2 * HOUR)
     report = runtime.retention(RetentionPolicy()).run()
     assert (report.expired_approvals, report.failed_runs) == (1, 1)
-    assert runtime.graph_runs.get_run(run.run_id).status == "failed"
+    assert runtime.runs.get_run(run.run_id).status == "failed"

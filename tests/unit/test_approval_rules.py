@@ -13,16 +13,11 @@ from pathlib import Path
 import pytest
 from checkpoint_setup import create_checkpoint, request_approval
 
-from flowvault.application import (
-    APPROVAL_SLOTS,
-    APPROVALS,
-    CHECKPOINTS,
-    GRAPH_RUNS,
-    WORKFLOWS,
-    SecureObjectStore,
-    run_stream,
-    stream_of,
-)
+from flowvault.application import SecureObjectStore
+from flowvault.application._graph_namespaces import GRAPH_RUNS
+from flowvault.application._record_kinds import APPROVAL_SLOTS, APPROVALS, CHECKPOINTS
+from flowvault.application._streams import run_stream
+from flowvault.application._workflow_records import WORKFLOWS, stream_of
 from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
@@ -71,7 +66,7 @@ def snapshot(runtime: Runtime, *run_ids: str, workflow_id: str | None = None) ->
 
 def started(runtime: Runtime, status: str = "running") -> GraphRun:
     """Start a run and move it to ``running`` (and on to ``status`` through ``running``)."""
-    runs = runtime.graph_runs
+    runs = runtime.runs
     runtime.definitions.register_definition("invoice.pay", {"nodes": ["draft", "approve", "pay"]})
     run, _ = runs.start_run("invoice.pay", {"invoice": "INV-17"})
     run = runs.set_status(run.run_id, "running", expected_status="accepted")
@@ -84,7 +79,7 @@ def paused(runtime: Runtime) -> tuple[GraphRun, Checkpoint]:
     """Start a run, checkpoint it while running, then leave it awaiting approval."""
     run = started(runtime)
     checkpoint = create_checkpoint(runtime.checkpoints, run.run_id, {"node": "pay"}, {"d": 1})
-    run = runtime.graph_runs.set_status(run.run_id, "awaiting_approval", expected_status="running")
+    run = runtime.runs.set_status(run.run_id, "awaiting_approval", expected_status="running")
     return run, checkpoint
 
 
@@ -103,7 +98,7 @@ def test_checkpoint_for_a_run_never_started_is_not_found_and_writes_nothing(
     assert snapshot(runtime, GHOST) == before
     assert runtime.store.ledger_head(run_stream(GHOST)) is None
     with pytest.raises(NotFound):
-        runtime.graph_runs.get_run(GHOST)
+        runtime.runs.get_run(GHOST)
 
 
 @pytest.mark.parametrize("ending", ["completed", "failed", "cancelled"])
@@ -121,7 +116,7 @@ def test_checkpoint_for_a_finished_run_is_refused(runtime: Runtime, ending: str)
 def test_request_on_a_run_that_ended_is_refused(runtime: Runtime) -> None:
     """A pending checkpoint of a run that has since ended cannot be put to a human."""
     run, checkpoint = paused(runtime)
-    runtime.graph_runs.set_status(run.run_id, "cancelled", expected_status="awaiting_approval")
+    runtime.runs.set_status(run.run_id, "cancelled", expected_status="awaiting_approval")
     before = snapshot(runtime, run.run_id)
     with pytest.raises(InvalidTransition):
         request_approval(runtime.approvals, checkpoint, "finance", runtime.clock.now() + HOUR)
@@ -135,7 +130,7 @@ def test_decide_on_a_run_that_ended_is_refused(runtime: Runtime, late: bool) -> 
     approval = request_approval(
         runtime.approvals, checkpoint, "finance", runtime.clock.now() + HOUR
     )
-    runtime.graph_runs.set_status(run.run_id, "cancelled", expected_status="awaiting_approval")
+    runtime.runs.set_status(run.run_id, "cancelled", expected_status="awaiting_approval")
     before = snapshot(runtime, run.run_id)
     moment = runtime.clock.now() + (2 * HOUR if late else timedelta(0))
     with pytest.raises(InvalidTransition):
@@ -155,7 +150,7 @@ def test_the_live_run_flow_still_works(runtime: Runtime) -> None:
     decided, resume_from = runtime.approvals.decide(approval.approval_id, APPROVE, DECIDER)
     assert decided.status is ApprovalStatus.DECIDED
     assert resume_from.status is CheckpointStatus.CONSUMED
-    assert runtime.graph_runs.get_run(run.run_id).status == "awaiting_approval"
+    assert runtime.runs.get_run(run.run_id).status == "awaiting_approval"
 
 
 # -- 2. a workflow's decision on an action is final in its decision state -----------
@@ -300,7 +295,7 @@ def test_decide_retried_after_a_lost_reply_returns_the_first_result(runtime: Run
         assert DECIDER not in str(caught.value)
         assert OTHER_DECIDER not in str(caught.value)
         assert snapshot(runtime, run.run_id) == before
-    events = runtime.graph_runs.read_run_events(run.run_id).events
+    events = runtime.runs.read_run_events(run.run_id).events
     assert sum(event.type == "approval.decided" for event in events) == 1
 
 
@@ -311,8 +306,8 @@ def test_decide_retry_still_replays_after_the_run_finished(runtime: Runtime) -> 
         runtime.approvals, checkpoint, "finance", runtime.clock.now() + HOUR
     )
     first = runtime.approvals.decide(approval.approval_id, APPROVE, DECIDER)
-    runtime.graph_runs.set_status(run.run_id, "running", expected_status="awaiting_approval")
-    runtime.graph_runs.finish_run(
+    runtime.runs.set_status(run.run_id, "running", expected_status="awaiting_approval")
+    runtime.runs.finish_run(
         run.run_id, "completed", expected_status="running", final_state={"paid": True}
     )
     before = snapshot(runtime, run.run_id)
@@ -349,5 +344,5 @@ def test_one_decider_racing_itself_gets_one_result_everywhere(runtime: Runtime) 
     assert len(outcomes) == 8
     assert all(outcome == outcomes[0] for outcome in outcomes), outcomes
     assert isinstance(outcomes[0], tuple)
-    events = runtime.graph_runs.read_run_events(run.run_id).events
+    events = runtime.runs.read_run_events(run.run_id).events
     assert sum(event.type == "approval.decided" for event in events) == 1

@@ -15,15 +15,6 @@ from listings import every_page
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.application import (
-    APPROVAL_SLOTS,
-    APPROVALS,
-    CHECKPOINTS,
-    IDEMPOTENCY_STREAM,
-    MAX_WITNESS_BYTES,
-    REQUEST_IDEMPOTENCY,
-    RETENTION_TOMBSTONE,
-    WITNESS_KIND,
-    WITNESSES,
     ApprovalService,
     CheckpointService,
     EvidenceService,
@@ -35,9 +26,18 @@ from flowvault.application import (
     UnreadableItem,
     Upsert,
     read_stream,
-    record_stream,
-    run_stream,
 )
+from flowvault.application._freshness import WITNESS_KIND, record_stream
+from flowvault.application._record_kinds import (
+    APPROVAL_SLOTS,
+    APPROVALS,
+    CHECKPOINTS,
+    MAX_WITNESS_BYTES,
+    REQUEST_IDEMPOTENCY,
+    WITNESSES,
+)
+from flowvault.application._streams import run_stream
+from flowvault.application._tombstones import IDEMPOTENCY_STREAM, RETENTION_TOMBSTONE
 from flowvault.application.testing import FrozenClock, SequentialIds, make_event
 from flowvault.domain import (
     Approval,

@@ -12,12 +12,6 @@ from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.system import MarkFileStore
 from flowvault.application import (
-    DURABLE_TIER,
-    MAINTENANCE_TIER,
-    AntiRollback,
-    CipherDigester,
-    HighWaterStore,
-    KeyRotation,
     LabelFilter,
     LedgerPage,
     Order,
@@ -29,6 +23,11 @@ from flowvault.application import (
     StoredRecord,
     UnitOfWork,
 )
+from flowvault.application._anti_rollback import AntiRollback
+from flowvault.application._capabilities import DURABLE_TIER, MAINTENANCE_TIER
+from flowvault.application._high_water_store import HighWaterStore
+from flowvault.application._rotation import KeyRotation
+from flowvault.application._sealed import CipherDigester
 from flowvault.composition import Settings, bootstrap
 from flowvault.domain import InvalidInput, LedgerEvent, StoreUnavailable, WorkOrder
 
@@ -145,7 +144,7 @@ def test_opening_logs_once_what_a_store_without_the_tiers_loses(
         )
         assert vault.workflows.get(done.workflow_id).state == "cancelled"
         assert vault.workflows.compact() is True
-        assert vault.graph_runs.compact() is True
+        assert vault.runs.compact() is True
         assert not vault.repository.budget.persistent
         with pytest.raises(InvalidInput):
             KeyRotation(vault.repository)

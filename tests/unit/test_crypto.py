@@ -22,13 +22,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from flowvault.adapters.crypto import (
-    WIRE_VERSION,
-    AesGcmCipher,
-    FileKeyStore,
-    generate_master_key,
-)
-from flowvault.application import Cipher, KeyStore, encode_master_key
+from flowvault.adapters.crypto import AesGcmCipher, FileKeyStore
+from flowvault.adapters.crypto._cipher import WIRE_VERSION, generate_master_key
+from flowvault.application import Cipher, KeyStore
+from flowvault.application._keys import encode_master_key
 from flowvault.domain import InsecurePermissions, IntegrityFailure, InvalidInput
 
 KEY_A = bytes(range(32))
@@ -419,8 +416,9 @@ def test_create_refuses_a_wrong_length_key(tmp_path: Path) -> None:
 _RACER = """
 import sys, time
 from pathlib import Path
-from flowvault.adapters.crypto import FileKeyStore, generate_master_key
-from flowvault.application import encode_master_key
+from flowvault.adapters.crypto import FileKeyStore
+from flowvault.adapters.crypto._cipher import generate_master_key
+from flowvault.application._keys import encode_master_key
 go, keys, ready = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 ready.touch()
 while not go.exists():

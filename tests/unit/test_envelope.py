@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flowvault.application.testing import EPOCH, make_header
+from flowvault.application.testing import make_header
+from flowvault.application.testing._fakes import EPOCH
 from flowvault.domain import EnvelopeHeader, Fingerprint, InvalidInput, Receipt, Sensitivity
 from flowvault.domain._canonical import canonical_bytes
 from flowvault.domain._envelope import aad_fields, format_instant, natural_key_digest

@@ -17,22 +17,22 @@ from structlog.testing import capture_logs
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore as MemoryStore
-from flowvault.adapters.system import LOG_OFFSET, SLOT_BYTES, MarkFileStore
-from flowvault.application import (
-    COMPACT_SLACK,
-    AntiRollback,
-    CipherDigester,
+from flowvault.adapters.system import MarkFileStore
+from flowvault.adapters.system._mark_file import LOG_OFFSET, SLOT_BYTES
+from flowvault.application import UnitOfWork
+from flowvault.application._anti_rollback import COMPACT_SLACK, AntiRollback
+from flowvault.application._high_water_store import HighWaterStore
+from flowvault.application._keys import KeyRing
+from flowvault.application._mark_flusher import MarkFlusher
+from flowvault.application._mark_format import (
     HighWaterMark,
-    HighWaterStore,
-    KeyRing,
-    MarkFlusher,
     MarkState,
     MarkWrite,
-    UnitOfWork,
     format_mark,
     parse_mark,
     replay_log,
 )
+from flowvault.application._sealed import CipherDigester
 from flowvault.application.testing import make_event
 from flowvault.domain import (
     InsecurePermissions,

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from flowvault.application import check_run_id, check_scope, parse_master_key
+from flowvault.application._keys import parse_master_key
+from flowvault.application._runs import check_run_id
+from flowvault.application._state import check_scope
 from flowvault.domain import GENESIS_HASH, InvalidInput, LedgerEvent
 from flowvault.domain._envelope import _check_digest
 

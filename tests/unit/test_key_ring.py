@@ -10,14 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from flowvault.adapters.crypto import (
-    AesGcmCipher,
-    FileKeyStore,
-    derive_integrity_key,
-    key_id_of,
-)
+from flowvault.adapters.crypto import AesGcmCipher, FileKeyStore
+from flowvault.adapters.crypto._cipher import derive_integrity_key, key_id_of
 from flowvault.adapters.memory import InMemoryKeyStore
-from flowvault.application import (
+from flowvault.application._keys import (
     MAX_RING_KEYS,
     RING_HEADER,
     KeyRing,

@@ -7,18 +7,19 @@ import dataclasses
 import pytest
 from workflow_services import workflow_services
 
-from flowvault.adapters.crypto import AesGcmCipher, derive_integrity_key, key_id_of
+from flowvault.adapters.crypto import AesGcmCipher
+from flowvault.adapters.crypto._cipher import derive_integrity_key, key_id_of
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.application import (
     Guard,
-    KeyRing,
-    KeyRotation,
     SealedRepository,
     SecureObjectStore,
     StoredRecord,
     UnitOfWork,
     Upsert,
 )
+from flowvault.application._keys import KeyRing
+from flowvault.application._rotation import KeyRotation
 from flowvault.application.testing import FrozenClock, SequentialIds, make_header
 from flowvault.domain import (
     IntegrityFailure,

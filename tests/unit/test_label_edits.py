@@ -20,9 +20,6 @@ from row_edits import RowEditor
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.application import (
-    APPROVALS,
-    CHECKPOINTS,
-    REQUEST_IDEMPOTENCY,
     ApprovalService,
     CheckpointService,
     IdempotencyService,
@@ -32,6 +29,7 @@ from flowvault.application import (
     StoredRecord,
     UnreadableItem,
 )
+from flowvault.application._record_kinds import APPROVALS, CHECKPOINTS, REQUEST_IDEMPOTENCY
 from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.domain import Checkpoint, IntegrityFailure
 

@@ -17,13 +17,9 @@ from pydantic import BaseModel, ConfigDict
 from row_edits import PassThroughStore, RowEditor
 from workflow_services import workflow_services
 
-from flowvault.adapters.crypto import AesGcmCipher, derive_integrity_key
+from flowvault.adapters.crypto import AesGcmCipher
+from flowvault.adapters.crypto._cipher import derive_integrity_key
 from flowvault.application import (
-    GRAPH_RUNS,
-    RESET_EVENT,
-    STATE_NAMESPACE,
-    STATE_WRITTEN_EVENT,
-    WORKFLOWS,
     DefinitionRegistry,
     Guard,
     LedgerPage,
@@ -35,9 +31,11 @@ from flowvault.application import (
     UnreadableItem,
     Upsert,
     WorkflowService,
-    run_stream,
-    stream_of,
 )
+from flowvault.application._graph_namespaces import GRAPH_RUNS
+from flowvault.application._state import RESET_EVENT, STATE_NAMESPACE, STATE_WRITTEN_EVENT
+from flowvault.application._streams import run_stream
+from flowvault.application._workflow_records import WORKFLOWS, stream_of
 from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.domain import (
     IntegrityFailure,

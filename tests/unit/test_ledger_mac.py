@@ -11,17 +11,14 @@ from hypothesis import strategies as st
 
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.application import (
-    LEDGER_MAC_TAG,
     HistoryEvent,
     LedgerAudit,
     RetentionPolicy,
     UnitOfWork,
-    chain_mac,
-    keyed,
-    list_all_streams,
     read_stream,
-    verify_stream,
 )
+from flowvault.application._audit import list_all_streams, verify_stream
+from flowvault.application._streams import LEDGER_MAC_TAG, chain_mac, keyed
 from flowvault.application.testing import FrozenClock, make_event
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
@@ -61,7 +58,7 @@ def runtime() -> Runtime:
     expires_at = clock.now() + timedelta(hours=1)
     approval = request_approval(built.approvals, checkpoint, "ops", expires_at, ["approve"])
     built.approvals.decide(approval.approval_id, "approve", "someone")
-    built.graph_runs.finish_run(
+    built.runs.finish_run(
         run.run_id, "completed", expected_status="running", final_state={"ok": 1}
     )
     built.idempotency.remember("req", {"op": 1}, {"ok": 1})

@@ -23,18 +23,6 @@ from workflow_services import workflow_services
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.application import (
-    APPROVAL_SLOTS,
-    APPROVALS,
-    CHECKPOINT_KIND,
-    CHECKPOINTS,
-    EVENT_KEYS,
-    GRAPH_RUN_IDEMPOTENCY,
-    IDEMPOTENCY,
-    IDEMPOTENCY_KIND,
-    REQUEST_IDEMPOTENCY,
-    RETENTION_TOMBSTONE,
-    WITNESS_KIND,
-    WITNESSES,
     ApprovalService,
     CheckpointService,
     DefinitionRegistry,
@@ -47,11 +35,27 @@ from flowvault.application import (
     StoredRecord,
     TerminalReceipts,
     UnreadableItem,
-    purge_finished_runs,
-    record_stream,
-    run_stream,
-    stream_of,
 )
+from flowvault.application._freshness import (
+    CHECKPOINT_KIND,
+    IDEMPOTENCY_KIND,
+    WITNESS_KIND,
+    record_stream,
+)
+from flowvault.application._graph_namespaces import GRAPH_RUN_IDEMPOTENCY
+from flowvault.application._record_kinds import (
+    APPROVAL_SLOTS,
+    APPROVALS,
+    CHECKPOINTS,
+    REQUEST_IDEMPOTENCY,
+    WITNESSES,
+)
+from flowvault.application._run_retention import purge_finished_runs
+from flowvault.application._streams import run_stream
+from flowvault.application._tombstones import RETENTION_TOMBSTONE
+from flowvault.application._workflow_events import EVENT_KEYS
+from flowvault.application._workflow_records import stream_of
+from flowvault.application._workflows import IDEMPOTENCY
 from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.domain import (
     Approval,
@@ -535,7 +539,7 @@ RECORD_FRESHNESS_KINDS = (CHECKPOINT_KIND, IDEMPOTENCY_KIND, WITNESS_KIND)
 
 
 def _streams(world: World) -> list[str]:
-    from flowvault.application import list_all_streams  # noqa: PLC0415
+    from flowvault.application._audit import list_all_streams  # noqa: PLC0415
 
     return list_all_streams(world.store)
 

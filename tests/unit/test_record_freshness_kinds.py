@@ -25,34 +25,37 @@ from workflow_services import workflow_services
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.application import (
-    ACTION_RESULT_KIND,
-    ACTION_RESULTS,
-    DEFINITION_KIND,
-    GRAPH_DEFINITION_VERSIONS,
-    GRAPH_DEFINITIONS,
-    GRAPH_RUN_RECEIPTS,
-    RESULT_KIND,
-    RETENTION_TOMBSTONE,
-    RUNS,
     ActionResultService,
-    BoundRecords,
     DefinitionRegistry,
     Guard,
     LedgerAudit,
     LedgerPage,
-    RunRepository,
+    ResultRepository,
     SealedRepository,
     SecureObjectStore,
     StoredRecord,
     TerminalReceipts,
     UnreadableItem,
-    list_all_streams,
-    mac_matches,
-    purge_finished_runs,
-    record_stream,
-    run_stream,
-    stream_of,
 )
+from flowvault.application._action_results import ACTION_RESULTS
+from flowvault.application._audit import list_all_streams
+from flowvault.application._freshness import (
+    ACTION_RESULT_KIND,
+    DEFINITION_KIND,
+    RESULT_KIND,
+    record_stream,
+)
+from flowvault.application._graph_namespaces import (
+    GRAPH_DEFINITION_VERSIONS,
+    GRAPH_DEFINITIONS,
+    GRAPH_RUN_RECEIPTS,
+)
+from flowvault.application._record_audit import BoundRecords
+from flowvault.application._run_retention import purge_finished_runs
+from flowvault.application._runs import RUNS
+from flowvault.application._streams import mac_matches, run_stream
+from flowvault.application._tombstones import RETENTION_TOMBSTONE
+from flowvault.application._workflow_records import stream_of
 from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.domain import IntegrityFailure, NotFound, WorkflowResult, WorkOrder, content_hash
 from flowvault.domain._canonical import canonical_json
@@ -81,7 +84,7 @@ class World(RowEditor):
         self.runs = graph_runs(self.repository, self.clock, SequentialIds("run"))
         self.definitions = DefinitionRegistry(self.repository, self.clock)
         self.receipts = TerminalReceipts(self.repository, self.repository)
-        self.results = RunRepository(self.repository)
+        self.results = ResultRepository(self.repository)
 
     def workflow(self) -> str:
         record, _ = self.workflows.create(
@@ -469,7 +472,7 @@ def test_a_run_result_rewritten_during_a_read_is_no_false_alarm(world: World) ->
     world.results.save(world.result())
     for read in ("load", "list"):
         racing, repository = _racing(world, older)
-        results = RunRepository(repository)
+        results = ResultRepository(repository)
         found = results.load(RESULT_RUN) if read == "load" else results.list().items[0]
         assert found.status == "completed"
         assert racing.served == 1

@@ -13,13 +13,6 @@ from graph_services import graph_runs
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.application import (
-    GRAPH_DEFINITION_VERSIONS,
-    GRAPH_DEFINITIONS,
-    GRAPH_RUN_IDEMPOTENCY,
-    GRAPH_RUN_RECEIPTS,
-    GRAPH_RUNS,
-    RETENTION_TOMBSTONE,
-    TRIM_EVENT,
     DefinitionRegistry,
     Guard,
     LedgerTrim,
@@ -29,12 +22,21 @@ from flowvault.application import (
     TerminalReceipts,
     UnitOfWork,
     UnreadableItem,
-    purge_finished_runs,
     read_stream,
-    run_stream,
     trim_unit,
 )
-from flowvault.application.testing import EPOCH, FrozenClock, SequentialIds
+from flowvault.application._graph_namespaces import (
+    GRAPH_DEFINITION_VERSIONS,
+    GRAPH_DEFINITIONS,
+    GRAPH_RUN_IDEMPOTENCY,
+    GRAPH_RUN_RECEIPTS,
+    GRAPH_RUNS,
+)
+from flowvault.application._run_retention import purge_finished_runs
+from flowvault.application._streams import TRIM_EVENT, run_stream
+from flowvault.application._tombstones import RETENTION_TOMBSTONE
+from flowvault.application.testing import FrozenClock, SequentialIds
+from flowvault.application.testing._fakes import EPOCH
 from flowvault.domain import (
     DefinitionReferenced,
     IdempotencyConflict,

@@ -9,13 +9,12 @@ from structlog.testing import capture_logs
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore
-from flowvault.application import (
+from flowvault.application import Guard, SealedRepository
+from flowvault.application._seal_budget import (
     FIRST_SEAL_BLOCK,
     MAX_SEAL_BLOCK,
     NIST_SEAL_LIMIT,
-    Guard,
     SealBudget,
-    SealedRepository,
 )
 from flowvault.application.testing import FrozenClock
 from flowvault.domain import InvalidInput, KeyExhausted

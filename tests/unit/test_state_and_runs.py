@@ -15,20 +15,22 @@ from pydantic import BaseModel, ConfigDict
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.application import (
-    RESET_EVENT,
-    RUNS,
-    STATE_NAMESPACE,
-    STATE_WRITTEN_EVENT,
     Guard,
     HistoryEvent,
+    ResultRepository,
     RetryPolicy,
-    RunRepository,
     SealedRepository,
     SecureObjectStore,
     StateRepository,
     UnitOfWork,
     UnreadableItem,
     Upsert,
+)
+from flowvault.application._runs import RUNS
+from flowvault.application._state import (
+    RESET_EVENT,
+    STATE_NAMESPACE,
+    STATE_WRITTEN_EVENT,
     cold_fingerprint,
     reset_progress,
 )
@@ -70,7 +72,7 @@ class World:
         self.path = path
         self.clock = FrozenClock()
         self.repository = SealedRepository(store, AesGcmCipher(KEY), self.clock)
-        self.runs = RunRepository(self.repository)
+        self.runs = ResultRepository(self.repository)
 
     def state(self, scope: str = "main") -> StateRepository[Counter]:
         return StateRepository(self.repository, scope, model=Counter)

@@ -15,13 +15,8 @@ import pytest
 from row_edits import PassThroughStore
 
 from flowvault.adapters.memory import InMemorySecureObjectStore
-from flowvault.application import (
-    STATE_NAMESPACE,
-    RetryPolicy,
-    SecureObjectStore,
-    StateRepository,
-    StoredRecord,
-)
+from flowvault.application import RetryPolicy, SecureObjectStore, StateRepository, StoredRecord
+from flowvault.application._state import STATE_NAMESPACE
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import RevisionConflict, WorkflowState
 

@@ -17,21 +17,18 @@ from graph_services import graph_runs
 
 from flowvault.adapters.crypto import AesGcmCipher, Ed25519ReceiptSigner
 from flowvault.application import (
-    GRAPH_RUN_RECEIPTS,
-    GRAPH_RUNS,
     DefinitionRegistry,
     RunService,
     SealedRepository,
     SecureObjectStore,
     TerminalReceipts,
     UnitOfWork,
-    authenticate,
     authenticate_terminal,
-    issue_receipt,
     read_stream,
-    run_stream,
-    sign_terminal_receipt,
 )
+from flowvault.application._graph_namespaces import GRAPH_RUN_RECEIPTS, GRAPH_RUNS
+from flowvault.application._receipts import authenticate, issue_receipt, sign_terminal_receipt
+from flowvault.application._streams import run_stream
 from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.domain import (
     IntegrityFailure,

@@ -16,17 +16,12 @@ from typing import Any
 
 import pytest
 from checkpoint_setup import checkpointed_run
+from graph_services import graph_runs
 from workflow_services import workflow_services
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.application import (
-    CHECKPOINTS,
-    GRAPH_RUNS,
-    STATE_NAMESPACE,
-    WITNESSES,
-    WORKFLOWS,
-    BoundRecords,
     DefinitionRegistry,
     Delete,
     Guard,
@@ -43,16 +38,20 @@ from flowvault.application import (
     Upsert,
     WorkflowEventService,
     WorkflowService,
-    keyed,
     read_stream,
-    reset_progress,
-    stream_of,
     trim_unit,
     verified_events,
     verified_page,
-    verify_stream,
 )
-from flowvault.application.testing import EPOCH, FrozenClock, SequentialIds, make_event
+from flowvault.application._audit import verify_stream
+from flowvault.application._graph_namespaces import GRAPH_RUNS
+from flowvault.application._record_audit import BoundRecords
+from flowvault.application._record_kinds import CHECKPOINTS, WITNESSES
+from flowvault.application._state import STATE_NAMESPACE, reset_progress
+from flowvault.application._streams import keyed
+from flowvault.application._workflow_records import WORKFLOWS, stream_of
+from flowvault.application.testing import FrozenClock, SequentialIds, make_event
+from flowvault.application.testing._fakes import EPOCH
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
     ChainDefect,
@@ -314,7 +313,7 @@ def _world(
 ) -> tuple[SealedRepository, WorkflowService, WorkflowEventService, RunService]:
     repository = SealedRepository(store, AesGcmCipher(KEY), FrozenClock())
     ids = SequentialIds("id")
-    runs = RunService(repository, repository.clock, ids, integrity=repository)
+    runs = graph_runs(repository, repository.clock, ids)
     services = workflow_services(repository, repository.clock, ids)
     return repository, services.workflows, services.events, runs
 
@@ -506,7 +505,7 @@ def test_a_full_audit_finds_replayed_and_deleted_rows_of_record_streams(
 
 def runtime_bound(runtime: Runtime) -> BoundRecords:
     """Return the bound-record reader the CLI's audit builds, over a runtime's services."""
-    return BoundRecords(runtime.repository, runtime.workflows, runtime.graph_runs)
+    return BoundRecords(runtime.repository, runtime.workflows, runtime.runs)
 
 
 def test_a_state_row_deleted_outside_flowvault_is_refused_not_read_as_empty(

@@ -20,9 +20,6 @@ from workflow_services import workflow_services
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.application import (
-    GRAPH_RUNS,
-    VOUCH_EVENT,
-    BoundRecords,
     DefinitionRegistry,
     HistoryEvent,
     LedgerAudit,
@@ -32,16 +29,16 @@ from flowvault.application import (
     StateRepository,
     TerminalReceipts,
     UnitOfWork,
-    history_stream,
-    inspect_unvouched,
-    keyed,
-    purge_finished_runs,
     read_stream,
-    run_stream,
-    stream_of,
     verified_events,
-    vouch_unit,
 )
+from flowvault.application._graph_namespaces import GRAPH_RUNS
+from flowvault.application._record_audit import BoundRecords
+from flowvault.application._run_retention import purge_finished_runs
+from flowvault.application._state import history_stream
+from flowvault.application._streams import VOUCH_EVENT, keyed, run_stream
+from flowvault.application._vouch import inspect_unvouched, vouch_unit
+from flowvault.application._workflow_records import stream_of
 from flowvault.application.testing import FrozenClock, SequentialIds, make_event
 from flowvault.domain import (
     ChainDefect,

@@ -24,7 +24,8 @@ from workflow_services import WorkflowServices, workflow_services
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore
-from flowvault.application import SealedRepository, WorkflowEventService, stream_of
+from flowvault.application import SealedRepository, WorkflowEventService
+from flowvault.application._workflow_records import stream_of
 from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.domain import (
     DEFAULT_LIFECYCLE,

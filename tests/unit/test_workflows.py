@@ -14,16 +14,15 @@ from workflow_services import workflow_services
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.application import (
-    ACTION_RESULTS,
-    IDEMPOTENCY,
-    WORKFLOWS,
     Guard,
     SealedRepository,
     SecureObjectStore,
     UnitOfWork,
     UnreadableItem,
-    stream_of,
 )
+from flowvault.application._action_results import ACTION_RESULTS
+from flowvault.application._workflow_records import WORKFLOWS, stream_of
+from flowvault.application._workflows import IDEMPOTENCY
 from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.domain import (
     DEFAULT_LIFECYCLE,

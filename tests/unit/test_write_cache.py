@@ -17,13 +17,8 @@ from row_edits import PassThroughStore, RowEditor
 from workflow_services import workflow_services
 
 from flowvault.adapters.crypto import AesGcmCipher
-from flowvault.application import (
-    WORKFLOWS,
-    SealedRepository,
-    SecureObjectStore,
-    StoredRecord,
-    stream_of,
-)
+from flowvault.application import SealedRepository, SecureObjectStore, StoredRecord
+from flowvault.application._workflow_records import WORKFLOWS, stream_of
 from flowvault.application._write_cache import WriteCache
 from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.domain import IntegrityFailure, LedgerEvent, RevisionConflict, WorkOrder
