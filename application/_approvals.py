@@ -810,7 +810,6 @@ class ApprovalService:
         Raises:
             InvalidInput: a malformed run id, status or limit, or a cursor
                 that is malformed or was issued for another listing or filter.
-            IntegrityKeyRequired: the service has no integrity key.
 
         """
         key = self._key

@@ -45,7 +45,8 @@ ExpectedRevision: TypeAlias = int | Guard
 """Either an exact stored revision or one of the ``Guard`` sentinels."""
 
 
-def _check_expected(expected: ExpectedRevision) -> None:
+def check_expected_revision(expected: ExpectedRevision) -> None:
+    """Refuse an expectation that is neither a positive revision nor a ``Guard``."""
     if isinstance(expected, Guard):
         return
     if isinstance(expected, bool) or not isinstance(expected, int) or expected < 1:
@@ -139,7 +140,7 @@ class Upsert:
                 size=len(self.payload),
                 limit=MAX_PAYLOAD_BYTES,
             )
-        _check_expected(self.expected)
+        check_expected_revision(self.expected)
         if self.expected is Guard.ABSENT and self.header.revision != 1:
             raise InvalidInput("a create must write revision 1")
         if self.replaces is not None:
@@ -173,7 +174,7 @@ class Delete:
     def __post_init__(self) -> None:
         if not isinstance(self.namespace, str) or not isinstance(self.key_digest, str):
             raise InvalidInput("a delete names its record by a text namespace and key digest")
-        _check_expected(self.expected)
+        check_expected_revision(self.expected)
         if self.expected is Guard.ABSENT:
             raise InvalidInput("a delete cannot expect the record to be absent")
 

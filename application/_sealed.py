@@ -23,7 +23,7 @@ from flowvault.application._records import (
     StoredRecord,
     UnitOfWork,
     Upsert,
-    _check_expected,
+    check_expected_revision,
 )
 from flowvault.application._seal_budget import SealBudget
 from flowvault.application.ports import Cipher, Clock, SecureObjectStore
@@ -190,7 +190,7 @@ class SealedRepository:
         **options: Unpack[SealOptions],
     ) -> Upsert:
         """Seal ``document`` into an upsert for a unit of work; nothing is written yet."""
-        _check_expected(expected)
+        check_expected_revision(expected)
         key_digest = self.key_digest(namespace, natural_key)
         labels = options.get("labels") or {}
         header = EnvelopeHeader(

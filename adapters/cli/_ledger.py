@@ -405,10 +405,10 @@ def register(verbs: Verbs) -> None:
     vouch = add_verb(
         leaves,
         "vouch",
-        help="vouch, under the key, for a stream written before MACs or cut before trims",
+        help="vouch, under the key, for a stream host code wrote without MACs or cut unrecorded",
         description=(
-            "A stream written before schema 3 carries no chain MAC, and one whose oldest "
-            "events were dropped before trims were put on record has no ledger.trimmed "
+            "A stream host code appended to without the stream writer carries no chain MAC, "
+            "and one whose oldest events host code dropped has no ledger.trimmed "
             "event: both fail every keyed verifier (unkeyed, truncated), exactly as a "
             "stream an editor stripped or cut would. Without --head-hash, check the "
             "stream's plain chain and print its size and head hash, writing nothing; "
