@@ -5,7 +5,9 @@ the ports; the contract kit lives in ``flowvault.application.testing``.
 """
 
 from flowvault.application._action_results import ActionResultService
-from flowvault.application._approvals import ApprovalService, ExpiryReport, SignedDecision
+from flowvault.application._approval_expiry import ExpiryReport
+from flowvault.application._approval_receipts import SignedDecision
+from flowvault.application._approvals import ApprovalService
 from flowvault.application._audit import AuditReport, LedgerAudit
 from flowvault.application._backoff import RetryPolicy
 from flowvault.application._capabilities import StoreCapabilities

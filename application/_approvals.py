@@ -1,4 +1,4 @@
-"""Human approvals bound to a checkpoint: request, decide exactly once, receipts.
+"""Human approvals bound to a checkpoint: request one, decide it exactly once.
 
 An approval and its slot live on their checkpoint's record stream: a
 request appends ``approval.requested`` and binds both rows to it; a
@@ -6,63 +6,39 @@ decision or expiry appends ``approval.<status>`` there, binding the approval
 and the consumed checkpoint, besides the receipt event in the run's stream.
 So no older row of the three put back can be decided or consumed again,
 and a slot deleted outside flowvault cannot let a request be repeated.
+The rows themselves, the expiry pass and the receipts live in their own
+modules (``_approval_records``, ``_approval_expiry``, ``_approval_receipts``).
 """
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
+from flowvault.application._approval_expiry import ApprovalExpiry, ExpiryReport
+from flowvault.application._approval_receipts import (
+    SignedDecision,
+    approval_receipt,
+    check_approval,
+    signed_decisions,
+)
+from flowvault.application._approval_records import ApprovalRecords
 from flowvault.application._backoff import LOST, Lost, settle
 from flowvault.application._checkpoint_records import keyed_digester
 from flowvault.application._checkpoints import CheckpointService
 from flowvault.application._decider_keys import DeciderKeys
-from flowvault.application._freshness import (
-    StreamPolicy,
-    leaves_unnamed,
-    record_event,
-    record_payload,
-)
-from flowvault.application._instants import aware, micros
+from flowvault.application._instants import aware
 from flowvault.application._keyed_digester import KeyedDigester
-from flowvault.application._natural_keys import joined
 from flowvault.application._paging import Page, PageScope, read_page
-from flowvault.application._record_kind import (
-    PURGE_BATCH,
-    Doomed,
-    list_all,
-    open_listed,
-    purge,
-    purge_horizon,
-)
-from flowvault.application._record_kinds import (
-    APPROVAL_SLOTS,
-    APPROVAL_TAG,
-    APPROVALS,
-    CHECKPOINTS,
-    DECIDER_TAG,
-    MAX_ACTOR,
-    checkpoint_stream,
-)
-from flowvault.application._records import (
-    MAX_LIST_LIMIT,
-    Delete,
-    FilterOp,
-    Guard,
-    LabelFilter,
-    LabelValue,
-    RecordMetadata,
-    UnitOfWork,
-    Upsert,
-)
-from flowvault.application._run_service import RunService
+from flowvault.application._record_kind import PURGE_BATCH, RecordPurge
+from flowvault.application._record_kinds import APPROVAL_TAG, APPROVALS, DECIDER_TAG, MAX_ACTOR
+from flowvault.application._records import LabelFilter, RecordMetadata
 from flowvault.application._runs import RUNS, check_run_id
-from flowvault.application._sealed import SealedDocument, SealedRepository
-from flowvault.application._signing import integrity_digest, signed
-from flowvault.application._streams import keyed, next_position, run_stream
+from flowvault.application._sealed import SealedRepository
+from flowvault.application._signing import signed
+from flowvault.application._streams import next_position, run_stream
 from flowvault.application.ports import Clock, DecisionSignatures, IdFactory
 from flowvault.domain import (
     Approval,
@@ -74,20 +50,15 @@ from flowvault.domain import (
     ApprovalStatus,
     Checkpoint,
     CheckpointConsumed,
-    CheckpointIntegrityFailure,
     CheckpointStatus,
     IntegrityFailure,
     InvalidInput,
-    InvalidTransition,
     JsonValue,
-    LedgerEvent,
-    NotFound,
     RevisionConflict,
     decision_statement,
 )
 from flowvault.domain._approvals import RejectionRule, Vote
-from flowvault.domain._canonical import canonical_bytes, canonical_json
-from flowvault.domain._envelope import format_instant
+from flowvault.domain._canonical import canonical_bytes
 
 
 def _stale(checkpoint: Checkpoint, fields: list[str]) -> RevisionConflict:
@@ -96,11 +67,6 @@ def _stale(checkpoint: Checkpoint, fields: list[str]) -> RevisionConflict:
         checkpoint_id=checkpoint.checkpoint_id,
         fields=",".join(fields),
     )
-
-
-def _outcome(approval: Approval) -> str:
-    """Name what a decision's unit did: ``voted`` while a quorum still waits, else the status."""
-    return "voted" if approval.status is ApprovalStatus.PENDING else approval.status.value
 
 
 def _check_actor(actor: object) -> str:
@@ -126,15 +92,6 @@ def _encodes(text: str) -> bool:
     return True
 
 
-def _check_approval(approval: object) -> Approval:
-    if not isinstance(approval, Approval):
-        raise InvalidInput("expected an Approval as the service returned it")
-    return approval
-
-
-AWAITING_APPROVAL = "awaiting_approval"
-
-
 @dataclass(frozen=True, slots=True)
 class _Vote:
     """One decider's decision as ``decide`` received and checked it."""
@@ -144,33 +101,6 @@ class _Vote:
     voter: str
     """The decider's keyed digest."""
     signature: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class ExpiryReport:
-    """What one expiry pass did."""
-
-    expired_approvals: int
-    failed_runs: int
-
-
-@dataclass(frozen=True, slots=True)
-class SignedDecision:
-    """A decider's signed decision: the statement (canonical JSON text), the signature, the decider.
-
-    ``decider`` is the keyed digest the approval's receipt uses; the
-    signature is checked with the decider's public key alone.
-    """
-
-    statement: str
-    signature: str
-    decider: str
-
-    def to_json(self) -> str:
-        """Return the statement file an auditor checks with ``approvals verify-decision``."""
-        return canonical_json(
-            {"statement": self.statement, "signature": self.signature, "decider": self.decider}
-        )
 
 
 class ApprovalService:
@@ -196,16 +126,17 @@ class ApprovalService:
         self._store = repository.store
         self._clock = clock
         self._ids = ids
-        self._checkpoints = checkpoints
         self._key = keyed_digester(integrity, "approvals")
         self._checkpoint_records = checkpoints.records
+        self._records = ApprovalRecords(checkpoints.records, clock)
+        self._expiry = ApprovalExpiry(self._records, self._key)
         self._keys = DeciderKeys(repository, signatures)
-        self._fresh = StreamPolicy[SealedDocument](
-            "approval", repository, leaves_record=leaves_unnamed
-        )
-        self._fresh_slot = StreamPolicy[SealedDocument](
-            "approval slot", repository, leaves_record=leaves_unnamed
-        )
+        self._purge = RecordPurge(repository, clock, APPROVALS, "settled_at", self._records.doomed)
+
+    @property
+    def records(self) -> ApprovalRecords:
+        """The approvals' record book, which the retention purge deletes from."""
+        return self._records
 
     def request_approval(
         self,
@@ -295,7 +226,7 @@ class ApprovalService:
     ) -> Approval | Literal[Lost.RACE]:
         """Commit a new request unless its slot holds one; ``LOST`` when a racer moved first."""
         checkpoint_id = draft.checkpoint_id
-        existing = self._slot(key, checkpoint_id, draft.audience)
+        existing = self._records.in_slot(checkpoint_id, draft.audience)
         if existing is not None:
             if existing.status is ApprovalStatus.PENDING and (
                 existing.request() == draft.request()
@@ -306,27 +237,8 @@ class ApprovalService:
                 checkpoint_id=checkpoint_id,
             )
         made = signed(Approval, key, APPROVAL_TAG, {**fields, "approval_id": self._ids.new_id()})
-        slot_key = joined(checkpoint_id, made.audience)
-        event = record_event(
-            self._repo,
-            checkpoint_stream(self._repo, checkpoint_id),
-            "approval.requested",
-            record_payload(
-                self._repo.key_digest(APPROVALS, made.approval_id),
-                self._repo.key_digest(APPROVAL_SLOTS, slot_key),
-            ),
-            made.requested_at,
-        )
-        slot = self._repo.prepare(
-            APPROVAL_SLOTS,
-            slot_key,
-            {"approval_id": made.approval_id},
-            expected=Guard.ABSENT,
-            ledger_index=event.index,
-        )
-        upserts = [self._upsert(made, Guard.ABSENT, event.index), slot]
         try:
-            self._store.commit(UnitOfWork(upserts=upserts, appends=[event]))
+            self._store.commit(self._records.request_unit(made))
         except RevisionConflict:
             return LOST
         return made
@@ -349,33 +261,13 @@ class ApprovalService:
         if stale:
             raise _stale(checkpoint, stale)
 
-    def _slot(self, key: KeyedDigester, checkpoint_id: str, audience: str) -> Approval | None:
-        """Return the approval the slot names; a slot its stream vouches for must be there."""
-        natural = joined(checkpoint_id, audience)
-        marker = self._fresh_slot.read_vouched(
-            self._store,
-            checkpoint_stream(self._repo, checkpoint_id),
-            (APPROVAL_SLOTS, self._repo.key_digest(APPROVAL_SLOTS, natural)),
-            lambda: self._repo.read(APPROVAL_SLOTS, natural),
-        )
-        if marker is None:
-            return None
-        document = marker.document
-        approval_id = document.get("approval_id") if isinstance(document, dict) else None
-        if not isinstance(approval_id, str):
-            raise IntegrityFailure("approval slot has an unexpected shape")
-        found = self._find(key, approval_id)
-        if found is None:
-            raise IntegrityFailure("approval slot names a missing approval")
-        return found[0]
-
     def status_of(self, approval: Approval) -> ApprovalStatus:
         """Return ``approval``'s status now: pending past its deadline reads as expired."""
-        return _check_approval(approval).status_at(self._clock.now())
+        return check_approval(approval).status_at(self._clock.now())
 
     def get_approval(self, approval_id: str) -> Approval:
         """Return the verified approval; ``NotFound`` if there is none."""
-        return self._require(self._key, approval_id)[0]
+        return self._records.require(approval_id)[0]
 
     def decide(
         self,
@@ -425,7 +317,7 @@ class ApprovalService:
 
         def attempt() -> tuple[Approval, Checkpoint] | Literal[Lost.RACE]:
             nonlocal checked, signed_as
-            approval, revision = self._require(key, approval_id)
+            approval, revision = self._records.require(approval_id)
             replayed = self._replayed(approval, decision, actor, voter, moment)
             if replayed is not None:
                 return replayed
@@ -450,16 +342,16 @@ class ApprovalService:
         key = self._key
         position = next_position(self._store, run_stream(approval.run_id))
         self._checkpoint_records.require_live_run(approval.run_id)
-        target = self._pending_checkpoint(approval)
+        target = self._records.pending_checkpoint(approval)
         if moment >= approval.expires_at:
-            if self._expire(key, approval, revision, target, moment, position=position):
-                self._fail_if_stranded(approval.run_id)
+            if self._expiry.expire(approval, revision, target, moment, position):
+                self._expiry.fail_if_stranded(approval.run_id)
                 raise ApprovalExpired(
                     "approval expired before it was decided", approval_id=approval.approval_id
                 )
             return LOST
         if target is None:
-            refused = self._consumed_elsewhere(key, approval)
+            refused = self._consumed_elsewhere(approval)
             if refused is None:
                 return LOST
             raise refused
@@ -472,16 +364,12 @@ class ApprovalService:
             signature=vote.signature,
             moment=moment,
         )
-        settled = outcome.status is ApprovalStatus.DECIDED
-        bound = self._bound_event(outcome, moment, consumes=settled)
-        upserts = [self._upsert(outcome, revision, bound.index)]
-        checkpoint = target[0]
-        if settled:
-            checkpoint = self._checkpoint_records.consumed(target[0], moment)
-            upserts.append(self._checkpoint_records.upsert(checkpoint, target[1], bound.index))
-        unit = UnitOfWork(
-            upserts=upserts, appends=[bound, self._outcome_event(outcome, moment, position)]
-        )
+        checkpoint, checkpoint_revision = target
+        consumed = None
+        if outcome.status is ApprovalStatus.DECIDED:
+            checkpoint = self._checkpoint_records.consumed(checkpoint, moment)
+            consumed = (checkpoint, checkpoint_revision)
+        unit = self._records.outcome_unit(outcome, revision, consumed, moment, position)
         try:
             self._store.commit(unit)
         except RevisionConflict:
@@ -534,19 +422,6 @@ class ApprovalService:
             }
         return signed(Approval, key, APPROVAL_TAG, fields)
 
-    def _bound_event(self, approval: Approval, moment: datetime, *, consumes: bool) -> LedgerEvent:
-        """Build the checkpoint-stream event a decision or expiry binds its rows to."""
-        written = [self._repo.key_digest(APPROVALS, approval.approval_id)]
-        if consumes:
-            written.append(self._repo.key_digest(CHECKPOINTS, approval.checkpoint_id))
-        return record_event(
-            self._repo,
-            checkpoint_stream(self._repo, approval.checkpoint_id),
-            f"checkpoint.approval_{_outcome(approval)}",
-            record_payload(*written),
-            moment,
-        )
-
     def _replayed(
         self, approval: Approval, decision: str, actor: str, voter: str, moment: datetime
     ) -> tuple[Approval, Checkpoint] | None:
@@ -576,83 +451,19 @@ class ApprovalService:
             )
         return (approval, checkpoint) if current else None
 
-    def _outcome_event(
-        self, approval: Approval, moment: datetime, position: tuple[int, str]
-    ) -> LedgerEvent:
-        """Build the run's ledger entry for a decision or expiry: the receipt's digests only.
-
-        Committed with the decision, so the run's own stream shows who
-        decided what (as keyed digests) even after retention removes the
-        approval record. ``position`` is the run stream's head as read
-        before the run was checked, so a run that ends in between makes
-        this append conflict rather than land after the run's end.
-        """
-        stream = run_stream(approval.run_id)
-        index, previous = position
-        event = LedgerEvent.create(
-            stream=stream,
-            index=index,
-            type=f"approval.{_outcome(approval)}",
-            occurred_at=moment,
-            payload=self.approval_receipt(approval).body(),
-            previous_hash=previous,
-        )
-        return keyed(event, self._repo)
-
-    def _pending_checkpoint(self, approval: Approval) -> tuple[Checkpoint, int] | None:
-        """Return the approval's checkpoint while it is pending; ``None`` once used or purged."""
-        found = self._checkpoint_records.find(approval.checkpoint_id)
-        if found is None or found[0].status is not CheckpointStatus.PENDING:
-            return None
-        if not hmac.compare_digest(found[0].integrity_digest, approval.checkpoint_digest):
-            raise CheckpointIntegrityFailure(
-                "checkpoint differs from the one the approval was requested for",
-                checkpoint_id=approval.checkpoint_id,
-            )
-        return found
-
-    def _consumed_elsewhere(self, key: KeyedDigester, approval: Approval) -> Exception | None:
+    def _consumed_elsewhere(self, approval: Approval) -> Exception | None:
         """Say why a decision cannot consume; ``None`` when a racing decision settled the approval.
 
         The caller then reads the approval again, so a decider racing its
         own retry gets the first result rather than a refusal.
         """
-        current, _ = self._require(key, approval.approval_id)
+        current, _ = self._records.require(approval.approval_id)
         if current.status is not ApprovalStatus.PENDING:
             return None
         return CheckpointConsumed(
             "the approval's checkpoint was already consumed",
             checkpoint_id=approval.checkpoint_id,
         )
-
-    def _expire(
-        self,
-        key: KeyedDigester,
-        approval: Approval,
-        revision: int,
-        target: tuple[Checkpoint, int] | None,
-        moment: datetime,
-        *,
-        position: tuple[int, str],
-    ) -> bool:
-        """Commit the expiry and the checkpoint's consumption; ``False`` when raced."""
-        expired = signed(
-            Approval,
-            key,
-            APPROVAL_TAG,
-            {**approval.model_dump(), "status": ApprovalStatus.EXPIRED, "decided_at": moment},
-        )
-        bound = self._bound_event(expired, moment, consumes=target is not None)
-        upserts = [self._upsert(expired, revision, bound.index)]
-        if target is not None:
-            consumed = self._checkpoint_records.consumed(target[0], moment)
-            upserts.append(self._checkpoint_records.upsert(consumed, target[1], bound.index))
-        appends = [bound, self._outcome_event(expired, moment, position)]
-        try:
-            self._store.commit(UnitOfWork(upserts=upserts, appends=appends))
-        except RevisionConflict:
-            return False
-        return True
 
     def expire_overdue(self, now: datetime | None = None) -> ExpiryReport:
         """Record every overdue pending approval's expiry; fail the runs left waiting.
@@ -666,90 +477,8 @@ class ApprovalService:
         expired). Safe to repeat: a pass after a crash finishes what the last
         one began.
         """
-        key = self._key
         moment = self._clock.now() if now is None else aware(now, "now")
-        expired = 0
-        pending = [LabelFilter("status", ApprovalStatus.PENDING.value)]
-        for approval in list(self._listed(key, pending)):
-            if approval.status_at(moment) is ApprovalStatus.EXPIRED:
-                expired += self._expire_overdue(key, approval.approval_id, moment)
-        failed = 0
-        runs = self._checkpoint_records.runs
-        if runs is not None:
-            cursor: str | None = None
-            waiting: list[str] = []
-            while True:
-                page = runs.list_runs(AWAITING_APPROVAL, cursor=cursor, limit=MAX_LIST_LIMIT)
-                waiting += [run.run_id for run in page.items]
-                if page.next_cursor is None:
-                    break
-                cursor = page.next_cursor
-            failed = sum(self._fail_if_stranded(run_id) for run_id in waiting)
-        return ExpiryReport(expired_approvals=expired, failed_runs=failed)
-
-    def _expire_overdue(self, key: KeyedDigester, approval_id: str, moment: datetime) -> bool:
-        """Commit one overdue approval's expiry; ``False`` if it settled or its run ended."""
-
-        def attempt() -> bool | Literal[Lost.RACE]:
-            found = self._find(key, approval_id)
-            if found is None:
-                return False
-            approval, revision = found
-            if approval.status_at(moment) is not ApprovalStatus.EXPIRED or (
-                approval.status is not ApprovalStatus.PENDING
-            ):
-                return False
-            position = next_position(self._store, run_stream(approval.run_id))
-            try:
-                self._checkpoint_records.require_live_run(approval.run_id)
-            except (NotFound, InvalidTransition):
-                return False
-            target = self._pending_checkpoint(approval)
-            if self._expire(key, approval, revision, target, moment, position=position):
-                return True
-            return LOST
-
-        return settle(attempt, "approval", approval_id=approval_id)
-
-    def _fail_if_stranded(self, run_id: str) -> bool:
-        """Fail a run awaiting approval whose newest approval expired and none is pending."""
-        runs = self._checkpoint_records.runs
-        if runs is None or not self._stranded(runs, run_id):
-            return False
-        try:
-            runs.set_status(
-                run_id,
-                "failed",
-                expected_status=AWAITING_APPROVAL,
-                payload={"reason": "approval_expired"},
-            )
-        except RevisionConflict:
-            return False
-        return True
-
-    def _stranded(self, runs: RunService, run_id: str) -> bool:
-        try:
-            if runs.get_run(run_id).status != AWAITING_APPROVAL:
-                return False
-        except NotFound:
-            return False
-        approvals = self._approvals_of(self._key, run_id)
-        if not approvals or any(a.status is ApprovalStatus.PENDING for a in approvals):
-            return False
-        newest = max(approvals, key=lambda approval: approval.requested_at)
-        return newest.status is ApprovalStatus.EXPIRED
-
-    def _approvals_of(self, key: KeyedDigester, run_id: str) -> list[Approval]:
-        filters = [LabelFilter("run", self._repo.key_digest(RUNS, run_id))]
-        return [a for a in self._listed(key, filters) if a.run_id == run_id]
-
-    def _listed(self, key: KeyedDigester, filters: Sequence[LabelFilter]) -> Iterator[Approval]:
-        """Yield every verified approval matching ``filters``, skipping rows deleted meanwhile."""
-        for metadata in list_all(self._store, APPROVALS, filters):
-            opened = open_listed(self._repo, metadata)
-            checked = None if opened is None else self._checked(key, opened)
-            if checked is not None:
-                yield checked[0]
+        return self._expiry.expire_overdue(moment)
 
     def register_decider_key(self, decider: str, public_key_pem: bytes) -> None:
         """Register ``decider``'s Ed25519 public key (PEM); their decisions must be signed from now.
@@ -775,16 +504,7 @@ class ApprovalService:
 
     def signed_decisions(self, approval: Approval) -> list[SignedDecision]:
         """Return the approval's signed decisions, each checkable with a public key alone."""
-        _check_approval(approval)
-        return [
-            SignedDecision(
-                statement=decision_statement(approval, vote.decision).decode("utf-8"),
-                signature=vote.signature,
-                decider=vote.decider,
-            )
-            for vote in approval.votes
-            if vote.signature is not None
-        ]
+        return signed_decisions(approval)
 
     def list_approvals(
         self,
@@ -812,7 +532,6 @@ class ApprovalService:
                 that is malformed or was issued for another listing or filter.
 
         """
-        key = self._key
         filters = []
         if run_id is not None:
             check_run_id(run_id)
@@ -829,8 +548,7 @@ class ApprovalService:
         now = self._clock.now()
 
         def listed(metadata: RecordMetadata) -> Approval | None:
-            opened = open_listed(self._repo, metadata)
-            checked = None if opened is None else self._checked(key, opened)
+            checked = self._records.open_listed(metadata)
             if checked is None:
                 return None
             if run_id is not None and checked[0].run_id != run_id:
@@ -847,38 +565,7 @@ class ApprovalService:
         Raises ``IntegrityFailure`` when ``approval`` does not verify under the
         integrity key, so no receipt is issued for an altered approval.
         """
-        key = self._key
-        if not hmac.compare_digest(
-            integrity_digest(key, APPROVAL_TAG, approval), approval.integrity_digest
-        ):
-            raise IntegrityFailure("approval does not verify under the integrity key")
-
-        def keyed(tag: str, value: str | None) -> str | None:
-            return None if value is None else key.keyed_digest(tag, value)
-
-        return ApprovalReceipt(
-            issued_at=self._clock.now(),
-            approval=approval.integrity_digest,
-            checkpoint=approval.checkpoint_digest,
-            run=self._repo.key_digest(RUNS, approval.run_id),
-            audience=key.keyed_digest("flowvault.approval-audience/1", approval.audience),
-            prompt=key.keyed_digest("flowvault.approval-prompt/1", approval.prompt_digest),
-            allowed_decisions=key.keyed_digest(
-                "flowvault.approval-decisions/1",
-                canonical_bytes(list(approval.allowed_decisions)),
-            ),
-            status=approval.status,
-            decision=keyed("flowvault.approval-decision/1", approval.decision),
-            actor=keyed(DECIDER_TAG, approval.actor),
-            decided_at=approval.decided_at,
-            required=approval.required if approval.quorum else None,
-            votes=key.keyed_digest(
-                "flowvault.approval-votes/1",
-                canonical_bytes([vote.model_dump(mode="json") for vote in approval.votes]),
-            )
-            if approval.votes
-            else None,
-        )
+        return approval_receipt(self._key, self._repo, approval, self._clock.now())
 
     def purge(self, now: datetime, older_than: timedelta, batch_size: int = PURGE_BATCH) -> int:
         """Delete approvals decided or expired before ``now - older_than``; return how many.
@@ -887,122 +574,4 @@ class ApprovalService:
         request's slot and leaves a ``retention.purged`` tombstone in the
         run's stream, in the same unit of work.
         """
-        key = self._key
-        filters = [LabelFilter("settled_at", purge_horizon(now, older_than), FilterOp.LT)]
-        return purge(
-            self._repo,
-            self._clock,
-            APPROVALS,
-            filters=filters,
-            batch_size=batch_size,
-            doom=lambda meta: self._doomed(key, meta),
-        )
-
-    def _doomed(self, key: KeyedDigester, metadata: RecordMetadata) -> Doomed | None:
-        opened = open_listed(self._repo, metadata)
-        checked = None if opened is None else self._checked(key, opened)
-        if checked is None:
-            return None
-        approval, revision = checked
-        if approval.decided_at is None:
-            return None
-        slot = self._repo.key_digest(
-            APPROVAL_SLOTS, joined(approval.checkpoint_id, approval.audience)
-        )
-        tombstone: dict[str, JsonValue] = {
-            "kind": "approval",
-            "record": metadata.key_digest,
-            "slot": slot,
-            "requested_at": format_instant(approval.requested_at),
-            "settled_at": format_instant(approval.decided_at),
-        }
-        deletes = (
-            Delete(metadata.namespace, metadata.key_digest, revision),
-            Delete(APPROVAL_SLOTS, slot, Guard.ANY),
-        )
-        streams = (
-            run_stream(approval.run_id),
-            checkpoint_stream(self._repo, approval.checkpoint_id),
-        )
-        return Doomed(deletes, streams, tombstone)
-
-    def _require(self, key: KeyedDigester, approval_id: str) -> tuple[Approval, int]:
-        found = self._find(key, approval_id)
-        if found is None:
-            raise NotFound("no such approval", approval_id=approval_id)
-        return found
-
-    def _find(self, key: KeyedDigester, approval_id: str) -> tuple[Approval, int] | None:
-        if not isinstance(approval_id, str) or not approval_id:
-            raise InvalidInput("an approval id must be a non-empty string")
-        opened = self._repo.read(APPROVALS, approval_id)
-        if opened is None:
-            return None
-        return self._checked(key, opened, approval_id)
-
-    def _checked(
-        self, key: KeyedDigester, opened: SealedDocument, approval_id: str | None = None
-    ) -> tuple[Approval, int] | None:
-        """Verify a row, then check it against its checkpoint's stream, re-reading if stale.
-
-        The stream is named by the checkpoint the verified approval names,
-        so only an authentic approval chooses where it is checked.
-        """
-        approval = self._verified(key, opened)
-        wanted = approval.approval_id if approval_id is None else approval_id
-        if approval.approval_id != wanted:
-            raise IntegrityFailure("approval names another approval than its key")
-        current = self._fresh.check_listed(
-            self._store,
-            checkpoint_stream(self._repo, approval.checkpoint_id),
-            opened,
-            lambda: self._repo.read(APPROVALS, wanted),
-        )
-        if current is None:
-            return None
-        if current is not opened:
-            approval = self._verified(key, current)
-            if approval.approval_id != wanted:
-                raise IntegrityFailure("approval names another approval than its key")
-        return approval, current.revision
-
-    def _verified(self, key: KeyedDigester, opened: SealedDocument) -> Approval:
-        try:
-            approval = Approval.model_validate(opened.document)
-        except InvalidInput:
-            raise IntegrityFailure(
-                "approval has an unexpected shape", key_digest=opened.metadata.key_digest
-            ) from None
-        if self._repo.key_digest(APPROVALS, approval.approval_id) != opened.metadata.key_digest:
-            raise IntegrityFailure(
-                "approval is stored under another key", key_digest=opened.metadata.key_digest
-            )
-        if not hmac.compare_digest(
-            integrity_digest(key, APPROVAL_TAG, approval), approval.integrity_digest
-        ):
-            raise IntegrityFailure(
-                "approval failed its keyed integrity check",
-                key_digest=opened.metadata.key_digest,
-            )
-        return approval
-
-    def _upsert(self, approval: Approval, expected: int | Guard, ledger_index: int) -> Upsert:
-        """Seal an approval bound to the checkpoint-stream event committed with it."""
-        labels: dict[str, LabelValue] = {
-            "run": self._repo.key_digest(RUNS, approval.run_id),
-            "requested_at": micros(approval.requested_at),
-            "status": approval.status.value,
-        }
-        if approval.decided_at is not None:
-            labels["settled_at"] = micros(approval.decided_at)
-        return self._repo.prepare(
-            APPROVALS,
-            approval.approval_id,
-            approval.model_dump(mode="json"),
-            expected=expected,
-            labels=labels,
-            ledger_index=ledger_index,
-        )
-
-
-# -- request-bound idempotency -------------------------------------------------
+        return self._purge(now, older_than, batch_size)

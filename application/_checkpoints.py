@@ -18,15 +18,13 @@ from flowvault.application._keyed_digester import KeyedDigester
 from flowvault.application._record_kind import (
     PURGE_BATCH,
     Doomed,
+    RecordPurge,
     int_label,
     list_all,
-    purge,
-    purge_horizon,
 )
 from flowvault.application._record_kinds import CHECKPOINT_TAG, CHECKPOINTS, checkpoint_stream
 from flowvault.application._records import (
     Delete,
-    FilterOp,
     Guard,
     LabelFilter,
     RecordMetadata,
@@ -69,6 +67,7 @@ class CheckpointService:
         self._repo = repository
         self._store = repository.store
         self._clock = clock
+        self._purge = RecordPurge(repository, clock, CHECKPOINTS, "consumed_at", self._doomed)
 
     @property
     def repository(self) -> SealedRepository:
@@ -222,15 +221,7 @@ class CheckpointService:
         ``retention.purged`` tombstone (kind, record digest, times) in its
         run's stream, in the same unit of work.
         """
-        filters = [LabelFilter("consumed_at", purge_horizon(now, older_than), FilterOp.LT)]
-        return purge(
-            self._repo,
-            self._clock,
-            CHECKPOINTS,
-            filters=filters,
-            batch_size=batch_size,
-            doom=self._doomed,
-        )
+        return self._purge(now, older_than, batch_size)
 
     def _doomed(self, metadata: RecordMetadata) -> Doomed | None:
         opened = self._records.open_checked(metadata)

@@ -19,6 +19,7 @@ from flowvault.application._instants import aware, micros
 from flowvault.application._records import (
     MAX_LIST_LIMIT,
     Delete,
+    FilterOp,
     LabelFilter,
     RecordMetadata,
     UnitOfWork,
@@ -98,33 +99,41 @@ class Doomed:
     tombstone: dict[str, JsonValue]
 
 
-def purge(
-    repository: SealedRepository,
-    clock: Clock,
-    namespace: str,
-    *,
-    filters: Sequence[LabelFilter],
-    batch_size: int,
-    doom: Callable[[RecordMetadata], Doomed | None],
-) -> int:
-    """Delete matching records a bounded batch per unit, each unit with its tombstones."""
-    limit = batch_size_of(batch_size)
-    store = repository.store
-    purged = stalled = 0
-    while stalled < PURGE_STALLS:
-        page = store.list(namespace, filters=filters, limit=limit)
-        doomed = [item for item in map(doom, page.items) if item is not None]
-        if not doomed:
-            break
-        try:
-            store.commit(purge_unit(repository, clock.now(), doomed))
-        except RevisionConflict:
-            stalled += 1
-            continue
-        purged += len(doomed)
-    if purged:
-        compact_after_commit(repository.capabilities.compactor)
-    return purged
+@dataclass(frozen=True, slots=True)
+class RecordPurge:
+    """How one record kind is purged: its namespace, the instant label that ages it, its doom.
+
+    ``doom`` turns a listed row into its deletions and tombstones, or
+    ``None`` for a row that is not (or no longer) purgeable.
+    """
+
+    repository: SealedRepository
+    clock: Clock
+    namespace: str
+    settled_label: str
+    doom: Callable[[RecordMetadata], Doomed | None]
+
+    def __call__(self, now: datetime, older_than: timedelta, batch_size: int) -> int:
+        """Delete the records settled before ``now - older_than``; return how many."""
+        filters = [LabelFilter(self.settled_label, purge_horizon(now, older_than), FilterOp.LT)]
+        limit = batch_size_of(batch_size)
+        repository = self.repository
+        store = repository.store
+        purged = stalled = 0
+        while stalled < PURGE_STALLS:
+            page = store.list(self.namespace, filters=filters, limit=limit)
+            doomed = [item for item in map(self.doom, page.items) if item is not None]
+            if not doomed:
+                break
+            try:
+                store.commit(purge_unit(repository, self.clock.now(), doomed))
+            except RevisionConflict:
+                stalled += 1
+                continue
+            purged += len(doomed)
+        if purged:
+            compact_after_commit(repository.capabilities.compactor)
+        return purged
 
 
 def purge_unit(repository: SealedRepository, now: datetime, doomed: Sequence[Doomed]) -> UnitOfWork:

@@ -22,10 +22,9 @@ from flowvault.application._instants import from_micros, micros
 from flowvault.application._record_kind import (
     PURGE_BATCH,
     Doomed,
+    RecordPurge,
     int_label,
     open_listed,
-    purge,
-    purge_horizon,
 )
 from flowvault.application._record_kinds import (
     MAX_IDEMPOTENCY_KEY,
@@ -34,9 +33,7 @@ from flowvault.application._record_kinds import (
 )
 from flowvault.application._records import (
     Delete,
-    FilterOp,
     Guard,
-    LabelFilter,
     RecordMetadata,
     UnitOfWork,
 )
@@ -71,6 +68,9 @@ class IdempotencyService:
         self._repo = repository
         self._store = repository.store
         self._clock = clock
+        self._purge = RecordPurge(
+            repository, clock, REQUEST_IDEMPOTENCY, "created_at", self._doomed
+        )
         self._fresh = StreamPolicy[SealedDocument](
             "idempotency record", repository, leaves_record=leaves_unnamed
         )
@@ -157,15 +157,7 @@ class IdempotencyService:
         Idempotency records belong to no run, so their tombstones go to
         ``IDEMPOTENCY_STREAM``, in the same unit of work as the deletions.
         """
-        filters = [LabelFilter("created_at", purge_horizon(now, older_than), FilterOp.LT)]
-        return purge(
-            self._repo,
-            self._clock,
-            REQUEST_IDEMPOTENCY,
-            filters=filters,
-            batch_size=batch_size,
-            doom=self._doomed,
-        )
+        return self._purge(now, older_than, batch_size)
 
     def _doomed(self, metadata: RecordMetadata) -> Doomed | None:
         """Doom a listed record by its sealed labels, or ``None`` if it vanished meanwhile.

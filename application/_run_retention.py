@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from functools import partial
 
 from flowvault.application._freshness import IDEMPOTENCY_KIND, record_stream
 from flowvault.application._graph_namespaces import GRAPH_RUN_IDEMPOTENCY, GRAPH_RUNS
-from flowvault.application._record_kind import PURGE_BATCH, Doomed, purge, purge_horizon
+from flowvault.application._record_kind import PURGE_BATCH, Doomed, RecordPurge
 from flowvault.application._records import (
     MAX_LIST_LIMIT,
     Delete,
-    FilterOp,
     Guard,
-    LabelFilter,
     RecordMetadata,
 )
 from flowvault.application._run_records import open_listed_run
@@ -39,14 +38,9 @@ def purge_finished_runs(
     """
     if type(batch_size) is not int or not 1 <= batch_size <= MAX_LIST_LIMIT:
         raise InvalidInput(f"batch_size must be between 1 and {MAX_LIST_LIMIT}")
-    horizon = purge_horizon(now, older_than)
-    return purge(
-        repository,
-        clock,
-        GRAPH_RUNS,
-        filters=[LabelFilter("finished_at", horizon, FilterOp.LT)],
-        batch_size=batch_size,
-        doom=lambda metadata: _doomed_run(repository, metadata),
+    doom = partial(_doomed_run, repository)
+    return RecordPurge(repository, clock, GRAPH_RUNS, "finished_at", doom)(
+        now, older_than, batch_size
     )
 
 

@@ -75,7 +75,7 @@ class StreamWriter:
             InvalidInput: an event type or payload the ledger refuses.
 
         """
-        unit_writes = (list(upserts), list(deletes))
+        record_upserts, record_deletes = list(upserts), list(deletes)
         safe_payload = sanitise_payload({} if payload is None else payload)
 
         def attempt() -> LedgerEvent | Lost:
@@ -91,7 +91,7 @@ class StreamWriter:
                 ),
                 self._repository,
             )
-            unit = UnitOfWork(upserts=unit_writes[0], deletes=unit_writes[1], appends=[event])
+            unit = UnitOfWork(upserts=record_upserts, deletes=record_deletes, appends=[event])
             try:
                 self._store.commit(unit)
             except RevisionConflict as conflict:
