@@ -29,8 +29,9 @@ from flowvault.application import (
     Upsert,
     check_append,
 )
-from flowvault.domain import GENESIS_HASH, LedgerEvent, RevisionConflict
+from flowvault.domain import LedgerEvent, RevisionConflict
 from flowvault.domain._canonical import MAX_SAFE_INTEGER
+from flowvault.domain._ledger import GENESIS_HASH
 
 INDEX_CEILING = MAX_SAFE_INTEGER + 1
 """Above every storable ledger index and inside ``bigint``, so clamping to it keeps comparisons."""

@@ -8,8 +8,9 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
 from flowvault.application import ExpectedRevision, Guard, LabelValue, Upsert
-from flowvault.domain import GENESIS_HASH, EnvelopeHeader, JsonValue, LedgerEvent, Sensitivity
-from flowvault.domain._envelope import natural_key_digest
+from flowvault.domain import EnvelopeHeader, JsonValue, LedgerEvent
+from flowvault.domain._envelope import Sensitivity, natural_key_digest
+from flowvault.domain._ledger import GENESIS_HASH
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 

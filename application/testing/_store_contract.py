@@ -45,9 +45,9 @@ from flowvault.domain import (
     PayloadTooLarge,
     RevisionConflict,
     StoreUnavailable,
-    verify_chain,
 )
 from flowvault.domain._envelope import natural_key_digest
+from flowvault.domain._ledger import verify_chain
 
 NS = "contract"
 

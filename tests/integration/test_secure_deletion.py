@@ -47,7 +47,8 @@ from flowvault.application._run_retention import purge_finished_runs
 from flowvault.application._state import STATE_NAMESPACE
 from flowvault.application.testing import FrozenClock
 from flowvault.composition import Runtime, Settings, bootstrap
-from flowvault.domain import GENESIS_HASH, Checkpoint, LedgerEvent, WorkflowState, WorkOrder
+from flowvault.domain import Checkpoint, LedgerEvent, WorkflowState, WorkOrder
+from flowvault.domain._ledger import GENESIS_HASH
 
 PIECE = 8
 """Any 16-byte window of a seal covers one of its 8-byte pieces, so looking for pieces suffices."""

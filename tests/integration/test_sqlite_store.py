@@ -31,9 +31,9 @@ from flowvault.domain import (
     InvalidInput,
     StoreBusy,
     StoreUnavailable,
-    verify_chain,
 )
 from flowvault.domain._envelope import natural_key_digest
+from flowvault.domain._ledger import verify_chain
 
 NS = "orders"
 

@@ -96,8 +96,8 @@ from flowvault.domain import (
     WorkflowState,
     WorkOrder,
     content_hash,
-    verify_chain,
 )
+from flowvault.domain._ledger import verify_chain
 
 SEED = reliability.seed_base()
 KEY = hashlib.sha256(f"flowvault-stateful-model/{SEED}".encode()).digest()

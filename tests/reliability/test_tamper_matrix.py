@@ -84,9 +84,9 @@ from flowvault.domain import (
     WorkflowResult,
     WorkflowState,
     WorkOrder,
-    checkpoint_id_for,
     content_hash,
 )
+from flowvault.domain._approvals import checkpoint_id_for
 from flowvault.domain._canonical import canonical_json
 from flowvault.domain._envelope import format_instant
 

@@ -63,10 +63,10 @@ from flowvault.domain import (
     StoreBusy,
     Witness,
     content_hash,
-    verify_chain,
 )
 from flowvault.domain._approvals import MAX_WITNESS_LOCATORS
 from flowvault.domain._canonical import canonical_json, digest_bytes
+from flowvault.domain._ledger import verify_chain
 
 MASTER_KEY = bytes(range(32))
 RUN = "run-0001"

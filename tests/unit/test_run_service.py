@@ -49,10 +49,10 @@ from flowvault.domain import (
     RevisionConflict,
     TerminalReceipt,
     content_hash,
-    verify_chain,
 )
 from flowvault.domain._canonical import canonical_json
 from flowvault.domain._graph_runs import RUN_LIFECYCLE
+from flowvault.domain._ledger import verify_chain
 
 KEY = bytes(range(32))
 SPEC_MARKER = "spec-marker-4be1-do-not-leak"

@@ -53,14 +53,8 @@ from flowvault.application._workflow_records import WORKFLOWS, stream_of
 from flowvault.application.testing import FrozenClock, SequentialIds, make_event
 from flowvault.application.testing._fakes import EPOCH
 from flowvault.composition import Runtime, Settings, bootstrap
-from flowvault.domain import (
-    ChainDefect,
-    IntegrityFailure,
-    InvalidInput,
-    LedgerEvent,
-    WorkflowState,
-    WorkOrder,
-)
+from flowvault.domain import IntegrityFailure, InvalidInput, LedgerEvent, WorkflowState, WorkOrder
+from flowvault.domain._ledger import ChainDefect
 
 KEY = bytes(range(7, 39))
 STREAM = "host/orders"

@@ -41,7 +41,6 @@ from flowvault.application._vouch import inspect_unvouched, vouch_unit
 from flowvault.application._workflow_records import stream_of
 from flowvault.application.testing import FrozenClock, SequentialIds, make_event
 from flowvault.domain import (
-    ChainDefect,
     IntegrityFailure,
     InvalidInput,
     LedgerEvent,
@@ -49,6 +48,7 @@ from flowvault.domain import (
     RevisionConflict,
     WorkOrder,
 )
+from flowvault.domain._ledger import ChainDefect
 
 KEY = bytes(range(11, 43))
 STREAM = "host/legacy"
