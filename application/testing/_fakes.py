@@ -7,7 +7,8 @@ import threading
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
-from flowvault.application import ExpectedRevision, Guard, LabelValue, Upsert
+from flowvault.application import Guard, Upsert
+from flowvault.application._records import ExpectedRevision, LabelValue
 from flowvault.domain import EnvelopeHeader, JsonValue, LedgerEvent
 from flowvault.domain._envelope import Sensitivity, natural_key_digest
 from flowvault.domain._ledger import GENESIS_HASH

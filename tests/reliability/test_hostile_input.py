@@ -84,7 +84,6 @@ from flowvault.application import (
     WorkflowEventService,
     WorkflowService,
     effective_limit,
-    read_stream,
 )
 from flowvault.application._audit import verify_stream
 from flowvault.application._keys import parse_master_key
@@ -99,6 +98,7 @@ from flowvault.application._state import (
     history_stream,
     reset_progress,
 )
+from flowvault.application._streams import read_stream
 from flowvault.application.testing import FrozenClock, SequentialIds, make_header
 from flowvault.application.testing._fakes import EPOCH
 from flowvault.composition import Runtime, Settings, bootstrap
