@@ -570,7 +570,7 @@ def cli_command() -> list[str]:
     return [
         sys.executable,
         "-c",
-        "import sys; from flowvault.composition import main; sys.exit(main())",
+        "import sys; from flowvault.composition._cli import main; sys.exit(main())",
     ]
 
 
