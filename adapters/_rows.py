@@ -14,7 +14,9 @@ from typing import Any, TypeAlias
 
 from pydantic import ValidationError
 
-from flowvault.application import MAX_HEAD_BATCH, LabelValue, RecordMetadata, StoredRecord
+from flowvault.application import RecordMetadata, StoredRecord
+from flowvault.application._records import LabelValue
+from flowvault.application.ports import MAX_HEAD_BATCH
 from flowvault.domain import EnvelopeHeader, IntegrityFailure, InvalidInput, LedgerEvent
 from flowvault.domain._envelope import format_instant
 

@@ -21,13 +21,10 @@ from flowvault.application._keys import KeyStore
 from flowvault.application._paging import Page, UnreadableItem
 from flowvault.application._receipts import ReceiptSigner, ReceiptVerifier, authenticate_terminal
 from flowvault.application._records import (
-    MAX_LIST_LIMIT,
     Delete,
-    ExpectedRevision,
     FilterOp,
     Guard,
     LabelFilter,
-    LabelValue,
     LedgerPage,
     LedgerTrim,
     Order,
@@ -45,13 +42,11 @@ from flowvault.application._runs import ResultRepository
 from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application._state import HistoryEvent, StateRepository, StateSnapshot
 from flowvault.application._stream_writer import StreamWriter
-from flowvault.application._streams import read_stream, trim_unit
 from flowvault.application._terminal_receipts import TerminalReceipts
-from flowvault.application._verified import StreamVerifier, verified_events, verified_page
+from flowvault.application._verified import verified_events
 from flowvault.application._workflow_events import WorkflowEventService
 from flowvault.application._workflows import WorkflowService
 from flowvault.application.ports import (
-    MAX_HEAD_BATCH,
     Cipher,
     Clock,
     Compactor,
@@ -69,8 +64,6 @@ from flowvault.application.ports import (
 )
 
 __all__ = [
-    "MAX_HEAD_BATCH",
-    "MAX_LIST_LIMIT",
     "ActionResultService",
     "ApprovalService",
     "AuditReport",
@@ -82,7 +75,6 @@ __all__ = [
     "DefinitionRegistry",
     "Delete",
     "EvidenceService",
-    "ExpectedRevision",
     "ExpiryReport",
     "FilterOp",
     "Guard",
@@ -92,7 +84,6 @@ __all__ = [
     "KeyStore",
     "KeyedDigester",
     "LabelFilter",
-    "LabelValue",
     "LedgerAudit",
     "LedgerPage",
     "LedgerTrim",
@@ -124,7 +115,6 @@ __all__ = [
     "StreamCatalog",
     "StreamHeadBatch",
     "StreamHeads",
-    "StreamVerifier",
     "StreamWriter",
     "TerminalReceipts",
     "UnitOfWork",
@@ -138,8 +128,5 @@ __all__ = [
     "check_delete",
     "check_upsert",
     "effective_limit",
-    "read_stream",
-    "trim_unit",
     "verified_events",
-    "verified_page",
 ]

@@ -31,7 +31,6 @@ from flowvault.application._sealed import SealedRepository
 from flowvault.application._verified import StreamVerifier
 from flowvault.application.ports import SecureObjectStore, StreamCatalog
 from flowvault.domain import (
-    ChainDefect,
     FlowvaultError,
     IntegrityFailure,
     InvalidInput,
@@ -41,6 +40,7 @@ from flowvault.domain import (
     StoreRolledBack,
     StoreUnavailable,
 )
+from flowvault.domain._ledger import ChainDefect
 from flowvault.domain._receipt import HeadReceipt
 
 T = TypeVar("T")

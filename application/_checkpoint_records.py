@@ -42,9 +42,9 @@ from flowvault.domain import (
     InvalidTransition,
     LedgerEvent,
     NotFound,
-    checkpoint_id_for,
     content_hash,
 )
+from flowvault.domain._approvals import checkpoint_id_for
 
 
 def keyed_digester(integrity: object, what: str) -> KeyedDigester:

@@ -41,9 +41,9 @@ from flowvault.domain import (
     IdempotencyConflict,
     JsonValue,
     RevisionConflict,
-    checkpoint_id_for,
     content_hash,
 )
+from flowvault.domain._approvals import checkpoint_id_for
 from flowvault.domain._envelope import format_instant
 
 

@@ -47,8 +47,8 @@ from flowvault.domain import (
     JsonValue,
     LedgerEvent,
     RevisionConflict,
-    sanitise_payload,
 )
+from flowvault.domain._sanitise import sanitise_payload
 
 FRESH_READ_TRIES: Final = 16
 """Reads of a row that keeps being rewritten between its load and its stream's head."""

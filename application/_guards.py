@@ -8,7 +8,8 @@ SQL adapters that push guards into ``WHERE`` clauses mirror them.
 from __future__ import annotations
 
 from flowvault.application._records import ExpectedRevision, Guard
-from flowvault.domain import GENESIS_HASH, LedgerEvent, RevisionConflict
+from flowvault.domain import LedgerEvent, RevisionConflict
+from flowvault.domain._ledger import GENESIS_HASH
 
 
 def _describe(expected: ExpectedRevision) -> str | int:

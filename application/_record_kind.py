@@ -28,14 +28,9 @@ from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application._streams import keyed, next_position
 from flowvault.application._tombstones import RETENTION_TOMBSTONE
 from flowvault.application.ports import Clock, SecureObjectStore
-from flowvault.domain import (
-    InvalidInput,
-    JsonValue,
-    LedgerEvent,
-    RevisionConflict,
-    sanitise_payload,
-)
+from flowvault.domain import InvalidInput, JsonValue, LedgerEvent, RevisionConflict
 from flowvault.domain._envelope import format_instant
+from flowvault.domain._sanitise import sanitise_payload
 
 PURGE_BATCH: Final = 200
 PURGE_STALLS: Final = 8

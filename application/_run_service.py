@@ -76,10 +76,10 @@ from flowvault.domain import (
     NotFound,
     RevisionConflict,
     TerminalReceipt,
-    sanitise_payload,
 )
 from flowvault.domain._canonical import canonical_bytes
 from flowvault.domain._graph_runs import RUN_LIFECYCLE
+from flowvault.domain._sanitise import sanitise_payload
 
 RUN_EVENT_PAGE = MAX_LIST_LIMIT
 """Most events one ``read_run_events`` page returns."""

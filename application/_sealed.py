@@ -27,15 +27,9 @@ from flowvault.application._records import (
 )
 from flowvault.application._seal_budget import SealBudget
 from flowvault.application.ports import Cipher, Clock, SecureObjectStore
-from flowvault.domain import (
-    EnvelopeHeader,
-    IntegrityFailure,
-    InvalidInput,
-    JsonValue,
-    SchemaTooNew,
-    Sensitivity,
-)
+from flowvault.domain import EnvelopeHeader, IntegrityFailure, InvalidInput, JsonValue, SchemaTooNew
 from flowvault.domain._canonical import canonical_bytes, digest_bytes
+from flowvault.domain._envelope import Sensitivity
 
 NATURAL_KEY_TAG = "flowvault.key/1"
 SEALED_BODY_VERSION = 1

@@ -6,8 +6,9 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from flowvault.application._keyed_digester import KeyedDigester
-from flowvault.domain import GENESIS_HASH, Approval, Checkpoint, Witness
+from flowvault.domain import Approval, Checkpoint, Witness
 from flowvault.domain._canonical import canonical_bytes
+from flowvault.domain._ledger import GENESIS_HASH
 
 Signed = TypeVar("Signed", Checkpoint, Approval, Witness)
 

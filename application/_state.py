@@ -36,7 +36,6 @@ from flowvault.application._streams import (
 from flowvault.application._verified import verified_events
 from flowvault.application.ports import SecureObjectStore
 from flowvault.domain import (
-    GENESIS_HASH,
     EnvelopeHeader,
     FlowvaultError,
     IntegrityFailure,
@@ -45,11 +44,12 @@ from flowvault.domain import (
     LedgerEvent,
     ResetFingerprint,
     RevisionConflict,
-    Sensitivity,
     WorkflowState,
-    sanitise_payload,
 )
+from flowvault.domain._envelope import Sensitivity
 from flowvault.domain._fingerprint import Readability
+from flowvault.domain._ledger import GENESIS_HASH
+from flowvault.domain._sanitise import sanitise_payload
 from flowvault.domain._state import REASON_PATTERN, SCOPE_PATTERN
 
 STATE_NAMESPACE = "flowvault.workflow-state"

@@ -23,7 +23,8 @@ from flowvault.application._records import Delete, UnitOfWork, Upsert
 from flowvault.application._sealed import SealedRepository
 from flowvault.application._streams import keyed, next_position
 from flowvault.application.ports import Clock, SecureObjectStore
-from flowvault.domain import LedgerEvent, RevisionConflict, sanitise_payload
+from flowvault.domain import LedgerEvent, RevisionConflict
+from flowvault.domain._sanitise import sanitise_payload
 
 
 class StreamWriter:

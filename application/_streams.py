@@ -10,8 +10,9 @@ from typing import Final
 from flowvault.application._keyed_digester import KeyedDigester
 from flowvault.application._records import LedgerTrim, UnitOfWork
 from flowvault.application.ports import SecureObjectStore
-from flowvault.domain import GENESIS_HASH, InvalidInput, LedgerEvent
+from flowvault.domain import InvalidInput, LedgerEvent
 from flowvault.domain._canonical import MAX_SAFE_INTEGER, canonical_bytes, quote_string
+from flowvault.domain._ledger import GENESIS_HASH
 
 LEDGER_MAC_TAG: Final = "flowvault.ledger-mac/1"
 """Purpose tag of an event's ``chain_mac``."""

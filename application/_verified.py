@@ -29,14 +29,8 @@ from flowvault.application._keyed_digester import KeyedDigester
 from flowvault.application._records import MAX_LIST_LIMIT, LedgerPage
 from flowvault.application._streams import MAINTENANCE_EVENTS, mac_matches
 from flowvault.application.ports import SecureObjectStore
-from flowvault.domain import (
-    GENESIS_HASH,
-    ChainDefect,
-    IntegrityFailure,
-    InvalidInput,
-    LedgerEvent,
-    verify_chain,
-)
+from flowvault.domain import IntegrityFailure, InvalidInput, LedgerEvent
+from flowvault.domain._ledger import GENESIS_HASH, ChainDefect, verify_chain
 
 _PAGE: Final = MAX_LIST_LIMIT
 

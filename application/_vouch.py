@@ -24,7 +24,8 @@ from flowvault.application._records import UnitOfWork
 from flowvault.application._streams import VOUCH_EVENT, keyed, read_stream
 from flowvault.application._verified import StreamVerifier
 from flowvault.application.ports import SecureObjectStore
-from flowvault.domain import ChainDefect, InvalidInput, JsonValue, LedgerEvent, NotFound
+from flowvault.domain import InvalidInput, JsonValue, LedgerEvent, NotFound
+from flowvault.domain._ledger import ChainDefect
 
 
 @dataclass(frozen=True, slots=True)

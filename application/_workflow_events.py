@@ -41,10 +41,10 @@ from flowvault.domain import (
     LedgerEvent,
     RevisionConflict,
     WorkflowRecord,
-    sanitise_payload,
 )
 from flowvault.domain._canonical import canonical_bytes
 from flowvault.domain._envelope import DIGEST_PATTERN
+from flowvault.domain._sanitise import sanitise_payload
 from flowvault.domain._workflow import DECISION_TYPES
 
 EVENT_KEYS = "flowvault.workflow-event-keys"

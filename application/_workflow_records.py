@@ -20,7 +20,6 @@ from flowvault.application._streams import keyed
 from flowvault.application._write_cache import WriteCache
 from flowvault.application.ports import SecureObjectStore
 from flowvault.domain import (
-    DEFAULT_LIFECYCLE,
     IntegrityFailure,
     InvalidDefinition,
     InvalidInput,
@@ -30,10 +29,11 @@ from flowvault.domain import (
     RevisionConflict,
     StateMachine,
     WorkflowRecord,
-    sanitise_payload,
 )
 from flowvault.domain._canonical import MAX_SAFE_INTEGER
 from flowvault.domain._envelope import DIGEST_PATTERN
+from flowvault.domain._sanitise import sanitise_payload
+from flowvault.domain._state_machine import DEFAULT_LIFECYCLE
 
 WORKFLOWS = "flowvault.workflows"
 

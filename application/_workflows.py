@@ -38,7 +38,6 @@ from flowvault.application._workflow_records import (
 )
 from flowvault.application.ports import Clock, IdFactory
 from flowvault.domain import (
-    GENESIS_HASH,
     IdempotencyConflict,
     InvalidInput,
     LedgerEvent,
@@ -47,6 +46,7 @@ from flowvault.domain import (
     WorkflowRecord,
     WorkOrder,
 )
+from flowvault.domain._ledger import GENESIS_HASH
 from flowvault.domain._workflow import DECISION_TYPES
 
 IDEMPOTENCY = "flowvault.workflow-idempotency"

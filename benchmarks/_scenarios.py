@@ -66,7 +66,8 @@ from flowvault.application._audit import verify_stream
 from flowvault.application._streams import keyed
 from flowvault.application.ports import Clock
 from flowvault.composition import Settings
-from flowvault.domain import GENESIS_HASH, FlowvaultError, LedgerEvent, WorkOrder
+from flowvault.domain import FlowvaultError, LedgerEvent, WorkOrder
+from flowvault.domain._ledger import GENESIS_HASH
 
 RAW_WRITE: Final = "raw SQLite write"
 RAW_READ: Final = "raw SQLite read"
@@ -569,7 +570,7 @@ def cli_command() -> list[str]:
     return [
         sys.executable,
         "-c",
-        "import sys; from flowvault.composition import main; sys.exit(main())",
+        "import sys; from flowvault.composition._cli import main; sys.exit(main())",
     ]
 
 

@@ -2,7 +2,6 @@
 
 from flowvault.composition._binding import bind, bound
 from flowvault.composition._bootstrap import Runtime, bootstrap
-from flowvault.composition._cli import main
 from flowvault.composition._container import Container, build_container
 from flowvault.composition._logging import configure_logging
 from flowvault.composition._settings import Settings
@@ -16,5 +15,4 @@ __all__ = [
     "bound",
     "build_container",
     "configure_logging",
-    "main",
 ]

@@ -13,7 +13,9 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from flowvault.adapters.cli import EXIT_CODES, VERB_GROUPS, CommandIO, Handler, expanded
+from flowvault.adapters.cli._groups import VERB_GROUPS
+from flowvault.adapters.cli._io import CommandIO
+from flowvault.adapters.cli._verbs import EXIT_CODES, Handler, expanded
 from flowvault.composition._cli_context import CommandContext
 from flowvault.composition._logging import configure_logging
 from flowvault.composition._settings import Settings

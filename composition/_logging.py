@@ -9,8 +9,7 @@ from typing import Literal, TextIO
 import structlog
 from structlog.typing import EventDict, WrappedLogger
 
-from flowvault.domain import REDACTED
-from flowvault.domain._sanitise import is_secret_key
+from flowvault.domain._sanitise import REDACTED, is_secret_key
 
 
 def redact_secret_keys(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:

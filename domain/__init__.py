@@ -4,18 +4,16 @@ Everything a host needs from the domain is importable from here.
 """
 
 from flowvault.domain._approvals import (
-    MAX_WITNESS_LOCATORS,
     Approval,
     ApprovalReceipt,
     ApprovalStatus,
     Checkpoint,
     CheckpointStatus,
     Witness,
-    checkpoint_id_for,
     decision_statement,
 )
 from flowvault.domain._canonical import JsonValue, content_hash
-from flowvault.domain._envelope import EnvelopeHeader, Sensitivity
+from flowvault.domain._envelope import EnvelopeHeader
 from flowvault.domain._errors import (
     ApprovalAlreadyDecided,
     ApprovalDecisionNotAllowed,
@@ -44,7 +42,7 @@ from flowvault.domain._errors import (
     StoreRolledBack,
     StoreUnavailable,
 )
-from flowvault.domain._fingerprint import Fingerprint, Receipt
+from flowvault.domain._fingerprint import Fingerprint
 from flowvault.domain._graph_runs import (
     DefinitionVersion,
     GraphRun,
@@ -52,23 +50,13 @@ from flowvault.domain._graph_runs import (
     parse_terminal_receipt,
 )
 from flowvault.domain._ledger import (
-    GENESIS_HASH,
-    ChainDefect,
-    ChainVerdict,
     LedgerEvent,
-    verify_chain,
 )
-from flowvault.domain._receipt import parse_receipt
-from flowvault.domain._sanitise import REDACTED, sanitise_payload
 from flowvault.domain._state import ResetFingerprint, WorkflowResult, WorkflowState
-from flowvault.domain._state_machine import DEFAULT_LIFECYCLE, StateMachine
+from flowvault.domain._state_machine import StateMachine
 from flowvault.domain._workflow import ActionResult, DecisionReceipt, WorkflowRecord, WorkOrder
 
 __all__ = [
-    "DEFAULT_LIFECYCLE",
-    "GENESIS_HASH",
-    "MAX_WITNESS_LOCATORS",
-    "REDACTED",
     "ActionResult",
     "Approval",
     "ApprovalAlreadyDecided",
@@ -77,8 +65,6 @@ __all__ = [
     "ApprovalReceipt",
     "ApprovalRequestConflict",
     "ApprovalStatus",
-    "ChainDefect",
-    "ChainVerdict",
     "Checkpoint",
     "CheckpointConsumed",
     "CheckpointIntegrityFailure",
@@ -105,11 +91,9 @@ __all__ = [
     "NotBound",
     "NotFound",
     "PayloadTooLarge",
-    "Receipt",
     "ResetFingerprint",
     "RevisionConflict",
     "SchemaTooNew",
-    "Sensitivity",
     "StateMachine",
     "StoreBusy",
     "StoreRolledBack",
@@ -120,11 +104,7 @@ __all__ = [
     "WorkflowRecord",
     "WorkflowResult",
     "WorkflowState",
-    "checkpoint_id_for",
     "content_hash",
     "decision_statement",
-    "parse_receipt",
     "parse_terminal_receipt",
-    "sanitise_payload",
-    "verify_chain",
 ]

@@ -3,21 +3,9 @@
 Each verb module holds its arguments, gathers facts through the services
 the composition root opens for it (``CliContext``), and formats them. The
 console entry point in ``flowvault.composition`` builds the parser from
-``VERB_GROUPS`` and hands each verb a ``CliContext``.
+``VERB_GROUPS`` and hands each verb a ``CliContext``. That seam is between
+this package and the composition root alone, so nothing here is exported:
+hosts drive flowvault through its services, not through the command.
 """
 
-from flowvault.adapters.cli._context import CliContext, CliSettings, Services
-from flowvault.adapters.cli._groups import VERB_GROUPS
-from flowvault.adapters.cli._io import CommandIO
-from flowvault.adapters.cli._verbs import EXIT_CODES, Handler, expanded
-
-__all__ = [
-    "EXIT_CODES",
-    "VERB_GROUPS",
-    "CliContext",
-    "CliSettings",
-    "CommandIO",
-    "Handler",
-    "Services",
-    "expanded",
-]
+__all__: list[str] = []

@@ -38,9 +38,9 @@ from flowvault.domain import (
     WorkflowState,
     WorkOrder,
     content_hash,
-    verify_chain,
 )
 from flowvault.domain._canonical import canonical_json
+from flowvault.domain._ledger import verify_chain
 
 SOURCE = "flowvault demo"
 DEMO_SCOPE = "demo"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TextIO
 
-from flowvault.domain import InvalidInput, TerminalReceipt, parse_receipt, parse_terminal_receipt
-from flowvault.domain._receipt import MAX_RECEIPT_BYTES, HeadReceipt
+from flowvault.domain import InvalidInput, TerminalReceipt, parse_terminal_receipt
+from flowvault.domain._receipt import MAX_RECEIPT_BYTES, HeadReceipt, parse_receipt
 
 
 def _read_stdin(stdin: TextIO) -> bytes:

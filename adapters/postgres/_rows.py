@@ -18,7 +18,8 @@ from flowvault.adapters._rows import (
 )
 from flowvault.adapters._rows import metadata_from_row as shared_metadata
 from flowvault.adapters._rows import record_from_row as shared_record
-from flowvault.application import Guard, LabelValue, RecordMetadata, StoredRecord, Upsert
+from flowvault.application import Guard, RecordMetadata, StoredRecord, Upsert
+from flowvault.application._records import LabelValue
 from flowvault.domain._envelope import format_instant
 
 

@@ -20,7 +20,8 @@ from flowvault.adapters._rows import (
 from flowvault.adapters._rows import metadata_from_row as shared_metadata
 from flowvault.adapters._rows import record_from_row as shared_record
 from flowvault.adapters.sqlite import _queries as sql
-from flowvault.application import LabelValue, RecordMetadata, StoredRecord, Upsert
+from flowvault.application import RecordMetadata, StoredRecord, Upsert
+from flowvault.application._records import LabelValue
 from flowvault.domain._canonical import canonical_json, parse_json
 from flowvault.domain._envelope import format_instant
 

@@ -8,13 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from flowvault.application import (
-    MAX_LIST_LIMIT,
-    LedgerTrim,
-    SecureObjectStore,
-    StreamCatalog,
-    UnitOfWork,
-)
+from flowvault.application import LedgerTrim, SecureObjectStore, StreamCatalog, UnitOfWork
+from flowvault.application._records import MAX_LIST_LIMIT
 from flowvault.application.testing._fakes import make_event, make_upsert
 from flowvault.application.testing._store_contract import StoreHarness
 from flowvault.domain import InvalidInput

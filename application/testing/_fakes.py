@@ -7,9 +7,11 @@ import threading
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
-from flowvault.application import ExpectedRevision, Guard, LabelValue, Upsert
-from flowvault.domain import GENESIS_HASH, EnvelopeHeader, JsonValue, LedgerEvent, Sensitivity
-from flowvault.domain._envelope import natural_key_digest
+from flowvault.application import Guard, Upsert
+from flowvault.application._records import ExpectedRevision, LabelValue
+from flowvault.domain import EnvelopeHeader, JsonValue, LedgerEvent
+from flowvault.domain._envelope import Sensitivity, natural_key_digest
+from flowvault.domain._ledger import GENESIS_HASH
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 

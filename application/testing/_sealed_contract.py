@@ -28,13 +28,8 @@ from flowvault.application import (
 )
 from flowvault.application.testing._fakes import FrozenClock
 from flowvault.application.testing._store_contract import StoreHarness
-from flowvault.domain import (
-    EnvelopeHeader,
-    IntegrityFailure,
-    InvalidInput,
-    SchemaTooNew,
-    Sensitivity,
-)
+from flowvault.domain import EnvelopeHeader, IntegrityFailure, InvalidInput, SchemaTooNew
+from flowvault.domain._envelope import Sensitivity
 
 NS = "sealed"
 MARKER = "marker-3f9c1e-plaintext"

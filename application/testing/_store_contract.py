@@ -16,8 +16,6 @@ from pathlib import Path
 import pytest
 
 from flowvault.application import (
-    MAX_HEAD_BATCH,
-    MAX_LIST_LIMIT,
     Delete,
     FilterOp,
     Guard,
@@ -31,7 +29,8 @@ from flowvault.application import (
     UnitOfWork,
     Upsert,
 )
-from flowvault.application._records import MAX_PAYLOAD_BYTES
+from flowvault.application._records import MAX_LIST_LIMIT, MAX_PAYLOAD_BYTES
+from flowvault.application.ports import MAX_HEAD_BATCH
 from flowvault.application.testing._fakes import (
     EPOCH,
     make_event,
@@ -45,9 +44,9 @@ from flowvault.domain import (
     PayloadTooLarge,
     RevisionConflict,
     StoreUnavailable,
-    verify_chain,
 )
 from flowvault.domain._envelope import natural_key_digest
+from flowvault.domain._ledger import verify_chain
 
 NS = "contract"
 

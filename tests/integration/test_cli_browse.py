@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from cli_helpers import FLOWVAULT, cli_env
 
-from flowvault.adapters.cli import CommandIO
 from flowvault.adapters.cli._approvals import DecideRequest, approvals_decide_command
+from flowvault.adapters.cli._io import CommandIO
 from flowvault.application._graph_namespaces import GRAPH_RUNS
 from flowvault.application._record_kinds import APPROVALS
 from flowvault.application._workflow_records import WORKFLOWS

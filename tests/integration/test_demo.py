@@ -12,7 +12,7 @@ from cli_helpers import FLOWVAULT, cli_env
 
 from flowvault.adapters.cli import _demo as demo_verb
 from flowvault.adapters.cli._demo import expect
-from flowvault.composition import main
+from flowvault.composition._cli import main
 
 TIMEOUT = 120.0
 STEPS = [

@@ -29,8 +29,9 @@ from cli_helpers import FLOWVAULT, TIMEOUT, cli_env, json_document, run_cli
 
 from flowvault.adapters.crypto import FileKeyStore
 from flowvault.adapters.crypto._cipher import derive_integrity_key, generate_master_key, key_id_of
-from flowvault.application import MAX_LIST_LIMIT, Delete, Guard, StoreStats, UnitOfWork
+from flowvault.application import Delete, Guard, StoreStats, UnitOfWork
 from flowvault.application._keys import KeyRing
+from flowvault.application._records import MAX_LIST_LIMIT
 from flowvault.application._rotation import KeyRotation
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import JsonValue, RevisionConflict, WorkflowRecord, WorkOrder

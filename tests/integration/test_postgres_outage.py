@@ -18,7 +18,8 @@ from psycopg import sql
 from flowvault.adapters.postgres import PostgresSecureObjectStore
 from flowvault.application import UnitOfWork
 from flowvault.application.testing import make_event, make_header, make_upsert
-from flowvault.domain import LedgerEvent, StoreUnavailable, verify_chain
+from flowvault.domain import LedgerEvent, StoreUnavailable
+from flowvault.domain._ledger import verify_chain
 
 pytestmark = pytest.mark.postgres
 

@@ -21,7 +21,7 @@ from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.postgres import PostgresSecureObjectStore
 from flowvault.application import SealedRepository, StateRepository
 from flowvault.application.testing import FrozenClock
-from flowvault.domain import verify_chain
+from flowvault.domain._ledger import verify_chain
 
 pytestmark = pytest.mark.postgres
 

@@ -32,15 +32,9 @@ from flowvault.application._receipts import (
 )
 from flowvault.application.testing import FrozenClock
 from flowvault.application.testing._fakes import EPOCH
-from flowvault.domain import (
-    GENESIS_HASH,
-    IntegrityFailure,
-    InvalidInput,
-    LedgerEvent,
-    NotFound,
-    parse_receipt,
-)
-from flowvault.domain._receipt import HeadReceipt
+from flowvault.domain import IntegrityFailure, InvalidInput, LedgerEvent, NotFound
+from flowvault.domain._ledger import GENESIS_HASH
+from flowvault.domain._receipt import HeadReceipt, parse_receipt
 
 STREAM = "workflow/receipts"
 

@@ -23,13 +23,13 @@ from flowvault.application import (
     SealedRepository,
     SecureObjectStore,
     TerminalReceipts,
-    read_stream,
 )
-from flowvault.application._streams import run_stream
+from flowvault.application._streams import read_stream, run_stream
 from flowvault.application._tombstones import RETENTION_TOMBSTONE
 from flowvault.application._workflow_records import stream_of
 from flowvault.application.testing import FrozenClock, SequentialIds
-from flowvault.domain import WorkOrder, content_hash, verify_chain
+from flowvault.domain import WorkOrder, content_hash
+from flowvault.domain._ledger import verify_chain
 
 
 class Services:

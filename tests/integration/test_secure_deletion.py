@@ -29,7 +29,7 @@ from cli_helpers import json_document, run_cli
 
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.adapters.sqlite._connect import ConnectOptions
-from flowvault.application import Compactor, Delete, Guard, LedgerTrim, UnitOfWork, read_stream
+from flowvault.application import Compactor, Delete, Guard, LedgerTrim, UnitOfWork
 from flowvault.application._action_results import ACTION_RESULTS
 from flowvault.application._graph_namespaces import (
     GRAPH_DEFINITION_VERSIONS,
@@ -45,9 +45,11 @@ from flowvault.application._record_kinds import (
 )
 from flowvault.application._run_retention import purge_finished_runs
 from flowvault.application._state import STATE_NAMESPACE
+from flowvault.application._streams import read_stream
 from flowvault.application.testing import FrozenClock
 from flowvault.composition import Runtime, Settings, bootstrap
-from flowvault.domain import GENESIS_HASH, Checkpoint, LedgerEvent, WorkflowState, WorkOrder
+from flowvault.domain import Checkpoint, LedgerEvent, WorkflowState, WorkOrder
+from flowvault.domain._ledger import GENESIS_HASH
 
 PIECE = 8
 """Any 16-byte window of a seal covers one of its 8-byte pieces, so looking for pieces suffices."""

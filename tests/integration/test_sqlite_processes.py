@@ -10,7 +10,7 @@ from processes import run_together
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.application import UnitOfWork
 from flowvault.application.testing import make_header, make_upsert
-from flowvault.domain import verify_chain
+from flowvault.domain._ledger import verify_chain
 
 WORKER = Path(__file__).resolve().parents[1] / "fixtures" / "sqlite" / "cas_worker.py"
 NAMESPACE, KEY, STREAM = "race", "counter", "race-ledger"

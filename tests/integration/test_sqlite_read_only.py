@@ -10,9 +10,11 @@ import pytest
 
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.adapters.sqlite._schema import SCHEMA_VERSION
-from flowvault.application import StreamCatalog, UnitOfWork, read_stream
+from flowvault.application import StreamCatalog, UnitOfWork
+from flowvault.application._streams import read_stream
 from flowvault.application.testing import make_event, make_upsert
-from flowvault.domain import IntegrityFailure, SchemaTooNew, StoreUnavailable, verify_chain
+from flowvault.domain import IntegrityFailure, SchemaTooNew, StoreUnavailable
+from flowvault.domain._ledger import verify_chain
 
 NS = "read-only"
 

@@ -15,15 +15,8 @@ from structlog.testing import capture_logs
 
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore, _rows
 from flowvault.adapters.sqlite import _queries as sql
-from flowvault.application import (
-    FilterOp,
-    Guard,
-    LabelFilter,
-    LabelValue,
-    LedgerTrim,
-    Order,
-    UnitOfWork,
-)
+from flowvault.application import FilterOp, Guard, LabelFilter, LedgerTrim, Order, UnitOfWork
+from flowvault.application._records import LabelValue
 from flowvault.application.testing import make_event, make_upsert
 from flowvault.domain import (
     InsecurePermissions,
@@ -31,9 +24,9 @@ from flowvault.domain import (
     InvalidInput,
     StoreBusy,
     StoreUnavailable,
-    verify_chain,
 )
 from flowvault.domain._envelope import natural_key_digest
+from flowvault.domain._ledger import verify_chain
 
 NS = "orders"
 

@@ -67,9 +67,9 @@ from flowvault.domain import (
     NotFound,
     WorkflowState,
     WorkOrder,
-    checkpoint_id_for,
     content_hash,
 )
+from flowvault.domain._approvals import checkpoint_id_for
 
 NEXT_STATE = {"intake": "planning", "planning": "executing", "executing": "decision"}
 NEXT_STATE["decision"] = "executing"

@@ -62,15 +62,14 @@ from flowvault.application._streams import run_stream
 from flowvault.application._workflow_records import stream_of
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
-    GENESIS_HASH,
     CheckpointStatus,
     FlowvaultError,
     IntegrityFailure,
     LedgerEvent,
     WorkOrder,
-    checkpoint_id_for,
-    verify_chain,
 )
+from flowvault.domain._approvals import checkpoint_id_for
+from flowvault.domain._ledger import GENESIS_HASH, verify_chain
 
 RECORD_STREAM_KINDS = frozenset(
     {

@@ -44,7 +44,7 @@ from hypothesis import HealthCheck, find, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
-from flowvault.adapters.cli import CommandIO
+from flowvault.adapters.cli._io import CommandIO
 from flowvault.composition import Settings, bootstrap
 from flowvault.composition._cli import main
 from flowvault.domain import FlowvaultError, WorkflowState, WorkOrder, content_hash

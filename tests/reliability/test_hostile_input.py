@@ -84,7 +84,6 @@ from flowvault.application import (
     WorkflowEventService,
     WorkflowService,
     effective_limit,
-    read_stream,
 )
 from flowvault.application._audit import verify_stream
 from flowvault.application._keys import parse_master_key
@@ -99,12 +98,11 @@ from flowvault.application._state import (
     history_stream,
     reset_progress,
 )
+from flowvault.application._streams import read_stream
 from flowvault.application.testing import FrozenClock, SequentialIds, make_header
 from flowvault.application.testing._fakes import EPOCH
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (
-    DEFAULT_LIFECYCLE,
-    GENESIS_HASH,
     Approval,
     ApprovalExpired,
     ApprovalStatus,
@@ -113,19 +111,15 @@ from flowvault.domain import (
     InvalidInput,
     LedgerEvent,
     RevisionConflict,
-    Sensitivity,
     StateMachine,
     TerminalReceipt,
     WorkflowResult,
     WorkflowState,
     WorkOrder,
-    checkpoint_id_for,
     content_hash,
-    parse_receipt,
     parse_terminal_receipt,
-    sanitise_payload,
-    verify_chain,
 )
+from flowvault.domain._approvals import checkpoint_id_for
 from flowvault.domain._canonical import (
     MAX_SAFE_INTEGER,
     canonical_bytes,
@@ -133,9 +127,12 @@ from flowvault.domain._canonical import (
     parse_json,
     validate_json,
 )
-from flowvault.domain._envelope import format_instant, natural_key_digest
+from flowvault.domain._envelope import Sensitivity, format_instant, natural_key_digest
 from flowvault.domain._graph_runs import RUN_LIFECYCLE
-from flowvault.domain._receipt import HeadNote, HeadReceipt, ReceiptSignature
+from flowvault.domain._ledger import GENESIS_HASH, verify_chain
+from flowvault.domain._receipt import HeadNote, HeadReceipt, ReceiptSignature, parse_receipt
+from flowvault.domain._sanitise import sanitise_payload
+from flowvault.domain._state_machine import DEFAULT_LIFECYCLE
 
 FAMILY = "Hostile input, service entry points"
 MEMORY_EXAMPLES = reliability.size(1000, 100_000)

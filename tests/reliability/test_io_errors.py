@@ -55,9 +55,9 @@ from flowvault.domain import (
     WorkflowState,
     WorkOrder,
     content_hash,
-    verify_chain,
 )
 from flowvault.domain._canonical import canonical_json, digest_bytes
+from flowvault.domain._ledger import verify_chain
 
 KEY = bytes(range(32))
 TEMPLATE_TIME = EPOCH + timedelta(days=1)

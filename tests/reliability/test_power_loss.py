@@ -46,14 +46,9 @@ from flowvault.application._state import STATE_WRITTEN_EVENT
 from flowvault.application._workflow_records import stream_of
 from flowvault.application.testing import FrozenClock
 from flowvault.composition import Runtime, Settings, bootstrap
-from flowvault.domain import (
-    DEFAULT_LIFECYCLE,
-    FlowvaultError,
-    NotFound,
-    WorkflowState,
-    WorkOrder,
-    verify_chain,
-)
+from flowvault.domain import FlowvaultError, NotFound, WorkflowState, WorkOrder
+from flowvault.domain._ledger import verify_chain
+from flowvault.domain._state_machine import DEFAULT_LIFECYCLE
 
 KEY = bytes(range(32))
 SCOPES = ("main", "aux")

@@ -37,11 +37,8 @@ from wiring import Wired
 
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.sqlite import _store as sqlite_store
-from flowvault.application import (
-    MAX_LIST_LIMIT,
-    RecordMetadata,
-    UnitOfWork,
-)
+from flowvault.application import RecordMetadata, UnitOfWork
+from flowvault.application._records import MAX_LIST_LIMIT
 from flowvault.application.testing import FrozenClock
 from flowvault.composition import Runtime
 from flowvault.domain import (

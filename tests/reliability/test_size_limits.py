@@ -28,10 +28,11 @@ from psycopg import sql
 from wiring import Wired
 
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
-from flowvault.application import MAX_HEAD_BATCH, MAX_LIST_LIMIT, Guard, StreamHeadBatch, UnitOfWork
+from flowvault.application import Guard, StreamHeadBatch, UnitOfWork
 from flowvault.application import _records as records_module
 from flowvault.application._record_kinds import MAX_WITNESS_BYTES
-from flowvault.application._records import MAX_PAYLOAD_BYTES
+from flowvault.application._records import MAX_LIST_LIMIT, MAX_PAYLOAD_BYTES
+from flowvault.application.ports import MAX_HEAD_BATCH
 from flowvault.application.testing import FrozenClock, make_event, make_upsert
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import (

@@ -60,7 +60,6 @@ from flowvault.application import (
     StreamCatalog,
     UnitOfWork,
     Upsert,
-    read_stream,
 )
 from flowvault.application._freshness import (
     ACTION_RESULT_KIND,
@@ -82,7 +81,7 @@ from flowvault.application._record_kinds import (
     REQUEST_IDEMPOTENCY,
 )
 from flowvault.application._state import STATE_NAMESPACE
-from flowvault.application._streams import keyed
+from flowvault.application._streams import keyed, read_stream
 from flowvault.application._workflow_events import EVENT_KEYS
 from flowvault.application._workflow_records import WORKFLOWS
 from flowvault.application._workflows import IDEMPOTENCY
@@ -96,8 +95,8 @@ from flowvault.domain import (
     WorkflowState,
     WorkOrder,
     content_hash,
-    verify_chain,
 )
+from flowvault.domain._ledger import verify_chain
 
 SEED = reliability.seed_base()
 KEY = hashlib.sha256(f"flowvault-stateful-model/{SEED}".encode()).digest()

@@ -44,13 +44,7 @@ from listings import refused
 from mark_lag import settle
 from pydantic import BaseModel, SecretStr
 
-from flowvault.application import (
-    HistoryEvent,
-    KeyedDigester,
-    LedgerAudit,
-    SecureObjectStore,
-    read_stream,
-)
+from flowvault.application import HistoryEvent, KeyedDigester, LedgerAudit, SecureObjectStore
 from flowvault.application._action_results import ACTION_RESULTS
 from flowvault.application._audit import list_all_streams
 from flowvault.application._graph_namespaces import (
@@ -68,7 +62,7 @@ from flowvault.application._record_kinds import (
     WITNESSES,
 )
 from flowvault.application._state import STATE_NAMESPACE
-from flowvault.application._streams import run_stream
+from flowvault.application._streams import read_stream, run_stream
 from flowvault.application._workflow_events import EVENT_KEYS
 from flowvault.application._workflow_records import WORKFLOWS, stream_of
 from flowvault.application._workflows import IDEMPOTENCY
@@ -84,9 +78,9 @@ from flowvault.domain import (
     WorkflowResult,
     WorkflowState,
     WorkOrder,
-    checkpoint_id_for,
     content_hash,
 )
+from flowvault.domain._approvals import checkpoint_id_for
 from flowvault.domain._canonical import canonical_json
 from flowvault.domain._envelope import format_instant
 

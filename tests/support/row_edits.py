@@ -14,8 +14,8 @@ from flowvault.application import (
     StoredRecord,
     UnitOfWork,
     Upsert,
-    read_stream,
 )
+from flowvault.application._streams import read_stream
 from flowvault.domain import IntegrityFailure, LedgerEvent
 from flowvault.domain._canonical import canonical_json
 

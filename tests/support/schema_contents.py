@@ -20,14 +20,9 @@ from flowvault.application import (
     UnitOfWork,
     Upsert,
 )
-from flowvault.domain import (
-    GENESIS_HASH,
-    EnvelopeHeader,
-    LedgerEvent,
-    Sensitivity,
-    verify_chain,
-)
-from flowvault.domain._envelope import natural_key_digest
+from flowvault.domain import EnvelopeHeader, LedgerEvent
+from flowvault.domain._envelope import Sensitivity, natural_key_digest
+from flowvault.domain._ledger import GENESIS_HASH, verify_chain
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 UNICODE_NS = "工作流/ß"

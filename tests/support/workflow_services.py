@@ -13,7 +13,8 @@ from flowvault.application import (
     WorkflowService,
 )
 from flowvault.application._workflow_records import WorkflowRecords
-from flowvault.domain import DEFAULT_LIFECYCLE, StateMachine
+from flowvault.domain import StateMachine
+from flowvault.domain._state_machine import DEFAULT_LIFECYCLE
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ from flowvault.application import (
     UnitOfWork,
     UnreadableItem,
     Upsert,
-    read_stream,
 )
 from flowvault.application._freshness import WITNESS_KIND, record_stream
 from flowvault.application._record_kinds import (
@@ -36,7 +35,7 @@ from flowvault.application._record_kinds import (
     REQUEST_IDEMPOTENCY,
     WITNESSES,
 )
-from flowvault.application._streams import run_stream
+from flowvault.application._streams import read_stream, run_stream
 from flowvault.application._tombstones import IDEMPOTENCY_STREAM, RETENTION_TOMBSTONE
 from flowvault.application.testing import FrozenClock, SequentialIds, make_event
 from flowvault.domain import (
@@ -63,10 +62,10 @@ from flowvault.domain import (
     StoreBusy,
     Witness,
     content_hash,
-    verify_chain,
 )
 from flowvault.domain._approvals import MAX_WITNESS_LOCATORS
 from flowvault.domain._canonical import canonical_json, digest_bytes
+from flowvault.domain._ledger import verify_chain
 
 MASTER_KEY = bytes(range(32))
 RUN = "run-0001"

@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from flowvault.application.testing import make_header
 from flowvault.application.testing._fakes import EPOCH
-from flowvault.domain import EnvelopeHeader, Fingerprint, InvalidInput, Receipt, Sensitivity
+from flowvault.domain import EnvelopeHeader, Fingerprint, InvalidInput
 from flowvault.domain._canonical import canonical_bytes
-from flowvault.domain._envelope import aad_fields, format_instant, natural_key_digest
-from flowvault.domain._fingerprint import Readability
+from flowvault.domain._envelope import Sensitivity, aad_fields, format_instant, natural_key_digest
+from flowvault.domain._fingerprint import Readability, Receipt
 
 CHANGES: dict[str, object] = {
     "namespace": "other",

@@ -11,8 +11,9 @@ import pytest
 from flowvault.application._keys import parse_master_key
 from flowvault.application._runs import check_run_id
 from flowvault.application._state import check_scope
-from flowvault.domain import GENESIS_HASH, InvalidInput, LedgerEvent
+from flowvault.domain import InvalidInput, LedgerEvent
 from flowvault.domain._envelope import _check_digest
+from flowvault.domain._ledger import GENESIS_HASH
 
 
 @pytest.mark.parametrize("suffix", ["\n", "\r\n", " "])

@@ -23,13 +23,13 @@ from flowvault.application import (
     ApprovalService,
     CheckpointService,
     IdempotencyService,
-    LabelValue,
     SealedRepository,
     SecureObjectStore,
     StoredRecord,
     UnreadableItem,
 )
 from flowvault.application._record_kinds import APPROVALS, CHECKPOINTS, REQUEST_IDEMPOTENCY
+from flowvault.application._records import LabelValue
 from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.domain import Checkpoint, IntegrityFailure
 

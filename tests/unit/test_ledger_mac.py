@@ -10,26 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flowvault.adapters.memory import InMemorySecureObjectStore
-from flowvault.application import (
-    HistoryEvent,
-    LedgerAudit,
-    RetentionPolicy,
-    UnitOfWork,
-    read_stream,
-)
+from flowvault.application import HistoryEvent, LedgerAudit, RetentionPolicy, UnitOfWork
 from flowvault.application._audit import list_all_streams, verify_stream
-from flowvault.application._streams import LEDGER_MAC_TAG, chain_mac, keyed
+from flowvault.application._streams import LEDGER_MAC_TAG, chain_mac, keyed, read_stream
 from flowvault.application.testing import FrozenClock, make_event
 from flowvault.composition import Runtime, Settings, bootstrap
-from flowvault.domain import (
-    ChainDefect,
-    InvalidInput,
-    LedgerEvent,
-    WorkflowState,
-    WorkOrder,
-    content_hash,
-)
+from flowvault.domain import InvalidInput, LedgerEvent, WorkflowState, WorkOrder, content_hash
 from flowvault.domain._canonical import MAX_SAFE_INTEGER, canonical_bytes
+from flowvault.domain._ledger import ChainDefect
 
 KEY = bytes(range(32))
 

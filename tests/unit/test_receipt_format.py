@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from flowvault.domain import InvalidInput, parse_receipt
+from flowvault.domain import InvalidInput
 from flowvault.domain._receipt import (
     ED25519_ALGORITHM,
     MAX_RECEIPT_BYTES,
@@ -16,6 +16,7 @@ from flowvault.domain._receipt import (
     HeadReceipt,
     ReceiptSignature,
     key_hint,
+    parse_receipt,
 )
 
 HEAD = "sha256:" + hashlib.sha256(b"head").hexdigest()

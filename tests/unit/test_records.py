@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from flowvault.application import (
-    MAX_LIST_LIMIT,
     Delete,
     Guard,
     LabelFilter,
@@ -15,6 +14,7 @@ from flowvault.application import (
     Upsert,
     effective_limit,
 )
+from flowvault.application._records import MAX_LIST_LIMIT
 from flowvault.application.testing import make_event, make_header, make_upsert
 from flowvault.domain import InvalidInput
 from flowvault.domain._envelope import natural_key_digest

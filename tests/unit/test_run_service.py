@@ -22,8 +22,6 @@ from flowvault.application import (
     TerminalReceipts,
     UnitOfWork,
     UnreadableItem,
-    read_stream,
-    trim_unit,
 )
 from flowvault.application._graph_namespaces import (
     GRAPH_DEFINITION_VERSIONS,
@@ -33,7 +31,7 @@ from flowvault.application._graph_namespaces import (
     GRAPH_RUNS,
 )
 from flowvault.application._run_retention import purge_finished_runs
-from flowvault.application._streams import TRIM_EVENT, run_stream
+from flowvault.application._streams import TRIM_EVENT, read_stream, run_stream, trim_unit
 from flowvault.application._tombstones import RETENTION_TOMBSTONE
 from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.application.testing._fakes import EPOCH
@@ -49,10 +47,10 @@ from flowvault.domain import (
     RevisionConflict,
     TerminalReceipt,
     content_hash,
-    verify_chain,
 )
 from flowvault.domain._canonical import canonical_json
 from flowvault.domain._graph_runs import RUN_LIFECYCLE
+from flowvault.domain._ledger import verify_chain
 
 KEY = bytes(range(32))
 SPEC_MARKER = "spec-marker-4be1-do-not-leak"

@@ -41,11 +41,11 @@ from flowvault.domain import (
     NotFound,
     RevisionConflict,
     SchemaTooNew,
-    Sensitivity,
     WorkflowResult,
     WorkflowState,
 )
 from flowvault.domain._canonical import canonical_json
+from flowvault.domain._envelope import Sensitivity
 from flowvault.domain._fingerprint import Readability
 
 MARKER = "state-marker-7d1e-do-not-leak"

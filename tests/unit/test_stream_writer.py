@@ -14,7 +14,9 @@ from flowvault.application import (
     verified_events,
 )
 from flowvault.application.testing import FrozenClock
-from flowvault.domain import GENESIS_HASH, REDACTED, RevisionConflict
+from flowvault.domain import RevisionConflict
+from flowvault.domain._ledger import GENESIS_HASH
+from flowvault.domain._sanitise import REDACTED
 
 KEY = bytes(range(32))
 

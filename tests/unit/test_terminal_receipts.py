@@ -24,11 +24,10 @@ from flowvault.application import (
     TerminalReceipts,
     UnitOfWork,
     authenticate_terminal,
-    read_stream,
 )
 from flowvault.application._graph_namespaces import GRAPH_RUN_RECEIPTS, GRAPH_RUNS
 from flowvault.application._receipts import authenticate, issue_receipt, sign_terminal_receipt
-from flowvault.application._streams import run_stream
+from flowvault.application._streams import read_stream, run_stream
 from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.domain import (
     IntegrityFailure,

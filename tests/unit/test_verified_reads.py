@@ -33,34 +33,25 @@ from flowvault.application import (
     SealedRepository,
     SecureObjectStore,
     StateRepository,
-    StreamVerifier,
     UnitOfWork,
     Upsert,
     WorkflowEventService,
     WorkflowService,
-    read_stream,
-    trim_unit,
     verified_events,
-    verified_page,
 )
 from flowvault.application._audit import verify_stream
 from flowvault.application._graph_namespaces import GRAPH_RUNS
 from flowvault.application._record_audit import BoundRecords
 from flowvault.application._record_kinds import CHECKPOINTS, WITNESSES
 from flowvault.application._state import STATE_NAMESPACE, reset_progress
-from flowvault.application._streams import keyed
+from flowvault.application._streams import keyed, read_stream, trim_unit
+from flowvault.application._verified import StreamVerifier, verified_page
 from flowvault.application._workflow_records import WORKFLOWS, stream_of
 from flowvault.application.testing import FrozenClock, SequentialIds, make_event
 from flowvault.application.testing._fakes import EPOCH
 from flowvault.composition import Runtime, Settings, bootstrap
-from flowvault.domain import (
-    ChainDefect,
-    IntegrityFailure,
-    InvalidInput,
-    LedgerEvent,
-    WorkflowState,
-    WorkOrder,
-)
+from flowvault.domain import IntegrityFailure, InvalidInput, LedgerEvent, WorkflowState, WorkOrder
+from flowvault.domain._ledger import ChainDefect
 
 KEY = bytes(range(7, 39))
 STREAM = "host/orders"

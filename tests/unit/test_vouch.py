@@ -29,19 +29,17 @@ from flowvault.application import (
     StateRepository,
     TerminalReceipts,
     UnitOfWork,
-    read_stream,
     verified_events,
 )
 from flowvault.application._graph_namespaces import GRAPH_RUNS
 from flowvault.application._record_audit import BoundRecords
 from flowvault.application._run_retention import purge_finished_runs
 from flowvault.application._state import history_stream
-from flowvault.application._streams import VOUCH_EVENT, keyed, run_stream
+from flowvault.application._streams import VOUCH_EVENT, keyed, read_stream, run_stream
 from flowvault.application._vouch import inspect_unvouched, vouch_unit
 from flowvault.application._workflow_records import stream_of
 from flowvault.application.testing import FrozenClock, SequentialIds, make_event
 from flowvault.domain import (
-    ChainDefect,
     IntegrityFailure,
     InvalidInput,
     LedgerEvent,
@@ -49,6 +47,7 @@ from flowvault.domain import (
     RevisionConflict,
     WorkOrder,
 )
+from flowvault.domain._ledger import ChainDefect
 
 KEY = bytes(range(11, 43))
 STREAM = "host/legacy"

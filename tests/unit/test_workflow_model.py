@@ -28,7 +28,6 @@ from flowvault.application import SealedRepository, WorkflowEventService
 from flowvault.application._workflow_records import stream_of
 from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.domain import (
-    DEFAULT_LIFECYCLE,
     ApprovalAlreadyDecided,
     FlowvaultError,
     IdempotencyConflict,
@@ -39,6 +38,7 @@ from flowvault.domain import (
     WorkOrder,
 )
 from flowvault.domain._canonical import canonical_bytes
+from flowvault.domain._state_machine import DEFAULT_LIFECYCLE
 from flowvault.domain._workflow import DECISION_TYPES
 
 ALL_STATES = sorted(DEFAULT_LIFECYCLE.states)

@@ -25,7 +25,6 @@ from flowvault.application._workflow_records import WORKFLOWS, stream_of
 from flowvault.application._workflows import IDEMPOTENCY
 from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.domain import (
-    DEFAULT_LIFECYCLE,
     IdempotencyConflict,
     IntegrityFailure,
     InvalidDefinition,
@@ -39,6 +38,7 @@ from flowvault.domain import (
     content_hash,
 )
 from flowvault.domain._canonical import canonical_json
+from flowvault.domain._state_machine import DEFAULT_LIFECYCLE
 
 SECRET = "iban-DE44-5001-0517-5407-3249-31"
 REQUESTER = "alice.requester@example.org"
