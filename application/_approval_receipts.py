@@ -21,8 +21,8 @@ from flowvault.domain import (
     ApprovalReceipt,
     IntegrityFailure,
     InvalidInput,
-    decision_statement,
 )
+from flowvault.domain._approvals import decision_statement
 from flowvault.domain._canonical import canonical_bytes, canonical_json
 
 

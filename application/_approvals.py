@@ -55,9 +55,8 @@ from flowvault.domain import (
     InvalidInput,
     JsonValue,
     RevisionConflict,
-    decision_statement,
 )
-from flowvault.domain._approvals import RejectionRule, Vote
+from flowvault.domain._approvals import RejectionRule, Vote, decision_statement
 from flowvault.domain._canonical import canonical_bytes
 
 

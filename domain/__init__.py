@@ -10,7 +10,6 @@ from flowvault.domain._approvals import (
     Checkpoint,
     CheckpointStatus,
     Witness,
-    decision_statement,
 )
 from flowvault.domain._canonical import JsonValue, content_hash
 from flowvault.domain._envelope import EnvelopeHeader
@@ -105,6 +104,5 @@ __all__ = [
     "WorkflowResult",
     "WorkflowState",
     "content_hash",
-    "decision_statement",
     "parse_terminal_receipt",
 ]
