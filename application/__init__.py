@@ -42,6 +42,7 @@ from flowvault.application._runs import ResultRepository
 from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application._state import HistoryEvent, StateRepository, StateSnapshot
 from flowvault.application._stream_writer import StreamWriter
+from flowvault.application._streams import trim_unit
 from flowvault.application._terminal_receipts import TerminalReceipts
 from flowvault.application._verified import verified_events
 from flowvault.application._workflow_events import WorkflowEventService
@@ -128,5 +129,6 @@ __all__ = [
     "check_delete",
     "check_upsert",
     "effective_limit",
+    "trim_unit",
     "verified_events",
 ]

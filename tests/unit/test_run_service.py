@@ -22,6 +22,7 @@ from flowvault.application import (
     TerminalReceipts,
     UnitOfWork,
     UnreadableItem,
+    trim_unit,
 )
 from flowvault.application._graph_namespaces import (
     GRAPH_DEFINITION_VERSIONS,
@@ -31,7 +32,7 @@ from flowvault.application._graph_namespaces import (
     GRAPH_RUNS,
 )
 from flowvault.application._run_retention import purge_finished_runs
-from flowvault.application._streams import TRIM_EVENT, read_stream, run_stream, trim_unit
+from flowvault.application._streams import TRIM_EVENT, read_stream, run_stream
 from flowvault.application._tombstones import RETENTION_TOMBSTONE
 from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.application.testing._fakes import EPOCH

@@ -37,6 +37,7 @@ from flowvault.application import (
     Upsert,
     WorkflowEventService,
     WorkflowService,
+    trim_unit,
     verified_events,
 )
 from flowvault.application._audit import verify_stream
@@ -44,7 +45,7 @@ from flowvault.application._graph_namespaces import GRAPH_RUNS
 from flowvault.application._record_audit import BoundRecords
 from flowvault.application._record_kinds import CHECKPOINTS, WITNESSES
 from flowvault.application._state import STATE_NAMESPACE, reset_progress
-from flowvault.application._streams import keyed, read_stream, trim_unit
+from flowvault.application._streams import keyed, read_stream
 from flowvault.application._verified import StreamVerifier, verified_page
 from flowvault.application._workflow_records import WORKFLOWS, stream_of
 from flowvault.application.testing import FrozenClock, SequentialIds, make_event
