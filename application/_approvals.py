@@ -132,11 +132,6 @@ class ApprovalService:
         self._keys = DeciderKeys(repository, signatures)
         self._purge = RecordPurge(repository, clock, APPROVALS, "settled_at", self._records.doomed)
 
-    @property
-    def records(self) -> ApprovalRecords:
-        """The approvals' record book, which the retention purge deletes from."""
-        return self._records
-
     def request_approval(
         self,
         checkpoint_id: str,
