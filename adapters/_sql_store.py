@@ -20,6 +20,8 @@ from flowvault.adapters._rows import (
     check_stream_page,
     event_from_row,
     head_index,
+    head_indexes,
+    require_stream_names,
     require_text,
 )
 from flowvault.application import (
@@ -44,24 +46,15 @@ INDEX_CEILING: Final = MAX_SAFE_INTEGER + 1
 class Statements(Protocol):
     """The part of a driver's statement module that the shared reads run."""
 
-    @property
-    def LOAD_RECORD(self) -> str: ...
-    @property
-    def PEEK_METADATA(self) -> str: ...
-    @property
-    def LEDGER_HEAD(self) -> str: ...
-    @property
-    def LEDGER_HEAD_INDEX(self) -> str: ...
-    @property
-    def LIST_STREAMS(self) -> str: ...
-    @property
-    def HAS_RECORDS(self) -> str: ...
-    @property
-    def NAMESPACE_COUNTS(self) -> str: ...
-    @property
-    def KEY_ID_COUNTS(self) -> str: ...
-    @property
-    def SEAL_COUNTS(self) -> str: ...
+    LOAD_RECORD: str
+    PEEK_METADATA: str
+    LEDGER_HEAD: str
+    LEDGER_HEAD_INDEX: str
+    LIST_STREAMS: str
+    HAS_RECORDS: str
+    NAMESPACE_COUNTS: str
+    KEY_ID_COUNTS: str
+    SEAL_COUNTS: str
 
     def list_query(
         self, order: Order, after_cursor: bool, filters: tuple[FilterShape, ...] = ()
@@ -171,6 +164,22 @@ class SqlStore(ABC):
         """Return the index of the last event of ``stream``, read from the events table."""
         require_text(stream, "stream")
         return head_index(self._fetch(self.dialect.statements.LEDGER_HEAD_INDEX, (stream,)))
+
+    def ledger_head_indexes(self, streams: Sequence[str]) -> dict[str, int]:
+        """Return the index of the last event of each named stream that holds events.
+
+        One statement for all the names, read from the events table like
+        ``ledger_head_index``.
+        """
+        names = require_stream_names(streams)
+        if not names:
+            self._check_usable()
+            return {}
+        return head_indexes(self._fetch(*self._head_indexes_statement(names)))
+
+    @abstractmethod
+    def _head_indexes_statement(self, names: Sequence[str]) -> tuple[str, Sequence[object]]:
+        """Return the statement reading the heads of ``names``, and its parameters."""
 
     def list_streams(self, *, after: str | None = None, limit: int = 200) -> builtins.list[str]:
         """Return up to ``limit`` stream names after ``after``, in code-point order."""

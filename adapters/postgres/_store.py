@@ -13,9 +13,7 @@ from typing import Any, Final, TypeVar
 import psycopg
 
 from flowvault.adapters._rows import (
-    head_indexes,
     require_seal_count,
-    require_stream_names,
     require_text,
     stored_epoch,
     stream_state,
@@ -234,17 +232,8 @@ class PostgresSecureObjectStore(SqlStore):
 
     # -- ledger ---------------------------------------------------------------
 
-    def ledger_head_indexes(self, streams: Sequence[str]) -> dict[str, int]:
-        """Return the index of the last event of each named stream that holds events.
-
-        One statement for all the names, read from the events table like
-        ``ledger_head_index``.
-        """
-        names = require_stream_names(streams)
-        if not names:
-            self._check_usable()
-            return {}
-        return head_indexes(self._fetch(sql.LEDGER_HEAD_INDEXES, (names,)))
+    def _head_indexes_statement(self, names: Sequence[str]) -> tuple[str, Sequence[object]]:
+        return sql.LEDGER_HEAD_INDEXES, (names,)
 
     def read_ledger(self, stream: str, *, from_index: int = 0, limit: int = 100) -> LedgerPage:
         """Return retained events from ``from_index`` on, flagging trimmed ones.

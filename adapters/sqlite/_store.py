@@ -17,9 +17,7 @@ from typing import TypeVar
 
 from flowvault.adapters._rows import (
     Row,
-    head_indexes,
     require_seal_count,
-    require_stream_names,
     require_text,
     stored_epoch,
     stream_state,
@@ -369,18 +367,8 @@ class SQLiteSecureObjectStore(SqlStore):
 
     # -- ledger ---------------------------------------------------------------
 
-    def ledger_head_indexes(self, streams: Sequence[str]) -> dict[str, int]:
-        """Return the index of the last event of each named stream that holds events.
-
-        One statement for all the names, read from the events table like
-        ``ledger_head_index``.
-        """
-        names = require_stream_names(streams)
-        if not names:
-            self._check_usable()
-            return {}
-        rows = self._fetch(sql.ledger_head_indexes(len(names)), names)
-        return head_indexes(rows)
+    def _head_indexes_statement(self, names: Sequence[str]) -> tuple[str, Sequence[object]]:
+        return sql.ledger_head_indexes(len(names)), names
 
     def read_ledger(self, stream: str, *, from_index: int = 0, limit: int = 100) -> LedgerPage:
         """Return retained events from ``from_index`` on, flagging trimmed ones.
