@@ -34,13 +34,24 @@ from flowvault.application import (
     StoredRecord,
     effective_limit,
 )
-from flowvault.domain import InvalidInput, LedgerEvent, StoreUnavailable
+from flowvault.domain import InvalidInput, LedgerEvent, SchemaTooNew, StoreUnavailable
 from flowvault.domain._canonical import MAX_SAFE_INTEGER
 
 _FORKED: Final = "store opened before fork; open a new one in the child"
 
 INDEX_CEILING: Final = MAX_SAFE_INTEGER + 1
 """Above every storable ledger index and inside a signed 64-bit integer, so clamping keeps order."""
+
+
+def refuse_newer(version: int, supported: int, found: str) -> None:
+    """Refuse a schema a newer flowvault wrote; ``found`` says where the version was read."""
+    if version > supported:
+        raise SchemaTooNew(
+            f"{found}, newer than the {supported} "
+            "this flowvault understands; upgrade flowvault to open it",
+            found=version,
+            supported=supported,
+        )
 
 
 class Statements(Protocol):
