@@ -14,7 +14,7 @@ from flowvault.adapters.cli._context import CliContext, CliSettings
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._keyed import keyed_audit
 from flowvault.adapters.cli._status import opened_store, store_location, store_stats
-from flowvault.adapters.cli._verbs import Verbs, add_verb
+from flowvault.adapters.cli._verbs import Verbs, add_verb, for_backend
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.crypto._signing import load_signing_key
 from flowvault.adapters.sqlite._connect import ConnectOptions
@@ -259,9 +259,9 @@ def _doctor(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int
     del args
     if context.is_cold_root():
         return doctor_command(_no_store(context.settings), io)
-    if context.settings.backend == "postgres":
-        return doctor_command(_postgres_checks(context), io)
-    return doctor_command(_sqlite_checks(context), io)
+    return doctor_command(
+        for_backend(context, postgres=_postgres_checks, sqlite=_sqlite_checks), io
+    )
 
 
 def register(verbs: Verbs) -> None:

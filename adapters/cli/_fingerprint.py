@@ -6,6 +6,7 @@ import argparse
 
 from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import CommandIO
+from flowvault.adapters.cli._listing import with_service
 from flowvault.adapters.cli._verbs import Verbs, add_verb
 from flowvault.application import StateRepository
 from flowvault.application._state import cold_fingerprint
@@ -38,11 +39,11 @@ def fingerprint_command(
 
 
 def _fingerprint(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
-    services = context.open_existing()
-    if services is None:
-        return fingerprint_command(None, args.scope, args.reason, io)
-    with services:
-        return fingerprint_command(services.state(args.scope), args.scope, args.reason, io)
+    return with_service(
+        context,
+        lambda services: services.state(args.scope),
+        lambda state: fingerprint_command(state, args.scope, args.reason, io),
+    )
 
 
 def register(verbs: Verbs) -> None:

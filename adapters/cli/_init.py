@@ -14,7 +14,7 @@ from pathlib import Path
 from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._status import store_location, store_stats
-from flowvault.adapters.cli._verbs import Verbs, add_verb
+from flowvault.adapters.cli._verbs import Verbs, add_verb, for_backend
 from flowvault.application._keys import KEY_ENV
 from flowvault.domain import InvalidInput, KeyRequired
 
@@ -129,9 +129,7 @@ def _init(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
             "the memory backend keeps nothing, so there is nothing to init: "
             "choose FLOWVAULT_BACKEND=sqlite or postgres"
         )
-    if settings.backend == "postgres":
-        return init_command(_init_postgres(context), io)
-    return init_command(_init_sqlite(context), io)
+    return init_command(for_backend(context, postgres=_init_postgres, sqlite=_init_sqlite), io)
 
 
 def register(verbs: Verbs) -> None:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import TextIO, TypeVar
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, TextIO, TypeVar
 
 from rich.console import Console
 from rich.progress import Progress
@@ -21,7 +21,24 @@ from rich.table import Table
 from flowvault.domain import FlowvaultError
 from flowvault.domain._canonical import canonical_json
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 T = TypeVar("T")
+
+
+def fields_document(item: DataclassInstance) -> dict[str, object]:
+    """Return a dataclass's fields as a ``--json`` object, in declaration order.
+
+    Mappings are copied into plain dicts, so the document never shares state
+    with the value it describes.
+    """
+    document: dict[str, object] = {}
+    for spec in fields(item):
+        value = getattr(item, spec.name)
+        document[spec.name] = dict(value) if isinstance(value, Mapping) else value
+    return document
+
 
 FIXES: dict[str, str] = {
     "KEY_REQUIRED": "set FLOWVAULT_KEY or restore the key file named above",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flowvault.adapters.cli._context import CliContext, Services
-from flowvault.adapters.cli._io import CommandIO
+from flowvault.adapters.cli._io import CommandIO, fields_document
 from flowvault.adapters.cli._keyed import existing_ring
 from flowvault.adapters.cli._verbs import Verbs, add_verb, file_path
 from flowvault.adapters.crypto import create_signing_key
@@ -62,18 +62,9 @@ def key_entries(
     ]
 
 
-def _entry_document(entry: KeyEntry) -> dict[str, object]:
-    return {
-        "key_id": entry.key_id,
-        "role": entry.role,
-        "records": entry.records,
-        "seals": entry.seals,
-    }
-
-
 def keys_list_command(entries: Sequence[KeyEntry], *, limit: int, io: CommandIO) -> int:
     """Print every key id with its role, records sealed under it and seals counted."""
-    document = {"keys": [_entry_document(entry) for entry in entries], "seal_limit": limit}
+    document = {"keys": [fields_document(entry) for entry in entries], "seal_limit": limit}
     if io.json_output:
         io.emit(document, [])
         return 0
@@ -122,7 +113,7 @@ def signing_key_command(path: str, public_path: str, hint: bytes, io: CommandIO)
 def keys_retire_command(key_id: str, entries: Sequence[KeyEntry], io: CommandIO) -> int:
     """Report a retired key and the keys left in the ring."""
     io.emit(
-        {"retired": key_id, "keys": [_entry_document(entry) for entry in entries]},
+        {"retired": key_id, "keys": [fields_document(entry) for entry in entries]},
         [f"retired key {key_id}: it is no longer in the ring and opens nothing"],
     )
     return 0

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from datetime import datetime
 
 from flowvault.adapters.cli._context import CliContext
-from flowvault.adapters.cli._io import FIXES, CommandIO
+from flowvault.adapters.cli._io import FIXES, CommandIO, fields_document
 from flowvault.adapters.cli._keyed import existing_ring, keyed_audit
 from flowvault.adapters.cli._receipts import (
     read_any_receipt_file,
@@ -35,7 +35,6 @@ from flowvault.application import (
 from flowvault.application._audit import RecordReadability, StreamFailure
 from flowvault.application._keys import KEY_ENV
 from flowvault.application._receipts import ReceiptMac, authenticate
-from flowvault.application._record_audit import StaleRecord
 from flowvault.application._vouch import Unvouched, inspect_unvouched, vouch_unit
 from flowvault.domain import (
     IntegrityFailure,
@@ -74,15 +73,6 @@ def _integrity_error(report: AuditReport) -> IntegrityFailure:
     )
 
 
-def _stale(record: StaleRecord) -> dict[str, object]:
-    return {
-        "stream": record.stream,
-        "namespace": record.namespace,
-        "key_digest": record.key_digest,
-        "reason": record.reason,
-    }
-
-
 def _verify_document(report: AuditReport, *, keyed: bool) -> dict[str, object]:
     records = None if report.records is None else {k.value: n for k, n in report.records.items()}
     document: dict[str, object] = {
@@ -95,7 +85,7 @@ def _verify_document(report: AuditReport, *, keyed: bool) -> dict[str, object]:
         "unreadable_records": [
             {"namespace": r.namespace, "key_digest": r.key_digest} for r in report.unreadable
         ],
-        "stale_records": [_stale(record) for record in report.stale],
+        "stale_records": [fields_document(record) for record in report.stale],
         "rolled_back": report.rolled_back,
         "key_available": keyed,
     }

@@ -126,16 +126,22 @@ def page_rows(page: Page[T], row: Callable[[T], Fields]) -> Page[Fields]:
 EVENT_COLUMNS = ("index", "type", "from_state", "to_state", "occurred_at", "event_hash")
 
 
+def attribute_row(item: object, columns: Sequence[str]) -> Fields:
+    """Return the attributes a listing's columns name, each time as an instant.
+
+    Only what the columns name is read, so a row can never carry a field
+    the listing did not choose to show.
+    """
+    row: Fields = {}
+    for column in columns:
+        value = getattr(item, column)
+        row[column] = instant(value) if isinstance(value, datetime) else value
+    return row
+
+
 def event_row(event: LedgerEvent) -> Fields:
     """Return an event's position, type, states, time and hash: never its payload."""
-    return {
-        "index": event.index,
-        "type": event.type,
-        "from_state": event.from_state,
-        "to_state": event.to_state,
-        "occurred_at": instant(event.occurred_at),
-        "event_hash": event.event_hash,
-    }
+    return attribute_row(event, EVENT_COLUMNS)
 
 
 def verb_group(verbs: Verbs, name: str, help: str) -> Verbs:

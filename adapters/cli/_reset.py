@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import CommandIO
+from flowvault.adapters.cli._listing import with_service
 from flowvault.adapters.cli._verbs import Verbs, add_verb
 from flowvault.application import StateRepository
 from flowvault.application._state import ResetOutcome, reset_progress
@@ -79,11 +80,11 @@ def _reset_progress(args: argparse.Namespace, context: CliContext, io: CommandIO
     request = ResetRequest(
         scope=args.scope, actor=args.actor, reason=args.reason, dry_run=args.dry_run, yes=args.yes
     )
-    services = context.open_existing()
-    if services is None:
-        return reset_progress_command(None, request, io)
-    with services:
-        return reset_progress_command(services.state(args.scope), request, io)
+    return with_service(
+        context,
+        lambda services: services.state(args.scope),
+        lambda state: reset_progress_command(state, request, io),
+    )
 
 
 def register(verbs: Verbs) -> None:

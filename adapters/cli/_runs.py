@@ -13,10 +13,10 @@ from flowvault.adapters.cli._listing import (
     Fields,
     PageRequest,
     add_paging,
+    attribute_row,
     cold_not_found,
     detail_lines,
     event_row,
-    instant,
     page_request,
     page_rows,
     print_listing,
@@ -34,14 +34,7 @@ RUN_COLUMNS = ("run_id", "definition_id", "status", "started_at", "finished_at",
 
 
 def _run_row(run: GraphRun) -> Fields:
-    return {
-        "run_id": run.run_id,
-        "definition_id": run.definition_id,
-        "status": run.status,
-        "started_at": instant(run.started_at),
-        "finished_at": instant(run.finished_at),
-        "node_count": run.node_count,
-    }
+    return attribute_row(run, RUN_COLUMNS)
 
 
 def _event_count(runs: RunService, run_id: str) -> tuple[int, bool]:

@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from flowvault.adapters.cli._context import CliContext, CliSettings
-from flowvault.adapters.cli._io import CommandIO
-from flowvault.adapters.cli._verbs import Verbs, add_verb
+from flowvault.adapters.cli._io import CommandIO, fields_document
+from flowvault.adapters.cli._verbs import Verbs, add_verb, for_backend
 from flowvault.adapters.sqlite._doctor import probe_database
 from flowvault.adapters.sqlite._schema import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from flowvault.application import SecureObjectStore, StoreCapabilities, StoreStats
@@ -68,21 +68,6 @@ class StoreStatus:
     durability: Mapping[str, str] = field(default_factory=dict)
 
 
-def _status_document(status: StoreStatus) -> dict[str, object]:
-    return {
-        "backend": status.backend,
-        "home": status.home,
-        "location": status.location,
-        "cold_root": status.cold_root,
-        "schema_version": status.schema_version,
-        "supported_schema_version": status.supported_schema_version,
-        "key_ids": dict(status.key_ids),
-        "namespaces": dict(status.namespaces),
-        "files": dict(status.files),
-        "durability": dict(status.durability),
-    }
-
-
 def _status_lines(status: StoreStatus) -> list[str]:
     lines = [f"backend: {status.backend}", f"home: {status.home}", f"store: {status.location}"]
     if status.cold_root:
@@ -108,7 +93,7 @@ def _counts(io: CommandIO, title: str, column: str, counts: Mapping[str, int]) -
 
 def status_command(status: StoreStatus, io: CommandIO) -> int:
     """Print the store's status (or that the root is cold); return exit status 0."""
-    io.emit(_status_document(status), _status_lines(status))
+    io.emit(fields_document(status), _status_lines(status))
     if status.cold_root:
         return 0
     _counts(io, "key ids in use", "key id", status.key_ids)
@@ -133,31 +118,54 @@ def _file_sizes(settings: CliSettings) -> dict[str, int | None]:
     return sizes
 
 
+def _counted_status(
+    store: SecureObjectStore,
+    settings: CliSettings,
+    backend: str,
+    versions: tuple[int | None, int],
+    *,
+    durability: Mapping[str, str],
+    files: Mapping[str, int | None],
+) -> StoreStatus:
+    """Build a backend's status around the counts every backend shows, read from its open store.
+
+    ``versions`` is the schema version the store records, then the one this build writes.
+    """
+    stats = store_stats(StoreCapabilities.of(store))
+    return StoreStatus(
+        backend=backend,
+        home=str(settings.home),
+        location=store_location(settings),
+        schema_version=versions[0],
+        supported_schema_version=versions[1],
+        key_ids=stats.key_id_counts(),
+        namespaces=stats.namespace_counts(),
+        files=files,
+        durability=durability,
+    )
+
+
 def _sqlite_status(context: CliContext) -> StoreStatus:
     """Sizes are taken before the store opens, so they show the files at rest."""
     settings = context.settings
     files = _file_sizes(settings)
+    durability = {
+        "synchronous": settings.synchronous,
+        "busy timeout": f"{settings.busy_timeout:g} s",
+    }
     with (
         opened_store(context) as store,
         probe_database(settings.database_path, settings.busy_timeout) as probe,
     ):
-        stats = store_stats(StoreCapabilities.of(store))
-        key_ids, namespaces = stats.key_id_counts(), stats.namespace_counts()
         version = probe.schema_version()
-    return StoreStatus(
-        backend="sqlite",
-        home=str(settings.home),
-        location=store_location(settings),
-        schema_version=version,
-        supported_schema_version=SQLITE_SCHEMA_VERSION,
-        key_ids=key_ids,
-        namespaces=namespaces,
-        files=files,
-        durability={
-            "synchronous": settings.synchronous,
-            "busy timeout": f"{settings.busy_timeout:g} s",
-        },
-    )
+        return _counted_status(
+            store,
+            settings,
+            "sqlite",
+            (version, SQLITE_SCHEMA_VERSION),
+            durability=durability,
+            files=files,
+        )
 
 
 def _postgres_status(context: CliContext) -> StoreStatus:
@@ -167,22 +175,15 @@ def _postgres_status(context: CliContext) -> StoreStatus:
     )
 
     settings = context.settings
+    durability = {
+        "statement timeout": f"{settings.postgres_statement_timeout:g} s",
+        "lock timeout": f"{settings.postgres_lock_timeout:g} s",
+    }
+    versions = (POSTGRES_SCHEMA_VERSION, POSTGRES_SCHEMA_VERSION)
     with opened_store(context) as store:
-        stats = store_stats(StoreCapabilities.of(store))
-        key_ids, namespaces = stats.key_id_counts(), stats.namespace_counts()
-    return StoreStatus(
-        backend="postgres",
-        home=str(settings.home),
-        location=store_location(settings),
-        schema_version=POSTGRES_SCHEMA_VERSION,
-        supported_schema_version=POSTGRES_SCHEMA_VERSION,
-        key_ids=key_ids,
-        namespaces=namespaces,
-        durability={
-            "statement timeout": f"{settings.postgres_statement_timeout:g} s",
-            "lock timeout": f"{settings.postgres_lock_timeout:g} s",
-        },
-    )
+        return _counted_status(
+            store, settings, "postgres", versions, durability=durability, files={}
+        )
 
 
 def _status(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
@@ -196,9 +197,9 @@ def _status(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int
             cold_root=True,
         )
         return status_command(cold, io)
-    if settings.backend == "postgres":
-        return status_command(_postgres_status(context), io)
-    return status_command(_sqlite_status(context), io)
+    return status_command(
+        for_backend(context, postgres=_postgres_status, sqlite=_sqlite_status), io
+    )
 
 
 def register(verbs: Verbs) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeAlias
+from typing import TypeAlias, TypeVar
 
 from flowvault.adapters._paths import check_os_path
 from flowvault.adapters.cli._context import CliContext
@@ -19,6 +19,8 @@ EXIT_CODES = """exit codes:
   2  usage error
   141  the reader of stdout stopped early (a closed pipe); the rest of the output is dropped
 """
+
+T = TypeVar("T")
 
 Handler: TypeAlias = Callable[[argparse.Namespace, CliContext, CommandIO], int]
 Verbs: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -50,6 +52,18 @@ def add_verb(
     )
     parser.set_defaults(handler=handler)
     return parser
+
+
+def for_backend(
+    context: CliContext,
+    *,
+    postgres: Callable[[CliContext], T],
+    sqlite: Callable[[CliContext], T],
+) -> T:
+    """Gather what a verb reports the PostgreSQL or the SQLite way, as the settings choose."""
+    if context.settings.backend == "postgres":
+        return postgres(context)
+    return sqlite(context)
 
 
 def expanded(path: str, option: str) -> str:

@@ -17,6 +17,7 @@ import os
 import secrets
 import stat
 from pathlib import Path
+from typing import NamedTuple
 
 import structlog
 
@@ -34,6 +35,22 @@ _log = structlog.get_logger(__name__)
 
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
+
+
+class _Private(NamedTuple):
+    """How a key path is named, which mode it needs and what in it other users must not reach."""
+
+    noun: str
+    mode: int
+    forbidden: int
+    reach: str
+    owner_fix: str
+
+
+_PRIVATE_DIR = _Private(
+    "keys directory", _DIR_MODE, 0o022, "writable by", "choose a directory you own"
+)
+_PRIVATE_FILE = _Private("key file", _FILE_MODE, 0o077, "open to", "run as the file's owner")
 _MAX_KEY_FILE_BYTES = 64 * 1024
 _PUBLISH_ATTEMPTS = 3
 
@@ -255,18 +272,7 @@ class FileKeyStore:
             return
         if not stat.S_ISDIR(info.st_mode):
             raise InvalidInput(f"keys directory {self._dir} is not a directory")
-        if info.st_uid != os.geteuid():
-            self._exposed(
-                f"keys directory {self._dir} is owned by uid {info.st_uid}, not by the "
-                f"current user (uid {os.geteuid()})",
-                f"run `chown {os.geteuid()} {self._dir}` or choose a directory you own",
-            )
-        if info.st_mode & 0o022:
-            self._exposed(
-                f"keys directory {self._dir} is writable by other users "
-                f"(mode {stat.S_IMODE(info.st_mode):04o})",
-                f"run `chmod {_DIR_MODE:o} {self._dir}`",
-            )
+        self._check_private(_PRIVATE_DIR, self._dir, info)
 
     def _check_file(self, info: os.stat_result) -> None:
         if stat.S_ISLNK(info.st_mode):
@@ -277,17 +283,21 @@ class FileKeyStore:
                 f"key file readable only by you (`chmod {_FILE_MODE:o} {self._path}`)",
                 path=str(self._path),
             )
+        self._check_private(_PRIVATE_FILE, self._path, info)
+
+    def _check_private(self, private: _Private, path: Path, info: os.stat_result) -> None:
+        """Refuse (or warn of) a key path another user owns or can reach."""
         if info.st_uid != os.geteuid():
             self._exposed(
-                f"key file {self._path} is owned by uid {info.st_uid}, not by the current "
-                f"user (uid {os.geteuid()})",
-                f"run `chown {os.geteuid()} {self._path}` or run as the file's owner",
+                f"{private.noun} {path} is owned by uid {info.st_uid}, not by the current user "
+                f"(uid {os.geteuid()})",
+                f"run `chown {os.geteuid()} {path}` or {private.owner_fix}",
             )
-        if info.st_mode & 0o077:
+        if info.st_mode & private.forbidden:
             self._exposed(
-                f"key file {self._path} is open to other users "
+                f"{private.noun} {path} is {private.reach} other users "
                 f"(mode {stat.S_IMODE(info.st_mode):04o})",
-                f"run `chmod {_FILE_MODE:o} {self._path}`",
+                f"run `chmod {private.mode:o} {path}`",
             )
 
     def _symlink_refused(self) -> InsecurePermissions:

@@ -17,17 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from flowvault.adapters._rows import Params, event_params
+from flowvault.adapters._sql_store import INDEX_CEILING
 from flowvault.adapters.postgres import _queries as sql
 from flowvault.adapters.postgres._connect import Connection
 from flowvault.adapters.postgres._rows import label_rows, record_params
 from flowvault.application import Delete, Guard, LedgerTrim, UnitOfWork, Upsert, check_append
 from flowvault.application._records import ExpectedRevision
 from flowvault.domain import LedgerEvent, RevisionConflict
-from flowvault.domain._canonical import MAX_SAFE_INTEGER
 from flowvault.domain._ledger import GENESIS_HASH
-
-INDEX_CEILING = MAX_SAFE_INTEGER + 1
-"""Above every storable ledger index and inside ``bigint``, so clamping to it keeps comparisons."""
 
 
 def _describe(expected: ExpectedRevision) -> str | int:

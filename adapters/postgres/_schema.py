@@ -14,8 +14,9 @@ from typing import Final
 
 from psycopg import sql
 
+from flowvault.adapters._sql_store import refuse_newer
 from flowvault.adapters.postgres._connect import Connection
-from flowvault.domain import SchemaTooNew, StoreUnavailable
+from flowvault.domain import StoreUnavailable
 
 _SCHEMA_VERSION_TABLE = """CREATE TABLE schema_version (
     version integer PRIMARY KEY CHECK (version >= 1),
@@ -156,14 +157,7 @@ def stored_version(connection: Connection, schema: str) -> int:
 
 def ensure_supported(version: int) -> None:
     """Refuse a schema written by a newer flowvault, before anything writes to it."""
-    supported = newest_version()
-    if version > supported:
-        raise SchemaTooNew(
-            f"the database schema has version {version}, newer than the {supported} "
-            "this flowvault understands; upgrade flowvault to open it",
-            found=version,
-            supported=supported,
-        )
+    refuse_newer(version, newest_version(), f"the database schema has version {version}")
 
 
 def migrate(connection: Connection, schema: str) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import builtins
 import os
 import random
 import threading
@@ -13,20 +12,15 @@ from typing import Any, Final, TypeVar
 
 import psycopg
 
-from flowvault.adapters._listing import filter_shapes, list_params, page_of
 from flowvault.adapters._rows import (
-    check_stream_page,
-    event_from_row,
-    head_index,
-    head_indexes,
     require_seal_count,
-    require_stream_names,
     require_text,
     stored_epoch,
     stream_state,
 )
+from flowvault.adapters._sql_store import Dialect, SqlStore, ledger_page, ledger_start
 from flowvault.adapters.postgres import _queries as sql
-from flowvault.adapters.postgres._commit import INDEX_CEILING, PreparedUnit
+from flowvault.adapters.postgres._commit import PreparedUnit
 from flowvault.adapters.postgres._connect import (
     APPLICATION_NAME,
     Connection,
@@ -40,17 +34,10 @@ from flowvault.adapters.postgres._errors import RETRYABLE, translated
 from flowvault.adapters.postgres._rows import metadata_from_row, record_from_row
 from flowvault.adapters.postgres._schema import prepare_schema
 from flowvault.application import (
-    LabelFilter,
     LedgerPage,
-    ListCursor,
-    Order,
-    RecordMetadata,
-    RecordPage,
-    StoredRecord,
     UnitOfWork,
-    effective_limit,
 )
-from flowvault.domain import InvalidInput, LedgerEvent, StoreUnavailable
+from flowvault.domain import StoreUnavailable
 
 T = TypeVar("T")
 
@@ -58,7 +45,6 @@ ATTEMPTS: Final = 5
 """How often a transaction is run when PostgreSQL reports a serialization failure or deadlock."""
 _BACKOFF_BASE: Final = 0.005
 _BACKOFF_CAP: Final = 0.25
-_FORKED: Final = "store opened before fork; open a new one in the child"
 _jitter = random.SystemRandom()
 
 
@@ -71,7 +57,7 @@ def _retryable(exc: psycopg.Error) -> bool:
     return getattr(exc, "sqlstate", None) in RETRYABLE
 
 
-class PostgresSecureObjectStore:
+class PostgresSecureObjectStore(SqlStore):
     """``SecureObjectStore`` over one schema of a PostgreSQL database.
 
     Also ``StoreStats``, ``Compactor``, ``SealCounter``, ``StoreEpoch`` and
@@ -83,6 +69,8 @@ class PostgresSecureObjectStore:
     the whole transaction a few times with jittered back-off. A store does
     not survive ``fork``: a child process must open its own.
     """
+
+    dialect = Dialect(sql, record_from_row, metadata_from_row)
 
     def __init__(self, options: ConnectOptions, pool: Pool) -> None:
         self._options = options
@@ -146,19 +134,7 @@ class PostgresSecureObjectStore:
     def __repr__(self) -> str:
         return f"PostgresSecureObjectStore(schema={self.schema!r})"
 
-    def __enter__(self) -> PostgresSecureObjectStore:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
-
     # -- connections ----------------------------------------------------------
-
-    def _check_usable(self) -> None:
-        if os.getpid() != self._pid:
-            raise StoreUnavailable(_FORKED)
-        if self._closed:
-            raise StoreUnavailable("the store is closed")
 
     @contextmanager
     def _borrow(self) -> Iterator[Connection]:
@@ -210,37 +186,6 @@ class PostgresSecureObjectStore:
 
     # -- records --------------------------------------------------------------
 
-    def load(self, namespace: str, key_digest: str) -> StoredRecord | None:
-        """Return the stored record or ``None``."""
-        require_text(namespace, "namespace")
-        require_text(key_digest, "key_digest")
-        rows = self._fetch(sql.LOAD_RECORD, (namespace, key_digest))
-        return record_from_row(rows[0]) if rows else None
-
-    def peek_metadata(self, namespace: str, key_digest: str) -> RecordMetadata | None:
-        """Return the record's metadata or ``None``; the payload column is never read."""
-        require_text(namespace, "namespace")
-        require_text(key_digest, "key_digest")
-        rows = self._fetch(sql.PEEK_METADATA, (namespace, key_digest))
-        return metadata_from_row(rows[0]) if rows else None
-
-    def list(
-        self,
-        namespace: str,
-        *,
-        filters: Sequence[LabelFilter] = (),
-        order: Order = Order.KEY,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> RecordPage:
-        """Return one page of matching metadata in ``order``, resuming after ``cursor``."""
-        require_text(namespace, "namespace")
-        limit = effective_limit(limit)
-        position = None if cursor is None else ListCursor.decode(cursor, order)
-        query = sql.list_query(order, position is not None, filter_shapes(filters))
-        rows = self._fetch(query, list_params(namespace, filters, order, position, limit))
-        return page_of(rows, limit, order, metadata_from_row, filters)
-
     def commit(self, unit: UnitOfWork) -> None:
         """Apply every guarded write of ``unit`` in one READ COMMITTED transaction, or none.
 
@@ -287,28 +232,8 @@ class PostgresSecureObjectStore:
 
     # -- ledger ---------------------------------------------------------------
 
-    def ledger_head(self, stream: str) -> LedgerEvent | None:
-        """Return the last event of ``stream`` or ``None``."""
-        require_text(stream, "stream")
-        rows = self._fetch(sql.LEDGER_HEAD, (stream,))
-        return event_from_row(rows[0]) if rows else None
-
-    def ledger_head_index(self, stream: str) -> int | None:
-        """Return the index of the last event of ``stream``, read from the events table."""
-        require_text(stream, "stream")
-        return head_index(self._fetch(sql.LEDGER_HEAD_INDEX, (stream,)))
-
-    def ledger_head_indexes(self, streams: Sequence[str]) -> dict[str, int]:
-        """Return the index of the last event of each named stream that holds events.
-
-        One statement for all the names, read from the events table like
-        ``ledger_head_index``.
-        """
-        names = require_stream_names(streams)
-        if not names:
-            self._check_usable()
-            return {}
-        return head_indexes(self._fetch(sql.LEDGER_HEAD_INDEXES, (names,)))
+    def _head_indexes_statement(self, names: Sequence[str]) -> tuple[str, Sequence[object]]:
+        return sql.LEDGER_HEAD_INDEXES, (names,)
 
     def read_ledger(self, stream: str, *, from_index: int = 0, limit: int = 100) -> LedgerPage:
         """Return retained events from ``from_index`` on, flagging trimmed ones.
@@ -318,40 +243,13 @@ class PostgresSecureObjectStore:
         when it is the last page, end at its head; anything else is
         ``IntegrityFailure`` (a cut-off, extended or edited stream).
         """
-        require_text(stream, "stream")
-        limit = effective_limit(limit)
-        if isinstance(from_index, bool) or not isinstance(from_index, int) or from_index < 0:
-            raise InvalidInput("from_index must not be negative")
-        start = min(from_index, INDEX_CEILING)
+        start, limit = ledger_start(stream, from_index, limit)
         rows = self._fetch(sql.LEDGER_PAGE, (stream, stream, start, limit + 1))
         mark = None if rows[0][0] is None else stream_state(rows[0][:3])
         found = [row[3:] for row in rows if row[3] is not None]
-        events = tuple(event_from_row(row) for row in found[:limit])
-        check_stream_page(mark, start, events, last_page=len(found) <= limit)
-        gap = mark is not None and from_index < mark[0]
-        next_index = events[-1].index + 1 if len(found) > limit else None
-        return LedgerPage(events=events, next_index=next_index, gap=gap)
-
-    def list_streams(self, *, after: str | None = None, limit: int = 200) -> builtins.list[str]:
-        """Return up to ``limit`` stream names after ``after``, in code-point order."""
-        if after is not None:
-            require_text(after, "after")
-        limit = effective_limit(limit)
-        return [str(row[0]) for row in self._fetch(sql.LIST_STREAMS, (after or "", limit))]
+        return ledger_page(mark, found, from_index, limit)
 
     # -- stats ----------------------------------------------------------------
-
-    def has_records(self) -> bool:
-        """Return whether any record or ledger event exists, without counting them."""
-        return bool(self._fetch(sql.HAS_RECORDS, ())[0][0])
-
-    def namespace_counts(self) -> dict[str, int]:
-        """Return the number of records per namespace."""
-        return dict(self._fetch(sql.NAMESPACE_COUNTS, ()))
-
-    def key_id_counts(self) -> dict[str, int]:
-        """Return the number of records sealed under each key id."""
-        return dict(self._fetch(sql.KEY_ID_COUNTS, ()))
 
     def compact(self) -> bool:
         """Return ``True``: there is nothing this adapter can do that PostgreSQL does not.
@@ -383,10 +281,6 @@ class PostgresSecureObjectStore:
         )
         total: int = rows[0][0]
         return total
-
-    def seal_counts(self) -> dict[str, int]:
-        """Return the reserved total per key id."""
-        return dict(self._fetch(sql.SEAL_COUNTS, ()))
 
     # -- epoch ----------------------------------------------------------------
 

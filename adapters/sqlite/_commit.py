@@ -11,14 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from flowvault.adapters._rows import Params, event_params, stream_state
+from flowvault.adapters._sql_store import INDEX_CEILING
 from flowvault.adapters.sqlite import _queries as sql
 from flowvault.adapters.sqlite._rows import LabelWrites, label_writes, record_params
 from flowvault.application import UnitOfWork, check_append, check_delete, check_upsert
 from flowvault.domain import LedgerEvent
-from flowvault.domain._canonical import MAX_SAFE_INTEGER
-
-INDEX_CEILING = MAX_SAFE_INTEGER + 1
-"""Above every storable ledger index, so clamping to it keeps comparisons exact within 64 bits."""
 
 _Head = tuple[int | None, str | None]
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import sqlite3
 from typing import Final
 
+from flowvault.adapters._sql_store import refuse_newer
 from flowvault.adapters.sqlite._connect import transaction
-from flowvault.domain import SchemaTooNew, StoreUnavailable
+from flowvault.domain import StoreUnavailable
 
 _RECORDS = """CREATE TABLE records (
     id INTEGER PRIMARY KEY,
@@ -123,14 +124,7 @@ def user_version(connection: sqlite3.Connection) -> int:
 
 def ensure_supported(version: int) -> None:
     """Refuse a database written by a newer schema, before anything writes to it."""
-    supported = newest_version()
-    if version > supported:
-        raise SchemaTooNew(
-            f"the database has schema version {version}, newer than the {supported} "
-            "this flowvault understands; upgrade flowvault to open it",
-            found=version,
-            supported=supported,
-        )
+    refuse_newer(version, newest_version(), f"the database has schema version {version}")
 
 
 def ensure_current(version: int) -> None:

@@ -15,23 +15,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
-from flowvault.adapters._listing import filter_shapes, list_params, page_of
 from flowvault.adapters._rows import (
     Row,
-    check_stream_page,
-    event_from_row,
-    head_index,
-    head_indexes,
     require_seal_count,
-    require_stream_names,
     require_text,
     stored_epoch,
     stream_state,
 )
+from flowvault.adapters._sql_store import Dialect, SqlStore, ledger_page, ledger_start
 from flowvault.adapters.sqlite import _queries as sql
 from flowvault.adapters.sqlite._checkpointer import CHECKPOINT_PASSIVE, Checkpointer
 from flowvault.adapters.sqlite._commit import (
-    INDEX_CEILING,
     PreparedUnit,
     apply_writes,
     check_guards,
@@ -64,26 +58,16 @@ from flowvault.adapters.sqlite._schema import (
     user_version,
 )
 from flowvault.application import (
-    LabelFilter,
     LedgerPage,
-    ListCursor,
-    Order,
-    RecordMetadata,
-    RecordPage,
-    StoredRecord,
     UnitOfWork,
-    effective_limit,
 )
 from flowvault.domain import (
-    InvalidInput,
-    LedgerEvent,
     StoreBusy,
     StoreUnavailable,
 )
 
 T = TypeVar("T")
 
-_FORKED = "store opened before fork; open a new one in the child"
 _OPEN_RETRY_PAUSE = 0.01
 """Seconds between tries to open a file that other processes are creating or migrating.
 
@@ -158,7 +142,7 @@ def _read_only_options(path: Path, synchronous: Synchronous, busy_timeout: float
     return ConnectOptions(path, synchronous, busy_timeout, read_only=True, immutable=not sidecars)
 
 
-class SQLiteSecureObjectStore:
+class SQLiteSecureObjectStore(SqlStore):
     """``SecureObjectStore`` over one SQLite file in WAL mode.
 
     Also ``StoreStats``, ``SealCounter`` and ``StoreEpoch``. Commits go
@@ -168,6 +152,8 @@ class SQLiteSecureObjectStore:
     reads never wait for writes. A store does not survive ``fork``:
     a child process must open its own.
     """
+
+    dialect = Dialect(sql, record_from_row, metadata_from_row)
 
     def __init__(self, options: ConnectOptions, writer: sqlite3.Connection) -> None:
         self._options = options
@@ -242,24 +228,12 @@ class SQLiteSecureObjectStore:
     def __repr__(self) -> str:
         return f"SQLiteSecureObjectStore(path={str(self.path)!r})"
 
-    def __enter__(self) -> SQLiteSecureObjectStore:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
-
     # -- connections ----------------------------------------------------------
 
     def _check_writable(self) -> None:
         self._check_usable()
         if self._options.read_only:
             raise StoreUnavailable("read-only: this store was opened for reading only")
-
-    def _check_usable(self) -> None:
-        if os.getpid() != self._pid:
-            raise StoreUnavailable(_FORKED)
-        if self._closed:
-            raise StoreUnavailable("the store is closed")
 
     def _reader(self) -> _Handle:
         slot: _ReaderSlot | None = getattr(self._local, "slot", None)
@@ -324,7 +298,7 @@ class SQLiteSecureObjectStore:
                 raise
             raise error from exc
 
-    def _fetch(self, statement: str, params: Sequence[object] = ()) -> builtins.list[Row]:
+    def _fetch(self, statement: str, params: Sequence[object]) -> builtins.list[Row]:
         """Return the rows of one read statement, run as ``_read`` runs its work."""
         return self._read(lambda connection: connection.execute(statement, params).fetchall())
 
@@ -336,38 +310,6 @@ class SQLiteSecureObjectStore:
             yield self._writer.connection
 
     # -- records --------------------------------------------------------------
-
-    def load(self, namespace: str, key_digest: str) -> StoredRecord | None:
-        """Return the stored record or ``None``."""
-        require_text(namespace, "namespace")
-        require_text(key_digest, "key_digest")
-        rows = self._fetch(sql.LOAD_RECORD, (namespace, key_digest))
-        return record_from_row(rows[0]) if rows else None
-
-    def peek_metadata(self, namespace: str, key_digest: str) -> RecordMetadata | None:
-        """Return the record's metadata or ``None``; the payload column is never read."""
-        require_text(namespace, "namespace")
-        require_text(key_digest, "key_digest")
-        rows = self._fetch(sql.PEEK_METADATA, (namespace, key_digest))
-        return metadata_from_row(rows[0]) if rows else None
-
-    def list(
-        self,
-        namespace: str,
-        *,
-        filters: Sequence[LabelFilter] = (),
-        order: Order = Order.KEY,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> RecordPage:
-        """Return one page of matching metadata in ``order``, resuming after ``cursor``."""
-        require_text(namespace, "namespace")
-        limit = effective_limit(limit)
-        position = None if cursor is None else ListCursor.decode(cursor, order)
-        query = sql.list_query(order, position is not None, filter_shapes(filters))
-        params = list_params(namespace, filters, order, position, limit)
-        rows = self._fetch(query, params)
-        return page_of(rows, limit, order, metadata_from_row, filters)
 
     def commit(self, unit: UnitOfWork) -> None:
         """Check every guard, then apply every write, in one ``BEGIN IMMEDIATE`` transaction.
@@ -425,30 +367,8 @@ class SQLiteSecureObjectStore:
 
     # -- ledger ---------------------------------------------------------------
 
-    def ledger_head(self, stream: str) -> LedgerEvent | None:
-        """Return the last event of ``stream`` or ``None``."""
-        require_text(stream, "stream")
-        rows = self._fetch(sql.LEDGER_HEAD, (stream,))
-        return event_from_row(rows[0]) if rows else None
-
-    def ledger_head_index(self, stream: str) -> int | None:
-        """Return the index of the last event of ``stream``, read from the events table."""
-        require_text(stream, "stream")
-        rows = self._fetch(sql.LEDGER_HEAD_INDEX, (stream,))
-        return head_index(rows)
-
-    def ledger_head_indexes(self, streams: Sequence[str]) -> dict[str, int]:
-        """Return the index of the last event of each named stream that holds events.
-
-        One statement for all the names, read from the events table like
-        ``ledger_head_index``.
-        """
-        names = require_stream_names(streams)
-        if not names:
-            self._check_usable()
-            return {}
-        rows = self._fetch(sql.ledger_head_indexes(len(names)), names)
-        return head_indexes(rows)
+    def _head_indexes_statement(self, names: Sequence[str]) -> tuple[str, Sequence[object]]:
+        return sql.ledger_head_indexes(len(names)), names
 
     def read_ledger(self, stream: str, *, from_index: int = 0, limit: int = 100) -> LedgerPage:
         """Return retained events from ``from_index`` on, flagging trimmed ones.
@@ -456,11 +376,7 @@ class SQLiteSecureObjectStore:
         The stream's retention mark and its events are read in one read
         transaction, so a concurrent trim cannot split them.
         """
-        require_text(stream, "stream")
-        limit = effective_limit(limit)
-        if isinstance(from_index, bool) or not isinstance(from_index, int) or from_index < 0:
-            raise InvalidInput("from_index must not be negative")
-        start = min(from_index, INDEX_CEILING)
+        start, limit = ledger_start(stream, from_index, limit)
 
         def page(connection: sqlite3.Connection) -> tuple[builtins.list[Row], builtins.list[Row]]:
             with transaction(connection, "BEGIN"):
@@ -469,35 +385,9 @@ class SQLiteSecureObjectStore:
             return state, rows
 
         state, rows = self._read(page)
-        events = tuple(event_from_row(row) for row in rows[:limit])
-        mark = stream_state(state[0]) if state else None
-        check_stream_page(mark, start, events, last_page=len(rows) <= limit)
-        gap = mark is not None and from_index < mark[0]
-        next_index = events[-1].index + 1 if len(rows) > limit else None
-        return LedgerPage(events=events, next_index=next_index, gap=gap)
-
-    def list_streams(self, *, after: str | None = None, limit: int = 200) -> builtins.list[str]:
-        """Return up to ``limit`` stream names after ``after``, in code-point order."""
-        if after is not None:
-            require_text(after, "after")
-        limit = effective_limit(limit)
-        rows = self._fetch(sql.LIST_STREAMS, (after or "", limit))
-        return [str(row[0]) for row in rows]
+        return ledger_page(stream_state(state[0]) if state else None, rows, from_index, limit)
 
     # -- stats ----------------------------------------------------------------
-
-    def has_records(self) -> bool:
-        """Return whether any record or ledger event exists, without counting them."""
-        rows = self._fetch(sql.HAS_RECORDS)
-        return bool(rows[0][0])
-
-    def namespace_counts(self) -> dict[str, int]:
-        """Return the number of records per namespace."""
-        return {row[0]: row[1] for row in self._fetch(sql.NAMESPACE_COUNTS)}
-
-    def key_id_counts(self) -> dict[str, int]:
-        """Return the number of records sealed under each key id."""
-        return {row[0]: row[1] for row in self._fetch(sql.KEY_ID_COUNTS)}
 
     def _checkpoint_passive(self) -> None:
         """Copy what the log holds into the database on this thread's own connection.
@@ -569,10 +459,6 @@ class SQLiteSecureObjectStore:
         total: int = rows[0][0]
         return total
 
-    def seal_counts(self) -> dict[str, int]:
-        """Return the reserved total per key id; a read-only store answers too."""
-        return {row[0]: row[1] for row in self._fetch(sql.SEAL_COUNTS)}
-
     # -- epoch ----------------------------------------------------------------
 
     def epoch(self) -> int:
@@ -581,7 +467,7 @@ class SQLiteSecureObjectStore:
         Every transaction that commits a unit raises it once (see ``_group``),
         so a restored older copy of the file shows a lower count.
         """
-        return stored_epoch(self._fetch(sql.STORE_EPOCH))
+        return stored_epoch(self._fetch(sql.STORE_EPOCH, ()))
 
     # -- lifecycle ------------------------------------------------------------
 

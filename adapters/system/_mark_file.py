@@ -190,12 +190,9 @@ class MarkFileStore:
         ``None`` when there is no file; an empty head when none is intact,
         and an empty head marked ``empty`` when the file holds no bytes.
         """
-        try:
-            fd = os.open(self._path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
+        fd = self._open_mark(os.O_RDONLY)
+        if fd is None:
             return None
-        except OSError as error:
-            raise self._unusable(error) from None
         try:
             self._check(fd)
             if os.fstat(fd).st_size == 0:
@@ -290,13 +287,10 @@ class MarkFileStore:
         """
         self._ensure_directory()
         while True:
-            try:
-                fd = os.open(self._path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-            except FileNotFoundError:
+            fd = self._open_mark(os.O_RDWR)
+            if fd is None:
                 yield None
                 return
-            except OSError as error:
-                raise self._unusable(error) from None
             try:
                 self._check(fd)
                 fcntl.flock(fd, fcntl.LOCK_EX)
@@ -340,6 +334,15 @@ class MarkFileStore:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+    def _open_mark(self, access: int) -> int | None:
+        """Open the mark file itself, never a link in its place; ``None`` when there is none."""
+        try:
+            return os.open(self._path, access | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            raise self._unusable(error) from None
 
     def _unusable(self, error: OSError) -> InsecurePermissions | StoreUnavailable:
         if error.errno == errno.ELOOP:
