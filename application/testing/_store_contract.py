@@ -6,11 +6,12 @@ Subclass ``SecureObjectStoreContract`` in a ``test_*.py`` file and implement
 
 from __future__ import annotations
 
+import random
 import threading
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -22,8 +23,11 @@ from flowvault.application import (
     LabelFilter,
     LedgerTrim,
     Order,
+    RecordMetadata,
     SecureObjectStore,
+    StoredRecord,
     StoreStats,
+    StreamCatalog,
     StreamHeadBatch,
     StreamHeads,
     UnitOfWork,
@@ -49,6 +53,9 @@ from flowvault.domain._envelope import natural_key_digest
 from flowvault.domain._ledger import verify_chain
 
 NS = "contract"
+
+_Rank = tuple[datetime, str]
+"""A record's place in a listing order: its time (ignored by ``Order.KEY``) and key digest."""
 
 
 def _digest(key: str, namespace: str = NS) -> str:
@@ -407,31 +414,42 @@ class SecureObjectStoreContract(StoreHarness):
     def test_concurrent_writers_have_one_winner_per_revision(
         self, store: SecureObjectStore
     ) -> None:
-        """Eight threads racing on one record produce exactly one winner per revision."""
+        """Eight threads racing on one record produce exactly one winner per revision.
+
+        A barrier lines every round up: all threads read the same revision,
+        then all commit the next one at once, so a store that lets a writer
+        overwrite a revision it did not read loses an update in the first
+        round, whatever the scheduler does.
+        """
+        workers, rounds = 8, 25
         store.commit(UnitOfWork(upserts=[make_upsert(NS, "hot", b"0")]))
         wins: Counter[int] = Counter()
         lock = threading.Lock()
-        barrier = threading.Barrier(8)
+        barrier = threading.Barrier(workers, timeout=120)
         errors: list[BaseException] = []
 
         def writer(worker: int) -> None:
-            barrier.wait()
-            for attempt in range(25):
-                current = store.peek_metadata(NS, _digest("hot"))
-                assert current is not None
-                payload = f"{worker}:{attempt}".encode()
-                upsert = make_upsert(NS, "hot", payload, expected=current.revision)
-                try:
-                    store.commit(UnitOfWork(upserts=[upsert]))
-                except RevisionConflict:
-                    continue
-                except BaseException as exc:  # surfaced in the main thread
-                    errors.append(exc)
-                    return
-                with lock:
-                    wins[upsert.header.revision] += 1
+            try:
+                for attempt in range(rounds):
+                    barrier.wait()
+                    current = store.peek_metadata(NS, _digest("hot"))
+                    assert current is not None
+                    barrier.wait()
+                    payload = f"{worker}:{attempt}".encode()
+                    upsert = make_upsert(NS, "hot", payload, expected=current.revision)
+                    try:
+                        store.commit(UnitOfWork(upserts=[upsert]))
+                    except RevisionConflict:
+                        continue
+                    with lock:
+                        wins[upsert.header.revision] += 1
+            except threading.BrokenBarrierError:
+                return
+            except BaseException as exc:  # surfaced in the main thread
+                errors.append(exc)
+                barrier.abort()
 
-        threads = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
+        threads = [threading.Thread(target=writer, args=(n,)) for n in range(workers)]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -441,6 +459,42 @@ class SecureObjectStoreContract(StoreHarness):
         assert final is not None
         assert set(wins.values()) == {1}
         assert sorted(wins) == list(range(2, final.revision + 1))
+        assert final.revision == 1 + rounds
+
+    def test_every_write_reads_back_at_once(self, store: SecureObjectStore) -> None:
+        """A long seeded run of writes and deletes, each read back at once, reads its own write.
+
+        Every write is followed by ``load`` and ``peek_metadata``: a store
+        that answers one read in twenty from an older copy fails this on
+        every run (hundreds of reads, so the chance of a miss is below one in
+        a billion), not only when other tests happen to read at the wrong time.
+        """
+        rng = random.Random(24)  # noqa: S311 - a repeatable run of writes, not a secret
+        keys = [f"seq{n}" for n in range(6)]
+        stored: dict[str, StoredRecord] = {}
+        for step in range(400):
+            key = rng.choice(keys)
+            current = stored.get(key)
+            if current is not None and rng.random() < 0.1:
+                delete = Delete(NS, _digest(key), current.metadata.revision)
+                store.commit(UnitOfWork(deletes=[delete]))
+                del stored[key]
+            else:
+                upsert = make_upsert(
+                    NS,
+                    key,
+                    rng.randbytes(rng.randrange(1, 64)),
+                    expected=Guard.ABSENT if current is None else current.metadata.revision,
+                    labels={"step": step},
+                    written_at=EPOCH + timedelta(microseconds=1_001 * step),
+                )
+                store.commit(UnitOfWork(upserts=[upsert]))
+                stored[key] = StoredRecord(metadata=upsert.metadata, payload=upsert.payload)
+            expected = stored.get(key)
+            assert store.load(NS, _digest(key)) == expected, step
+            assert store.peek_metadata(NS, _digest(key)) == (
+                None if expected is None else expected.metadata
+            ), step
 
     # -- listing ------------------------------------------------------------
 
@@ -501,6 +555,101 @@ class SecureObjectStoreContract(StoreHarness):
         seen = [m.key_digest for m in first.items + rest.items]
         assert len(seen) == len(set(seen)) == 11
 
+    def _page_through(
+        self, store: SecureObjectStore, order: Order, limit: int, most: int
+    ) -> list[str]:
+        """Page with the cursor, failing instead of looping once more than ``most`` items came."""
+        seen: list[str] = []
+        cursor: str | None = None
+        while True:
+            page = store.list(NS, order=order, cursor=cursor, limit=limit)
+            assert len(page.items) <= limit
+            seen.extend(meta.key_digest for meta in page.items)
+            assert len(seen) <= most, f"paging returned more than the {most} records stored"
+            if page.next_cursor is None:
+                return seen
+            cursor = page.next_cursor
+
+    @pytest.mark.parametrize("order", [Order.WRITTEN_AT, Order.WRITTEN_AT_DESC])
+    def test_tied_write_times_page_in_key_digest_order(
+        self, store: SecureObjectStore, order: Order
+    ) -> None:
+        """Records written in one instant list and page in key-digest order, each once.
+
+        Ascending under ``WRITTEN_AT``; under ``WRITTEN_AT_DESC`` the whole
+        sort key is reversed, ties too (key digest descending). A cursor
+        that holds only the time skips or repeats tied records at a page
+        break.
+        """
+        instants = [EPOCH, EPOCH + timedelta(microseconds=1), EPOCH + timedelta(seconds=1)]
+        upserts = [make_upsert(NS, f"tie{n:02d}", written_at=instants[n % 3]) for n in range(18)]
+        store.commit(UnitOfWork(upserts=upserts))
+        ranked = sorted(
+            ((u.header.written_at, u.header.key_digest) for u in upserts),
+            reverse=order is Order.WRITTEN_AT_DESC,
+        )
+        expected = [digest for _, digest in ranked]
+        assert [meta.key_digest for meta in store.list(NS, order=order).items] == expected
+        for limit in (1, 2, 4, 5, 7):
+            assert self._page_through(store, order, limit, len(expected)) == expected, limit
+
+    @pytest.mark.parametrize("order", list(Order))
+    def test_cursor_neither_repeats_nor_skips_under_inserts(
+        self, store: SecureObjectStore, order: Order
+    ) -> None:
+        """Inserts landing before, inside and after the page just read do not move the cursor.
+
+        Every record present when paging began is visited exactly once, in
+        order, and no record twice; a record written meanwhile may or may
+        not be visited. A cursor counting an offset from the start repeats
+        records once inserts land before its position.
+        """
+        self._fill(store, 24)
+        original = [meta.key_digest for meta in store.list(NS, order=order, limit=200).items]
+        descending = order is Order.WRITTEN_AT_DESC
+
+        def rank(written_at: datetime, digest: str) -> _Rank:
+            return (EPOCH if order is Order.KEY else written_at, digest)
+
+        def precedes(left: _Rank, right: _Rank) -> bool:
+            return left > right if descending else left < right
+
+        fresh = iter(range(1_000_000))
+
+        def insert_between(
+            low: _Rank | None, high: _Rank | None, page: list[RecordMetadata]
+        ) -> None:
+            """Write a new record whose place in the order lies strictly between the bounds."""
+            times = [meta.header.written_at for meta in page]
+            times += [min(times) - timedelta(seconds=1), max(times) + timedelta(seconds=1)]
+            while True:
+                key = f"late{next(fresh)}"
+                for written_at in times:
+                    at = rank(written_at, _digest(key))
+                    if (low is None or precedes(low, at)) and (high is None or precedes(at, high)):
+                        upsert = make_upsert(NS, key, written_at=written_at)
+                        store.commit(UnitOfWork(upserts=[upsert]))
+                        return
+
+        seen: list[str] = []
+        cursor: str | None = None
+        while True:
+            page = store.list(NS, order=order, cursor=cursor, limit=5)
+            seen.extend(meta.key_digest for meta in page.items)
+            assert len(seen) <= 2 * len(original), "paging does not end"
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+            items = list(page.items)
+            first = rank(items[0].header.written_at, items[0].key_digest)
+            last = rank(items[-1].header.written_at, items[-1].key_digest)
+            insert_between(None, first, items)
+            insert_between(first, last, items)
+            insert_between(last, None, items)
+        assert len(seen) == len(set(seen)), "a record was visited twice"
+        present = set(original)
+        assert [digest for digest in seen if digest in present] == original
+
     def test_list_filters_on_labels(self, store: SecureObjectStore) -> None:
         """Label filters combine with AND and compare by type."""
         self._fill(store, 20)
@@ -554,6 +703,53 @@ class SecureObjectStoreContract(StoreHarness):
             assert loaded.metadata.namespace == space
             assert len(store.list(space).items) == 1
         assert store.load("工作流", natural_key_digest("工作流/ß", "same")) is None
+
+    def test_names_differing_only_by_case_or_trailing_space_are_distinct(
+        self, store: SecureObjectStore
+    ) -> None:
+        """Namespaces, stream names and digests compare byte for byte, with no collation.
+
+        What a database's default collation folds (case, trailing spaces)
+        still names another record or stream: ``scope/Main`` is not
+        ``scope/main``, and ``a`` is not ``a ``.
+        """
+        spaces = ["scope/main", "scope/Main", "scope/main ", "a", "A", "a "]
+        shared = _digest("k", "scope/main")
+        for space in spaces:
+            upsert = Upsert(
+                header=make_header(space, "k").model_copy(update={"key_digest": shared}),
+                payload=space.encode(),
+                expected=Guard.ABSENT,
+                labels={"space": space},
+            )
+            try:
+                store.commit(UnitOfWork(upserts=[upsert]))
+            except RevisionConflict as exc:
+                raise AssertionError(f"{space!r} was taken for another namespace") from exc
+        for space in spaces:
+            loaded = store.load(space, shared)
+            assert loaded is not None, space
+            assert (loaded.metadata.namespace, loaded.payload) == (space, space.encode())
+            assert store.peek_metadata(space, shared) == loaded.metadata
+            assert store.list(space).items == (loaded.metadata,), space
+            for near in (shared.upper(), shared + " "):
+                assert store.load(space, near) is None, (space, near)
+                assert store.peek_metadata(space, near) is None, (space, near)
+
+        streams = ["s", "S", "s ", "scope/Main", "scope/main"]
+        events = {name: make_event(name, 0, payload={"stream": name}) for name in streams}
+        for name, event in events.items():
+            try:
+                store.commit(UnitOfWork(appends=[event]))
+            except RevisionConflict as exc:
+                raise AssertionError(f"stream {name!r} was taken for another stream") from exc
+        for name, event in events.items():
+            assert store.ledger_head(name) == event, name
+            assert store.read_ledger(name).events == (event,), name
+        if isinstance(store, StreamHeadBatch):
+            assert store.ledger_head_indexes(streams) == dict.fromkeys(streams, 0)
+        if isinstance(store, StreamCatalog):
+            assert store.list_streams() == sorted(streams)
 
     # -- payload limits -----------------------------------------------------
 
@@ -632,6 +828,55 @@ class SecureObjectStoreContract(StoreHarness):
         assert list(third.events) == events[6:]
         assert third.next_index is None
         assert store.read_ledger("s", from_index=50).events == ()
+
+    def test_ledger_limit_is_capped(self, store: SecureObjectStore) -> None:
+        """A read_ledger limit above the cap returns MAX_LIST_LIMIT events and the next index."""
+        events: list[LedgerEvent] = []
+        for index in range(MAX_LIST_LIMIT + 5):
+            events.append(make_event("s", index, events[-1] if events else None))
+        store.commit(UnitOfWork(appends=events))
+        page = store.read_ledger("s", limit=10_000)
+        assert len(page.events) == MAX_LIST_LIMIT
+        assert list(page.events) == events[:MAX_LIST_LIMIT]
+        assert page.next_index == MAX_LIST_LIMIT
+        rest = store.read_ledger("s", from_index=MAX_LIST_LIMIT, limit=10_000)
+        assert list(rest.events) == events[MAX_LIST_LIMIT:]
+        assert rest.next_index is None
+
+    def test_sub_second_times_read_back_exactly(self, store: SecureObjectStore) -> None:
+        """``written_at`` and ``occurred_at`` read back to the microsecond, from every read.
+
+        Real clocks have microseconds: a store that keeps whole seconds or
+        milliseconds changes every header and event it returns, so sealed
+        records no longer open and the ledger chain no longer verifies.
+        """
+        offsets = (1, 999, 1_000, 123_456, 999_999, 1_000_001)
+        instants = [EPOCH + timedelta(microseconds=offset) for offset in offsets]
+        upserts = [
+            make_upsert(NS, f"t{n}", labels={"n": n}, written_at=at)
+            for n, at in enumerate(instants)
+        ]
+        events: list[LedgerEvent] = []
+        for index, at in enumerate(instants):
+            events.append(make_event("s", index, events[-1] if events else None, occurred_at=at))
+        store.commit(UnitOfWork(upserts=upserts, appends=events))
+        for upsert in upserts:
+            loaded = store.load(NS, upsert.header.key_digest)
+            assert loaded is not None
+            assert loaded.metadata.header.written_at == upsert.header.written_at
+            assert loaded.metadata == upsert.metadata
+            assert store.peek_metadata(NS, upsert.header.key_digest) == upsert.metadata
+        in_time_order = [upsert.metadata for upsert in upserts]
+        assert list(store.list(NS, order=Order.WRITTEN_AT).items) == in_time_order
+        assert list(store.list(NS, order=Order.WRITTEN_AT_DESC).items) == in_time_order[::-1]
+        assert {meta.key_digest: meta for meta in store.list(NS).items} == {
+            meta.key_digest: meta for meta in in_time_order
+        }
+        read = store.read_ledger("s").events
+        assert [event.occurred_at for event in read] == instants
+        assert list(read) == events
+        assert store.ledger_head("s") == events[-1]
+        assert verify_chain(read).ok
 
     def test_stale_previous_hash_is_rejected(self, store: SecureObjectStore) -> None:
         """An append whose previous hash is not the head's fails and appends nothing."""
@@ -774,6 +1019,17 @@ class SecureObjectStoreContract(StoreHarness):
             store.load(NS, _digest("a"))
         with pytest.raises(StoreUnavailable):
             store.commit(UnitOfWork(upserts=[make_upsert(NS, "b")]))
+
+    def test_close_twice_is_harmless(self, store: SecureObjectStore) -> None:
+        """A second ``close()`` returns quietly, and the store still refuses work."""
+        store.commit(UnitOfWork(upserts=[make_upsert(NS, "a")]))
+        store.close()
+        try:
+            store.close()
+        except Exception as exc:
+            raise AssertionError(f"a second close() raised {exc!r}") from exc
+        with pytest.raises(StoreUnavailable):
+            store.load(NS, _digest("a"))
 
 
 class StoreStatsContract(SecureObjectStoreContract):
