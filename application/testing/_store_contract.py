@@ -465,9 +465,9 @@ class SecureObjectStoreContract(StoreHarness):
         """A long seeded run of writes and deletes, each read back at once, reads its own write.
 
         Every write is followed by ``load`` and ``peek_metadata``: a store
-        that answers one read in twenty from an older copy fails this on
-        every run (hundreds of reads, so the chance of a miss is below one in
-        a billion), not only when other tests happen to read at the wrong time.
+        whose ``load`` answers one read in twenty from an older copy fails
+        this but for a chance of about one in a billion (400 reads), not only
+        when other tests happen to read at the wrong time.
         """
         rng = random.Random(24)  # noqa: S311 - a repeatable run of writes, not a secret
         keys = [f"seq{n}" for n in range(6)]
