@@ -907,6 +907,20 @@ class SecureObjectStoreContract(StoreHarness):
             store.commit(UnitOfWork(appends=[make_event("s", 1, head, payload="b")]))
         assert verify_chain(store.read_ledger("s").events).ok
 
+    def test_a_trim_counts_the_events_appended_in_its_unit(self, store: SecureObjectStore) -> None:
+        """Appends apply before trims in one unit, so a trim up to the new event keeps only it.
+
+        This is how a keyed trim is written: the ``ledger.trimmed`` event and
+        the cut it records commit together, and the event is the new head.
+        """
+        events = self._append_chain(store, "s", 4)
+        added = make_event("s", 4, events[-1])
+        store.commit(UnitOfWork(appends=[added], trims=[LedgerTrim("s", 4)]))
+        page = store.read_ledger("s")
+        assert page.gap
+        assert list(page.events) == [added]
+        assert store.ledger_head("s") == added
+
     def test_trim_keeps_head_and_flags_gap(self, store: SecureObjectStore) -> None:
         """Trimmed events are gone, the head stays, and reading from before them flags a gap."""
         events = self._append_chain(store, "s", 5)

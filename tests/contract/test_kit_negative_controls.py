@@ -277,6 +277,17 @@ class BlindOverwrite(InMemorySecureObjectStore):
         return super()._check(dataclasses.replace(unit, upserts=()))
 
 
+class TrimsBeforeAppends(InMemorySecureObjectStore):
+    """Applies a unit's trims before its appends, so a trim cannot reach the events it adds."""
+
+    def commit(self, unit: UnitOfWork) -> None:
+        if unit.trims and unit.appends:
+            super().commit(dataclasses.replace(unit, appends=()))
+            super().commit(dataclasses.replace(unit, upserts=(), deletes=(), trims=()))
+            return
+        super().commit(unit)
+
+
 # -- which kit tests each defect must fail --------------------------------------
 
 TIES = [
@@ -334,6 +345,11 @@ CONTROLS: list[Any] = [
         [("test_concurrent_writers_have_one_winner_per_revision", {})],
         id="blind overwrite",
     ),
+    pytest.param(
+        TrimsBeforeAppends,
+        [("test_a_trim_counts_the_events_appended_in_its_unit", {})],
+        id="trims before appends",
+    ),
 ]
 
 
@@ -360,6 +376,7 @@ def test_every_control_is_sound_but_for_its_defect() -> None:
         UncappedLedger,
         RaisesOnSecondClose,
         BlindOverwrite,
+        TrimsBeforeAppends,
         lambda: FoldsNames("case", "records"),
         lambda: FoldsNames("trailing spaces", "streams"),
     ):

@@ -15,9 +15,10 @@ from dependency_injector import providers
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.system import RandomIdFactory, SystemClock
 from flowvault.application import SecureObjectStore, UnitOfWork
+from flowvault.application._high_water_store import HighWaterStore
 from flowvault.application.testing import FrozenClock, SequentialIds, make_upsert
 from flowvault.composition import Settings, bootstrap, build_container, configure_logging
-from flowvault.domain import InvalidInput
+from flowvault.domain import InvalidInput, StoreUnavailable
 
 
 def test_settings_read_the_prefixed_environment() -> None:
@@ -110,6 +111,33 @@ def test_bootstrap_keeps_ports_the_host_passes() -> None:
         assert runtime.ids is ids
         runtime.store.commit(UnitOfWork(upserts=[make_upsert("ns", "a")]))
         assert runtime.store.load("ns", make_upsert("ns", "a").header.key_digest) is not None
+
+
+def test_a_store_passed_to_bootstrap_is_the_hosts_to_guard_and_closes_with_it(
+    tmp_path: Path,
+) -> None:
+    """``bootstrap(store=...)`` keeps no high-water mark; leaving the block closes the store."""
+    mine = InMemorySecureObjectStore()
+    settings = Settings(home=tmp_path, backend="memory", high_water_file=tmp_path / "mark")
+    with bootstrap(settings, key=b"k" * 32, store=mine) as runtime:
+        assert runtime.mark is None
+        assert runtime.store is mine
+    with pytest.raises(StoreUnavailable):
+        mine.load("ns", "k")
+
+
+def test_a_store_put_in_the_container_keeps_the_high_water_mark(tmp_path: Path) -> None:
+    """Overriding the container's store provider keeps the mark the settings name."""
+    mine = InMemorySecureObjectStore()
+    settings = Settings(home=tmp_path, backend="memory", high_water_file=tmp_path / "mark")
+    container = build_container(settings, key=b"k" * 32)
+    with container.store.override(providers.Object(mine)):
+        guarded = container.guarded_store()
+        assert isinstance(guarded, HighWaterStore)
+        assert container.rollback_guard() is not None
+    unguarded = build_container(Settings(home=tmp_path, backend="memory"), key=b"k" * 32)
+    with unguarded.store.override(providers.Object(InMemorySecureObjectStore())):
+        assert unguarded.rollback_guard() is None
 
 
 def test_importing_does_not_configure_logging() -> None:
