@@ -1,7 +1,23 @@
 """The contract kit: port conformance suites and fakes for host test suites.
 
 Needs only the ``testing`` extra (pytest, hypothesis). Subclass a
-``*Contract`` class in a ``test_*.py`` module and fill its hooks.
+``*Contract`` class in a ``test_*.py`` module and fill its hooks::
+
+    class TestMyStore(SecureObjectStoreContract):
+        def make_store(self) -> MyStore:
+            return MyStore(self.tmp_path / "store.db")
+
+Select the capabilities your adapter implements by the classes you name:
+``StoreStatsContract`` in place of the base (it includes it), and beside it
+a mixin per capability offered (``StoreEpochContract``,
+``StreamCatalogContract``, ``SealCounterContract``, ``RecordLockContract``)::
+
+    class TestMyStore(StoreStatsContract, StoreEpochContract, StreamCatalogContract):
+        def make_store(self) -> MyStore: ...
+
+``SealedRepositoryContract`` (two more hooks, the ciphers) plants forgeries
+through your store. docs/adapters.md lists what each proves and what a
+store without it loses.
 """
 
 from flowvault.application.testing._catalog_contract import StreamCatalogContract
