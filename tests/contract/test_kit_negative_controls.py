@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from kit_controls import StoreFactory, kit_failure
 
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.application import (
@@ -32,38 +33,9 @@ from flowvault.application import (
 )
 from flowvault.application._records import MAX_LIST_LIMIT
 from flowvault.application.testing import (
-    StoreStatsContract,
-    StreamCatalogContract,
     make_upsert,
 )
 from flowvault.domain import StoreUnavailable
-
-StoreFactory = Callable[[], InMemorySecureObjectStore]
-
-
-class _Kit(StoreStatsContract, StreamCatalogContract):
-    """The kit bound to one store factory; not collected, its tests are called one by one."""
-
-    def __init__(self, factory: StoreFactory) -> None:
-        self._factory = factory
-
-    def make_store(self) -> InMemorySecureObjectStore:
-        return self._factory()
-
-
-def kit_failure(factory: StoreFactory, test: str, **params: object) -> AssertionError | None:
-    """Run one kit test on a fresh store from ``factory``; return its failure, if any.
-
-    Memory stores hold nothing to release, so the store is not closed
-    afterwards (a defective ``close`` would only muddle the verdict).
-    """
-    kit = _Kit(factory)
-    try:
-        getattr(kit, test)(kit.make_store(), **params)
-    except AssertionError as failure:
-        return failure
-    return None
-
 
 # -- the defective adapters ---------------------------------------------------
 

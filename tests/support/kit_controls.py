@@ -1,0 +1,38 @@
+"""Running one contract-kit test on a defective adapter, for the kit's negative controls."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from flowvault.adapters.memory import InMemorySecureObjectStore
+from flowvault.application.testing import StoreStatsContract, StreamCatalogContract
+
+StoreFactory = Callable[[], InMemorySecureObjectStore]
+KitFailure = AssertionError | pytest.fail.Exception
+
+
+class _Kit(StoreStatsContract, StreamCatalogContract):
+    """The kit bound to one store factory; not collected, its tests are called one by one."""
+
+    def __init__(self, factory: StoreFactory) -> None:
+        self._factory = factory
+
+    def make_store(self) -> InMemorySecureObjectStore:
+        return self._factory()
+
+
+def kit_failure(factory: StoreFactory, test: str, **params: object) -> KitFailure | None:
+    """Run one kit test on a fresh store from ``factory``; return its failure, if any.
+
+    A failure is a failed assertion or a ``pytest.raises`` that saw nothing
+    raised. Memory stores hold nothing to release, so the store is not
+    closed afterwards (a defective ``close`` would only muddle the verdict).
+    """
+    kit = _Kit(factory)
+    try:
+        getattr(kit, test)(kit.make_store(), **params)
+    except (AssertionError, pytest.fail.Exception) as failure:
+        return failure
+    return None
