@@ -5,6 +5,7 @@ Needs only the ``testing`` extra (pytest, hypothesis). Subclass a
 """
 
 from flowvault.application.testing._catalog_contract import StreamCatalogContract
+from flowvault.application.testing._durability_contract import DurabilityContract
 from flowvault.application.testing._fakes import (
     FrozenClock,
     SequentialIds,
@@ -22,6 +23,7 @@ from flowvault.application.testing._store_contract import (
 from flowvault.application.testing._store_epoch_contract import StoreEpochContract
 
 __all__ = [
+    "DurabilityContract",
     "FrozenClock",
     "RecordLockContract",
     "SealCounterContract",
