@@ -21,6 +21,7 @@ store without it loses.
 """
 
 from flowvault.application.testing._catalog_contract import StreamCatalogContract
+from flowvault.application.testing._durability_contract import DurabilityContract
 from flowvault.application.testing._fakes import (
     FrozenClock,
     SequentialIds,
@@ -38,6 +39,7 @@ from flowvault.application.testing._store_contract import (
 from flowvault.application.testing._store_epoch_contract import StoreEpochContract
 
 __all__ = [
+    "DurabilityContract",
     "FrozenClock",
     "RecordLockContract",
     "SealCounterContract",

@@ -31,7 +31,7 @@ def test_usage_examples_run(name: str) -> None:
 
 def test_adapter_guide_example_runs_the_kit(tmp_path: Path) -> None:
     """The adapter guide's snippet collects and passes the whole contract kit."""
-    block, sealing = _python_blocks("docs/adapters.md")
+    block, sealing, _durability = _python_blocks("docs/adapters.md")
     assert len(block.strip().splitlines()) < 15
     package = tmp_path / "my_app"
     package.mkdir()
@@ -54,3 +54,27 @@ def test_adapter_guide_example_runs_the_kit(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout[-3000:]
     passed = int(re.search(r"(\d+) passed", result.stdout).group(1))  # type: ignore[union-attr]
     assert passed >= 55
+
+
+def test_adapter_guide_durability_example_runs(tmp_path: Path) -> None:
+    """The guide's durability snippet binds a reopenable store and passes."""
+    *_, block = _python_blocks("docs/adapters.md")
+    package = tmp_path / "my_app"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "storage.py").write_text(
+        "from pathlib import Path\n\n"
+        "from flowvault.adapters.sqlite import SQLiteSecureObjectStore\n\n"
+        "def MyStore(path):\n"
+        "    return SQLiteSecureObjectStore.open(Path(path))\n"
+    )
+    (tmp_path / "test_my_store_durability.py").write_text(block)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "2 passed" in result.stdout
