@@ -1,4 +1,4 @@
-"""Negative controls for the kit's base rules: guards, atomicity, listing, the ledger, closing.
+"""Negative controls for the kit's base rules: guards, atomicity, listing, ledger, capabilities.
 
 Each control is the in-memory reference adapter with one defect in a rule
 the kit enforced before the later classes were added; the kit tests named
@@ -294,6 +294,49 @@ class WorksAfterClose(InMemorySecureObjectStore):
         return None
 
 
+class EpochOnlyForRecords(InMemorySecureObjectStore):
+    """Counts units that write records; a unit that only appends or trims is not counted."""
+
+    def commit(self, unit: UnitOfWork) -> None:
+        before = self._epoch
+        super().commit(unit)
+        if not (unit.upserts or unit.deletes):
+            self._epoch = before
+
+
+class CatalogForgetsTrimmed(InMemorySecureObjectStore):
+    """Leaves out of the stream catalog every stream that has been trimmed."""
+
+    def list_streams(self, *, after: str | None = None, limit: int = 200) -> builtins.list[str]:
+        names = super().list_streams(after=after, limit=limit)
+        return [name for name in names if self._streams[name].first_index == 0]
+
+
+class CatalogInInsertionOrder(InMemorySecureObjectStore):
+    """Lists streams in the order they were first written, not by code point."""
+
+    def list_streams(self, *, after: str | None = None, limit: int = 200) -> builtins.list[str]:
+        listed = set(super().list_streams(after=after, limit=limit))
+        return [name for name in self._streams if name in listed]
+
+
+class CatalogUncapped(InMemorySecureObjectStore):
+    """Lists as many streams as asked for, past the 200 cap."""
+
+    def list_streams(self, *, after: str | None = None, limit: int = 200) -> builtins.list[str]:
+        names = sorted(name for name, found in self._streams.items() if found.events)
+        return [name for name in names if after is None or name > after][: max(limit, 1)]
+
+
+class SealCountsNotAdded(InMemorySecureObjectStore):
+    """Keeps the last reservation per key id instead of the running total."""
+
+    def reserve_seals(self, key_id: str, count: int) -> int:
+        super().reserve_seals(key_id, count)
+        self._seals[key_id] = count
+        return count
+
+
 CONTROLS: builtins.list[Any] = [
     pytest.param(AbsentGuardIgnored, [("test_create_of_existing_record_conflicts", {})]),
     pytest.param(
@@ -350,6 +393,11 @@ CONTROLS: builtins.list[Any] = [
     pytest.param(HeadIndexCounts, [("test_head_index_is_the_head_events_index", {})]),
     pytest.param(EventsAreNotData, [("test_ledger_events_alone_count_as_data", {})]),
     pytest.param(WorksAfterClose, [("test_closed_store_refuses_work", {})]),
+    pytest.param(EpochOnlyForRecords, [("test_every_non_empty_commit_raises_the_epoch", {})]),
+    pytest.param(CatalogForgetsTrimmed, [("test_trimmed_stream_is_still_listed", {})]),
+    pytest.param(CatalogInInsertionOrder, [("test_streams_list_in_code_point_order", {})]),
+    pytest.param(CatalogUncapped, [("test_limit_is_capped_and_must_be_positive", {})]),
+    pytest.param(SealCountsNotAdded, [("test_reservations_return_running_totals_per_key", {})]),
 ]
 
 

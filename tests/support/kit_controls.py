@@ -7,13 +7,18 @@ from collections.abc import Callable
 import pytest
 
 from flowvault.adapters.memory import InMemorySecureObjectStore
-from flowvault.application.testing import StoreStatsContract, StreamCatalogContract
+from flowvault.application.testing import (
+    SealCounterContract,
+    StoreEpochContract,
+    StoreStatsContract,
+    StreamCatalogContract,
+)
 
 StoreFactory = Callable[[], InMemorySecureObjectStore]
 KitFailure = AssertionError | pytest.fail.Exception
 
 
-class _Kit(StoreStatsContract, StreamCatalogContract):
+class _Kit(StoreStatsContract, StreamCatalogContract, StoreEpochContract, SealCounterContract):
     """The kit bound to one store factory; not collected, its tests are called one by one."""
 
     def __init__(self, factory: StoreFactory) -> None:
