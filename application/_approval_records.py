@@ -21,6 +21,7 @@ from flowvault.application._freshness import (
     record_payload,
 )
 from flowvault.application._instants import micros
+from flowvault.application._keyed_digester import KeyedDigester
 from flowvault.application._natural_keys import joined
 from flowvault.application._record_kind import Doomed, list_all, open_listed
 from flowvault.application._record_kinds import (
@@ -71,12 +72,12 @@ class ApprovalRecords:
     checkpoint service's own record book.
     """
 
-    def __init__(self, checkpoints: CheckpointRecords, clock: Clock) -> None:
+    def __init__(self, checkpoints: CheckpointRecords, clock: Clock, key: KeyedDigester) -> None:
         self._checkpoints = checkpoints
         self._clock = clock
         self._repo = checkpoints.repository
         self._store = self._repo.store
-        self._key = checkpoints.key
+        self._key = key
         self._fresh = StreamPolicy[SealedDocument](
             "approval", self._repo, leaves_record=leaves_unnamed
         )

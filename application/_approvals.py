@@ -127,7 +127,7 @@ class ApprovalService:
         self._ids = ids
         self._key = keyed_digester(integrity, "approvals")
         self._checkpoint_records = checkpoints.records
-        self._records = ApprovalRecords(checkpoints.records, clock)
+        self._records = ApprovalRecords(checkpoints.records, clock, self._key)
         self._expiry = ApprovalExpiry(self._records, self._key)
         self._keys = DeciderKeys(repository, signatures)
         self._purge = RecordPurge(repository, clock, APPROVALS, "settled_at", self._records.doomed)

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from kit_controls import StoreFactory, kit_failure
+from kit_controls import ListCall, ListDefect, StoreFactory, kit_failure
 
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.application import (
     Delete,
     Guard,
-    LabelFilter,
     LedgerPage,
     LedgerTrim,
     Order,
@@ -116,102 +114,57 @@ class TrimsApartFromTheUnit(InMemorySecureObjectStore):
         super().commit(dataclasses.replace(unit, trims=()))
 
 
-class KeyOrderReversed(InMemorySecureObjectStore):
+class KeyOrderReversed(ListDefect):
     """Returns each page of the key order backwards."""
 
-    def list(
-        self,
-        namespace: str,
-        *,
-        filters: Sequence[LabelFilter] = (),
-        order: Order = Order.KEY,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> RecordPage:
-        page = super().list(namespace, filters=filters, order=order, cursor=cursor, limit=limit)
-        if order is not Order.KEY:
+    def listed(self, call: ListCall) -> RecordPage:
+        page = self.sound(call)
+        if call.order is not Order.KEY:
             return page
         return RecordPage(items=tuple(reversed(page.items)), next_cursor=page.next_cursor)
 
 
-class FiltersIgnored(InMemorySecureObjectStore):
+class FiltersIgnored(ListDefect):
     """Lists every record of the namespace, whatever the label filters."""
 
-    def list(
-        self,
-        namespace: str,
-        *,
-        filters: Sequence[LabelFilter] = (),
-        order: Order = Order.KEY,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> RecordPage:
-        return super().list(namespace, order=order, cursor=cursor, limit=limit)
+    def listed(self, call: ListCall) -> RecordPage:
+        return self.sound(dataclasses.replace(call, filters=()))
 
 
-class ListUncapped(InMemorySecureObjectStore):
+class ListUncapped(ListDefect):
     """Returns as many records as asked for, past the 200 cap."""
 
-    def list(
-        self,
-        namespace: str,
-        *,
-        filters: Sequence[LabelFilter] = (),
-        order: Order = Order.KEY,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> RecordPage:
-        page = super().list(namespace, filters=filters, order=order, cursor=cursor, limit=limit)
+    def listed(self, call: ListCall) -> RecordPage:
+        page = self.sound(call)
         items = list(page.items)
-        while len(items) < limit and page.next_cursor is not None:
-            page = super().list(
-                namespace, filters=filters, order=order, cursor=page.next_cursor, limit=200
-            )
+        while len(items) < call.limit and page.next_cursor is not None:
+            page = self.sound(dataclasses.replace(call, cursor=page.next_cursor, limit=200))
             items += page.items
-        return RecordPage(items=tuple(items[:limit]), next_cursor=page.next_cursor)
+        return RecordPage(items=tuple(items[: call.limit]), next_cursor=page.next_cursor)
 
 
-class BadCursorStartsOver(InMemorySecureObjectStore):
+class BadCursorStartsOver(ListDefect):
     """Takes a cursor it cannot read as no cursor, and a limit below one as the default."""
 
-    def list(
-        self,
-        namespace: str,
-        *,
-        filters: Sequence[LabelFilter] = (),
-        order: Order = Order.KEY,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> RecordPage:
+    def listed(self, call: ListCall) -> RecordPage:
+        call = dataclasses.replace(call, limit=max(call.limit, 1))
         try:
-            return super().list(
-                namespace, filters=filters, order=order, cursor=cursor, limit=max(limit, 1)
-            )
+            return self.sound(call)
         except InvalidInput:
-            return super().list(namespace, filters=filters, order=order, limit=max(limit, 1))
+            return self.sound(dataclasses.replace(call, cursor=None))
 
 
-class NamespacesMixedInLists(InMemorySecureObjectStore):
+class NamespacesMixedInLists(ListDefect):
     """Lists the records of every namespace, not only the one asked for."""
 
-    def list(
-        self,
-        namespace: str,
-        *,
-        filters: Sequence[LabelFilter] = (),
-        order: Order = Order.KEY,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> RecordPage:
-        spaces = sorted({space for space, _ in self._records} | {namespace})
+    def listed(self, call: ListCall) -> RecordPage:
+        spaces = sorted({space for space, _ in self._records} | {call.namespace})
         items = [
             item
             for space in spaces
-            for item in InMemorySecureObjectStore.list(
-                self, space, filters=filters, order=order, limit=limit
-            ).items
+            for item in self.sound(dataclasses.replace(call, namespace=space, cursor=None)).items
         ]
-        return RecordPage(items=tuple(items[:limit]), next_cursor=None)
+        return RecordPage(items=tuple(items[: call.limit]), next_cursor=None)
 
 
 class NamesNotChecked(InMemorySecureObjectStore):

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import pytest
-from kit_controls import StoreFactory, kit_failure
+from kit_controls import ListCall, ListDefect, StoreFactory, kit_failure
 
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.application import (
-    LabelFilter,
     LedgerPage,
     ListCursor,
     Order,
@@ -75,71 +74,49 @@ class TruncatesTimes(InMemorySecureObjectStore):
         super().commit(dataclasses.replace(unit, upserts=upserts, appends=appends))
 
 
-class TimeOnlyCursor(InMemorySecureObjectStore):
+class TimeOnlyCursor(ListDefect):
     """Resumes after the cursor's time alone, so records tied with the last one are skipped."""
 
-    def list(
-        self,
-        namespace: str,
-        *,
-        filters: Sequence[LabelFilter] = (),
-        order: Order = Order.KEY,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> RecordPage:
-        if cursor is not None and order is not Order.KEY:
-            mark = ListCursor.decode(cursor, order)
-            past_every_tie = "" if order is Order.WRITTEN_AT_DESC else "\U0010ffff"
-            cursor = ListCursor(order, past_every_tie, mark.written_at).encode()
-        return super().list(namespace, filters=filters, order=order, cursor=cursor, limit=limit)
+    def listed(self, call: ListCall) -> RecordPage:
+        if call.cursor is not None and call.order is not Order.KEY:
+            mark = ListCursor.decode(call.cursor, call.order)
+            past_every_tie = "" if call.order is Order.WRITTEN_AT_DESC else "\U0010ffff"
+            cursor = ListCursor(call.order, past_every_tie, mark.written_at).encode()
+            call = dataclasses.replace(call, cursor=cursor)
+        return self.sound(call)
 
 
-class AscendingTiesUnderDesc(InMemorySecureObjectStore):
+class AscendingTiesUnderDesc(ListDefect):
     """Breaks ties under ``WRITTEN_AT_DESC`` by key digest ascending instead of descending."""
 
-    def list(
-        self,
-        namespace: str,
-        *,
-        filters: Sequence[LabelFilter] = (),
-        order: Order = Order.KEY,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> RecordPage:
-        page = super().list(namespace, filters=filters, order=order, cursor=cursor, limit=limit)
-        if order is not Order.WRITTEN_AT_DESC:
+    def listed(self, call: ListCall) -> RecordPage:
+        page = self.sound(call)
+        if call.order is not Order.WRITTEN_AT_DESC:
             return page
         by_key = sorted(page.items, key=lambda meta: meta.key_digest)
         items = sorted(by_key, key=lambda meta: meta.header.written_at, reverse=True)
         return RecordPage(items=tuple(items), next_cursor=page.next_cursor)
 
 
-class OffsetCursor(InMemorySecureObjectStore):
+class OffsetCursor(ListDefect):
     """Hands out cursors that count records from the start instead of naming a position."""
 
-    def list(
-        self,
-        namespace: str,
-        *,
-        filters: Sequence[LabelFilter] = (),
-        order: Order = Order.KEY,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> RecordPage:
-        offset = 0 if cursor is None else int(ListCursor.decode(cursor, order).key_digest)
-        limit = effective_limit(limit)
+    def listed(self, call: ListCall) -> RecordPage:
+        offset = (
+            0 if call.cursor is None else int(ListCursor.decode(call.cursor, call.order).key_digest)
+        )
+        limit = effective_limit(call.limit)
         everything: list[Any] = []
-        position: str | None = None
-        while True:
-            page = super().list(
-                namespace, filters=filters, order=order, cursor=position, limit=MAX_LIST_LIMIT
+        page = self.sound(dataclasses.replace(call, cursor=None, limit=MAX_LIST_LIMIT))
+        everything.extend(page.items)
+        while page.next_cursor is not None:
+            page = self.sound(
+                dataclasses.replace(call, cursor=page.next_cursor, limit=MAX_LIST_LIMIT)
             )
             everything.extend(page.items)
-            if (position := page.next_cursor) is None:
-                break
         items = tuple(everything[offset : offset + limit])
         more = offset + limit < len(everything)
-        after = ListCursor(order, str(offset + limit), "").encode() if more else None
+        after = ListCursor(call.order, str(offset + limit), "").encode() if more else None
         return RecordPage(items=items, next_cursor=after)
 
 

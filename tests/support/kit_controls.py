@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 
 import pytest
 
 from flowvault.adapters.memory import InMemorySecureObjectStore
+from flowvault.application import LabelFilter, Order, RecordPage
 from flowvault.application.testing import (
     SealCounterContract,
     StoreEpochContract,
@@ -41,3 +43,44 @@ def kit_failure(factory: StoreFactory, test: str, **params: object) -> KitFailur
     except (AssertionError, pytest.fail.Exception) as failure:
         return failure
     return None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ListCall:
+    """One call of ``list``, its arguments in one value a defect can rewrite."""
+
+    namespace: str
+    filters: tuple[LabelFilter, ...] = ()
+    order: Order = Order.KEY
+    cursor: str | None = None
+    limit: int = 100
+
+
+class ListDefect(InMemorySecureObjectStore):
+    """A control whose one defect is in ``list``: subclasses rewrite ``listed``."""
+
+    def list(
+        self,
+        namespace: str,
+        *,
+        filters: Sequence[LabelFilter] = (),
+        order: Order = Order.KEY,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> RecordPage:
+        return self.listed(ListCall(namespace, tuple(filters), order, cursor, limit))
+
+    def listed(self, call: ListCall) -> RecordPage:
+        """Answer ``call``; the sound answer unless a subclass says otherwise."""
+        return self.sound(call)
+
+    def sound(self, call: ListCall) -> RecordPage:
+        """Return the reference adapter's answer to ``call``."""
+        return InMemorySecureObjectStore.list(
+            self,
+            call.namespace,
+            filters=call.filters,
+            order=call.order,
+            cursor=call.cursor,
+            limit=call.limit,
+        )
