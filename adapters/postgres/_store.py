@@ -29,6 +29,7 @@ from flowvault.adapters.postgres._connect import (
     alive,
     check_encoding,
     make_pool,
+    probe,
 )
 from flowvault.adapters.postgres._errors import RETRYABLE, translated
 from flowvault.adapters.postgres._rows import metadata_from_row, record_from_row
@@ -95,8 +96,12 @@ class PostgresSecureObjectStore(SqlStore):
         """Connect, then create or migrate ``schema`` as needed.
 
         ``statement_timeout`` and ``lock_timeout`` bound every statement and
-        every lock wait; ``connect_timeout`` bounds the wait for a pooled
-        connection, at open and on every call.
+        every lock wait; ``connect_timeout`` bounds each connection attempt
+        (in whole seconds, at least 2, as libpq counts it) and the wait for
+        a pooled connection, at open and on every call. A server that
+        cannot be reached fails at once, or once the attempt times out,
+        with a message naming the cause (``details["cause"]``) and
+        ``details["fix"]``.
 
         Raises:
             InvalidInput: an option is out of range or the DSN is malformed.
@@ -114,6 +119,7 @@ class PostgresSecureObjectStore(SqlStore):
             connect_timeout,
             application_name,
         )
+        probe(options)
         pool = make_pool(options)
         try:
             with translated(options.timeouts):
