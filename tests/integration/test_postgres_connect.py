@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -166,3 +167,28 @@ def test_pool_warnings_reach_only_a_handler_the_host_set_up(host_logging: str, s
         check=True,
     )
     assert ("pool-attempt-failed" in result.stderr) is shown
+
+
+def test_waiting_for_a_pooled_connection_ends_at_the_connect_timeout(
+    postgres_server, pg_schema: str
+) -> None:
+    """With the only connection held, another thread's call fails STORE_UNAVAILABLE, not hangs."""
+    outcome: list[BaseException | None] = []
+    with PostgresSecureObjectStore.open(
+        postgres_server.dsn, schema=pg_schema, pool_size=1, connect_timeout=0.2
+    ) as store:
+        with store.record_locked("ns", "digest"):
+
+            def other() -> None:
+                try:
+                    store.has_records()
+                    outcome.append(None)
+                except BaseException as exc:  # handed to the main thread
+                    outcome.append(exc)
+
+            worker = threading.Thread(target=other)
+            worker.start()
+            worker.join(timeout=30)
+        assert store.has_records() is False
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], StoreUnavailable)
