@@ -77,7 +77,9 @@ def _unstorable(code: str, _: Timeouts) -> FlowvaultError:
 
 def _no_connection(code: str, _: Timeouts) -> FlowvaultError:
     return StoreUnavailable(
-        "no database connection became available in time (server unreachable or pool exhausted)",
+        "no pooled database connection became available within the connect timeout "
+        "(the server is gone, or every connection is busy: raise "
+        "FLOWVAULT_POSTGRES_POOL_SIZE or FLOWVAULT_POSTGRES_CONNECT_TIMEOUT)",
         sqlstate=code,
     )
 
@@ -133,6 +135,10 @@ def translated(timeouts: Timeouts) -> Iterator[None]:
         raise InvalidInput("text arguments must be valid Unicode (no lone surrogates)") from exc
 
 
+_DEFAULT_HOST = "the default host"
+"""What libpq reaches with no host named: ``PGHOST``, else the local socket."""
+
+
 def _text(value: object) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value or "")
 
@@ -153,7 +159,7 @@ class Target:
         used = exc.pgconn
         if used is not None:
             return cls(
-                _text(used.host) or "localhost",
+                _text(used.host) or _DEFAULT_HOST,
                 _text(used.port) or "5432",
                 _text(used.db),
                 _text(used.user),
@@ -161,7 +167,7 @@ class Target:
             )
         named = conninfo_to_dict(dsn)
         return cls(
-            _text(named.get("host")) or "localhost",
+            _text(named.get("host")) or _DEFAULT_HOST,
             _text(named.get("port")) or "5432",
             _text(named.get("dbname")),
             _text(named.get("user")),

@@ -192,3 +192,4 @@ def test_waiting_for_a_pooled_connection_ends_at_the_connect_timeout(
         assert store.has_records() is False
     assert len(outcome) == 1
     assert isinstance(outcome[0], StoreUnavailable)
+    assert "FLOWVAULT_POSTGRES_CONNECT_TIMEOUT" in outcome[0].message
