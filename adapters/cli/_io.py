@@ -156,8 +156,13 @@ class CommandIO:
         yield line
 
     def fail(self, error: FlowvaultError) -> int:
-        """Report a flowvault error with its code and a one-line fix; return exit status 1."""
-        fix = FIXES.get(error.code)
+        """Report a flowvault error with its code and a one-line fix; return exit status 1.
+
+        An error that knows its own remedy (``details["fix"]``) prints that
+        instead of its code's general one.
+        """
+        own = error.details.get("fix")
+        fix = own if isinstance(own, str) else FIXES.get(error.code)
         if self.json_output:
             body = {"error": {"code": error.code, "message": error.message, "fix": fix}}
             self.out.write(json.dumps(body, sort_keys=True) + "\n")

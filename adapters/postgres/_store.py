@@ -29,6 +29,7 @@ from flowvault.adapters.postgres._connect import (
     alive,
     check_encoding,
     make_pool,
+    probe,
 )
 from flowvault.adapters.postgres._errors import RETRYABLE, translated
 from flowvault.adapters.postgres._rows import metadata_from_row, record_from_row
@@ -43,6 +44,8 @@ T = TypeVar("T")
 
 ATTEMPTS: Final = 5
 """How often a transaction is run when PostgreSQL reports a serialization failure or deadlock."""
+LOSS_RERUNS: Final = 1
+"""How often work whose connection was lost before ``COMMIT`` is run again, at once."""
 _BACKOFF_BASE: Final = 0.005
 _BACKOFF_CAP: Final = 0.25
 _jitter = random.SystemRandom()
@@ -95,8 +98,12 @@ class PostgresSecureObjectStore(SqlStore):
         """Connect, then create or migrate ``schema`` as needed.
 
         ``statement_timeout`` and ``lock_timeout`` bound every statement and
-        every lock wait; ``connect_timeout`` bounds the wait for a pooled
-        connection, at open and on every call.
+        every lock wait; ``connect_timeout`` bounds each connection attempt
+        (in whole seconds, at least 2, as libpq counts it) and the wait for
+        a pooled connection, at open and on every call. A server that
+        cannot be reached fails at once, or once the attempt times out,
+        with a message naming the cause (``details["cause"]``) and
+        ``details["fix"]``.
 
         Raises:
             InvalidInput: an option is out of range or the DSN is malformed.
@@ -114,6 +121,7 @@ class PostgresSecureObjectStore(SqlStore):
             connect_timeout,
             application_name,
         )
+        probe(options)
         pool = make_pool(options)
         try:
             with translated(options.timeouts):
@@ -160,23 +168,42 @@ class PostgresSecureObjectStore(SqlStore):
         """Run ``work`` on a live connection, in a transaction if asked; re-run on 40001/40P01.
 
         A statement outside a transaction is atomic on its own and sees one
-        snapshot, so single-statement reads need no ``BEGIN``.
+        snapshot, so single-statement reads need no ``BEGIN``. Work whose
+        connection is lost before ``COMMIT`` was sent is re-run once on
+        another connection (``LOSS_RERUNS``): the server rolls back what the
+        lost session did, so nothing can be applied twice. A loss during
+        ``COMMIT`` is never re-run, nor one under ``record_locked``, whose
+        lock went with the session.
         """
         self._check_usable()
         with translated(self._timeouts):
             attempt = 1
+            reruns = 0
             while True:
+                used: list[Connection] = []
+                committing = False
                 try:
                     with self._borrow() as connection:
+                        used.append(connection)
                         if not transaction:
                             return work(connection)
                         with connection.transaction():
-                            return work(connection)
+                            result = work(connection)
+                            committing = True
+                        return result
                 except psycopg.Error as exc:
+                    if reruns < LOSS_RERUNS and self._lost_uncommitted(used, committing):
+                        reruns += 1
+                        continue
                     if attempt >= ATTEMPTS or not _retryable(exc):
                         raise
                 _pause(attempt)
                 attempt += 1
+
+    def _lost_uncommitted(self, used: Sequence[Connection], committing: bool) -> bool:
+        """Return whether the run's own connection died before it could have committed."""
+        holding = getattr(self._held, "connection", None) is not None
+        return bool(used) and used[0].broken and not committing and not holding
 
     def _fetch(self, statement: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
         return self._run(
@@ -189,9 +216,12 @@ class PostgresSecureObjectStore(SqlStore):
     def commit(self, unit: UnitOfWork) -> None:
         """Apply every guarded write of ``unit`` in one READ COMMITTED transaction, or none.
 
-        If the connection is lost while committing, ``StoreUnavailable`` is
-        raised and the unit is either wholly applied or not at all; read
-        back to learn which. It is never re-run, since a unit is not
+        If the connection is lost before ``COMMIT`` was sent, the unit is
+        run once more on another connection; the lost session's writes were
+        rolled back, and the guards are checked again. If it is lost again,
+        or while committing, ``StoreUnavailable`` is raised and the unit is
+        either wholly applied or not at all; read back to learn which. A
+        loss during ``COMMIT`` is never re-run, since a unit is not
         idempotent.
         """
         if unit.empty:
@@ -269,8 +299,9 @@ class PostgresSecureObjectStore(SqlStore):
         """Add ``count`` to ``key_id``'s counter in one statement and transaction of its own.
 
         Errors map as a commit's do, and a serialization failure or deadlock
-        re-runs it, which is safe because the failed run was rolled back. A
-        lost connection raises ``StoreUnavailable`` without re-running: the
+        re-runs it, which is safe because the failed run was rolled back, as
+        does a connection lost before ``COMMIT``. A connection lost while
+        committing raises ``StoreUnavailable`` without re-running: the
         reservation may have landed, which only over-counts.
         """
         require_text(key_id, "key_id")
