@@ -215,7 +215,7 @@ class ContentSummary:
     Two stores with equal summaries hold the same rows byte for byte: the
     same sealed payloads under the same headers and labels, the same
     events from the same first retained index, the same seal counts and
-    commit count.
+    commit count (``reproduced_by`` lets a copy's count be higher).
     """
 
     records: PartSummary
@@ -238,6 +238,18 @@ class ContentSummary:
             counts=PartSummary(1, digest_bytes(counts)),
             epoch=contents.epoch,
             seal_counts=dict(contents.seal_counts),
+        )
+
+    def reproduced_by(self, copy: ContentSummary) -> bool:
+        """Whether ``copy`` holds exactly these rows and counts, its commit count at least as high.
+
+        A fill never lowers a store's commit count, so an empty target
+        that had counted commits keeps its higher count.
+        """
+        return (
+            (copy.records, copy.events, copy.streams) == (self.records, self.events, self.streams)
+            and dict(copy.seal_counts) == dict(self.seal_counts)
+            and copy.epoch >= self.epoch
         )
 
     def document(self) -> dict[str, object]:
@@ -347,25 +359,27 @@ def read_contents(store: SecureObjectStore, *, progress: Progress = no_progress)
 
 
 def require_empty(store: SecureObjectStore) -> StoreFill:
-    """Return ``store`` as a ``StoreFill`` once it is known to hold nothing at all.
+    """Return ``store`` as a ``StoreFill`` once it is known to hold no record, event or seal count.
+
+    A commit count alone does not make a store hold anything: a fill that
+    was interrupted may have raised it (a PostgreSQL sequence is not rolled
+    back), and the fill only ever raises it further.
 
     Raises:
         StoreUnavailable: the store cannot be filled (no ``StoreFill``) or
             cannot say whether it is empty.
-        StoreNotEmpty: it holds a record, an event, a seal count or a commit.
+        StoreNotEmpty: it holds a record, an event or a seal count.
 
     """
     if not isinstance(store, StoreFill):
         raise StoreUnavailable("this store cannot be filled by a move (no StoreFill)")
     capabilities = StoreCapabilities.of(store)
-    stats, epoch = _needs(capabilities)
+    stats, _ = _needs(capabilities)
     seals = {} if capabilities.seals is None else capabilities.seals.seal_counts()
-    commits = epoch.epoch()
-    if stats.has_records() or commits or seals:
+    if stats.has_records() or seals:
         raise StoreNotEmpty(
             "the target store already holds data; a move or import needs an empty store: "
-            "point it at a new SQLite home or a new PostgreSQL schema",
-            epoch=commits,
+            "point it at a new SQLite home or a new PostgreSQL schema"
         )
     return store
 
@@ -406,7 +420,7 @@ def fill_verified(
     fill.fill(contents)
     report("reading the target back")
     found = ContentSummary.of(read_contents(target, progress=progress))
-    if found != expected:
+    if not expected.reproduced_by(found):
         raise IntegrityFailure(
             "the target does not read back as the source: drop it and run again",
             part="contents",

@@ -249,12 +249,13 @@ class StoreFill(Protocol):
         """Write every record, event, seal count and the epoch of ``contents`` in one transaction.
 
         Each stream's first retained index is the index of its first event.
-        The emptiness check runs inside the same transaction, so two fills
-        racing for one store cannot both land.
+        The epoch becomes the greater of the stored one and the contents',
+        since nothing lowers it. The emptiness check runs inside the same
+        transaction, so two fills racing for one store cannot both land.
 
         Raises:
-            StoreNotEmpty: the store holds a record, an event, a seal count
-                or a commit already. Nothing was written.
+            StoreNotEmpty: the store holds a record, an event or a seal
+                count already. Nothing was written.
 
         """
         ...

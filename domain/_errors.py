@@ -194,7 +194,7 @@ class KeyExhausted(FlowvaultError):
 
 
 class StoreNotEmpty(FlowvaultError):
-    """Raised when a move or an import targets a store that already holds something.
+    """Raised when a move or an import targets a store that already holds records, events or seals.
 
     A copy lands whole in an empty store, so what it writes is exactly the
     source: merged into existing records, streams or counts it would be

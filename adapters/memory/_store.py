@@ -243,14 +243,14 @@ class InMemorySecureObjectStore:
         """Hold ``contents`` as given, under the lock, if the store holds nothing yet."""
         with self._lock:
             self._check_open()
-            if self._records or self._streams or self._seals or self._epoch:
-                raise StoreNotEmpty("the store already holds data", epoch=self._epoch)
+            if self._records or any(s.events for s in self._streams.values()) or self._seals:
+                raise StoreNotEmpty("the store already holds data")
             for record in contents.records:
                 self._records[(record.metadata.namespace, record.metadata.key_digest)] = record
             for name, events in contents.streams().items():
                 self._streams[name] = _Stream(first_index=events[0].index, events=list(events))
             self._seals = dict(contents.seal_counts)
-            self._epoch = contents.epoch
+            self._epoch = max(self._epoch, contents.epoch)
 
     def ledger_head(self, stream: str) -> LedgerEvent | None:
         """Return the last event of ``stream`` or ``None``."""

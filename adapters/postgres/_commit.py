@@ -214,16 +214,13 @@ def fill(connection: Connection, contents: StoreContents) -> None:
 
     The tables are locked first and the schema found empty under the lock;
     records then go in as ``Guard.ANY`` upserts, each stream's row at its
-    first retained index and head, its events, the seal counts and the
-    epoch.
+    first retained index and head, its events, the seal counts, and last
+    the epoch (``setval``, which a rollback does not undo).
     """
     connection.execute(sql.LOCK_FOR_FILL)
     held = connection.execute(sql.HAS_RECORDS).fetchone()
-    seals = connection.execute(sql.SEAL_COUNTS).fetchall()
-    epoch_row = connection.execute(sql.STORE_EPOCH).fetchone()
-    epoch = 0 if epoch_row is None else int(epoch_row[0])
-    if (held is not None and held[0]) or seals or epoch:
-        raise StoreNotEmpty("the store already holds data", epoch=epoch)
+    if (held is not None and held[0]) or connection.execute(sql.SEAL_COUNTS).fetchall():
+        raise StoreNotEmpty("the store already holds data")
     for upsert in contents.unit().upserts:
         _RecordWrite(upsert, record_params(upsert), label_rows(upsert)).apply(connection)
     streams = contents.streams()

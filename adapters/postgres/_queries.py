@@ -176,8 +176,16 @@ FILL_STREAM: Final = (
     "VALUES (%s, %s, %s, %s)"
 )
 FILL_SEALS: Final = "INSERT INTO seal_counters (key_id, reserved) VALUES (%s, %s)"
-SET_EPOCH: Final = "SELECT setval('store_epoch', %s, true)"
-"""Only a fill sets the count, to the source's, in an empty schema; never to 0."""
+SET_EPOCH: Final = (
+    "SELECT setval('store_epoch', GREATEST(%s, "
+    "(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM store_epoch)), true)"
+)
+"""Only a fill sets the count: to the source's, unless the schema's is higher already.
+
+``setval`` is not transactional: a fill killed after it leaves the count
+raised in an otherwise empty schema, which is why a count alone does not
+make a schema hold anything.
+"""
 
 FilterShape = listing.FilterShape
 

@@ -479,10 +479,8 @@ class SQLiteSecureObjectStore(SqlStore):
             begin_immediate(connection, self._options.busy_timeout)
             try:
                 held = connection.execute(sql.HAS_RECORDS).fetchall()[0][0]
-                seals = connection.execute(sql.SEAL_COUNTS).fetchall()
-                epoch = stored_epoch(connection.execute(sql.STORE_EPOCH).fetchall())
-                if held or seals or epoch:
-                    raise StoreNotEmpty("the store already holds data", epoch=epoch)
+                if held or connection.execute(sql.SEAL_COUNTS).fetchall():
+                    raise StoreNotEmpty("the store already holds data")
                 apply_writes(connection, prepared)
                 connection.executemany(sql.RESERVE_SEALS, counts)
                 connection.execute(sql.SET_EPOCH, (contents.epoch,))

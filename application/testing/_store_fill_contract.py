@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from flowvault.application import (
+    Delete,
     SealCounter,
     SecureObjectStore,
     StoreContents,
@@ -22,6 +23,7 @@ from flowvault.application import (
 from flowvault.application.testing._fakes import make_event, make_upsert
 from flowvault.application.testing._store_contract import StoreHarness
 from flowvault.domain import LedgerEvent, StoreNotEmpty
+from flowvault.domain._envelope import natural_key_digest
 
 NS = "contract"
 
@@ -107,3 +109,17 @@ class StoreFillContract(StoreHarness):
             _fill(store).fill(_contents())
         assert dict(store.namespace_counts()) == before
         assert store.read_ledger("s/whole").events == ()
+
+    def test_a_commit_count_alone_is_no_content_and_is_never_lowered(
+        self, store: SecureObjectStore
+    ) -> None:
+        """A store whose records were all deleted is filled, and keeps its higher count."""
+        for _ in range(25):
+            store.commit(UnitOfWork(upserts=[make_upsert(NS, "gone")]))
+            store.commit(UnitOfWork(deletes=[Delete(NS, natural_key_digest(NS, "gone"), 1)]))
+        assert isinstance(store, StoreEpoch)
+        counted = store.epoch()
+        assert counted >= 50
+        _fill(store).fill(_contents())
+        assert store.epoch() >= counted
+        assert store.load(NS, natural_key_digest(NS, "b")) is not None
