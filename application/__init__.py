@@ -8,6 +8,7 @@ from flowvault.application._action_results import ActionResultService
 from flowvault.application._approval_expiry import ExpiryReport
 from flowvault.application._approval_receipts import SignedDecision
 from flowvault.application._approvals import ApprovalService
+from flowvault.application._archive import decode_archive, encode_archive
 from flowvault.application._audit import AuditReport, LedgerAudit
 from flowvault.application._backoff import RetryPolicy
 from flowvault.application._capabilities import StoreCapabilities
@@ -45,6 +46,12 @@ from flowvault.application._state import HistoryEvent, StateRepository, StateSna
 from flowvault.application._stream_writer import StreamWriter
 from flowvault.application._streams import trim_unit
 from flowvault.application._terminal_receipts import TerminalReceipts
+from flowvault.application._transfer import (
+    ContentSummary,
+    CopyReport,
+    fill_verified,
+    read_contents,
+)
 from flowvault.application._verified import verified_events
 from flowvault.application._workflow_events import WorkflowEventService
 from flowvault.application._workflows import WorkflowService
@@ -74,6 +81,8 @@ __all__ = [
     "Cipher",
     "Clock",
     "Compactor",
+    "ContentSummary",
+    "CopyReport",
     "DecisionSignatures",
     "DefinitionRegistry",
     "Delete",
@@ -132,7 +141,11 @@ __all__ = [
     "check_append",
     "check_delete",
     "check_upsert",
+    "decode_archive",
     "effective_limit",
+    "encode_archive",
+    "fill_verified",
+    "read_contents",
     "trim_unit",
     "verified_events",
 ]
