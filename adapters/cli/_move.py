@@ -183,10 +183,18 @@ def _import(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int
     return 0
 
 
+def target_location(text: str) -> str:
+    """Parse ``--to``: a PostgreSQL DSN as given, else a SQLite home any file operation can take."""
+    if text.startswith(POSTGRES_SCHEMES):
+        return text
+    return str(file_path(text))
+
+
 def _target_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--to",
         required=True,
+        type=target_location,
         metavar="TARGET",
         help="a PostgreSQL DSN (postgres://...) or the home directory of a new SQLite store",
     )
