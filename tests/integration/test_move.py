@@ -1,7 +1,8 @@
 """Moving a whole store: SQLite to PostgreSQL and back, through an archive, and interrupted.
 
-The source holds every record kind (``every_kind.populate``) and records
-sealed under two keys of a rotated ring. After each move the target must
+The source holds every record kind (``every_kind.populate``: a signed
+decision, a trimmed stream and a retention tombstone among them) and
+records sealed under two keys of a rotated ring. After each move the target must
 read back row for row equal to the source (sealed bytes, headers, labels,
 events from the first retained index, seal counts, commit count), answer
 the same through the services, and pass the keyed audit ``ledger verify
@@ -106,6 +107,7 @@ def source(tmp_path: Path) -> tuple[Settings, Written, dict[str, object]]:
         assert stats is not None
         assert len(stats.key_id_counts()) == 2
         reads = service_reads(runtime, written)
+    assert reads["signed"], "the fixture holds a signed decision"
     return settings, written, reads
 
 

@@ -2,7 +2,8 @@
 
 ``populate`` writes through the public services: workflows (states,
 events, action results), workflow state with history, a graph run with a
-checkpoint, a decided approval and a terminal receipt, request idempotency,
+checkpoint, an approval decided with a signed decision and a terminal
+receipt, request idempotency,
 evidence, a custom stream with a trimmed start, and an action result purged
 by retention (its tombstone left in the ledger). ``service_reads`` reads it
 all back through the services, so two stores can be compared as a host
@@ -13,6 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from flowvault.application._streams import trim_unit
 from flowvault.composition import Runtime
@@ -86,7 +90,13 @@ def populate(runtime: Runtime, *, workflows: int = 3) -> Written:
         allowed_decisions=["approve", "reject"],
         expires_at=runtime.clock.now() + timedelta(days=1),
     )
-    runtime.approvals.decide(approval.approval_id, "approve", "ops-lead")
+    signer = Ed25519PrivateKey.generate()
+    public = signer.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
+    runtime.approvals.register_decider_key("ops-lead", public)
+    statement = runtime.approvals.decision_statement(approval.approval_id, "approve")
+    runtime.approvals.decide(
+        approval.approval_id, "approve", "ops-lead", signature=signer.sign(statement)
+    )
     runtime.runs.set_status(run.run_id, "running", expected_status="awaiting_approval")
     runtime.runs.finish_run(run.run_id, "completed", expected_status="running", final_state={})
 
@@ -130,6 +140,9 @@ def service_reads(runtime: Runtime, written: Written) -> dict[str, object]:
         "receipt": runtime.receipts.terminal_receipt(written.run_id),
         "checkpoint": runtime.checkpoints.load_checkpoint(written.checkpoint_id),
         "approval": runtime.approvals.get_approval(written.approval_id),
+        "signed": runtime.approvals.signed_decisions(
+            runtime.approvals.get_approval(written.approval_id)
+        ),
         "recall": runtime.idempotency.recall("request-1", {"q": 1}),
         "witness": runtime.evidence.load_witness(written.witness_digest),
         "stream": runtime.store.read_ledger(STREAM).events,
