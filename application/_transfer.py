@@ -221,7 +221,6 @@ class ContentSummary:
     records: PartSummary
     events: PartSummary
     streams: int
-    counts: PartSummary
     epoch: int
     seal_counts: Mapping[str, int]
 
@@ -230,12 +229,10 @@ class ContentSummary:
         """Summarise ``contents``."""
         _, records = summarise_lines(record_line(record) for record in contents.records)
         _, events = summarise_lines(event_line(event) for event in contents.events)
-        counts = counts_text(contents)
         return cls(
             records=records,
             events=events,
             streams=len({event.stream for event in contents.events}),
-            counts=PartSummary(1, digest_bytes(counts)),
             epoch=contents.epoch,
             seal_counts=dict(contents.seal_counts),
         )
