@@ -51,6 +51,7 @@ FIXES: dict[str, str] = {
     "INVALID_INPUT": "correct what the message names (see --help for the arguments)",
     "REVISION_CONFLICT": "someone changed it meanwhile; reload and retry",
     "KEY_EXHAUSTED": "run 'flowvault keys add', then 'flowvault rotate-key'",
+    "STORE_NOT_EMPTY": "give --to a new SQLite home or an unused PostgreSQL schema",
     "DECISION_SIGNATURE_INVALID": (
         "sign the output of 'flowvault approvals statement' with the actor's registered key "
         "and pass it with --signature-file"

@@ -20,7 +20,7 @@ from flowvault.adapters._rows import (
 )
 from flowvault.adapters._sql_store import Dialect, SqlStore, ledger_page, ledger_start
 from flowvault.adapters.postgres import _queries as sql
-from flowvault.adapters.postgres._commit import PreparedUnit
+from flowvault.adapters.postgres._commit import PreparedUnit, fill
 from flowvault.adapters.postgres._connect import (
     APPLICATION_NAME,
     Connection,
@@ -36,6 +36,7 @@ from flowvault.adapters.postgres._rows import metadata_from_row, record_from_row
 from flowvault.adapters.postgres._schema import prepare_schema
 from flowvault.application import (
     LedgerPage,
+    StoreContents,
     UnitOfWork,
 )
 from flowvault.domain import StoreUnavailable
@@ -63,8 +64,8 @@ def _retryable(exc: psycopg.Error) -> bool:
 class PostgresSecureObjectStore(SqlStore):
     """``SecureObjectStore`` over one schema of a PostgreSQL database.
 
-    Also ``StoreStats``, ``Compactor``, ``SealCounter``, ``StoreEpoch`` and
-    ``RecordLock``.
+    Also ``StoreStats``, ``Compactor``, ``SealCounter``, ``StoreEpoch``,
+    ``RecordLock`` and ``StoreFill``.
     Several hosts may open the same schema at once: every unit of work is one
     READ COMMITTED transaction whose guards sit in the ``WHERE`` clauses of
     its writes, and ledger appends lock the stream's head row, so no update
@@ -229,6 +230,14 @@ class PostgresSecureObjectStore(SqlStore):
             return
         prepared = PreparedUnit.build(unit)
         self._run(prepared.apply, transaction=True)
+
+    def fill(self, contents: StoreContents) -> None:
+        """Write ``contents`` into this schema in one transaction, if it holds nothing.
+
+        An interrupted fill (a lost connection, a killed process) is rolled
+        back by the server, leaving the schema as empty as before.
+        """
+        self._run(lambda connection: fill(connection, contents), transaction=True)
 
     @contextmanager
     def record_locked(self, namespace: str, key_digest: str) -> Iterator[None]:
