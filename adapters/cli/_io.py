@@ -50,6 +50,7 @@ FIXES: dict[str, str] = {
     "NOT_FOUND": "check the id; list what exists with the matching 'list' verb",
     "INVALID_INPUT": "correct what the message names (see --help for the arguments)",
     "REVISION_CONFLICT": "someone changed it meanwhile; reload and retry",
+    "RUN_FENCED": "another host holds this run or took it over; stop working on it",
     "KEY_EXHAUSTED": "run 'flowvault keys add', then 'flowvault rotate-key'",
     "DECISION_SIGNATURE_INVALID": (
         "sign the output of 'flowvault approvals statement' with the actor's registered key "
