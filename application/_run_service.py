@@ -170,10 +170,8 @@ class RunService:
         host_id: str | None = None,
         lease: timedelta = DEFAULT_RUN_LEASE,
     ) -> None:
-        if host_id is not None and (
-            not isinstance(host_id, str) or not HOST_ID_PATTERN.fullmatch(host_id)
-        ):
-            raise InvalidInput("a host id is 1-128 of [A-Za-z0-9._:@-], starting alphanumeric")
+        if host_id is not None:
+            _check_host_id(host_id)
         if not isinstance(lease, timedelta) or not MIN_RUN_LEASE <= lease <= MAX_RUN_LEASE:
             raise InvalidInput("a run lease lasts from 1 second to 1 hour")
         self._host = host_id
@@ -204,8 +202,13 @@ class RunService:
         return self._host
 
     def owner_digest(self, owner: str) -> str:
-        """Return the keyed digest naming ``owner`` in labels and events, never the id in clear."""
-        return self._repo.keyed_digest(_OWNER_TAG, owner)
+        """Return the keyed digest naming host ``owner`` in labels and events, not the id in clear.
+
+        Raises:
+            InvalidInput: ``owner`` is not a host id.
+
+        """
+        return self._repo.keyed_digest(_OWNER_TAG, _check_host_id(owner))
 
     def _lease_now(self) -> datetime:
         """Return the time leases are judged by: the store's clock, else the host's."""
@@ -934,6 +937,12 @@ def _check_status(status: object) -> str:
     if not isinstance(status, str) or status not in RUN_LIFECYCLE.states:
         raise InvalidInput("not a run_lifecycle status")
     return status
+
+
+def _check_host_id(host_id: object) -> str:
+    if not isinstance(host_id, str) or not HOST_ID_PATTERN.fullmatch(host_id):
+        raise InvalidInput("a host id is 1-128 of [A-Za-z0-9._:@-], starting alphanumeric")
+    return host_id
 
 
 def _check_idempotency_key(key: object) -> None:
