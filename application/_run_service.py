@@ -552,7 +552,14 @@ class RunService:
         return sum(self._recover(status) for status in ("accepted", "running"))
 
     def _recover(self, status: str) -> int:
-        """Take over the expired runs of ``status``, paging by key past the live ones."""
+        """Take over the expired runs of ``status``, paging by key past the live ones.
+
+        A run listed with a live lease is passed over unread: a listed row
+        older than its stream can only show an earlier expiry, never a later
+        one, and nothing is written for it. One that looks expired is read
+        fresh, checked against its stream, and judged again before the
+        takeover.
+        """
         recovered, cursor = 0, None
         while True:
             page = self._store.list(
@@ -562,44 +569,48 @@ class RunService:
                 limit=RECOVERY_BATCH,
             )
             listed = (open_listed_run(self._repo, metadata) for metadata in page.items)
+            now = self._lease_now()
             recovered += sum(
-                self._take_over(run.run_id, status)
-                for run in filter(None, map(self._checked, listed))
+                self._take_over(loaded.run.run_id, status)
+                for loaded in filter(None, listed)
+                if not loaded.run.lease_live(now)
             )
             cursor = page.next_cursor
             if cursor is None:
                 return recovered
 
     def _take_over(self, run_id: str, status: str) -> bool:
-        """End one run interrupted if its lease expired; ``False`` if it is held or moved on."""
+        """End one run interrupted if its lease expired; ``False`` if it is held or moved on.
 
-        def attempt() -> bool | Lost:
-            current = self._load(run_id)
-            if current.status != status or current.lease_live(self._lease_now()):
-                return False
-            now = self._clock.now()
-            updated = _changed_run(
-                current,
-                {
-                    "status": INTERRUPTED,
-                    "finished_at": now,
-                    "revision": current.revision + 1,
-                    "owner": self._host,
-                    "lease_expires_at": None,
-                },
-            )
-            previous = None if current.owner is None else self.owner_digest(current.owner)
-            detail: dict[str, JsonValue] = {
-                "detail": {"reason": "lease_expired", "previous_owner": previous}
-            }
-            unit = self._ending(current, updated, [], detail=detail, now=now)[1]
-            try:
-                self._store.commit(unit)
-            except RevisionConflict:
-                return LOST
-            return True
-
-        return settle(attempt, "run ledger", run_id=run_id)
+        A lost commit is not retried: the run was renewed, ended, or taken
+        over by another host meanwhile, and the next recovery judges it
+        afresh, so no recovering host waits out a backoff while its own
+        leases run down.
+        """
+        current = self._load(run_id)
+        if current.status != status or current.lease_live(self._lease_now()):
+            return False
+        now = self._clock.now()
+        updated = _changed_run(
+            current,
+            {
+                "status": INTERRUPTED,
+                "finished_at": now,
+                "revision": current.revision + 1,
+                "owner": self._host,
+                "lease_expires_at": None,
+            },
+        )
+        previous = None if current.owner is None else self.owner_digest(current.owner)
+        detail: dict[str, JsonValue] = {
+            "detail": {"reason": "lease_expired", "previous_owner": previous}
+        }
+        unit = self._ending(current, updated, [], detail=detail, now=now)[1]
+        try:
+            self._store.commit(unit)
+        except RevisionConflict:
+            return False
+        return True
 
     # -- leases -----------------------------------------------------------------
 

@@ -3,15 +3,16 @@
 Usage: ``lease_worker.py sqlite|postgres TARGET HOST_ID ROLE DIR``, TARGET
 being a SQLite home or a PostgreSQL schema (the DSN comes from
 ``TEST_POSTGRES_DSN``). The worker opens the store as host HOST_ID with a
-2-second run lease, prints ``ready``, waits for ``DIR/go``, then plays ROLE,
+3-second run lease, prints ``ready``, waits for ``DIR/go``, then plays ROLE,
 appending one JSON line to ``DIR/HOST_ID.log`` after each write the store
 acknowledged (the file is opened for appending, so a line is whole or
 absent when the process is killed):
 
-    living: holds two running runs and one accepted run, appending an event
-        to each every few milliseconds (which renews their leases) and
-        calling ``recover_incomplete_runs`` between rounds, until ``DIR/stop``
-        exists; then runs and finishes all three. Logs ``recovered`` counts.
+    living: holds one running run and one accepted run, appending an event
+        to each every few hundredths of a second (which renews their leases)
+        and calling ``recover_incomplete_runs`` about twice a second, until
+        ``DIR/stop`` exists; then runs and finishes both. Logs ``recovered``
+        counts.
     victim: finishes one run, then holds two running runs and one accepted
         run, appending to them forever, until the parent kills it.
     zombie: the victim's host id come back with a stale view: tries to
@@ -37,10 +38,10 @@ from flowvault.domain import FlowvaultError
 
 KEY = bytes(range(32))
 DEFINITION = "lease.demo"
-LEASE_SECONDS = 2.0
-ROUND_PAUSE = 0.02
-RECOVER_EVERY = 10
-"""Rounds of appends between two recoveries by a living host."""
+LEASE_SECONDS = 3.0
+ROUND_PAUSE = 0.05
+RECOVER_EVERY = 0.5
+"""Seconds between two recoveries by a living host."""
 
 
 def settings(backend: str, target: str, host_id: str) -> Settings:
@@ -64,13 +65,15 @@ class Log:
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
     def write(self, **entry: object) -> None:
+        """Append one entry, stamped with this process's monotonic clock (for diagnosis only)."""
+        entry["t"] = round(time.monotonic(), 3)
         os.write(self._fd, (json.dumps(entry) + "\n").encode())
 
 
-def hold(runs: RunService, log: Log) -> tuple[list[str], str]:
-    """Start two running runs and one accepted run; return them, logging each write."""
+def hold(runs: RunService, log: Log, count: int) -> tuple[list[str], str]:
+    """Start ``count`` running runs and one accepted run; return them, logging each write."""
     running = []
-    for _ in range(2):
+    for _ in range(count):
         run_id = runs.start_run(DEFINITION, {"n": 1})[0].run_id
         log.write(op="start", run=run_id)
         runs.set_status(run_id, "running", expected_status="accepted")
@@ -89,14 +92,15 @@ def append_round(runs: RunService, log: Log, run_ids: list[str], n: int) -> None
 
 
 def living(runs: RunService, log: Log, folder: Path) -> None:
-    """Keep three runs leased and recover others' between rounds; finish them when told."""
-    running, accepted = hold(runs, log)
-    n = 0
+    """Keep two runs leased and recover others' between rounds; finish them when told."""
+    running, accepted = hold(runs, log, 1)
+    n, recovered_at = 0, time.monotonic()
     while not (folder / "stop").exists():
         n += 1
         append_round(runs, log, [*running, accepted], n)
-        if n % RECOVER_EVERY == 0:
+        if time.monotonic() - recovered_at >= RECOVER_EVERY:
             recovered = runs.recover_incomplete_runs()
+            recovered_at = time.monotonic()
             if recovered:
                 log.write(op="recovered", count=recovered)
         time.sleep(ROUND_PAUSE)
@@ -115,7 +119,7 @@ def victim(runs: RunService, log: Log) -> None:
     log.write(op="running", run=done)
     runs.finish_run(done, "completed", expected_status="running", final_state=None)
     log.write(op="finish", run=done)
-    running, accepted = hold(runs, log)
+    running, accepted = hold(runs, log, 2)
     n = 0
     while True:
         n += 1

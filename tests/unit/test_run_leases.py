@@ -8,6 +8,7 @@ the last tests prove with host clocks set far apart.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -30,6 +31,7 @@ from flowvault.application import (
 from flowvault.application._graph_namespaces import GRAPH_RUN_RECEIPTS, GRAPH_RUNS
 from flowvault.application._streams import read_stream, run_stream
 from flowvault.application.testing import FrozenClock, SequentialIds
+from flowvault.composition import Settings, bootstrap
 from flowvault.domain import (
     GraphRun,
     InvalidInput,
@@ -106,7 +108,9 @@ def test_a_run_is_owned_by_its_host_under_a_lease(hosts: Hosts) -> None:
     run_id = hosts.start(hosts.a, running=False)
     run = hosts.a.get_run(run_id)
     assert (run.owner, run.lease_expires_at) == ("host-a", hosts.clock.now() + LEASE)
+    hosts.clock.advance(timedelta(seconds=7))
     hosts.a.set_status(run_id, "running", expected_status="accepted")
+    assert hosts.a.get_run(run_id).lease_expires_at == hosts.clock.now() + LEASE
     hosts.a.set_status(run_id, "awaiting_approval", expected_status="running")
     paused = hosts.a.get_run(run_id)
     assert (paused.owner, paused.lease_expires_at) == (None, None)
@@ -314,6 +318,32 @@ def test_a_bad_host_id_or_lease_is_refused(options: dict[str, object]) -> None:
             receipts=TerminalReceipts(repository, repository),
             **options,  # type: ignore[arg-type]
         )
+
+
+def test_settings_bound_the_lease_and_each_runtime_draws_its_own_host_id(tmp_path: Path) -> None:
+    """FLOWVAULT_RUN_LEASE is 1-3600 s (30 by default); unset host ids differ per runtime."""
+    home = {"FLOWVAULT_HOME": str(tmp_path)}
+    assert Settings.from_env(home).run_lease == 30
+    for refused in (
+        {"FLOWVAULT_RUN_LEASE": "0.5"},
+        {"FLOWVAULT_RUN_LEASE": "3601"},
+        {"FLOWVAULT_HOST_ID": "a b"},
+        {"FLOWVAULT_HOST_ID": "-a"},
+    ):
+        with pytest.raises(InvalidInput):
+            Settings.from_env({**home, **refused})
+    with bootstrap(Settings(backend="memory")) as one, bootstrap(Settings(backend="memory")) as two:
+        assert one.runs.host_id != two.runs.host_id
+        assert str(one.runs.host_id).split("-")[-2] == str(os.getpid())
+    clock = FrozenClock()
+    fixed = Settings.from_env(
+        {**home, "FLOWVAULT_BACKEND": "memory", "FLOWVAULT_HOST_ID": "worker-7",
+         "FLOWVAULT_RUN_LEASE": "5"}
+    )  # fmt: skip
+    with bootstrap(fixed, clock=clock) as runtime:
+        runtime.definitions.register_definition("triage", {"n": 1})
+        run = runtime.runs.start_run("triage", None)[0]
+    assert (run.owner, run.lease_expires_at) == ("worker-7", clock.now() + timedelta(seconds=5))
 
 
 # -- PostgreSQL: the server's clock ------------------------------------------------
