@@ -692,12 +692,16 @@ class RunService:
         return renewed
 
     def _renew_listed(self, metadata: RecordMetadata) -> int:
-        """Renew one listed run; 0 if it vanished, ended, paused or changed hands meanwhile."""
-        listed = self._checked(open_listed_run(self._repo, metadata))
+        """Renew one listed run; 0 if it vanished, ended, paused or changed hands meanwhile.
+
+        ``renew_lease`` reads the run again, checked against its stream, so
+        the listed row is only a lead.
+        """
+        listed = open_listed_run(self._repo, metadata)
         if listed is None:
             return 0
         try:
-            self.renew_lease(listed.run_id)
+            self.renew_lease(listed.run.run_id)
         except (RevisionConflict, InvalidTransition, NotFound):
             return 0
         return 1

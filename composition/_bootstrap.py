@@ -19,6 +19,7 @@ from flowvault.application import (
     EvidenceService,
     IdempotencyService,
     IdFactory,
+    LeaseKeeper,
     LedgerAudit,
     ResultRepository,
     RetentionJob,
@@ -91,6 +92,15 @@ class Runtime:
             approvals=self.approvals,
             idempotency=self.idempotency,
         )
+
+    def lease_keeper(self, interval: float | None = None) -> LeaseKeeper:
+        """Return an unstarted keeper renewing this host's run leases every ``interval`` seconds.
+
+        By default every third of ``FLOWVAULT_RUN_LEASE``. Use it as a
+        context manager around work whose steps may write nothing for long.
+        """
+        every = self.settings.run_lease / 3 if interval is None else interval
+        return LeaseKeeper(self.runs, every)
 
     def state(self, scope: str) -> StateRepository[WorkflowState]:
         """Return the workflow state repository of ``scope``."""

@@ -9,6 +9,7 @@ the last tests prove with host clocks set far apart.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,6 +22,7 @@ from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.application import (
     DefinitionRegistry,
+    LeaseKeeper,
     RunService,
     SealedRepository,
     SecureObjectStore,
@@ -344,6 +346,67 @@ def test_settings_bound_the_lease_and_each_runtime_draws_its_own_host_id(tmp_pat
         runtime.definitions.register_definition("triage", {"n": 1})
         run = runtime.runs.start_run("triage", None)[0]
     assert (run.owner, run.lease_expires_at) == ("worker-7", clock.now() + timedelta(seconds=5))
+
+
+def _eventually(done: Callable[[], bool]) -> None:
+    """Wait for a background thread's effect; the bound is reached only on a failure."""
+    for _ in range(2000):
+        if done():
+            return
+        time.sleep(0.01)
+    raise AssertionError("the keeper never did it")
+
+
+def test_a_lease_keeper_renews_this_hosts_leases_until_stopped(hosts: Hosts) -> None:
+    """The keeper's thread renews A's leases, not B's; after ``stop`` it is gone."""
+    mine, theirs = hosts.start(hosts.a), hosts.start(hosts.b)
+    hosts.clock.advance(timedelta(seconds=20))
+    renewed = hosts.clock.now() + LEASE
+    with LeaseKeeper(hosts.a, 0.01) as keeper:
+        _eventually(lambda: hosts.a.get_run(mine).lease_expires_at == renewed)
+        assert keeper.running
+    assert not keeper.running
+    passes = keeper.passes
+    assert passes >= 1
+    assert hosts.b.get_run(theirs).lease_expires_at == renewed - timedelta(seconds=20)
+
+
+def test_a_lease_keeper_outlives_a_failed_pass_and_refuses_bad_set_up(tmp_path: Path) -> None:
+    """A pass on a closed store is logged and the next one runs; no host or interval is refused."""
+    store = SQLiteSecureObjectStore.open(tmp_path / "data" / "store.db")
+    hosts = Hosts(store)
+    store.close()
+    keeper = LeaseKeeper(hosts.a, 0.01).start()
+    try:
+        _eventually(lambda: keeper.passes >= 2)
+        assert keeper.running
+    finally:
+        keeper.stop()
+    assert not keeper.running
+    with pytest.raises(InvalidInput):
+        LeaseKeeper(hosts.host(None, hosts.repository), 1)
+    for interval in (0, -1, True, "1"):
+        with pytest.raises(InvalidInput):
+            LeaseKeeper(hosts.a, interval)  # type: ignore[arg-type]
+
+
+def test_the_runtime_keeper_renews_every_third_of_the_lease() -> None:
+    """``Runtime.lease_keeper()`` keeps the runtime's own runs, by default a third of the lease."""
+    clock = FrozenClock()
+    settings = Settings(backend="memory", host_id="worker-9", run_lease=3)
+    with bootstrap(settings, clock=clock) as runtime:
+        runtime.definitions.register_definition("triage", {"n": 1})
+        run_id = runtime.runs.start_run("triage", None)[0].run_id
+        clock.advance(timedelta(seconds=2))
+        keeper = runtime.lease_keeper(0.01)
+        with keeper:
+            _eventually(
+                lambda: (
+                    runtime.runs.get_run(run_id).lease_expires_at
+                    == clock.now() + timedelta(seconds=3)
+                )
+            )
+        assert not keeper.running
 
 
 # -- PostgreSQL: the server's clock ------------------------------------------------
