@@ -19,6 +19,7 @@ from flowvault.application._evidence import EvidenceService
 from flowvault.application._guards import check_append, check_delete, check_upsert
 from flowvault.application._keyed_digester import KeyedDigester
 from flowvault.application._keys import KeyStore
+from flowvault.application._lease_keeper import LeaseKeeper
 from flowvault.application._paging import Page, UnreadableItem
 from flowvault.application._receipts import ReceiptSigner, ReceiptVerifier, authenticate_terminal
 from flowvault.application._records import (
@@ -64,6 +65,7 @@ from flowvault.application.ports import (
     RecordLock,
     SealCounter,
     SecureObjectStore,
+    StoreClock,
     StoreEpoch,
     StoreFill,
     StoreStats,
@@ -96,6 +98,7 @@ __all__ = [
     "KeyStore",
     "KeyedDigester",
     "LabelFilter",
+    "LeaseKeeper",
     "LedgerAudit",
     "LedgerPage",
     "LedgerTrim",
@@ -121,6 +124,7 @@ __all__ = [
     "StateRepository",
     "StateSnapshot",
     "StoreCapabilities",
+    "StoreClock",
     "StoreContents",
     "StoreEpoch",
     "StoreFill",

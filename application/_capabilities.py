@@ -1,6 +1,6 @@
 """The store's optional capabilities, looked up once when it is opened.
 
-Beyond ``SecureObjectStore`` a store may offer nine small capabilities
+Beyond ``SecureObjectStore`` a store may offer ten small capabilities
 (``ports``), eight of them in two tiers:
 
 - the durable-store tier, what tells this store from an older or cut-down
@@ -9,7 +9,8 @@ Beyond ``SecureObjectStore`` a store may offer nine small capabilities
 - the maintenance tier, what keys and disks need: ``StoreStats``,
   ``SealCounter`` and ``Compactor``, and ``Vacuumer``, an operator's extra;
 
-and ``RecordLock``, which only makes contended state updates faster.
+and ``RecordLock``, which only makes contended state updates faster, and
+``StoreClock``, the server's time that run leases are judged by.
 
 Services hold one ``StoreCapabilities`` and call through it, rather than
 asking the store on every call; a store offering part of a tier keeps the
@@ -25,6 +26,7 @@ from flowvault.application.ports import (
     Compactor,
     RecordLock,
     SealCounter,
+    StoreClock,
     StoreEpoch,
     StoreStats,
     StreamCatalog,
@@ -62,9 +64,10 @@ _GUARANTEES: Final = (
 )
 """What flowvault cannot promise without each capability that carries a guarantee.
 
-``heads``, ``head_batch``, ``vacuumer`` and ``record_lock`` are left out:
-without them the same checks run, only slower, ``compact`` compacts without
-rebuilding, and contended updates retry on their guards alone.
+``heads``, ``head_batch``, ``vacuumer``, ``record_lock`` and ``clock`` are
+left out: without them the same checks run, only slower, ``compact``
+compacts without rebuilding, contended updates retry on their guards alone,
+and run leases follow the host's clock.
 """
 
 
@@ -85,6 +88,7 @@ class StoreCapabilities:
     compactor: Compactor | None = None
     vacuumer: Vacuumer | None = None
     record_lock: RecordLock | None = None
+    clock: StoreClock | None = None
 
     @classmethod
     def of(cls, store: object) -> StoreCapabilities:
@@ -99,6 +103,7 @@ class StoreCapabilities:
             compactor=store if isinstance(store, Compactor) else None,
             vacuumer=store if isinstance(store, Vacuumer) else None,
             record_lock=store if isinstance(store, RecordLock) else None,
+            clock=store if isinstance(store, StoreClock) else None,
         )
 
     def lost(self) -> dict[str, tuple[str, ...]]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from flowvault.application._backoff import LOST, Lost, ledger_head_moved, settle
 from flowvault.application._definitions import (
@@ -37,12 +37,12 @@ from flowvault.application._graph_namespaces import (
 from flowvault.application._instants import micros
 from flowvault.application._keyed_digester import KeyedDigester
 from flowvault.application._paging import Page, PageScope, read_page
-from flowvault.application._record_kind import PURGE_STALLS
 from flowvault.application._records import (
     MAX_LIST_LIMIT,
     Guard,
     LabelFilter,
     LabelValue,
+    RecordMetadata,
     UnitOfWork,
     Upsert,
 )
@@ -75,10 +75,11 @@ from flowvault.domain import (
     LedgerEvent,
     NotFound,
     RevisionConflict,
+    RunFenced,
     TerminalReceipt,
 )
 from flowvault.domain._canonical import canonical_bytes
-from flowvault.domain._graph_runs import RUN_LIFECYCLE
+from flowvault.domain._graph_runs import HOST_ID_PATTERN, LEASED_STATUSES, RUN_LIFECYCLE
 from flowvault.domain._sanitise import sanitise_payload
 
 RUN_EVENT_PAGE = MAX_LIST_LIMIT
@@ -89,6 +90,13 @@ RECOVERY_BATCH = 100
 MAX_IDEMPOTENCY_KEY = 256
 
 INTERRUPTED = "interrupted_non_resumable"
+LEASE_RENEWED = "run.lease_renewed"
+"""The event a renewal commits with, so the renewed record is bound to its stream."""
+DEFAULT_RUN_LEASE = timedelta(seconds=30)
+"""How long a host holds a run it executes without writing to it or renewing."""
+MIN_RUN_LEASE = timedelta(seconds=1)
+MAX_RUN_LEASE = timedelta(hours=1)
+_OWNER_TAG = "flowvault.run-owner/1"
 RESERVED_EVENT_PREFIXES = ("run.", "retention.")
 """Event types only the service writes, so a caller cannot forge a status change."""
 
@@ -143,7 +151,12 @@ class RunService:
     """Start runs, move them through their lifecycle and keep each run's event stream.
 
     ``definitions`` pins the version each run starts on; ``receipts`` writes
-    the terminal receipt every ending commits with.
+    the terminal receipt every ending commits with. With ``host_id``, every
+    run this service starts or moves to ``running`` is owned by that host
+    under a lease of ``lease`` that each of its writes renews; another
+    host's write to it is refused (``RunFenced``), and recovery takes over
+    only runs whose lease expired. Without one, runs are written unowned,
+    as before leases existed, and recovery takes them over at once.
     """
 
     def __init__(
@@ -154,7 +167,15 @@ class RunService:
         *,
         definitions: DefinitionRegistry,
         receipts: TerminalReceipts,
+        host_id: str | None = None,
+        lease: timedelta = DEFAULT_RUN_LEASE,
     ) -> None:
+        if host_id is not None:
+            _check_host_id(host_id)
+        if not isinstance(lease, timedelta) or not MIN_RUN_LEASE <= lease <= MAX_RUN_LEASE:
+            raise InvalidInput("a run lease lasts from 1 second to 1 hour")
+        self._host = host_id
+        self._lease = lease
         self._repo = repository
         self._store = repository.store
         self._clock = clock
@@ -174,6 +195,42 @@ class RunService:
     def repository(self) -> SealedRepository:
         """The sealed repository runs live in."""
         return self._repo
+
+    @property
+    def host_id(self) -> str | None:
+        """The host this service writes runs as; ``None`` writes them unowned."""
+        return self._host
+
+    def owner_digest(self, owner: str) -> str:
+        """Return the keyed digest naming host ``owner`` in labels and events, not the id in clear.
+
+        Raises:
+            InvalidInput: ``owner`` is not a host id.
+
+        """
+        return self._repo.keyed_digest(_OWNER_TAG, _check_host_id(owner))
+
+    def _lease_now(self) -> datetime:
+        """Return the time leases are judged by: the store's clock, else the host's."""
+        store_clock = self._repo.capabilities.clock
+        return self._clock.now() if store_clock is None else store_clock.store_now()
+
+    def _lease_fields(self, status: str) -> dict[str, object]:
+        """Hold a fresh lease on a run this host executes; release it once it pauses or ends."""
+        if self._host is None or status not in LEASED_STATUSES:
+            return {"owner": None, "lease_expires_at": None}
+        return {"owner": self._host, "lease_expires_at": self._lease_now() + self._lease}
+
+    def _check_owner(self, run: GraphRun) -> None:
+        """Refuse a write to a run another host holds or took over: merging it would undo theirs."""
+        if run.owner is not None and run.owner != self._host:
+            raise RunFenced(
+                "run is held by another host: its lease was taken over, or another host is "
+                "executing it; stop working on it",
+                run_id=run.run_id,
+                status=run.status,
+                owner=self.owner_digest(run.owner),
+            )
 
     def start_run(
         self,
@@ -255,6 +312,7 @@ class RunService:
                 else self._repo.key_digest(GRAPH_RUN_IDEMPOTENCY, idempotency_key)
             ),
             revision=1,
+            **self._lease_fields(RUN_LIFECYCLE.initial),
         )
         accepted = _Draft(
             "run.accepted", {"definition_version": run.definition_version}, None, run.status
@@ -351,6 +409,8 @@ class RunService:
         }
         if run.finished_at is not None:
             labels["finished_at"] = micros(run.finished_at)
+        if run.owner is not None:
+            labels["owner"] = self.owner_digest(run.owner)
         return self._repo.prepare(
             GRAPH_RUNS,
             run.run_id,
@@ -375,8 +435,12 @@ class RunService:
         A terminal ``target`` stamps ``finished_at`` and writes the run's
         terminal receipt in the same unit, as ``finish_run`` does, over the
         final state the run already holds; use ``finish_run`` to store one.
+        Moving to ``running`` takes (or renews) this host's lease; pausing or
+        ending releases it. Moving an ``accepted`` run to ``running`` claims
+        it whichever host started it, so a starter can hand runs to workers.
 
         Raises:
+            RunFenced: another host holds the run or took it over.
             RevisionConflict: the run has another status (both named).
             InvalidTransition: the run lifecycle forbids the move.
             NotFound: no such run.
@@ -387,12 +451,15 @@ class RunService:
 
         def attempt() -> GraphRun | Lost:
             current = self._load(run_id)
+            if (current.status, target) != ("accepted", "running"):
+                self._check_owner(current)
             _check_expected(current, expected_status)
             RUN_LIFECYCLE.assert_transition(current.status, target)
             now = self._clock.now()
             detail: dict[str, JsonValue] = {"detail": sanitise_payload(payload or {})}
             changes: dict[str, object] = {"status": target, "revision": current.revision + 1}
             changes.update({name: value for name, value in counts.items() if value is not None})
+            changes.update(self._lease_fields(target))
             if target in RUN_LIFECYCLE.terminal:
                 changes["finished_at"] = now
                 updated = _changed_run(current, changes)
@@ -427,7 +494,9 @@ class RunService:
         except RevisionConflict as conflict:
             if ledger_head_moved(conflict):
                 return False
-            _check_expected(self._load(run_id), expected_status)
+            reloaded = self._load(run_id)
+            self._check_owner(reloaded)
+            _check_expected(reloaded, expected_status)
             raise
         return True
 
@@ -470,44 +539,198 @@ class RunService:
         return None if loaded is None else loaded.run
 
     def recover_incomplete_runs(self) -> int:
-        """Mark every accepted or running run interrupted; return how many were marked.
+        """Take over every accepted or running run whose lease expired; return how many.
 
-        For a host starting up: no worker of its own can still be executing
-        those runs. Each run moves through ``set_status``, so each gets its
-        event and its terminal receipt in one unit; a run that moved on
-        meanwhile is left alone.
+        Each such run ends ``interrupted_non_resumable`` through the same
+        unit as any ending (its event, naming the previous owner by digest,
+        and its terminal receipt) and records this host as its owner, so the
+        host that lost it is fenced. A run whose owner still holds its lease
+        (judged by the store's clock where it has one), one that moved on
+        meanwhile, and paused runs are left alone. Runs written without an
+        owner hold no lease and are taken over at once.
         """
         return sum(self._recover(status) for status in ("accepted", "running"))
 
     def _recover(self, status: str) -> int:
-        """Mark runs of ``status`` page by page; stop after enough pages marked none."""
-        recovered = stalled = 0
-        while stalled < PURGE_STALLS:
-            page = self._store.list(
-                GRAPH_RUNS, filters=[LabelFilter("status", status)], limit=RECOVERY_BATCH
-            )
-            if not page.items:
-                break
-            listed = (open_listed_run(self._repo, metadata) for metadata in page.items)
-            marked = sum(
-                self._interrupt(run, status) for run in filter(None, map(self._checked, listed))
-            )
-            recovered += marked
-            stalled = 0 if marked else stalled + 1
-        return recovered
+        """Take over the expired runs of ``status``, paging by key past the live ones.
 
-    def _interrupt(self, run: GraphRun, status: str) -> bool:
-        """Mark one run interrupted; ``False`` if it moved on meanwhile."""
-        try:
-            self.set_status(
-                run.run_id,
-                INTERRUPTED,
-                expected_status=status,
-                payload={"reason": "recovered_at_startup"},
+        A run listed with a live lease is passed over unread: a listed row
+        older than its stream can only show an earlier expiry, never a later
+        one, and nothing is written for it. One that looks expired is read
+        fresh, checked against its stream, and judged again before the
+        takeover.
+        """
+        recovered, cursor = 0, None
+        while True:
+            page = self._store.list(
+                GRAPH_RUNS,
+                filters=[LabelFilter("status", status)],
+                cursor=cursor,
+                limit=RECOVERY_BATCH,
             )
+            listed = (open_listed_run(self._repo, metadata) for metadata in page.items)
+            now = self._lease_now()
+            recovered += sum(
+                self._take_over(loaded.run.run_id, status)
+                for loaded in filter(None, listed)
+                if not loaded.run.lease_live(now)
+            )
+            cursor = page.next_cursor
+            if cursor is None:
+                return recovered
+
+    def _take_over(self, run_id: str, status: str) -> bool:
+        """End one run interrupted if its lease expired; ``False`` if it is held or moved on.
+
+        A lost commit is not retried: the run was renewed, ended, or taken
+        over by another host meanwhile, and the next recovery judges it
+        afresh, so no recovering host waits out a backoff while its own
+        leases run down.
+        """
+        current = self._load(run_id)
+        if current.status != status or current.lease_live(self._lease_now()):
+            return False
+        now = self._clock.now()
+        updated = _changed_run(
+            current,
+            {
+                "status": INTERRUPTED,
+                "finished_at": now,
+                "revision": current.revision + 1,
+                "owner": self._host,
+                "lease_expires_at": None,
+            },
+        )
+        previous = None if current.owner is None else self.owner_digest(current.owner)
+        detail: dict[str, JsonValue] = {
+            "detail": {"reason": "lease_expired", "previous_owner": previous}
+        }
+        unit = self._ending(current, updated, [], detail=detail, now=now)[1]
+        try:
+            self._store.commit(unit)
         except RevisionConflict:
             return False
         return True
+
+    # -- leases -----------------------------------------------------------------
+
+    def renew_lease(self, run_id: str) -> GraphRun:
+        """Extend this host's lease on a run it executes, for a step that writes nothing for long.
+
+        Commits a ``run.lease_renewed`` event with the renewed record. Renew
+        well within the lease (every third of it, say): a run whose lease
+        expired may be taken over by any host's recovery.
+
+        Raises:
+            InvalidInput: this service has no host id.
+            RunFenced: the run is not this host's (another holds it, took it
+                over, or it is unowned).
+            InvalidTransition: the run is paused or ended, so holds no lease.
+            NotFound: no such run.
+
+        """
+        host = self._host
+        if host is None:
+            raise InvalidInput("a run service without a host id holds no leases")
+
+        def attempt() -> GraphRun | Lost:
+            current = self._load(run_id)
+            if current.owner != host:
+                self._check_owner(current)
+                raise RunFenced(
+                    "run is not held by this host; only its owner renews it",
+                    run_id=run_id,
+                    status=current.status,
+                )
+            if current.status not in LEASED_STATUSES:
+                raise InvalidTransition(
+                    "only an accepted or running run holds a lease",
+                    current=current.status,
+                    target=current.status,
+                )
+            updated = _changed_run(
+                current,
+                {**self._lease_fields(current.status), "revision": current.revision + 1},
+            )
+            appended = self._chain(run_id, [_renewal(updated)], self._clock.now())
+            unit = UnitOfWork(
+                upserts=[self._run_upsert(updated, current.revision, appended[-1].index)],
+                appends=appended,
+            )
+            return updated if self._renewed(unit, run_id) else LOST
+
+        return settle(attempt, "run ledger", run_id=run_id)
+
+    def renew_leases(self) -> int:
+        """Renew every lease this host holds; return how many runs were renewed.
+
+        For a host's keeper to call every third of the lease or so. A run
+        that ended, paused or was taken over meanwhile is skipped.
+
+        Raises:
+            InvalidInput: this service has no host id.
+
+        """
+        if self._host is None:
+            raise InvalidInput("a run service without a host id holds no leases")
+        mine = LabelFilter("owner", self.owner_digest(self._host))
+        renewed = 0
+        for status in ("accepted", "running"):
+            cursor = None
+            while True:
+                page = self._store.list(
+                    GRAPH_RUNS,
+                    filters=[LabelFilter("status", status), mine],
+                    cursor=cursor,
+                    limit=RECOVERY_BATCH,
+                )
+                for metadata in page.items:
+                    renewed += self._renew_listed(metadata)
+                cursor = page.next_cursor
+                if cursor is None:
+                    break
+        return renewed
+
+    def _renew_listed(self, metadata: RecordMetadata) -> int:
+        """Renew one listed run; 0 if it vanished, ended, paused or changed hands meanwhile.
+
+        ``renew_lease`` reads the run again, checked against its stream, so
+        the listed row is only a lead.
+        """
+        listed = open_listed_run(self._repo, metadata)
+        if listed is None:
+            return 0
+        try:
+            self.renew_lease(listed.run.run_id)
+        except (RevisionConflict, InvalidTransition, NotFound):
+            return 0
+        return 1
+
+    def _renewed(self, unit: UnitOfWork, run_id: str) -> bool:
+        """Commit a renewal; ``False`` to rebuild it, unless the run changed hands meanwhile."""
+        try:
+            self._store.commit(unit)
+        except RevisionConflict:
+            self._check_owner(self._load(run_id))
+            return False
+        return True
+
+    def _renewal_due(self, run: GraphRun) -> GraphRun | None:
+        """Return the renewed run when this host's lease on it is past half its length."""
+        if self._host is None or run.owner != self._host or run.status not in LEASED_STATUSES:
+            return None
+        now = self._lease_now()
+        expires = run.lease_expires_at
+        if expires is not None and expires - now > self._lease / 2:
+            return None
+        return _changed_run(
+            run,
+            {
+                "owner": self._host,
+                "lease_expires_at": now + self._lease,
+                "revision": run.revision + 1,
+            },
+        )
 
     # -- run events -------------------------------------------------------------
 
@@ -516,8 +739,13 @@ class RunService:
     ) -> list[LedgerEvent]:
         """Append caller events (payloads sanitised) to an unfinished run's stream.
 
+        When less than half of this host's lease on the run is left, the
+        same unit renews it, with a ``run.lease_renewed`` event after the
+        caller's; the events returned are the caller's.
+
         Raises:
             InvalidInput: a reserved or malformed type, or too many events.
+            RunFenced: another host holds the run or took it over.
             InvalidTransition: the run has finished.
             NotFound: no such run.
 
@@ -525,20 +753,26 @@ class RunService:
 
         def attempt() -> list[LedgerEvent] | Lost:
             run = self._load(run_id)
+            self._check_owner(run)
             if run.finished:
                 raise InvalidTransition(
                     "a finished run takes no more events", current=run.status, target=run.status
                 )
-            appended = self._chain(run_id, _caller_drafts(events, run.status), self._clock.now())
-            if not appended:
+            drafts = _caller_drafts(events, run.status)
+            if not drafts:
                 return []
-            try:
-                self._store.commit(UnitOfWork(appends=appended))
-            except RevisionConflict as conflict:
-                if ledger_head_moved(conflict):
-                    return LOST
-                raise
-            return appended
+            renewed = self._renewal_due(run)
+            if renewed is not None:
+                drafts.append(_renewal(renewed))
+            appended = self._chain(run_id, drafts, self._clock.now())
+            upserts = (
+                []
+                if renewed is None
+                else [self._run_upsert(renewed, run.revision, appended[-1].index)]
+            )
+            if not self._renewed(UnitOfWork(upserts=upserts, appends=appended), run_id):
+                return LOST
+            return appended[: len(events)]
 
         return settle(attempt, "run ledger", run_id=run_id)
 
@@ -623,7 +857,8 @@ class RunService:
 
         Raises:
             InvalidInput: ``status`` is not terminal.
-            RevisionConflict / InvalidTransition / NotFound: as ``set_status``.
+            RunFenced / RevisionConflict / InvalidTransition / NotFound: as
+                ``set_status``.
 
         """
         if not isinstance(status, str) or status not in RUN_LIFECYCLE.terminal:
@@ -632,6 +867,7 @@ class RunService:
 
         def attempt() -> TerminalReceipt | Lost:
             current = self._load(run_id)
+            self._check_owner(current)
             _check_expected(current, expected_status)
             RUN_LIFECYCLE.assert_transition(current.status, status)
             now = self._clock.now()
@@ -642,6 +878,8 @@ class RunService:
                     "finished_at": now,
                     "final_state": final_state,
                     "revision": current.revision + 1,
+                    "owner": None,
+                    "lease_expires_at": None,
                 },
             )
             drafts = _caller_drafts(events, current.status)
@@ -689,6 +927,12 @@ class RunService:
         return True if compactor is None else compactor.compact()
 
 
+def _renewal(run: GraphRun) -> _Draft:
+    expires = run.lease_expires_at
+    payload: JsonValue = {"lease_expires_at": None if expires is None else expires.isoformat()}
+    return _Draft(LEASE_RENEWED, payload, run.status, run.status)
+
+
 def _status_payload(run: GraphRun, extra: dict[str, JsonValue]) -> JsonValue:
     return {"node_count": run.node_count, "failed_attempts": run.failed_attempts, **extra}
 
@@ -708,6 +952,12 @@ def _check_status(status: object) -> str:
     if not isinstance(status, str) or status not in RUN_LIFECYCLE.states:
         raise InvalidInput("not a run_lifecycle status")
     return status
+
+
+def _check_host_id(host_id: object) -> str:
+    if not isinstance(host_id, str) or not HOST_ID_PATTERN.fullmatch(host_id):
+        raise InvalidInput("a host id is 1-128 of [A-Za-z0-9._:@-], starting alphanumeric")
+    return host_id
 
 
 def _check_idempotency_key(key: object) -> None:

@@ -382,6 +382,20 @@ class DecisionSignatures(Protocol):
 
 
 @runtime_checkable
+class StoreClock(Protocol):
+    """Optional: the database server's clock, one time source for every host of a shared store.
+
+    Run leases are judged by it, so hosts whose own clocks drift apart
+    still agree when a lease ran out. Without it, the host's ``Clock`` is
+    used, which is right when every host of the store is one machine.
+    """
+
+    def store_now(self) -> datetime:
+        """Return the server's current time, timezone-aware UTC, read in a statement of its own."""
+        ...
+
+
+@runtime_checkable
 class RecordLock(Protocol):
     """Optional, contention: hold one record exclusively while a read-modify-write runs.
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import re
+import secrets
+import socket
 from dataclasses import dataclass
+from datetime import timedelta
 
 from flowvault.application import (
     ActionResultService,
@@ -14,6 +19,7 @@ from flowvault.application import (
     EvidenceService,
     IdempotencyService,
     IdFactory,
+    LeaseKeeper,
     LedgerAudit,
     ResultRepository,
     RetentionJob,
@@ -87,6 +93,15 @@ class Runtime:
             idempotency=self.idempotency,
         )
 
+    def lease_keeper(self, interval: float | None = None) -> LeaseKeeper:
+        """Return an unstarted keeper renewing this host's run leases every ``interval`` seconds.
+
+        By default every third of ``FLOWVAULT_RUN_LEASE``. Use it as a
+        context manager around work whose steps may write nothing for long.
+        """
+        every = self.settings.run_lease / 3 if interval is None else interval
+        return LeaseKeeper(self.runs, every)
+
     def state(self, scope: str) -> StateRepository[WorkflowState]:
         """Return the workflow state repository of ``scope``."""
         return StateRepository(self.repository, scope)
@@ -142,6 +157,19 @@ def bootstrap(
         raise
 
 
+def run_host_id(settings: Settings) -> str:
+    """Return the host id runs are owned under: ``FLOWVAULT_HOST_ID``, else a fresh one.
+
+    The fresh one is ``<hostname>-<pid>-<8 hex>``: readable where it came
+    from, and distinct for every runtime, even two in one process, so no
+    two runtimes ever share a lease by accident.
+    """
+    if settings.host_id is not None:
+        return settings.host_id
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:80].strip("-._") or "host"
+    return f"{name}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
 def is_cold_root(settings: Settings) -> bool:
     """Whether nothing exists yet for ``settings``: opening would have to create a store.
 
@@ -162,10 +190,19 @@ def _assemble(container: Container) -> Runtime:
     clock, ids = container.clock(), container.ids()
     definitions = DefinitionRegistry(repository, clock)
     receipts = TerminalReceipts(repository, repository, signer=container.signer())
-    runs = RunService(repository, clock, ids, definitions=definitions, receipts=receipts)
+    settings = container.settings()
+    runs = RunService(
+        repository,
+        clock,
+        ids,
+        definitions=definitions,
+        receipts=receipts,
+        host_id=run_host_id(settings),
+        lease=timedelta(seconds=settings.run_lease),
+    )
     checkpoints = CheckpointService(repository, clock, integrity=repository, runs=runs)
     return Runtime(
-        settings=container.settings(),
+        settings=settings,
         store=container.guarded_store(),
         cipher=container.cipher(),
         repository=repository,

@@ -48,6 +48,10 @@ class Settings(ValueModel):
     busy_timeout: float = Field(default=30.0, gt=0, le=3600)
     allow_insecure_permissions: bool = False
     recover_runs_on_open: bool = False
+    host_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+    """This runtime's name as a run owner; unset, each runtime draws its own (``run_host_id``)."""
+    run_lease: float = Field(default=30.0, ge=1, le=3600)
+    """Seconds a host holds a run it executes without writing to it or renewing its lease."""
     key: SecretStr | None = None
     key_file: Path | None = None
     signing_key_file: Path | None = None

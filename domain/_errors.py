@@ -60,6 +60,17 @@ class RevisionConflict(FlowvaultError):
     code = "REVISION_CONFLICT"
 
 
+class RunFenced(RevisionConflict):
+    """Raised on a write to a run another host owns, or took over after this host's lease expired.
+
+    The host must stop working on the run: merging its write would undo the
+    takeover. A ``RevisionConflict``, so callers that re-read on a stale
+    view still stop.
+    """
+
+    code = "RUN_FENCED"
+
+
 class NotFound(FlowvaultError):
     """Raised when a record, stream or workflow that must exist does not."""
 

@@ -8,6 +8,7 @@ and, when one is configured, an Ed25519 signing key.
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import Annotated, Any, ClassVar, Final
 
 from pydantic import AfterValidator, ConfigDict, Field
@@ -23,6 +24,12 @@ from flowvault.domain._workflow import Json
 
 DEFINITION_ID_PATTERN = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 """Definition ids are short lowercase names, safe to log and to join into keys."""
+
+HOST_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+"""Host ids name one runtime; printable, so an operator can read them in a run's record."""
+
+LEASED_STATUSES: Final = frozenset({"accepted", "running"})
+"""Statuses in which a run is being executed, so its owner holds a lease on it."""
 
 RUN_LIFECYCLE = StateMachine.define(
     name="run_lifecycle",
@@ -70,6 +77,12 @@ def _check_run_id(value: str) -> str:
     return value
 
 
+def _check_host_id(value: str) -> str:
+    if not HOST_ID_PATTERN.fullmatch(value):
+        raise ValueError("must be 1-128 of [A-Za-z0-9._:@-], starting alphanumeric")
+    return value
+
+
 def _check_status(value: str) -> str:
     if value not in RUN_LIFECYCLE.states:
         raise ValueError("must be a run_lifecycle state")
@@ -84,6 +97,7 @@ def _check_terminal(value: str) -> str:
 
 DefinitionId = Annotated[str, AfterValidator(_check_definition_id)]
 GraphRunId = Annotated[str, AfterValidator(_check_run_id)]
+HostId = Annotated[str, AfterValidator(_check_host_id)]
 RunStatus = Annotated[str, AfterValidator(_check_status)]
 TerminalStatus = Annotated[str, AfterValidator(_check_terminal)]
 _Counter = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER, strict=True)]
@@ -128,11 +142,23 @@ class GraphRun(ValueModel):
     failed_attempts: _Counter = 0
     idempotency_key_digest: Digest | None = None
     revision: int = Field(ge=1, le=MAX_SAFE_INTEGER)
+    owner: HostId | None = None
+    """The host executing the run, or that took it over; ``None`` once paused or ended."""
+    lease_expires_at: UtcDatetime | None = None
+    """Until when ``owner`` holds the run without renewing; ``None`` means no live lease."""
 
     @property
     def finished(self) -> bool:
         """Whether the run has reached a terminal status."""
         return self.status in RUN_LIFECYCLE.terminal
+
+    def lease_live(self, now: datetime) -> bool:
+        """Whether an owner still holds the run at ``now``; records from before leases hold none."""
+        return (
+            self.owner is not None
+            and self.lease_expires_at is not None
+            and now < self.lease_expires_at
+        )
 
 
 class TerminalReceipt(Receipt):

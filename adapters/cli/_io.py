@@ -50,6 +50,7 @@ FIXES: dict[str, str] = {
     "NOT_FOUND": "check the id; list what exists with the matching 'list' verb",
     "INVALID_INPUT": "correct what the message names (see --help for the arguments)",
     "REVISION_CONFLICT": "someone changed it meanwhile; reload and retry",
+    "RUN_FENCED": "another host holds this run or took it over; stop working on it",
     "KEY_EXHAUSTED": "run 'flowvault keys add', then 'flowvault rotate-key'",
     "STORE_NOT_EMPTY": "give --to a new SQLite home or an unused PostgreSQL schema",
     "DECISION_SIGNATURE_INVALID": (

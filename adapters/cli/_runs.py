@@ -1,4 +1,4 @@
-"""``flowvault runs list|show|receipt|events``: graph runs' metadata, digests and receipts."""
+"""``flowvault runs list|show|receipt|events|recover``: graph runs' metadata, receipts, recovery."""
 
 from __future__ import annotations
 
@@ -130,6 +130,16 @@ def runs_events_command(
     return print_listing(io, "events", EVENT_COLUMNS, page)
 
 
+def runs_recover_command(runs: RunService | None, io: CommandIO) -> int:
+    """Take over the runs whose host's lease expired, as this host; print how many."""
+    fields: Fields = {
+        "recovered": 0 if runs is None else runs.recover_incomplete_runs(),
+        "host_id": None if runs is None else runs.host_id,
+    }
+    io.emit(fields, detail_lines("run recovery", fields))
+    return 0
+
+
 # -- gathering and arguments ----------------------------------------------------
 
 
@@ -173,8 +183,15 @@ def _runs_events(args: argparse.Namespace, context: CliContext, io: CommandIO) -
     )
 
 
+def _runs_recover(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
+    del args
+    return with_service(context, _runs, lambda found: runs_recover_command(found, io))
+
+
 def register(verbs: Verbs) -> None:
-    group = verb_group(verbs, "runs", "list and inspect graph runs (metadata and digests only)")
+    group = verb_group(
+        verbs, "runs", "list and inspect graph runs (metadata and digests only); recover them"
+    )
     listing = add_verb(
         group,
         "list",
@@ -218,3 +235,15 @@ def register(verbs: Verbs) -> None:
     )
     events.add_argument("run_id", help="the run id")
     add_paging(events, default=EVENT_LIMIT)
+    add_verb(
+        group,
+        "recover",
+        help="end interrupted the runs whose host's lease expired",
+        description="Take over every accepted or running run whose owner's lease expired "
+        "(judged by the database server's clock on PostgreSQL): each ends "
+        "interrupted_non_resumable with its terminal receipt, owned by this host, so the "
+        "host that lost it is refused (RUN_FENCED) if it comes back. Runs whose owner still "
+        "holds its lease, and paused runs, are left alone. Safe to repeat and to run from "
+        "any host; FLOWVAULT_HOST_ID names this host. On a cold root it creates nothing.",
+        handler=_runs_recover,
+    )

@@ -166,6 +166,8 @@ RAISE_EPOCH: Final = "SELECT nextval('store_epoch')"
 """Run once in every transaction that commits a unit, after its guards held."""
 STORE_EPOCH: Final = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM store_epoch"
 """The last value handed out; 0 before the first ``nextval``."""
+STORE_NOW: Final = "SELECT clock_timestamp()"
+"""The server's time as the statement runs, not as its transaction began (``now()``)."""
 
 LOCK_FOR_FILL: Final = (
     "LOCK TABLE records, ledger_streams, ledger_events, seal_counters IN EXCLUSIVE MODE"

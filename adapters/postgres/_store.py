@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
 import psycopg
@@ -332,6 +333,13 @@ class PostgresSecureObjectStore(SqlStore):
         raised it too, which the port allows.
         """
         return stored_epoch(self._fetch(sql.STORE_EPOCH, ()))
+
+    # -- clock ----------------------------------------------------------------
+
+    def store_now(self) -> datetime:
+        """Return the server's clock in UTC, so every host judges run leases by one time."""
+        moment: datetime = self._fetch(sql.STORE_NOW, ())[0][0]
+        return moment.astimezone(UTC)
 
     # -- lifecycle ------------------------------------------------------------
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from cli_helpers import json_document as _document
 from cli_helpers import run_cli as _run
 
+from flowvault.application.testing import FrozenClock
 from flowvault.composition import Settings, bootstrap
 from flowvault.domain import (
     InsecurePermissions,
@@ -50,13 +52,15 @@ def ended(tmp_path: Path) -> Ended:
     key = tmp_path / "signing" / "receipts.pem"
     made = _run(tmp_path, "keys", "signing-key", "--out", str(key))
     assert made.returncode == 0, made.stderr
-    with bootstrap(_settings(home, key)) as runtime:
+    clock = FrozenClock(datetime.now(UTC))
+    with bootstrap(_settings(home, key), clock=clock) as runtime:
         runs = runtime.runs
         runtime.definitions.register_definition("triage", {"nodes": ["plan"]})
         failed = runs.start_run("triage", {"ask": INPUT_MARKER})[0].run_id
         runs.set_status(failed, "running", expected_status="accepted")
         runs.set_status(failed, "failed", expected_status="running")
         recovered = runs.start_run("triage", {"ask": INPUT_MARKER})[0].run_id
+        clock.advance(timedelta(seconds=30))
         assert runs.recover_incomplete_runs() == 1
     with bootstrap(_settings(home, None)) as runtime:
         runs = runtime.runs

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from flowvault.adapters.crypto._cipher import generate_master_key
 from flowvault.application import Guard
 from flowvault.application._keys import encode_master_key
+from flowvault.application.testing import FrozenClock
 from flowvault.composition import Settings, bootstrap
 from flowvault.domain import InsecurePermissions, IntegrityFailure, InvalidInput, KeyRequired
 
@@ -183,12 +185,19 @@ def test_insecure_home_is_refused_unless_allowed(tmp_path: Path) -> None:
 
 
 def test_recover_runs_on_open_interrupts_unfinished_runs(tmp_path: Path) -> None:
-    """With FLOWVAULT_RECOVER_RUNS_ON_OPEN, opening marks accepted runs interrupted; else not."""
-    with bootstrap(_settings(tmp_path)) as vault:
+    """With FLOWVAULT_RECOVER_RUNS_ON_OPEN, opening takes over runs whose lease expired only."""
+    clock = FrozenClock(datetime.now(UTC))
+    with bootstrap(_settings(tmp_path), clock=clock) as vault:
         vault.definitions.register_definition("graph.demo", {"nodes": ["a"]})
         run, _ = vault.runs.start_run("graph.demo", {"n": 1})
-    with bootstrap(_settings(tmp_path)) as vault:
+    with bootstrap(_settings(tmp_path), clock=clock) as vault:
         assert vault.runs.get_run(run.run_id).status == "accepted"
     env = {"FLOWVAULT_HOME": str(tmp_path), "FLOWVAULT_RECOVER_RUNS_ON_OPEN": "true"}
-    with bootstrap(Settings.from_env(env)) as vault:
-        assert vault.runs.get_run(run.run_id).status == "interrupted_non_resumable"
+    with bootstrap(Settings.from_env(env), clock=clock) as vault:
+        assert vault.runs.get_run(run.run_id).status == "accepted"
+    clock.advance(timedelta(seconds=30))
+    with bootstrap(Settings.from_env(env), clock=clock) as vault:
+        recovered = vault.runs.get_run(run.run_id)
+    assert recovered.status == "interrupted_non_resumable"
+    assert recovered.owner is not None
+    assert recovered.owner != run.owner

@@ -329,6 +329,7 @@ def verbs(home: Home) -> st.SearchStrategy[list[str]]:
             json_flag,
         ),
         _verb(_words("runs", "show"), ids.map(lambda v: [v]), json_flag),
+        _verb(_words("runs", "recover"), json_flag),
         _verb(
             _words("approvals", "list", "--run"),
             ids.map(lambda v: [v]),
@@ -427,7 +428,7 @@ JUNK_TOKENS = (
     "--decision", "--yes", "--dry-run", "--older-than-days", "--backend", "memory", "-h",
     "keys", "add", "retire", "rotate-key", "--batch-size", "check-receipt", "--against",
     "--public-key", "signing-key", "--out", "compact", "accept-restore", "vouch",
-    "--head-hash",
+    "--head-hash", "recover",
 )  # fmt: skip
 """Words the parser knows, shuffled into junk argv (never ``demo``, which would run in full)."""
 

@@ -1116,6 +1116,17 @@ def _graph_rows() -> list[EntryPoint]:
             lambda w, a: _graph(w).append_run_events(**a),
         ),
         EntryPoint(
+            "RunService.renew_lease",
+            lambda k: args(run_id=_run_ids(k)),
+            lambda w, a: _graph(w).renew_lease(**a),
+        ),
+        EntryPoint(
+            "RunService.owner_digest",
+            lambda k: args(owner=text("host-a", "")),
+            lambda w, a: _graph(w).owner_digest(**a),
+            sqlite=True,
+        ),
+        EntryPoint(
             "RunService.read_run_events",
             lambda k: args(run_id=_run_ids(k), cursor=opt(INTS), limit=INTS),
             lambda w, a: _graph(w).read_run_events(**a),
@@ -1865,6 +1876,8 @@ WITHOUT_INPUT = {
     "WorkflowService.machine": "a property",
     "RunService.compact": "takes no input",
     "RunService.recover_incomplete_runs": "takes no input",
+    "RunService.renew_leases": "takes no input",
+    "RunService.host_id": "a property",
     "CheckpointService.repository": "a property",
     "CheckpointService.records": "a property",
     "SealedRepository.clock": "a property",

@@ -14,6 +14,7 @@ CODES = {
     "InvalidDefinition": "INVALID_DEFINITION",
     "InvalidTransition": "INVALID_TRANSITION",
     "RevisionConflict": "REVISION_CONFLICT",
+    "RunFenced": "RUN_FENCED",
     "NotFound": "NOT_FOUND",
     "IdempotencyConflict": "IDEMPOTENCY_CONFLICT",
     "IntegrityFailure": "INTEGRITY_FAILURE",
