@@ -1002,7 +1002,8 @@ def _register_definition(settings: JsonObject) -> None:
 def _sqlite_hosts(ctx: Context) -> list[Row]:
     home = ctx.work / "s7"
     hosts: list[JsonObject] = [
-        {"backend": "sqlite", "home": str(home)} for n in range(max(HOST_COUNTS))
+        {"backend": "sqlite", "home": str(home), "host_id": f"bench-host-{n}"}
+        for n in range(max(HOST_COUNTS))
     ]
     _register_definition(hosts[0])
     raw_path = ctx.work / "s7-raw.db"
@@ -1013,7 +1014,8 @@ def _sqlite_hosts(ctx: Context) -> list[Row]:
 def _postgres_hosts(ctx: Context, target: PostgresTarget) -> list[Row]:
     shared = _postgres_settings(ctx, target)
     hosts: list[JsonObject] = [
-        {**shared, "home": str(ctx.work / f"s7-host-{n}")} for n in range(max(HOST_COUNTS))
+        {**shared, "home": str(ctx.work / f"s7-host-{n}"), "host_id": f"bench-host-{n}"}
+        for n in range(max(HOST_COUNTS))
     ]
     _register_definition(hosts[0])
     RawPostgres.create(target.dsn, target.schema, max(HOST_COUNTS))
