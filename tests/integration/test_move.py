@@ -491,6 +491,7 @@ def test_a_scope_crosses_sqlite_to_postgres_and_back_into_stores_holding_other_d
     manifest = document["manifest"]
     assert isinstance(manifest, dict)
     assert manifest["scope"] == SCOPE
+    assert set(document) == {"archive", "bytes", "signed", "manifest"}
     assert document["signed"] is False
     assert manifest["parts"][RECORDS_PART]["lines"] == 1
 
@@ -504,6 +505,10 @@ def test_a_scope_crosses_sqlite_to_postgres_and_back_into_stores_holding_other_d
     )  # fmt: skip
     assert imported.returncode == 0, imported.stdout + imported.stderr
     added = json_document(imported)
+    assert set(added) == {
+        "archive", "source", "target", "scope", "revision", "records", "events", "streams",
+        "epoch", "seal_counts", "records_digest", "events_digest", "verified",
+    }  # fmt: skip
     assert (added["scope"], added["verified"], added["records"]) == (SCOPE, True, 1)
     assert added["revision"] == expected[1]
     assert _state(pg) == expected
@@ -632,6 +637,10 @@ def test_a_signed_archive_checks_with_the_public_key_alone_and_import_refuses_ot
                       "--json", home=elsewhere / "home")  # fmt: skip
     assert checked.returncode == 0, checked.stdout + checked.stderr
     document = json_document(checked)
+    assert set(document) == {
+        "archive", "mac_checked", "signature_checked", "records", "events", "manifest"
+    }  # fmt: skip
+    assert (document["records"], document["events"]) == (None, None)
     assert (document["mac_checked"], document["signature_checked"]) == (False, True)
     assert document["manifest"]["scope"] == SCOPE  # type: ignore[index]
     assert not (elsewhere / "home").exists(), "a check with the public key opens no store"
@@ -639,6 +648,7 @@ def test_a_signed_archive_checks_with_the_public_key_alone_and_import_refuses_ot
     keyed = run_cli(tmp_path, "import", str(archive), "--check", "--public-key", str(public),
                     "--json", home=settings.home)  # fmt: skip
     assert json_document(keyed)["mac_checked"] is True
+    assert json_document(keyed)["records"] == 1
 
     unsigned = tmp_path / "unsigned.fvz"
     assert run_cli(tmp_path, "export", "--scope", SCOPE, "--to", str(unsigned),
@@ -647,11 +657,14 @@ def test_a_signed_archive_checks_with_the_public_key_alone_and_import_refuses_ot
     stripped.write_bytes(_rezip(archive.read_bytes(), MANIFEST, _strip_signature))
     edited = tmp_path / "edited.fvz"
     edited.write_bytes(_rezip(archive.read_bytes(), MANIFEST, _edit_manifest))
+    flipped = tmp_path / "flipped.fvz"
+    flipped.write_bytes(TAMPERS["a byte of a sealed payload"](archive.read_bytes()))
     for candidate, pem in (
         (archive, f"{other}.pub"),
         (unsigned, str(public)),
         (stripped, str(public)),
         (edited, str(public)),
+        (flipped, str(public)),
     ):
         refused = run_cli(elsewhere, "import", str(candidate), "--check", "--public-key", pem,
                           "--json", home=elsewhere / "home")  # fmt: skip
