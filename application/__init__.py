@@ -8,7 +8,7 @@ from flowvault.application._action_results import ActionResultService
 from flowvault.application._approval_expiry import ExpiryReport
 from flowvault.application._approval_receipts import SignedDecision
 from flowvault.application._approvals import ApprovalService
-from flowvault.application._archive import decode_archive, encode_archive
+from flowvault.application._archive import decode_archive, encode_archive, verify_signature
 from flowvault.application._audit import AuditReport, LedgerAudit
 from flowvault.application._backoff import RetryPolicy
 from flowvault.application._capabilities import StoreCapabilities
@@ -42,6 +42,7 @@ from flowvault.application._retention import RetentionJob, RetentionReport
 from flowvault.application._retention_policy import RetentionPolicy
 from flowvault.application._run_service import RunService
 from flowvault.application._runs import ResultRepository
+from flowvault.application._scope_transfer import ScopeReport, add_scope_verified, read_scope
 from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application._state import HistoryEvent, StateRepository, StateSnapshot
 from flowvault.application._stream_writer import StreamWriter
@@ -116,6 +117,7 @@ __all__ = [
     "RetentionReport",
     "RetryPolicy",
     "RunService",
+    "ScopeReport",
     "SealCounter",
     "SealedDocument",
     "SealedRepository",
@@ -141,6 +143,7 @@ __all__ = [
     "Vacuumer",
     "WorkflowEventService",
     "WorkflowService",
+    "add_scope_verified",
     "authenticate_terminal",
     "check_append",
     "check_delete",
@@ -150,6 +153,8 @@ __all__ = [
     "encode_archive",
     "fill_verified",
     "read_contents",
+    "read_scope",
     "trim_unit",
     "verified_events",
+    "verify_signature",
 ]

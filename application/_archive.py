@@ -3,12 +3,16 @@
 The manifest names the format, the source and the line count and SHA-256 of
 each part, and is MAC'd under the store's integrity key, so an archive that
 was edited, cut or stitched together is refused before anything is written
-anywhere. The zip is built and read in memory: writing the file is the
-caller's job.
+anywhere. The manifest may also carry an Ed25519 signature by the host's
+signing key, so a party holding only the public key can check where an
+archive came from (``verify_signature``). The zip is built and read in
+memory: writing the file is the caller's job.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 import io
 import zipfile
@@ -17,6 +21,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from flowvault.application._keyed_digester import KeyedDigester
+from flowvault.application._receipts import ReceiptSigner, ReceiptVerifier
 from flowvault.application._records import StoreContents
 from flowvault.application._transfer import (
     COUNTS_PART,
@@ -43,6 +48,8 @@ ARCHIVE_VERSION: Final = 1
 MANIFEST: Final = "manifest.json"
 MANIFEST_MAC_TAG: Final = "flowvault.archive.manifest.v1"
 """Purpose tag of the manifest's MAC, so no other keyed digest can stand in for it."""
+SIGNATURE_TAG: Final = "flowvault.archive.signature.v1"
+"""Signed with the manifest body, so no other message the signing key signs can stand in."""
 
 _PARTS: Final = (RECORDS_PART, EVENTS_PART, COUNTS_PART)
 _MEMBERS: Final = (MANIFEST, *_PARTS)
@@ -53,13 +60,24 @@ def _refused(message: str, part: str) -> IntegrityFailure:
     return IntegrityFailure(f"{message}; nothing was written", part=part)
 
 
+def signed_message(body: dict[str, object]) -> bytes:
+    """Return the bytes an archive's signature covers: its tag and the manifest body."""
+    return canonical_bytes([SIGNATURE_TAG, body])
+
+
 def encode_archive(
-    contents: StoreContents, digester: KeyedDigester, source: Mapping[str, str | int]
+    contents: StoreContents,
+    digester: KeyedDigester,
+    source: Mapping[str, str | int],
+    *,
+    scope: str | None = None,
+    signer: ReceiptSigner | None = None,
 ) -> tuple[bytes, dict[str, object]]:
     """Return the archive of ``contents`` and its manifest body.
 
     ``source`` names where it came from (backend, epoch): safe labels only,
-    never a DSN or a path with a password.
+    never a DSN or a path with a password. ``scope`` marks an archive of
+    one state scope; ``signer`` adds a signature over the manifest body.
     """
     records, records_part = summarise_lines(record_line(record) for record in contents.records)
     events, events_part = summarise_lines(event_line(event) for event in contents.events)
@@ -75,10 +93,21 @@ def encode_archive(
         "source": dict(source),
         "parts": {name: part.document() for name, part in parts.items()},
     }
-    mac = digester.keyed_digest(MANIFEST_MAC_TAG, canonical_json(body))
+    if scope is not None:
+        body["scope"] = scope
+    document: dict[str, object] = {
+        "body": body,
+        "mac": digester.keyed_digest(MANIFEST_MAC_TAG, canonical_json(body)),
+    }
+    if signer is not None:
+        document["signature"] = {
+            "signer": signer.name,
+            "hint": signer.hint.hex(),
+            "value": base64.b64encode(signer.sign(signed_message(body))).decode("ascii"),
+        }
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr(MANIFEST, canonical_bytes({"body": body, "mac": mac}) + b"\n")
+        archive.writestr(MANIFEST, canonical_bytes(document) + b"\n")
         for name, data in ((RECORDS_PART, records), (EVENTS_PART, events), (COUNTS_PART, counts)):
             archive.writestr(name, data)
     return buffer.getvalue(), body
@@ -96,43 +125,59 @@ def _members(data: bytes) -> dict[str, bytes]:
         raise _refused("the archive is not a readable zip file", "zip") from None
 
 
-def _manifest(raw: bytes, digester: KeyedDigester) -> dict[str, object]:
-    """Return the manifest body once its MAC verifies under the store's integrity key."""
+def _document(raw: bytes) -> tuple[dict[str, object], str, object]:
+    """Return the manifest's body, MAC and signature (``None`` if unsigned), unchecked."""
     try:
         document = parse_canonical(raw.decode("utf-8").rstrip("\n"))
-        if not isinstance(document, dict) or sorted(document) != ["body", "mac"]:
+        if not isinstance(document, dict) or sorted(document) not in (
+            ["body", "mac"],
+            ["body", "mac", "signature"],
+        ):
             raise TypeError("manifest")
         body, mac = document["body"], document["mac"]
         if not isinstance(body, dict) or not isinstance(mac, str):
             raise TypeError("manifest")
-        expected = digester.keyed_digest(MANIFEST_MAC_TAG, canonical_json(body))
     except (*_UNREADABLE, TypeError, InvalidInput):
         raise _refused("the archive's manifest is malformed", MANIFEST) from None
+    if body.get("format") != ARCHIVE_FORMAT or body.get("version") != ARCHIVE_VERSION:
+        raise _refused("the archive is of an unknown format or version", MANIFEST)
+    return dict(body), mac, document.get("signature")
+
+
+def _check_mac(body: dict[str, object], mac: str, digester: KeyedDigester) -> None:
+    """Refuse a manifest whose MAC does not verify under the store's integrity key."""
+    expected = digester.keyed_digest(MANIFEST_MAC_TAG, canonical_json(body))
     if not hmac.compare_digest(mac.encode("utf-8"), expected.encode("utf-8")):
         raise _refused(
             "the archive's manifest does not verify under this store key: it was edited, "
             "or it was written under another key",
             MANIFEST,
         )
-    if body.get("format") != ARCHIVE_FORMAT or body.get("version") != ARCHIVE_VERSION:
-        raise _refused("the archive is of an unknown format or version", MANIFEST)
-    return dict(body)
 
 
-def decode_archive(data: bytes, digester: KeyedDigester) -> tuple[StoreContents, dict[str, object]]:
-    """Verify the whole archive, then return its contents and its manifest body.
+def _check_signature(body: dict[str, object], signature: object, key: ReceiptVerifier) -> None:
+    """Refuse an unsigned manifest, or one whose signature is not ``key``'s over its body."""
+    if signature is None:
+        raise _refused(
+            "the archive is not signed: export it with --sign to check it with a public key",
+            "signature",
+        )
+    try:
+        if not isinstance(signature, dict):
+            raise TypeError("signature")
+        value = base64.b64decode(str(signature["value"]), validate=True)
+        mine = (signature["signer"], signature["hint"]) == (key.name, key.hint.hex())
+    except (KeyError, TypeError, binascii.Error):
+        raise _refused("the archive's signature is malformed", "signature") from None
+    if not mine or not key.verify(signed_message(body), value):
+        raise _refused(
+            "the archive's signature does not verify with this public key: it was edited, "
+            "or it was signed by another key",
+            "signature",
+        )
 
-    The manifest's MAC is checked first, then every part's line count and
-    digest against it, and only then is any line parsed.
 
-    Raises:
-        IntegrityFailure: the file is not a flowvault archive, its manifest
-            does not verify under this key, or a part differs from the
-            manifest (a changed, dropped or added byte or line).
-
-    """
-    members = _members(data)
-    body = _manifest(members[MANIFEST], digester)
+def _check_parts(members: Mapping[str, bytes], body: Mapping[str, object]) -> None:
     parts = body.get("parts")
     if not isinstance(parts, dict):
         raise _refused("the archive's manifest lists no parts", MANIFEST)
@@ -140,6 +185,50 @@ def decode_archive(data: bytes, digester: KeyedDigester) -> tuple[StoreContents,
         found = PartSummary(members[name].count(b"\n"), digest_bytes(members[name]))
         if parts.get(name) != found.document():
             raise _refused(f"the archive's part {name} differs from its manifest", name)
+
+
+def verify_signature(data: bytes, key: ReceiptVerifier) -> dict[str, object]:
+    """Check the archive with a public key alone, then return its manifest body.
+
+    The signature must be ``key``'s over the manifest body, and every part
+    must match the manifest, so a verified archive is, byte for byte, what
+    the key's holder exported. Nothing sealed is opened: no store key is needed.
+
+    Raises:
+        IntegrityFailure: the file is not a flowvault archive, is unsigned,
+            its signature does not verify with ``key``, or a part differs
+            from the manifest.
+
+    """
+    members = _members(data)
+    body, _, signature = _document(members[MANIFEST])
+    _check_signature(body, signature, key)
+    _check_parts(members, body)
+    return body
+
+
+def decode_archive(
+    data: bytes, digester: KeyedDigester, *, signed_by: ReceiptVerifier | None = None
+) -> tuple[StoreContents, dict[str, object]]:
+    """Verify the whole archive, then return its contents and its manifest body.
+
+    The manifest's MAC is checked first (and its signature, given
+    ``signed_by``), then every part's line count and digest against it,
+    and only then is any line parsed.
+
+    Raises:
+        IntegrityFailure: the file is not a flowvault archive, its manifest
+            does not verify under this key (or is not signed by
+            ``signed_by``), or a part differs from the manifest (a changed,
+            dropped or added byte or line).
+
+    """
+    members = _members(data)
+    body, mac, signature = _document(members[MANIFEST])
+    _check_mac(body, mac, digester)
+    if signed_by is not None:
+        _check_signature(body, signature, signed_by)
+    _check_parts(members, body)
     records = tuple(record_from_line(line) for line in members[RECORDS_PART].splitlines(True))
     events = tuple(event_from_line(line) for line in members[EVENTS_PART].splitlines(True))
     try:

@@ -300,7 +300,8 @@ def _records(store: SecureObjectStore, namespaces: Sequence[str]) -> Iterator[St
             cursor = page.next_cursor
 
 
-def _events(store: SecureObjectStore, streams: Sequence[str]) -> Iterator[LedgerEvent]:
+def read_events(store: SecureObjectStore, streams: Sequence[str]) -> Iterator[LedgerEvent]:
+    """Yield the retained events of ``streams``, each stream in index order, as stored."""
     for stream in streams:
         index = 0
         while True:
@@ -343,7 +344,7 @@ def read_contents(store: SecureObjectStore, *, progress: Progress = no_progress)
     )
     streams = list_all_streams(capabilities.catalog)
     events: list[LedgerEvent] = []
-    for event in progress(_events(store, streams), total=None, label="reading events"):
+    for event in progress(read_events(store, streams), total=None, label="reading events"):
         events.append(event)
     seals = {} if capabilities.seals is None else dict(capabilities.seals.seal_counts())
     after = epoch.epoch()

@@ -236,7 +236,7 @@ class StreamCatalog(Protocol):
 
 @runtime_checkable
 class StoreFill(Protocol):
-    """Optional, maintenance tier: write another store's contents, as they are, into this empty one.
+    """Optional, maintenance tier: write another store's contents, as they are, into this one.
 
     A move copies sealed rows byte for byte with their headers, so each
     record keeps its revision, each trimmed stream its first retained
@@ -256,6 +256,22 @@ class StoreFill(Protocol):
         Raises:
             StoreNotEmpty: the store holds a record, an event or a seal
                 count already. Nothing was written.
+
+        """
+        ...
+
+    def add(self, contents: StoreContents) -> None:
+        """Write ``contents`` next to what the store already holds, in one transaction.
+
+        For a store that is not empty (one scope imported into a live
+        store): no record key or stream of ``contents`` may exist yet,
+        checked inside the same transaction. Each seal count of
+        ``contents`` is added to the store's for that key, and the epoch
+        rises by one, as for any commit.
+
+        Raises:
+            StoreNotEmpty: the store holds one of the records, or a stream
+                of the same name already. Nothing was written.
 
         """
         ...

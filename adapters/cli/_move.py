@@ -1,8 +1,10 @@
-"""``flowvault migrate|export|import``: move a whole store, directly or through one archive file.
+"""``flowvault migrate|export|import``: move a store or one scope, directly or through an archive.
 
-Each reads the source as stored and writes nothing to it; each fills an
-empty target in one transaction and reports success only after the target
-reads back as the source and passes a keyed audit (``fill_verified``).
+Each reads the source as stored and writes nothing to it. A whole store
+fills an empty target in one transaction, and success is reported only
+after the target reads back as the source and passes a keyed audit
+(``fill_verified``); one scope is added to any store that has never held it,
+verified likewise (``add_scope_verified``).
 """
 
 from __future__ import annotations
@@ -17,11 +19,15 @@ from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._keyed import existing_ring, keyed_audit
 from flowvault.adapters.cli._verbs import Verbs, add_verb, file_path
-from flowvault.adapters.crypto import AesGcmCipher
-from flowvault.application import LedgerAudit, SecureObjectStore, StoreContents
-from flowvault.application._archive import decode_archive, encode_archive
+from flowvault.adapters.crypto import AesGcmCipher, load_public_key
+from flowvault.adapters.system import SystemClock
+from flowvault.application import LedgerAudit, SealedRepository, SecureObjectStore, StoreContents
+from flowvault.application._archive import decode_archive, encode_archive, verify_signature
 from flowvault.application._keys import KEY_ENV, KeyRing
+from flowvault.application._receipts import ReceiptSigner, ReceiptVerifier
+from flowvault.application._scope_transfer import ScopeReport, add_scope_verified, read_scope
 from flowvault.application._sealed import CipherDigester
+from flowvault.application._state import check_scope
 from flowvault.application._transfer import CopyReport, fill_verified, read_contents
 from flowvault.domain import InvalidInput, KeyRequired
 
@@ -59,13 +65,26 @@ def _target_document(location: str, schema: str | None, context: CliContext) -> 
     return {"backend": "sqlite", "home": location}
 
 
-def _read_source(context: CliContext, io: CommandIO, say: Callable[[str], None]) -> StoreContents:
+def _read_source(
+    context: CliContext,
+    io: CommandIO,
+    say: Callable[[str], None],
+    *,
+    ring: KeyRing,
+    scope: str | None = None,
+) -> StoreContents:
     say("reading the source store (it is not written)")
     source = context.open_store(read_only=True)
     try:
+        if scope is not None:
+            return read_scope(_repository(source, ring), scope)
         return read_contents(source, progress=io.progress)
     finally:
         source.close()
+
+
+def _repository(store: SecureObjectStore, ring: KeyRing) -> SealedRepository:
+    return SealedRepository(store, AesGcmCipher.from_ring(ring), SystemClock())
 
 
 def _fill(
@@ -111,7 +130,7 @@ def _migrate(args: argparse.Namespace, context: CliContext, io: CommandIO) -> in
     say = _phase(io, "migrate")
     ring = _ring(context)
     target = _target_document(args.to, args.to_schema, context)
-    contents = _read_source(context, io, say)
+    contents = _read_source(context, io, say, ring=ring)
     return migrate_command(_fill(context, io, args, contents, ring=ring, say=say), target, io)
 
 
@@ -130,57 +149,180 @@ def _write_new_file(path: Path, data: bytes) -> None:
             temporary.unlink()
 
 
+def _signer(context: CliContext) -> ReceiptSigner:
+    signer = context.receipt_signer()
+    if signer is None:
+        raise KeyRequired(
+            "--sign needs the signing key: set FLOWVAULT_SIGNING_KEY_FILE "
+            "(create one with 'flowvault keys signing-key')"
+        )
+    return signer
+
+
 def _export(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
     say = _phase(io, "export")
     path: Path = args.to
     if path.exists():
         raise InvalidInput(f"{path} exists: export writes a new file, never over one")
-    digester = CipherDigester(AesGcmCipher.from_ring(_ring(context)))
-    contents = _read_source(context, io, say)
+    signer = _signer(context) if args.sign else None
+    ring = _ring(context)
+    digester = CipherDigester(AesGcmCipher.from_ring(ring))
+    contents = _read_source(context, io, say, ring=ring, scope=args.scope)
     say("writing the archive")
     source: dict[str, str | int] = {"backend": context.settings.backend, "epoch": contents.epoch}
-    data, body = encode_archive(contents, digester, source)
+    data, body = encode_archive(contents, digester, source, scope=args.scope, signer=signer)
     try:
         _write_new_file(path, data)
     except FileExistsError:
         raise InvalidInput(f"{path} exists: export writes a new file, never over one") from None
     except OSError as error:
         raise InvalidInput(f"cannot write {path}: {error.strerror}") from None
-    document = {"archive": str(path), "bytes": len(data), "manifest": body}
+    document = {
+        "archive": str(path),
+        "bytes": len(data),
+        "signed": signer is not None,
+        "manifest": body,
+    }
+    what = "the scope's" if args.scope is not None else ""
     io.emit(
         document,
         [
-            f"exported {len(contents.records)} records and {len(contents.events)} events "
-            f"to {path} ({len(data)} bytes)",
+            f"exported {what or 'the store: '}{len(contents.records)} records and "
+            f"{len(contents.events)} events to {path} ({len(data)} bytes)",
             "its manifest is MAC'd under the store key: import it with the same key",
+            *(
+                ["it is signed: check it with 'flowvault import FILE --check --public-key PEM'"]
+                if signer is not None
+                else []
+            ),
         ],
     )
     return 0
 
 
-def _import(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
-    say = _phase(io, "import")
-    ring = _ring(context)
-    path: Path = args.archive
+def _read_archive(path: Path) -> bytes:
     try:
         if path.stat().st_size > MAX_ARCHIVE_BYTES:
             raise InvalidInput(f"{path} is larger than {MAX_ARCHIVE_BYTES} bytes")
-        data = path.read_bytes()
+        return path.read_bytes()
     except OSError as error:
         raise InvalidInput(f"cannot read {path}: {error.strerror}") from None
-    say("verifying the archive")
-    contents, body = decode_archive(data, CipherDigester(AesGcmCipher.from_ring(ring)))
-    target = _target_document(args.to, args.to_schema, context)
-    report = _fill(context, io, args, contents, ring=ring, say=say)
+
+
+def _check(
+    path: Path,
+    data: bytes,
+    public_key: ReceiptVerifier | None,
+    ring: KeyRing | None,
+    io: CommandIO,
+) -> int:
+    """Verify the archive with what was given (store key, public key or both); write nothing."""
+    records: int | None = None
+    events: int | None = None
+    if ring is None:
+        if public_key is None:
+            raise KeyRequired(
+                f"--check verifies under the store key or a public key: set {KEY_ENV} or "
+                "FLOWVAULT_KEY_FILE, or give --public-key"
+            )
+        body = verify_signature(data, public_key)
+    else:
+        digester = CipherDigester(AesGcmCipher.from_ring(ring))
+        contents, body = decode_archive(data, digester, signed_by=public_key)
+        records, events = len(contents.records), len(contents.events)
     document = {
         "archive": str(path),
-        "source": body.get("source"),
-        "target": target,
-        **report.summary.document(),
-        "verified": True,
+        "mac_checked": ring is not None,
+        "signature_checked": public_key is not None,
+        "records": records,
+        "events": events,
+        "manifest": body,
     }
+    checked = " and ".join(
+        name
+        for name, done in (("the store key's MAC", ring), ("the signature", public_key))
+        if done is not None
+    )
+    io.emit(document, [f"{path} verified: {checked}, and every part against the manifest"])
+    return 0
+
+
+def _import(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
+    say = _phase(io, "import")
+    path: Path = args.archive
+    public_key = None if args.public_key is None else load_public_key(args.public_key)
+    if args.check:
+        if args.to is not None:
+            raise InvalidInput("--check writes nothing: drop --to, or drop --check to import")
+        return _check(path, _read_archive(path), public_key, existing_ring(context), io)
+    if args.to is None:
+        raise InvalidInput("import needs --to TARGET (or --check to verify the archive only)")
+    ring = _ring(context)
+    data = _read_archive(path)
+    say("verifying the archive")
+    digester = CipherDigester(AesGcmCipher.from_ring(ring))
+    contents, body = decode_archive(data, digester, signed_by=public_key)
+    target = _target_document(args.to, args.to_schema, context)
+    scope = body.get("scope")
+    head = {"archive": str(path), "source": body.get("source"), "target": target}
+    if isinstance(scope, str):
+        added = _add_scope(context, io, args, contents, scope, ring=ring, say=say)
+        document = {
+            **head,
+            "scope": scope,
+            "revision": added.revision,
+            **added.summary.document(),
+            "verified": True,
+        }
+        io.emit(document, _added_lines(added, scope, target))
+        return 0
+    report = _fill(context, io, args, contents, ring=ring, say=say)
+    document = {**head, "scope": None, **report.summary.document(), "verified": True}
     io.emit(document, _copied_lines(report, target))
     return 0
+
+
+def _add_scope(
+    context: CliContext,
+    io: CommandIO,
+    args: argparse.Namespace,
+    contents: StoreContents,
+    scope: str,
+    *,
+    ring: KeyRing,
+    say: Callable[[str], None],
+) -> ScopeReport:
+    say("opening the target")
+    target = context.open_target(args.to, schema=args.to_schema)
+
+    def audit(repository: SealedRepository) -> LedgerAudit:
+        return keyed_audit(repository.store, ring)
+
+    try:
+        return add_scope_verified(
+            contents, scope, _repository(target, ring), audit, progress=io.progress, report=say
+        )
+    finally:
+        target.close()
+
+
+def _added_lines(report: ScopeReport, scope: str, target: dict[str, str]) -> list[str]:
+    summary = report.summary
+    where = target.get("schema") or target.get("home")
+    return [
+        f"added scope {scope}: {summary.records.lines} records, {summary.events.lines} events "
+        f"to {target['backend']} {where}",
+        "verified: the scope reads back byte for byte, checks out against its history, "
+        "and the target's keyed audit is clean",
+    ]
+
+
+def scope_name(text: str) -> str:
+    """Parse ``--scope``: a workflow state scope name."""
+    try:
+        return check_scope(text)
+    except InvalidInput as error:
+        raise argparse.ArgumentTypeError(error.message) from None
 
 
 def target_location(text: str) -> str:
@@ -190,13 +332,13 @@ def target_location(text: str) -> str:
     return str(file_path(text))
 
 
-def _target_options(parser: argparse.ArgumentParser) -> None:
+def _target_options(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
     parser.add_argument(
         "--to",
-        required=True,
+        required=required,
         type=target_location,
         metavar="TARGET",
-        help="a PostgreSQL DSN (postgres://...) or the home directory of a new SQLite store",
+        help="a PostgreSQL DSN (postgres://...) or the home directory of a SQLite store",
     )
     parser.add_argument(
         "--to-schema",
@@ -225,26 +367,47 @@ def register(verbs: Verbs) -> None:
     export = add_verb(
         verbs,
         "export",
-        help="write the whole store to one archive file with a MAC'd manifest",
+        help="write the whole store, or one scope, to one archive file with a MAC'd manifest",
         description=(
             "Write every record, ledger event, seal count and the commit count to a new zip "
             "archive whose manifest (counts and SHA-256 of each part) is MAC'd under the store "
-            "key. The store is only read. Import it with 'flowvault import'."
+            "key. With --scope, only that workflow state scope's state row and history stream "
+            "(and the store's seal counts). With --sign, the manifest is also signed with the "
+            "Ed25519 signing key (FLOWVAULT_SIGNING_KEY_FILE), so anyone with its public key "
+            "can check the archive's origin. The store is only read. Import it with "
+            "'flowvault import'."
         ),
         handler=_export,
     )
     export.add_argument("--to", required=True, type=file_path, metavar="FILE", help="new file")
+    export.add_argument(
+        "--scope", type=scope_name, metavar="NAME", help="export only this workflow state scope"
+    )
+    export.add_argument(
+        "--sign", action="store_true", help="sign the manifest with the Ed25519 signing key"
+    )
     imported = add_verb(
         verbs,
         "import",
-        help="fill an empty store from an archive, after verifying all of it",
+        help="fill an empty store from an archive, or add a scope archive's scope to a store",
         description=(
-            "Verify the archive's manifest under the store key and every part against it, "
-            "then fill an empty target with it in one transaction and verify the target as "
-            "'migrate' does. An archive that fails any check is refused before the target "
-            "is opened."
+            "Verify the archive's manifest under the store key (and its signature, with "
+            "--public-key) and every part against it. A whole-store archive then fills an "
+            "empty target in one transaction, verified as 'migrate' does; a scope archive is "
+            "added to a target that holds none of the scope's rows, verified likewise. An "
+            "archive that fails any check is refused before the target is opened. --check "
+            "verifies only, and with --public-key alone needs no store key."
         ),
         handler=_import,
     )
     imported.add_argument("archive", type=file_path, metavar="FILE", help="the archive to import")
-    _target_options(imported)
+    _target_options(imported, required=False)
+    imported.add_argument(
+        "--public-key",
+        type=file_path,
+        metavar="PEM",
+        help="refuse the archive unless its manifest is signed by this Ed25519 public key",
+    )
+    imported.add_argument(
+        "--check", action="store_true", help="verify the archive and write nothing"
+    )

@@ -252,6 +252,24 @@ class InMemorySecureObjectStore:
             self._seals = dict(contents.seal_counts)
             self._epoch = max(self._epoch, contents.epoch)
 
+    def add(self, contents: StoreContents) -> None:
+        """Hold ``contents`` next to what the store holds, if none of its keys or streams exist."""
+        with self._lock:
+            self._check_open()
+            keys = [(r.metadata.namespace, r.metadata.key_digest) for r in contents.records]
+            streams = contents.streams()
+            if any(key in self._records for key in keys) or any(
+                name in self._streams for name in streams
+            ):
+                raise StoreNotEmpty("the store already holds one of these records or streams")
+            for key, record in zip(keys, contents.records, strict=True):
+                self._records[key] = record
+            for name, events in streams.items():
+                self._streams[name] = _Stream(first_index=events[0].index, events=list(events))
+            for key_id, count in contents.seal_counts.items():
+                self._seals[key_id] = self._seals.get(key_id, 0) + count
+            self._epoch += 1
+
     def ledger_head(self, stream: str) -> LedgerEvent | None:
         """Return the last event of ``stream`` or ``None``."""
         require_text(stream, "stream")

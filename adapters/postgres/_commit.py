@@ -209,6 +209,21 @@ class PreparedUnit:
         connection.execute(sql.RAISE_EPOCH)
 
 
+def _write_rows(connection: Connection, contents: StoreContents) -> None:
+    """Write the records, each stream's row at its first retained index and head, and events."""
+    for upsert in contents.unit().upserts:
+        _RecordWrite(upsert, record_params(upsert), label_rows(upsert)).apply(connection)
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            sql.FILL_STREAM,
+            [
+                (name, events[0].index, events[-1].index, events[-1].event_hash)
+                for name, events in contents.streams().items()
+            ],
+        )
+        cursor.executemany(sql.INSERT_EVENT, [event_params(event) for event in contents.events])
+
+
 def fill(connection: Connection, contents: StoreContents) -> None:
     """Write ``contents`` into an empty schema inside the caller's transaction.
 
@@ -221,18 +236,28 @@ def fill(connection: Connection, contents: StoreContents) -> None:
     held = connection.execute(sql.HAS_RECORDS).fetchone()
     if (held is not None and held[0]) or connection.execute(sql.SEAL_COUNTS).fetchall():
         raise StoreNotEmpty("the store already holds data")
-    for upsert in contents.unit().upserts:
-        _RecordWrite(upsert, record_params(upsert), label_rows(upsert)).apply(connection)
-    streams = contents.streams()
+    _write_rows(connection, contents)
     with connection.cursor() as cursor:
-        cursor.executemany(
-            sql.FILL_STREAM,
-            [
-                (name, events[0].index, events[-1].index, events[-1].event_hash)
-                for name, events in streams.items()
-            ],
-        )
-        cursor.executemany(sql.INSERT_EVENT, [event_params(event) for event in contents.events])
         cursor.executemany(sql.FILL_SEALS, sorted(contents.seal_counts.items()))
     if contents.epoch:
         connection.execute(sql.SET_EPOCH, (contents.epoch,))
+
+
+def add(connection: Connection, contents: StoreContents) -> None:
+    """Write ``contents`` next to the schema's rows inside the caller's transaction.
+
+    Under the same table locks as ``fill``, none of its records or streams
+    may exist; seal counts are added to, and the epoch raised once.
+    """
+    connection.execute(sql.LOCK_FOR_FILL)
+    for record in contents.records:
+        meta = record.metadata
+        if connection.execute(sql.HAS_RECORD, (meta.namespace, meta.key_digest)).fetchone():
+            raise StoreNotEmpty("the store already holds one of these records or streams")
+    for name in contents.streams():
+        if connection.execute(sql.HAS_STREAM, (name, name)).fetchone():
+            raise StoreNotEmpty("the store already holds one of these records or streams")
+    _write_rows(connection, contents)
+    with connection.cursor() as cursor:
+        cursor.executemany(sql.RESERVE_SEALS, sorted(contents.seal_counts.items()))
+    connection.execute(sql.RAISE_EPOCH)

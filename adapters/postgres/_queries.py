@@ -147,6 +147,11 @@ LIST_STREAMS: Final = (
 )
 """Stream names after a mark; the column is ``COLLATE "C"``, so code-point order."""
 HAS_RECORDS: Final = "SELECT EXISTS (SELECT 1 FROM records) OR EXISTS (SELECT 1 FROM ledger_events)"
+HAS_RECORD: Final = "SELECT 1 FROM records WHERE namespace = %s AND key_digest = %s"
+HAS_STREAM: Final = (
+    "SELECT 1 FROM ledger_streams WHERE stream = %s "
+    "UNION ALL SELECT 1 FROM ledger_events WHERE stream = %s LIMIT 1"
+)
 NAMESPACE_COUNTS: Final = "SELECT namespace, count(*) FROM records GROUP BY namespace"
 KEY_ID_COUNTS: Final = "SELECT key_id, count(*) FROM records GROUP BY key_id"
 

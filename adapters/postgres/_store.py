@@ -21,7 +21,7 @@ from flowvault.adapters._rows import (
 )
 from flowvault.adapters._sql_store import Dialect, SqlStore, ledger_page, ledger_start
 from flowvault.adapters.postgres import _queries as sql
-from flowvault.adapters.postgres._commit import PreparedUnit, fill
+from flowvault.adapters.postgres._commit import PreparedUnit, add, fill
 from flowvault.adapters.postgres._connect import (
     APPLICATION_NAME,
     Connection,
@@ -239,6 +239,10 @@ class PostgresSecureObjectStore(SqlStore):
         back by the server, leaving the schema as empty as before.
         """
         self._run(lambda connection: fill(connection, contents), transaction=True)
+
+    def add(self, contents: StoreContents) -> None:
+        """Write ``contents`` next to this schema's rows in one transaction (see ``StoreFill``)."""
+        self._run(lambda connection: add(connection, contents), transaction=True)
 
     @contextmanager
     def record_locked(self, namespace: str, key_digest: str) -> Iterator[None]:

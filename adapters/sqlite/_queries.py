@@ -144,6 +144,11 @@ VACUUM: Final = "VACUUM"
 LIST_STREAMS: Final = "SELECT stream FROM ledger_streams WHERE stream > ? ORDER BY stream LIMIT ?"
 """Stream names after a mark, in ``BINARY`` collation: UTF-8 byte order, i.e. code-point order."""
 HAS_RECORDS: Final = "SELECT EXISTS (SELECT 1 FROM records) OR EXISTS (SELECT 1 FROM ledger_events)"
+HAS_RECORD: Final = "SELECT 1 FROM records WHERE namespace = ? AND key_digest = ?"
+HAS_STREAM: Final = (
+    "SELECT 1 FROM ledger_streams WHERE stream = ? "
+    "UNION ALL SELECT 1 FROM ledger_events WHERE stream = ? LIMIT 1"
+)
 NAMESPACE_COUNTS: Final = "SELECT namespace, COUNT(*) FROM records GROUP BY namespace"
 KEY_ID_COUNTS: Final = "SELECT key_id, COUNT(*) FROM records GROUP BY key_id"
 

@@ -489,6 +489,35 @@ class SQLiteSecureObjectStore(SqlStore):
                 rollback_quietly(connection)
                 raise
 
+    def add(self, contents: StoreContents) -> None:
+        """Write ``contents`` next to the file's rows in one ``BEGIN IMMEDIATE`` transaction.
+
+        The same writes as ``fill``; refused if one of its records or
+        streams exists. Seal counts are added to, and the epoch raised once.
+        """
+        self._check_writable()
+        prepared = PreparedUnit.build(contents.unit())
+        counts = sorted(contents.seal_counts.items())
+        with self._writing() as connection:
+            begin_immediate(connection, self._options.busy_timeout)
+            try:
+                held = any(
+                    connection.execute(sql.HAS_RECORD, (meta.namespace, meta.key_digest)).fetchall()
+                    for meta in (record.metadata for record in contents.records)
+                ) or any(
+                    connection.execute(sql.HAS_STREAM, (name, name)).fetchall()
+                    for name in contents.streams()
+                )
+                if held:
+                    raise StoreNotEmpty("the store already holds one of these records or streams")
+                apply_writes(connection, prepared)
+                connection.executemany(sql.RESERVE_SEALS, counts)
+                connection.execute(sql.RAISE_EPOCH)
+                connection.execute("COMMIT")
+            except BaseException:
+                rollback_quietly(connection)
+                raise
+
     # -- epoch ----------------------------------------------------------------
 
     def epoch(self) -> int:

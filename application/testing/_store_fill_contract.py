@@ -123,3 +123,41 @@ class StoreFillContract(StoreHarness):
         _fill(store).fill(_contents())
         assert store.epoch() >= counted
         assert store.load(NS, natural_key_digest(NS, "b")) is not None
+
+    def test_add_writes_next_to_what_the_store_holds(self, store: SecureObjectStore) -> None:
+        """Other rows stay, seal counts are added to, and the epoch rises by one."""
+        store.commit(UnitOfWork(upserts=[make_upsert(NS, "kept")]))
+        store.commit(UnitOfWork(appends=[make_event("s/kept", 0)]))
+        assert isinstance(store, SealCounter)
+        assert isinstance(store, StoreEpoch)
+        store.reserve_seals("k1", 5)
+        before = store.epoch()
+        contents = _contents()
+        _fill(store).add(contents)
+        for record in contents.records:
+            meta = record.metadata
+            assert store.load(meta.namespace, meta.key_digest) == record
+        assert store.read_ledger("s/trimmed").events == tuple(contents.streams()["s/trimmed"])
+        assert store.load(NS, natural_key_digest(NS, "kept")) is not None
+        assert store.ledger_head("s/kept") is not None
+        assert dict(store.seal_counts()) == {"k1": 75, "k0": 4}
+        assert store.epoch() == before + 1
+
+    @pytest.mark.parametrize("held", ["record", "stream"])
+    def test_add_refuses_a_record_or_stream_that_exists(
+        self, store: SecureObjectStore, held: str
+    ) -> None:
+        """One of its records or streams already there: ``StoreNotEmpty``, nothing written."""
+        if held == "record":
+            store.commit(UnitOfWork(upserts=[make_upsert("other", "c")]))
+        else:
+            store.commit(UnitOfWork(appends=[make_event("s/trimmed", 0)]))
+        assert isinstance(store, StoreStats)
+        assert isinstance(store, StoreEpoch)
+        assert isinstance(store, SealCounter)
+        before = (dict(store.namespace_counts()), store.epoch())
+        with pytest.raises(StoreNotEmpty):
+            _fill(store).add(_contents())
+        assert (dict(store.namespace_counts()), store.epoch()) == before
+        assert store.read_ledger("s/whole").events == ()
+        assert dict(store.seal_counts()) == {}

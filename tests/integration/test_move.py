@@ -23,7 +23,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from cli_helpers import FLOWVAULT, TIMEOUT, cli_env, json_document, run_cli
-from every_kind import Written, populate, service_reads
+from every_kind import SCOPE, Written, populate, service_reads
 
 from flowvault.adapters.crypto import AesGcmCipher, FileKeyStore
 from flowvault.adapters.crypto._cipher import derive_integrity_key, generate_master_key
@@ -42,7 +42,13 @@ from flowvault.application._transfer import (
     read_contents,
 )
 from flowvault.composition import Runtime, Settings, bootstrap
-from flowvault.domain import IntegrityFailure, StoreNotEmpty, StoreUnavailable, WorkOrder
+from flowvault.domain import (
+    IntegrityFailure,
+    StoreNotEmpty,
+    StoreUnavailable,
+    WorkflowState,
+    WorkOrder,
+)
 from flowvault.domain._canonical import canonical_bytes, parse_canonical
 
 pytestmark = pytest.mark.postgres
@@ -442,3 +448,234 @@ def test_a_migrate_killed_inside_its_transaction_leaves_the_target_empty(
     rerun = run_cli(tmp_path, "migrate", "--to", postgres_server.dsn, "--to-schema", schema,
                     home=settings.home)  # fmt: skip
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+
+
+# -- one scope ----------------------------------------------------------------------
+
+
+def _state(settings: Settings, scope: str = SCOPE) -> tuple[object, int | None]:
+    with bootstrap(settings) as runtime:
+        snapshot = runtime.state(scope).load()
+    return snapshot.state, snapshot.revision
+
+
+def _with_other_data(settings: Settings) -> None:
+    """Write a workflow and another scope, so the target is a live store, not an empty one."""
+    with bootstrap(settings) as runtime:
+        runtime.workflows.create(
+            WorkOrder(kind="other.test", parameters={}, requester="t", idempotency_key="there")
+        )
+        runtime.state("other").save(WorkflowState(workflow_id="wf-other", stage="intake"))
+
+
+def _rows(settings: Settings) -> StoreContents:
+    with bootstrap(settings) as runtime:
+        return _raw(runtime.repository.store)
+
+
+def test_a_scope_crosses_sqlite_to_postgres_and_back_into_stores_holding_other_data(
+    source: tuple[Settings, Written, dict[str, object]],
+    tmp_path: Path,
+    postgres_server,
+    pg_schema: str,
+) -> None:
+    """``export --scope`` then ``import`` adds the scope, loading the same state, audit clean."""
+    settings, _, _ = source
+    expected = _state(settings)
+    archive = tmp_path / "scope.fvz"
+    exported = run_cli(
+        tmp_path, "export", "--scope", SCOPE, "--to", str(archive), "--json", home=settings.home
+    )
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    document = json_document(exported)
+    manifest = document["manifest"]
+    assert isinstance(manifest, dict)
+    assert manifest["scope"] == SCOPE
+    assert set(document) == {"archive", "bytes", "signed", "manifest"}
+    assert document["signed"] is False
+    assert manifest["parts"][RECORDS_PART]["lines"] == 1
+
+    pg = _postgres(postgres_server.dsn, pg_schema, settings.key_path)
+    _with_other_data(pg)
+    with bootstrap(pg) as runtime:
+        seals_before = dict(runtime.capabilities.seals.seal_counts())  # type: ignore[union-attr]
+    imported = run_cli(
+        tmp_path, "import", str(archive), "--to", postgres_server.dsn, "--to-schema", pg_schema,
+        "--json", home=settings.home,
+    )  # fmt: skip
+    assert imported.returncode == 0, imported.stdout + imported.stderr
+    added = json_document(imported)
+    assert set(added) == {
+        "archive", "source", "target", "scope", "revision", "records", "events", "streams",
+        "epoch", "seal_counts", "records_digest", "events_digest", "verified",
+    }  # fmt: skip
+    assert (added["scope"], added["verified"], added["records"]) == (SCOPE, True, 1)
+    assert added["revision"] == expected[1]
+    assert _state(pg) == expected
+    assert _state(pg, "other")[1] == 1
+    with bootstrap(pg) as runtime:
+        _audit_clean(runtime)
+        seals_after = dict(runtime.capabilities.seals.seal_counts())  # type: ignore[union-attr]
+    assert all(seals_after[key] >= count for key, count in seals_before.items())
+
+    pg_env = {
+        "FLOWVAULT_BACKEND": "postgres",
+        "FLOWVAULT_POSTGRES_DSN": postgres_server.dsn,
+        "FLOWVAULT_POSTGRES_SCHEMA": pg_schema,
+        "FLOWVAULT_KEY_FILE": str(settings.key_path),
+    }
+    back_archive = tmp_path / "back.fvz"
+    back = run_cli(tmp_path, "export", "--scope", SCOPE, "--to", str(back_archive), **pg_env)
+    assert back.returncode == 0, back.stdout + back.stderr
+    local = _keyed_home(settings, tmp_path / "local")
+    _with_other_data(local)
+    into = run_cli(tmp_path, "import", str(back_archive), "--to", str(local.home),
+                   home=settings.home)  # fmt: skip
+    assert into.returncode == 0, into.stdout + into.stderr
+    assert _state(local) == expected
+    with bootstrap(local) as runtime:
+        _audit_clean(runtime)
+
+
+def test_importing_a_scope_the_target_holds_is_refused_and_writes_nothing(
+    source: tuple[Settings, Written, dict[str, object]], tmp_path: Path
+) -> None:
+    """A second import of the scope, or a whole-store archive into a live store: refused whole."""
+    settings, _, _ = source
+    archive = tmp_path / "scope.fvz"
+    assert run_cli(tmp_path, "export", "--scope", SCOPE, "--to", str(archive),
+                   home=settings.home).returncode == 0  # fmt: skip
+    whole = tmp_path / "whole.fvz"
+    assert run_cli(tmp_path, "export", "--to", str(whole), home=settings.home).returncode == 0
+    target = _keyed_home(settings, tmp_path / "target")
+    _with_other_data(target)
+    first = run_cli(tmp_path, "import", str(archive), "--to", str(target.home), home=settings.home)
+    assert first.returncode == 0, first.stdout + first.stderr
+    before = _rows(target)
+    for refused_archive in (archive, whole):
+        again = run_cli(tmp_path, "import", str(refused_archive), "--to", str(target.home),
+                        "--json", home=settings.home)  # fmt: skip
+        assert again.returncode == 1
+        assert json_document(again)["error"]["code"] == "STORE_NOT_EMPTY"  # type: ignore[index]
+        _same_rows(_rows(target), before)
+
+    same_scope = _keyed_home(settings, tmp_path / "same-scope")
+    with bootstrap(same_scope) as runtime:
+        runtime.state(SCOPE).save(WorkflowState(workflow_id="wf-here", stage="intake"))
+    held = _rows(same_scope)
+    clash = run_cli(tmp_path, "import", str(archive), "--to", str(same_scope.home),
+                    "--json", home=settings.home)  # fmt: skip
+    assert json_document(clash)["error"]["code"] == "STORE_NOT_EMPTY"  # type: ignore[index]
+    _same_rows(_rows(same_scope), held)
+
+
+@pytest.mark.parametrize("tamper", ["a byte of a sealed payload", "the manifest edited"])
+def test_a_tampered_scope_archive_is_refused_and_writes_nothing(
+    source: tuple[Settings, Written, dict[str, object]], tmp_path: Path, tamper: str
+) -> None:
+    """An edited scope archive fails its MAC or a part's digest before the target is opened."""
+    settings, _, _ = source
+    archive = tmp_path / "scope.fvz"
+    assert run_cli(tmp_path, "export", "--scope", SCOPE, "--to", str(archive),
+                   home=settings.home).returncode == 0  # fmt: skip
+    tampered = tmp_path / "tampered.fvz"
+    tampered.write_bytes(TAMPERS[tamper](archive.read_bytes()))
+    target = _keyed_home(settings, tmp_path / "target")
+    _with_other_data(target)
+    before = _rows(target)
+    refused = run_cli(tmp_path, "import", str(tampered), "--to", str(target.home), "--json",
+                      home=settings.home)  # fmt: skip
+    assert refused.returncode == 1
+    assert json_document(refused)["error"]["code"] == "INTEGRITY_FAILURE"  # type: ignore[index]
+    _same_rows(_rows(target), before)
+
+
+def test_export_of_a_scope_the_store_never_held_is_not_found(
+    source: tuple[Settings, Written, dict[str, object]], tmp_path: Path
+) -> None:
+    """No row and no history: ``NOT_FOUND``, and no file is written."""
+    settings, _, _ = source
+    archive = tmp_path / "none.fvz"
+    missing = run_cli(tmp_path, "export", "--scope", "never", "--to", str(archive), "--json",
+                      home=settings.home)  # fmt: skip
+    assert json_document(missing)["error"]["code"] == "NOT_FOUND"  # type: ignore[index]
+    assert not archive.exists()
+
+
+# -- a signed archive ---------------------------------------------------------------
+
+
+def _strip_signature(body: bytes) -> bytes:
+    document = parse_canonical(body.decode().rstrip("\n"))
+    assert isinstance(document, dict)
+    del document["signature"]
+    return canonical_bytes(document) + b"\n"
+
+
+def test_a_signed_archive_checks_with_the_public_key_alone_and_import_refuses_others(
+    source: tuple[Settings, Written, dict[str, object]], tmp_path: Path
+) -> None:
+    """The right key verifies; another key, a stripped signature or an edited manifest do not."""
+    settings, _, _ = source
+    key = tmp_path / "signing" / "export.pem"
+    assert run_cli(tmp_path, "keys", "signing-key", "--out", str(key)).returncode == 0
+    public = Path(f"{key}.pub")
+    other = tmp_path / "other.pem"
+    assert run_cli(tmp_path, "keys", "signing-key", "--out", str(other)).returncode == 0
+    unkeyed = run_cli(tmp_path, "export", "--sign", "--to", str(tmp_path / "x.fvz"), "--json",
+                      home=settings.home)  # fmt: skip
+    assert json_document(unkeyed)["error"]["code"] == "KEY_REQUIRED"  # type: ignore[index]
+    archive = tmp_path / "signed.fvz"
+    signed = run_cli(tmp_path, "export", "--sign", "--scope", SCOPE, "--to", str(archive),
+                     "--json", home=settings.home, FLOWVAULT_SIGNING_KEY_FILE=str(key))  # fmt: skip
+    assert signed.returncode == 0, signed.stdout + signed.stderr
+    assert json_document(signed)["signed"] is True
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    checked = run_cli(elsewhere, "import", str(archive), "--check", "--public-key", str(public),
+                      "--json", home=elsewhere / "home")  # fmt: skip
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    document = json_document(checked)
+    assert set(document) == {
+        "archive", "mac_checked", "signature_checked", "records", "events", "manifest"
+    }  # fmt: skip
+    assert (document["records"], document["events"]) == (None, None)
+    assert (document["mac_checked"], document["signature_checked"]) == (False, True)
+    assert document["manifest"]["scope"] == SCOPE  # type: ignore[index]
+    assert not (elsewhere / "home").exists(), "a check with the public key opens no store"
+
+    keyed = run_cli(tmp_path, "import", str(archive), "--check", "--public-key", str(public),
+                    "--json", home=settings.home)  # fmt: skip
+    assert json_document(keyed)["mac_checked"] is True
+    assert json_document(keyed)["records"] == 1
+
+    unsigned = tmp_path / "unsigned.fvz"
+    assert run_cli(tmp_path, "export", "--scope", SCOPE, "--to", str(unsigned),
+                   home=settings.home).returncode == 0  # fmt: skip
+    stripped = tmp_path / "stripped.fvz"
+    stripped.write_bytes(_rezip(archive.read_bytes(), MANIFEST, _strip_signature))
+    edited = tmp_path / "edited.fvz"
+    edited.write_bytes(_rezip(archive.read_bytes(), MANIFEST, _edit_manifest))
+    flipped = tmp_path / "flipped.fvz"
+    flipped.write_bytes(TAMPERS["a byte of a sealed payload"](archive.read_bytes()))
+    for candidate, pem in (
+        (archive, f"{other}.pub"),
+        (unsigned, str(public)),
+        (stripped, str(public)),
+        (edited, str(public)),
+        (flipped, str(public)),
+    ):
+        refused = run_cli(elsewhere, "import", str(candidate), "--check", "--public-key", pem,
+                          "--json", home=elsewhere / "home")  # fmt: skip
+        assert refused.returncode == 1, candidate
+        assert json_document(refused)["error"]["code"] == "INTEGRITY_FAILURE"  # type: ignore[index]
+        target = tmp_path / f"target-{candidate.stem}"
+        into = run_cli(tmp_path, "import", str(candidate), "--public-key", pem, "--to",
+                       str(target), "--json", home=settings.home)  # fmt: skip
+        assert json_document(into)["error"]["code"] == "INTEGRITY_FAILURE"  # type: ignore[index]
+        assert not target.exists()
+    target = tmp_path / "target"
+    accepted = run_cli(tmp_path, "import", str(archive), "--public-key", str(public), "--to",
+                       str(target), "--json", home=settings.home)  # fmt: skip
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr

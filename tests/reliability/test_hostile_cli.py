@@ -410,11 +410,19 @@ def verbs(home: Home) -> st.SearchStrategy[list[str]]:
             _option("--to-schema", value),
             json_flag,
         ),
-        _verb(_words("export"), targets.map(lambda v: ["--to", v]), json_flag),
+        _verb(
+            _words("export"),
+            targets.map(lambda v: ["--to", v]),
+            _option("--scope", ids),
+            _flag("--sign"),
+            json_flag,
+        ),
         _verb(
             _words("import"),
             files.map(lambda v: [v]),
-            targets.map(lambda v: ["--to", v]),
+            _option("--to", targets),
+            _option("--public-key", files),
+            _flag("--check"),
             json_flag,
         ),
         _verb(_words("demo", "--home"), demo_homes.map(lambda v: [v]), json_flag),
@@ -428,7 +436,7 @@ JUNK_TOKENS = (
     "--decision", "--yes", "--dry-run", "--older-than-days", "--backend", "memory", "-h",
     "keys", "add", "retire", "rotate-key", "--batch-size", "check-receipt", "--against",
     "--public-key", "signing-key", "--out", "compact", "accept-restore", "vouch",
-    "--head-hash", "recover",
+    "--head-hash", "recover", "--sign", "--check",
 )  # fmt: skip
 """Words the parser knows, shuffled into junk argv (never ``demo``, which would run in full)."""
 
