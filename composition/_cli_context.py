@@ -25,6 +25,7 @@ from flowvault.composition._container import (
     anti_rollback,
     build_container,
     key_file_store,
+    no_store,
     open_postgres,
     receipt_signer,
 )
@@ -48,10 +49,10 @@ class CommandContext:
 
     def bootstrap(self) -> Runtime:
         """Open the store and its services, creating them (and a key) when absent."""
-        return bootstrap(self.settings)
+        return bootstrap(self.settings, create=True)
 
     def open_store(self, *, read_only: bool = False, lenient: bool = False) -> SecureObjectStore:
-        """Open the store alone, as the container does or read-only (no SQLite file is created)."""
+        """Open the existing store alone, as the container does or read-only; create nothing."""
         settings = self.settings
         if lenient:
             settings = settings.model_copy(update={"allow_insecure_permissions": True})
@@ -59,6 +60,8 @@ class CommandContext:
             store: SecureObjectStore = build_container(settings).store()
             return store
         if settings.backend == "sqlite":
+            if not settings.database_path.exists():
+                raise no_store(str(settings.database_path))
             return SQLiteSecureObjectStore.open(
                 settings.database_path, busy_timeout=settings.busy_timeout, read_only=True
             )

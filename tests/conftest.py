@@ -132,13 +132,13 @@ def backend_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Se
     if request.param == "memory":
         store = InMemorySecureObjectStore()
     elif request.param == "sqlite":
-        store = SQLiteSecureObjectStore.open(tmp_path / "data" / "store.db")
+        store = SQLiteSecureObjectStore.open(tmp_path / "data" / "store.db", create=True)
     else:
         from flowvault.adapters.postgres import PostgresSecureObjectStore  # noqa: PLC0415
 
         server = request.getfixturevalue("postgres_server")
         schema = request.getfixturevalue("pg_schema")
-        store = PostgresSecureObjectStore.open(server.dsn, schema=schema, pool_size=2)
+        store = PostgresSecureObjectStore.open(server.dsn, schema=schema, pool_size=2, create=True)
     try:
         yield store
     finally:

@@ -60,7 +60,10 @@ FIXES: dict[str, str] = {
         "purpose, run 'flowvault accept-restore'"
     ),
 }
-"""One-line fixes printed under an error, by code; other codes print none."""
+"""One-line fixes printed under an error, by code; other codes print none.
+
+An error whose ``details`` carry a ``fix`` of its own prints that one instead.
+"""
 
 
 @dataclass(slots=True)
@@ -157,7 +160,8 @@ class CommandIO:
 
     def fail(self, error: FlowvaultError) -> int:
         """Report a flowvault error with its code and a one-line fix; return exit status 1."""
-        fix = FIXES.get(error.code)
+        own = error.details.get("fix")
+        fix = own if isinstance(own, str) else FIXES.get(error.code)
         if self.json_output:
             body = {"error": {"code": error.code, "message": error.message, "fix": fix}}
             self.out.write(json.dumps(body, sort_keys=True) + "\n")

@@ -18,7 +18,7 @@ class TestSQLiteDurability(DurabilityContract):
         return "flowvault.adapters.sqlite:SQLiteSecureObjectStore.open", {"path": str(self.path)}
 
     def open_store(self) -> SQLiteSecureObjectStore:
-        return SQLiteSecureObjectStore.open(self.path)
+        return SQLiteSecureObjectStore.open(self.path, create=True)
 
 
 @pytest.mark.postgres
@@ -35,7 +35,9 @@ class TestPostgresDurability(DurabilityContract):
         return "flowvault.adapters.postgres:PostgresSecureObjectStore.open", kwargs
 
     def open_store(self) -> PostgresSecureObjectStore:
-        return PostgresSecureObjectStore.open(self.server.dsn, schema=self.schema, pool_size=1)
+        return PostgresSecureObjectStore.open(
+            self.server.dsn, schema=self.schema, pool_size=1, create=True
+        )
 
     def discard_store(self) -> None:
         self.server.drop_schema(self.schema)

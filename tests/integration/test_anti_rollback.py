@@ -52,7 +52,7 @@ def _settings(home: Path, mark_sync: MarkSync) -> Settings:
 
 
 def _write(settings: Settings, steps: range) -> None:
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         for step in steps:
             runtime.state("main").save(WorkflowState(step=step))
 
@@ -87,7 +87,7 @@ def test_a_restored_older_copy_is_refused_on_open(tmp_path: Path, mark_sync: Mar
     assert mark is not None
     assert mark.parent == settings.keys_dir
     with pytest.raises(StoreRolledBack) as refused:
-        bootstrap(settings)
+        bootstrap(settings, create=True)
     assert refused.value.details["epoch"] < refused.value.details["high_water"]  # type: ignore[operator]
     cli = _run(tmp_path, "workflows", "list", home=settings.home)
     assert cli.returncode == 1
@@ -107,7 +107,7 @@ def test_without_the_mark_the_same_restore_goes_unseen(tmp_path: Path, mark_sync
     mark = settings.high_water_path
     assert mark is not None
     mark.unlink()
-    with capture_logs() as logs, bootstrap(settings) as runtime:
+    with capture_logs() as logs, bootstrap(settings, create=True) as runtime:
         assert runtime.state("main").load().state == WorkflowState(step=2)
     assert "high_water_mark_started" in [entry["event"] for entry in logs]
 
@@ -121,7 +121,7 @@ def test_with_the_mark_off_nothing_is_checked_or_written(tmp_path: Path) -> None
     kept = mark.read_bytes()
     off = Settings.from_env({"FLOWVAULT_HOME": str(settings.home), "FLOWVAULT_MARK_SYNC": "OFF"})
     assert off.mark_sync == "off"
-    with capture_logs() as logs, bootstrap(off) as runtime:
+    with capture_logs() as logs, bootstrap(off, create=True) as runtime:
         assert runtime.mark is None
         assert runtime.state("main").load().state == WorkflowState(step=2)
         runtime.state("main").save(WorkflowState(step=50))
@@ -130,7 +130,7 @@ def test_with_the_mark_off_nothing_is_checked_or_written(tmp_path: Path) -> None
     ]
     assert mark.read_bytes() == kept
     with pytest.raises(StoreRolledBack):
-        bootstrap(settings)
+        bootstrap(settings, create=True)
 
 
 def _cut_newest_events(database: Path, count: int) -> str:
@@ -164,7 +164,7 @@ def test_a_restored_copy_with_its_count_raised_is_refused_by_stream_sizes(
     with closing(sqlite3.connect(settings.database_path)) as connection, connection:
         connection.execute("UPDATE store_epoch SET epoch = 1000000000")
     with pytest.raises(StoreRolledBack) as refused:
-        bootstrap(settings)
+        bootstrap(settings, create=True)
     details = refused.value.details
     assert details["size"] < details["high_water"]  # type: ignore[operator]
     assert f"ledger stream {details['stream']} holds {details['size']} events" in (
@@ -173,7 +173,7 @@ def test_a_restored_copy_with_its_count_raised_is_refused_by_stream_sizes(
     mark = settings.high_water_path
     assert mark is not None
     mark.unlink()
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         assert runtime.state("main").load().state == WorkflowState(step=2), (
             "the negative control: without the mark the same copy opens as if current"
         )
@@ -185,7 +185,7 @@ def test_events_cut_from_a_stream_are_refused_on_open(tmp_path: Path, mark_sync:
     _write(settings, range(6))
     stream = _cut_newest_events(settings.database_path, 2)
     with pytest.raises(StoreRolledBack) as refused:
-        bootstrap(settings)
+        bootstrap(settings, create=True)
     assert refused.value.details["stream"] == stream
     assert refused.value.details["high_water"] == refused.value.details["size"] + 2  # type: ignore[operator]
     cli = _run(tmp_path, "workflows", "list", home=settings.home)
@@ -213,20 +213,20 @@ def test_accept_restore_reopens_a_deliberately_restored_copy(
     assert refused.returncode == 1
     assert "--yes" in refused.stderr
     with pytest.raises(StoreRolledBack):
-        bootstrap(settings)
+        bootstrap(settings, create=True)
     accepted = _run(tmp_path, "accept-restore", "--yes", "--json", home=settings.home)
     assert accepted.returncode == 0, accepted.stderr
     document = _document(accepted)
     assert isinstance(document["previous"], int)
     assert isinstance(document["epoch"], int)
     assert document["previous"] > document["epoch"]
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         assert runtime.state("main").load().state == WorkflowState(step=2)
         runtime.state("main").save(WorkflowState(step=99))
         after = _epoch(runtime)
     mark = settings.high_water_path
     assert mark is not None
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         assert _mark_epoch(mark, runtime) == after
 
 
@@ -237,7 +237,7 @@ def test_in_the_strict_mode_every_commit_advances_the_mark_before_it_returns(
     settings = _settings(tmp_path / "home", "strict")
     mark = settings.high_water_path
     assert mark is not None
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         for step in range(5):
             runtime.state("main").save(WorkflowState(step=step))
             assert _mark_epoch(mark, runtime) == _epoch(runtime)
@@ -250,7 +250,7 @@ def test_by_default_the_mark_trails_the_commits_never_leads_and_close_writes_it(
     settings = _settings(tmp_path / "home", "lagged")
     mark = settings.high_water_path
     assert mark is not None
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         runtime.state("main").save(WorkflowState(step=0))
         settle(runtime)
         seen: list[tuple[int, int]] = []
@@ -276,7 +276,7 @@ def test_an_edited_mark_is_refused(tmp_path: Path, mark_sync: MarkSync) -> None:
         lambda current: MarkWrite(current.head.replace(b"epoch ", b"epoch 9")) if current else None
     )
     with pytest.raises(IntegrityFailure, match="high-water mark"):
-        bootstrap(settings)
+        bootstrap(settings, create=True)
 
 
 def _put_back(copy: Path, data_dir: Path) -> None:
@@ -303,7 +303,7 @@ def _last_commit(settings: Settings, tmp_path: Path) -> tuple[bytes, bytes]:
 def _open_code(settings: Settings) -> str:
     """Bootstrap ``settings``; return the error code, or ``opened``."""
     try:
-        bootstrap(settings).close()
+        bootstrap(settings, create=True).close()
     except FlowvaultError as exc:
         return exc.code
     return "opened"
@@ -406,7 +406,7 @@ def test_a_mark_torn_by_a_crash_after_its_commit_still_opens(tmp_path: Path) -> 
     for name, mark in torn.items():
         _put_back(tmp_path / "after", settings.data_dir)
         path.write_bytes(mark)
-        with capture_logs() as logs, bootstrap(settings) as runtime:
+        with capture_logs() as logs, bootstrap(settings, create=True) as runtime:
             assert runtime.state("main").load().state == WorkflowState(step=3), name
             count = _epoch(runtime)
         events = [entry["event"] for entry in logs]
@@ -414,12 +414,12 @@ def test_a_mark_torn_by_a_crash_after_its_commit_still_opens(tmp_path: Path) -> 
         state = MarkFileStore(path).read()
         assert state is not None
         assert state.passed_over == (), f"{name}: the mark was written afresh"
-        with bootstrap(settings) as runtime:
+        with bootstrap(settings, create=True) as runtime:
             assert _mark_epoch(path, runtime) == count
         _put_back(tmp_path / "before", settings.data_dir)
         path.write_bytes(mark)
         with pytest.raises(refusals[name]):
-            bootstrap(settings)
+            bootstrap(settings, create=True)
 
 
 def test_an_older_mark_rebuilt_from_the_file_goes_unseen(tmp_path: Path) -> None:
@@ -443,7 +443,7 @@ def test_an_older_mark_rebuilt_from_the_file_goes_unseen(tmp_path: Path) -> None
     slot = framing.pack(magic, sequence, length, log_size, log_size, zlib.crc32(log), crc) + head
     path.write_bytes(slot.ljust(SLOT_BYTES, b"\0") + bytes(SLOT_BYTES) + log)
     _put_back(tmp_path / "before", settings.data_dir)
-    with capture_logs() as logs, bootstrap(settings) as runtime:
+    with capture_logs() as logs, bootstrap(settings, create=True) as runtime:
         assert runtime.state("main").load().state == WorkflowState(step=2)
     assert [entry for entry in logs if entry["log_level"] == "warning"] == []
 
@@ -458,7 +458,7 @@ def test_an_emptied_mark_is_refused_until_the_restore_is_accepted(
     assert mark is not None
     mark.write_bytes(b"")
     with pytest.raises(IntegrityFailure, match="is empty but the store holds"):
-        bootstrap(settings)
+        bootstrap(settings, create=True)
     cli = _run(tmp_path, "workflows", "list", home=settings.home)
     assert cli.returncode == 1
     assert "INTEGRITY_FAILURE" in cli.stderr
@@ -468,7 +468,7 @@ def test_an_emptied_mark_is_refused_until_the_restore_is_accepted(
     document = _document(accepted)
     assert document["previous"] is None
     assert isinstance(document["epoch"], int)
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         assert runtime.state("main").load().state == WorkflowState(step=2)
         assert _mark_epoch(mark, runtime) == document["epoch"]
 
@@ -489,7 +489,7 @@ def test_postgres_keeps_a_mark_where_the_host_names_it(
         mark_sync=mark_sync,
     )
     assert settings.high_water_path == mark
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         for step in range(4):
             runtime.state("main").save(WorkflowState(step=step))
         count = _epoch(runtime)
@@ -497,10 +497,10 @@ def test_postgres_keeps_a_mark_where_the_host_names_it(
     with postgres_server.admin() as admin:
         admin.execute(f"SELECT setval('\"{pg_schema}\".store_epoch', 1)")
     with pytest.raises(StoreRolledBack):
-        bootstrap(settings)
+        bootstrap(settings, create=True)
     unguarded = settings.model_copy(update={"high_water_file": None})
     assert unguarded.high_water_path is None
-    with bootstrap(unguarded) as runtime:
+    with bootstrap(unguarded, create=True) as runtime:
         assert runtime.state("main").load().state == WorkflowState(step=3)
     with postgres_server.admin() as admin:
         admin.execute(f"SELECT setval('\"{pg_schema}\".store_epoch', 1000000000)")
@@ -515,5 +515,5 @@ def test_postgres_keeps_a_mark_where_the_host_names_it(
             (stream, head),
         )
     with pytest.raises(StoreRolledBack) as refused:
-        bootstrap(settings)
+        bootstrap(settings, create=True)
     assert refused.value.details["stream"] == stream, "events cut from a stream, count raised"

@@ -50,7 +50,7 @@ def ended(tmp_path: Path) -> Ended:
     key = tmp_path / "signing" / "receipts.pem"
     made = _run(tmp_path, "keys", "signing-key", "--out", str(key))
     assert made.returncode == 0, made.stderr
-    with bootstrap(_settings(home, key)) as runtime:
+    with bootstrap(_settings(home, key), create=True) as runtime:
         runs = runtime.runs
         runtime.definitions.register_definition("triage", {"nodes": ["plan"]})
         failed = runs.start_run("triage", {"ask": INPUT_MARKER})[0].run_id
@@ -58,7 +58,7 @@ def ended(tmp_path: Path) -> Ended:
         runs.set_status(failed, "failed", expected_status="running")
         recovered = runs.start_run("triage", {"ask": INPUT_MARKER})[0].run_id
         assert runs.recover_incomplete_runs() == 1
-    with bootstrap(_settings(home, None)) as runtime:
+    with bootstrap(_settings(home, None), create=True) as runtime:
         runs = runtime.runs
         unsigned = runs.start_run("triage", {"ask": INPUT_MARKER})[0].run_id
         runs.set_status(unsigned, "running", expected_status="accepted")
@@ -200,4 +200,4 @@ def test_a_signing_key_that_does_not_load_is_refused_not_skipped(
         "not-a-key": InvalidInput,
     }[problem]
     with pytest.raises(expected):
-        bootstrap(_settings(tmp_path / "home", key))
+        bootstrap(_settings(tmp_path / "home", key), create=True)
