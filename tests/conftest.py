@@ -146,6 +146,12 @@ def backend_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Se
 
 
 @pytest.fixture(autouse=True)
+def _private_data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point the default home into the test's directory: a PostgreSQL host keeps its mark there."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+
+
+@pytest.fixture(autouse=True)
 def _fresh_logging() -> Iterator[None]:
     """Undo any structlog set-up a test made (e.g. by calling the CLI's ``main`` in-process).
 

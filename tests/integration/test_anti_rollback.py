@@ -3,8 +3,9 @@
 Real SQLite files: a copy of the data directory is taken, more is written,
 the copy is put back. The mark beside the key file remembers the newer
 commit count; the negative control deletes the mark and the same restore
-goes unnoticed. PostgreSQL keeps a mark where ``FLOWVAULT_HIGH_WATER_FILE``
-says, and a sequence set back stands in for a restored dump.
+goes unnoticed. PostgreSQL keeps each host's mark of each store beside its
+key by default, or where ``FLOWVAULT_HIGH_WATER_FILE`` says, and a sequence
+set back stands in for a restored dump.
 """
 
 from __future__ import annotations
@@ -499,8 +500,8 @@ def test_postgres_keeps_a_mark_where_the_host_names_it(
     with pytest.raises(StoreRolledBack):
         bootstrap(settings, create=True)
     unguarded = settings.model_copy(update={"high_water_file": None})
-    assert unguarded.high_water_path is None
-    with bootstrap(unguarded, create=True) as runtime:
+    assert unguarded.high_water_path not in {None, mark}, "a mark of its own, never written"
+    with bootstrap(unguarded) as runtime:
         assert runtime.state("main").load().state == WorkflowState(step=3)
     with postgres_server.admin() as admin:
         admin.execute(f"SELECT setval('\"{pg_schema}\".store_epoch', 1000000000)")
@@ -517,3 +518,92 @@ def test_postgres_keeps_a_mark_where_the_host_names_it(
     with pytest.raises(StoreRolledBack) as refused:
         bootstrap(settings, create=True)
     assert refused.value.details["stream"] == stream, "events cut from a stream, count raised"
+
+
+def _pg_host(home: Path, postgres_server: Any, schema: str, key: bytes) -> Settings:
+    """One host of a shared PostgreSQL store: its own home, the default mark, the shared key."""
+    return Settings(
+        backend="postgres",
+        home=home,
+        postgres_dsn=postgres_server.dsn,
+        postgres_schema=schema,
+        key=encode_master_key(key),
+    )
+
+
+def _save(settings: Settings, step: int) -> int:
+    """Save one step as ``settings``' host and return the store's count after it."""
+    with bootstrap(settings) as runtime:
+        runtime.state("main").save(WorkflowState(step=step))
+        return _epoch(runtime)
+
+
+@pytest.mark.postgres
+def test_every_postgres_host_that_saw_the_newer_state_refuses_a_restore_by_default(
+    tmp_path: Path, postgres_server: Any, pg_schema: str
+) -> None:
+    """Two hosts write one schema, each marking what it saw; a restore is refused by both.
+
+    Each host's mark trails what the other committed, which it must not
+    refuse; a host that last opened the store before the newer state, and
+    a new one, trust what they find; accept-restore lets one host proceed.
+    """
+    key = bytes(range(96, 128))
+    first = _pg_host(tmp_path / "first", postgres_server, pg_schema, key)
+    second = _pg_host(tmp_path / "second", postgres_server, pg_schema, key)
+    assert first.high_water_file is None
+    assert second.high_water_file is None
+    with bootstrap(first, create=True) as runtime:
+        runtime.state("main").save(WorkflowState(step=0))
+    early = _pg_host(tmp_path / "early", postgres_server, pg_schema, key)
+    _save(early, 1)
+    older = _save(second, 1)
+    _save(first, 2)
+    _save(second, 3)
+    newest = _save(first, 4)
+    first_mark, second_mark = first.high_water_path, second.high_water_path
+    assert first_mark is not None
+    assert second_mark is not None
+    with bootstrap(first) as runtime:
+        assert _mark_epoch(first_mark, runtime) >= newest
+        assert older < _mark_epoch(second_mark, runtime) < newest, "behind the other host"
+    with postgres_server.admin() as admin:
+        admin.execute(f"SELECT setval('\"{pg_schema}\".store_epoch', {older})")
+    for host in (first, second):
+        with pytest.raises(StoreRolledBack):
+            bootstrap(host)
+    for unaware in (early, _pg_host(tmp_path / "fresh", postgres_server, pg_schema, key)):
+        with bootstrap(unaware) as runtime:
+            assert runtime.state("main").load().state == WorkflowState(step=4)
+    env = {
+        "FLOWVAULT_BACKEND": "postgres",
+        "FLOWVAULT_POSTGRES_DSN": postgres_server.dsn,
+        "FLOWVAULT_POSTGRES_SCHEMA": pg_schema,
+        "FLOWVAULT_KEY": encode_master_key(key),
+    }
+    accepted = _run(tmp_path, "accept-restore", "--yes", "--json", home=first.home, **env)
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    assert _document(accepted)["mark"] == str(first_mark)
+    _save(first, 5)
+    with pytest.raises(StoreRolledBack):
+        bootstrap(second)
+
+
+def test_a_postgres_mark_is_named_from_the_store_not_the_password(tmp_path: Path) -> None:
+    """Password and connection options keep the name; another schema or database changes it."""
+
+    def mark(dsn: str, schema: str = "flowvault") -> Path | None:
+        settings = Settings(
+            backend="postgres", home=tmp_path, postgres_dsn=dsn, postgres_schema=schema
+        )
+        return settings.high_water_path
+
+    base = mark("postgresql://app@db.internal:5432/vault")
+    assert base is not None
+    assert base.parent == tmp_path / "keys"
+    assert "s3cret" not in str(mark("postgresql://app:s3cret@db.internal:5432/vault"))
+    assert mark("postgresql://app:s3cret@db.internal:5432/vault?sslmode=require") == base
+    assert mark("host=db.internal port=5432 dbname=vault user=app") == base
+    assert mark("postgresql://app@db.internal:5432/vault", "other") != base
+    assert mark("postgresql://app@db.internal:5432/archive") != base
+    assert mark("postgresql://app@replica.internal:5432/vault") != base

@@ -318,6 +318,7 @@ def test_postgres_keys_live_in_a_shared_key_file(
     ring_dir.chmod(0o700)
     FileKeyStore(ring_dir, file_name="shared.key").create(generate_master_key())
     key_file = ring_dir / "shared.key"
+    _ok(cli.run("init", "--json", **env, FLOWVAULT_KEY_FILE=str(key_file)))
     added = _ok(cli.run("keys", "add", "--json", **env, FLOWVAULT_KEY_FILE=str(key_file)))
     assert _mode(key_file) == 0o600
     assert key_file.read_text().splitlines()[0] == RING_HEADER
