@@ -8,6 +8,7 @@ from flowvault.application._action_results import ActionResultService
 from flowvault.application._approval_expiry import ExpiryReport
 from flowvault.application._approval_receipts import SignedDecision
 from flowvault.application._approvals import ApprovalService
+from flowvault.application._archive import decode_archive, encode_archive
 from flowvault.application._audit import AuditReport, LedgerAudit
 from flowvault.application._backoff import RetryPolicy
 from flowvault.application._capabilities import StoreCapabilities
@@ -30,6 +31,7 @@ from flowvault.application._records import (
     Order,
     RecordMetadata,
     RecordPage,
+    StoreContents,
     StoredRecord,
     UnitOfWork,
     Upsert,
@@ -44,6 +46,12 @@ from flowvault.application._state import HistoryEvent, StateRepository, StateSna
 from flowvault.application._stream_writer import StreamWriter
 from flowvault.application._streams import trim_unit
 from flowvault.application._terminal_receipts import TerminalReceipts
+from flowvault.application._transfer import (
+    ContentSummary,
+    CopyReport,
+    fill_verified,
+    read_contents,
+)
 from flowvault.application._verified import verified_events
 from flowvault.application._workflow_events import WorkflowEventService
 from flowvault.application._workflows import WorkflowService
@@ -57,6 +65,7 @@ from flowvault.application.ports import (
     SealCounter,
     SecureObjectStore,
     StoreEpoch,
+    StoreFill,
     StoreStats,
     StreamCatalog,
     StreamHeadBatch,
@@ -72,6 +81,8 @@ __all__ = [
     "Cipher",
     "Clock",
     "Compactor",
+    "ContentSummary",
+    "CopyReport",
     "DecisionSignatures",
     "DefinitionRegistry",
     "Delete",
@@ -110,7 +121,9 @@ __all__ = [
     "StateRepository",
     "StateSnapshot",
     "StoreCapabilities",
+    "StoreContents",
     "StoreEpoch",
+    "StoreFill",
     "StoreStats",
     "StoredRecord",
     "StreamCatalog",
@@ -128,7 +141,11 @@ __all__ = [
     "check_append",
     "check_delete",
     "check_upsert",
+    "decode_archive",
     "effective_limit",
+    "encode_archive",
+    "fill_verified",
+    "read_contents",
     "trim_unit",
     "verified_events",
 ]

@@ -307,3 +307,74 @@ class LedgerPage:
     events: tuple[LedgerEvent, ...]
     next_index: int | None
     gap: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StoreContents:
+    """Everything a store holds, as stored: what a move reads out of one store and into another.
+
+    ``events`` holds each stream's retained events as one run in index
+    order, so a stream trimmed before index 40 starts at 40; the streams
+    follow one another. Checked when built, so an adapter's ``fill`` only
+    writes.
+    """
+
+    records: Sequence[StoredRecord]
+    events: Sequence[LedgerEvent]
+    seal_counts: Mapping[str, int]
+    epoch: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "records", tuple(self.records))
+        object.__setattr__(self, "events", tuple(self.events))
+        object.__setattr__(self, "seal_counts", MappingProxyType(dict(self.seal_counts)))
+        addresses = {(r.metadata.namespace, r.metadata.key_digest) for r in self.records}
+        if len(addresses) != len(self.records):
+            raise InvalidInput("store contents hold each record once")
+        if type(self.epoch) is not int or self.epoch < 0:
+            raise InvalidInput("the epoch must be a non-negative integer")
+        for key_id, count in self.seal_counts.items():
+            if not isinstance(key_id, str) or type(count) is not int or count < 0:
+                raise InvalidInput("seal counts are non-negative integers per key id")
+        _check_runs(self.events)
+
+    def unit(self) -> UnitOfWork:
+        """Return the writes that, applied unguarded to an empty store, make it hold these contents.
+
+        Records are ``Guard.ANY`` upserts at their own revisions, events
+        appends, and a trim at each stream's first retained index past 0.
+        Only a ``fill`` applies it, after checking the store is empty.
+        """
+        return UnitOfWork(
+            upserts=[
+                Upsert(r.metadata.header, r.payload, Guard.ANY, r.metadata.labels)
+                for r in self.records
+            ],
+            appends=self.events,
+            trims=[
+                LedgerTrim(name, events[0].index)
+                for name, events in self.streams().items()
+                if events[0].index > 0
+            ],
+        )
+
+    def streams(self) -> dict[str, tuple[LedgerEvent, ...]]:
+        """Return each stream's retained events, by stream name."""
+        runs: dict[str, list[LedgerEvent]] = {}
+        for event in self.events:
+            runs.setdefault(event.stream, []).append(event)
+        return {name: tuple(events) for name, events in runs.items()}
+
+
+def _check_runs(events: Sequence[LedgerEvent]) -> None:
+    """Refuse events that are not one chained run per stream, the streams one after another."""
+    seen: set[str] = set()
+    previous: LedgerEvent | None = None
+    for event in events:
+        if previous is not None and previous.stream == event.stream:
+            if event.index != previous.index + 1 or event.previous_hash != previous.event_hash:
+                raise InvalidInput("a stream's events must be consecutive and chained")
+        elif event.stream in seen:
+            raise InvalidInput("each stream's events must be one run")
+        seen.add(event.stream)
+        previous = event

@@ -21,6 +21,7 @@ from flowvault.application._records import (
     Order,
     RecordMetadata,
     RecordPage,
+    StoreContents,
     StoredRecord,
     UnitOfWork,
 )
@@ -228,6 +229,33 @@ class StreamCatalog(Protocol):
 
         Raises:
             InvalidInput: a limit below 1.
+
+        """
+        ...
+
+
+@runtime_checkable
+class StoreFill(Protocol):
+    """Optional, maintenance tier: write another store's contents, as they are, into this empty one.
+
+    A move copies sealed rows byte for byte with their headers, so each
+    record keeps its revision, each trimmed stream its first retained
+    index, and the store its commit count and seal counts; no guarded unit
+    of work can write those. What to copy and whether the copy is right is
+    decided above the port.
+    """
+
+    def fill(self, contents: StoreContents) -> None:
+        """Write every record, event, seal count and the epoch of ``contents`` in one transaction.
+
+        Each stream's first retained index is the index of its first event.
+        The epoch becomes the greater of the stored one and the contents',
+        since nothing lowers it. The emptiness check runs inside the same
+        transaction, so two fills racing for one store cannot both land.
+
+        Raises:
+            StoreNotEmpty: the store holds a record, an event or a seal
+                count already. Nothing was written.
 
         """
         ...

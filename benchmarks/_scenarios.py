@@ -49,7 +49,9 @@ from _harness import (
 )
 from _peer import PEER_NAME, PeerSaver, peer_unavailable
 from _workload import (
+    OPS_PER_RUN,
     OPS_PER_WORKFLOW,
+    RUN_DEFINITION,
     LifecycleRun,
     Orders,
     create_workflows,
@@ -97,6 +99,7 @@ class Sizes:
     s5_threads: int
     s5_thread_workflows: int
     s6_workflows: int
+    s7_runs: int
 
     def to_json(self) -> JsonObject:
         """Return the sizes for the report's parameters."""
@@ -118,6 +121,7 @@ QUICK: Final = Sizes(
     s5_threads=8,
     s5_thread_workflows=1,
     s6_workflows=3,
+    s7_runs=2,
 )
 
 FULL: Final = Sizes(
@@ -135,6 +139,7 @@ FULL: Final = Sizes(
     s5_threads=8,
     s5_thread_workflows=8,
     s6_workflows=40,
+    s7_runs=20,
 )
 
 
@@ -698,11 +703,12 @@ class WorkerGroup:
     def _tail(self, n: int) -> str:
         return self._logs[n].read_text(encoding="utf-8", errors="replace")[-2000:]
 
-    def round(self, command: str) -> Sample:
-        """Run one ``baseline`` or ``scenario`` round on every worker; return the aggregate."""
-        for n in range(len(self._processes)):
+    def round(self, command: str, workers: int | None = None) -> Sample:
+        """Run one round on the first ``workers`` workers (all by default); return the aggregate."""
+        taking = range(len(self._processes) if workers is None else workers)
+        for n in taking:
             self._send(n, command)
-        replies = [as_object(json.loads(self._receive(n))) for n in range(len(self._processes))]
+        replies = [as_object(json.loads(self._receive(n))) for n in taking]
         samples = [Sample.from_json(reply) for reply in replies]
         span = max(as_float(r["end"]) for r in replies) - min(as_float(r["start"]) for r in replies)
         return Sample(
@@ -938,5 +944,104 @@ def s6_postgres(ctx: Context) -> ScenarioResult:
     result.extra = {
         "server_version": postgres_server_version(target.dsn),
         "errors": sum(row.errors for row in result.rows),
+    }
+    return result
+
+
+# -- S7 -------------------------------------------------------------------------
+
+HOST_COUNTS: Final = (1, 2, 4)
+"""How many host processes drive runs at once in each S7 round."""
+
+
+def _host_rows(
+    ctx: Context, backend: str, hosts: Sequence[JsonObject], raw: JsonObject
+) -> list[Row]:
+    """Interleave rounds of 1, 2 and 4 hosts starting and finishing their own runs.
+
+    Every host is its own process with its own runtime and host identity;
+    the one-host row is set against raw single-row writes of one process,
+    the others against the one-host rounds of the same run.
+    """
+    count = ctx.sizes.s7_runs
+    configs: list[JsonObject] = [
+        {"settings": settings, "raw": raw, "peer": None, "row": n, "workflows": count, "tag": ""}
+        for n, settings in enumerate(hosts)
+    ]
+    samples: dict[int, list[Sample]] = {hosts: [] for hosts in HOST_COUNTS}
+    baseline: list[Sample] = []
+    with WorkerGroup(ctx, f"s7-{backend}", configs) as group:
+        for hosts_now in HOST_COUNTS:
+            group.round("runs", hosts_now)
+        for _ in range(ctx.sizes.repetitions):
+            baseline.append(group.round("baseline", 1))
+            for hosts_now in HOST_COUNTS:
+                samples[hosts_now].append(group.round("runs", hosts_now))
+    rows = []
+    for hosts_now in HOST_COUNTS:
+        measured = tuple(samples[hosts_now])
+        notes = (
+            f"{hosts_now} x {count} runs x {OPS_PER_RUN} ops; "
+            f"errors {sum(s.errors for s in measured)}"
+        )
+        plural = "host" if hosts_now == 1 else "hosts"
+        label = f"{hosts_now} {plural}, own runs ({backend})"
+        if hosts_now == 1:
+            base_name, base = f"raw {backend} write x1 process", tuple(baseline)
+        else:
+            base_name, base = "1 host", tuple(samples[1])
+        rows.append(Row(f"S7-{backend}-{hosts_now}", label, measured, base_name, base, notes))
+    return rows
+
+
+def _register_definition(settings: JsonObject) -> None:
+    with open_runtime(Settings.model_validate(settings)) as runtime:
+        runtime.definitions.register_definition(RUN_DEFINITION, {"nodes": ["plan", "act"]})
+
+
+def _sqlite_hosts(ctx: Context) -> list[Row]:
+    home = ctx.work / "s7"
+    hosts: list[JsonObject] = [
+        {"backend": "sqlite", "home": str(home)} for n in range(max(HOST_COUNTS))
+    ]
+    _register_definition(hosts[0])
+    raw_path = ctx.work / "s7-raw.db"
+    RawSqlite.create(raw_path, max(HOST_COUNTS))
+    return _host_rows(ctx, "sqlite", hosts, {"kind": "sqlite", "path": str(raw_path)})
+
+
+def _postgres_hosts(ctx: Context, target: PostgresTarget) -> list[Row]:
+    shared = _postgres_settings(ctx, target)
+    hosts: list[JsonObject] = [
+        {**shared, "home": str(ctx.work / f"s7-host-{n}")} for n in range(max(HOST_COUNTS))
+    ]
+    _register_definition(hosts[0])
+    RawPostgres.create(target.dsn, target.schema, max(HOST_COUNTS))
+    raw: JsonObject = {"kind": "postgres", "dsn": target.dsn, "schema": target.schema}
+    return _host_rows(ctx, "postgres", hosts, raw)
+
+
+def s7_hosts(ctx: Context) -> ScenarioResult:
+    """S7: runs driven by 1, 2 and 4 host processes at once, on SQLite and on PostgreSQL.
+
+    The PostgreSQL rows use a fresh schema, dropped afterwards; without a
+    server they are left out and the reason is reported.
+    """
+    result = ScenarioResult("S7", "several hosts")
+    result.rows = _sqlite_hosts(ctx)
+    target = ctx.postgres
+    reason = "no PostgreSQL DSN" if target is None else postgres_unreachable(target.dsn)
+    if target is not None and reason is None:
+        if schema_exists(target.dsn, target.schema):
+            result.status = "failed"
+            result.reason = f"schema {target.schema} already exists; pass a fresh --postgres-schema"
+            return result
+        try:
+            result.rows += _postgres_hosts(ctx, target)
+        finally:
+            drop_schema(target.dsn, target.schema)
+    result.extra = {
+        "errors": sum(row.errors for row in result.rows),
+        "postgres": "ran" if reason is None else f"skipped: {reason}",
     }
     return result

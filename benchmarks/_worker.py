@@ -32,6 +32,7 @@ from _workload import (
     prefill,
     run_lifecycles,
     run_peer_lifecycles,
+    run_runs,
     sqlite_settings,
 )
 
@@ -139,6 +140,8 @@ def writer(config: Mapping[str, object]) -> None:
                     sample = run_peer_lifecycles(peer, peer_orders.take(workflows))
                 elif command == "scenario":
                     sample = run_lifecycles(runtime.workflows, orders.take(workflows)).sample()
+                elif command == "runs":
+                    sample = run_runs(runtime.runs, workflows)
                 else:
                     raise RuntimeError(f"unknown command {command!r}")
                 print(json.dumps(_stamped(sample, start, time.monotonic())), flush=True)

@@ -19,7 +19,7 @@ from typing import Final
 from _harness import JsonObject, Recorder, Sample, ms_since, sample_from_latencies
 from _peer import PeerSaver
 
-from flowvault.application import WorkflowService
+from flowvault.application import RunService, WorkflowService
 from flowvault.composition import Runtime, Settings, bootstrap
 from flowvault.domain import FlowvaultError, WorkOrder
 
@@ -33,6 +33,41 @@ PEER_STATES: Final = ("intake", *LIFECYCLE)
 """The state each of the peer's checkpoints records: the create's, then each transition's."""
 
 MACHINE_VERSION: Final = "sha256:" + hashlib.sha256(",".join(PEER_STATES).encode()).hexdigest()
+
+
+RUN_DEFINITION: Final = "bench.graph"
+"""The graph definition every run of the several-hosts scenario starts on."""
+
+OPS_PER_RUN: Final = 4
+"""A run's start, its move to ``running``, one event and its finish with a receipt."""
+
+
+def run_runs(runs: RunService, count: int) -> Sample:
+    """Drive ``count`` runs from start to a completed receipt; a failed run is counted.
+
+    Each run is this host's own, so its lease is taken at the start and
+    renewed by every write; nothing here waits on another host.
+    """
+    recorder = Recorder()
+    for n in range(count):
+        try:
+            started = time.perf_counter()
+            run, _ = runs.start_run(RUN_DEFINITION, {"n": n})
+            recorder.record(started)
+            started = time.perf_counter()
+            runs.set_status(run.run_id, "running", expected_status="accepted")
+            recorder.record(started)
+            started = time.perf_counter()
+            runs.append_run_events(run.run_id, [("node.done", {"node": "plan"})])
+            recorder.record(started)
+            started = time.perf_counter()
+            runs.finish_run(
+                run.run_id, "completed", expected_status="running", final_state={"n": n}
+            )
+            recorder.record(started)
+        except FlowvaultError:
+            recorder.errors += 1
+    return recorder.sample()
 
 
 def sqlite_settings(home: Path, *, synchronous: str = "full") -> Settings:

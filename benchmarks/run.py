@@ -48,6 +48,7 @@ from _scenarios import (
     s5_processes,
     s5_threads,
     s6_postgres,
+    s7_hosts,
 )
 
 from flowvault.composition import configure_logging
@@ -68,6 +69,7 @@ SCENARIOS: Final[tuple[tuple[str, str, Scenario], ...]] = (
     ("S5a", "concurrent processes", s5_processes),
     ("S5b", "concurrent threads", s5_threads),
     ("S6", "PostgreSQL", s6_postgres),
+    ("S7", "several hosts", s7_hosts),
 )
 """Every scenario, in the order they run and are reported."""
 

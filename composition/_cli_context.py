@@ -12,6 +12,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import SecretStr
+
+from flowvault.adapters.cli._move import POSTGRES_SCHEMES
 from flowvault.adapters.crypto import FileKeyStore
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
@@ -30,7 +33,7 @@ from flowvault.composition._container import (
     receipt_signer,
 )
 from flowvault.composition._settings import Settings
-from flowvault.domain import KeyRequired
+from flowvault.domain import InvalidInput, KeyRequired
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,29 @@ class CommandContext:
         if settings.backend == "postgres":
             return open_postgres(settings)
         return InMemorySecureObjectStore()
+
+    def open_target(self, location: str, *, schema: str | None = None) -> SecureObjectStore:
+        """Open (creating it) the store a move writes to: a PostgreSQL DSN or a SQLite home.
+
+        The adapter is opened directly, with creation on: a move's target is
+        created on purpose, and gets no key of its own.
+        """
+        if location.startswith(POSTGRES_SCHEMES):
+            update: dict[str, object] = {
+                "backend": "postgres",
+                "postgres_dsn": SecretStr(location),
+                "postgres_schema": schema or self.settings.postgres_schema,
+            }
+            return open_postgres(self.settings.model_copy(update=update))
+        if schema is not None:
+            raise InvalidInput("--to-schema names a PostgreSQL schema: give --to a DSN with it")
+        target = self.settings.model_copy(update={"backend": "sqlite", "home": Path(location)})
+        return SQLiteSecureObjectStore.open(
+            target.database_path,
+            synchronous=target.synchronous,
+            busy_timeout=target.busy_timeout,
+            allow_insecure_permissions=target.allow_insecure_permissions,
+        )
 
     def key_file(self) -> FileKeyStore:
         """Return the key file; a PostgreSQL store without ``FLOWVAULT_KEY_FILE`` has none."""

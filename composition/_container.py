@@ -100,6 +100,7 @@ def open_postgres(settings: Settings, create: bool = False) -> SecureObjectStore
             pool_size=settings.postgres_pool_size,
             statement_timeout=settings.postgres_statement_timeout,
             lock_timeout=settings.postgres_lock_timeout,
+            connect_timeout=settings.postgres_connect_timeout,
             create=create,
         )
     except NotFound:

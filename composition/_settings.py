@@ -83,6 +83,9 @@ class Settings(ValueModel):
     postgres_pool_size: int = Field(default=4, ge=1, le=100)
     postgres_statement_timeout: float = Field(default=30.0, gt=0, le=3600)
     postgres_lock_timeout: float = Field(default=10.0, gt=0, le=3600)
+    postgres_connect_timeout: float = Field(default=5.0, gt=0, le=3600)
+    """Seconds one connection attempt may take (libpq counts whole seconds, at least 2),
+    and the longest wait for a pooled connection."""
     postgres_schema: str = Field(default="flowvault", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
 
     @field_validator("home")

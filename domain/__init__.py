@@ -38,6 +38,7 @@ from flowvault.domain._errors import (
     RevisionConflict,
     SchemaTooNew,
     StoreBusy,
+    StoreNotEmpty,
     StoreRolledBack,
     StoreUnavailable,
 )
@@ -95,6 +96,7 @@ __all__ = [
     "SchemaTooNew",
     "StateMachine",
     "StoreBusy",
+    "StoreNotEmpty",
     "StoreRolledBack",
     "StoreUnavailable",
     "TerminalReceipt",

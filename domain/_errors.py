@@ -191,3 +191,14 @@ class KeyExhausted(FlowvaultError):
     """
 
     code = "KEY_EXHAUSTED"
+
+
+class StoreNotEmpty(FlowvaultError):
+    """Raised when a move or an import targets a store that already holds records, events or seals.
+
+    A copy lands whole in an empty store, so what it writes is exactly the
+    source: merged into existing records, streams or counts it would be
+    neither the source nor the target.
+    """
+
+    code = "STORE_NOT_EMPTY"

@@ -150,6 +150,15 @@ class CliContext(Protocol):
         """
         ...
 
+    def open_target(self, location: str, *, schema: str | None = None) -> SecureObjectStore:
+        """Open, creating it if need be, the store a move or an import writes to.
+
+        ``location`` is a PostgreSQL DSN (``postgres://`` or
+        ``postgresql://``; ``schema`` defaults to the configured one) or the
+        home directory of a SQLite store. No key is read or created.
+        """
+        ...
+
     def key_file(self) -> KeyRingStore:
         """Return the key file; ``KeyRequired`` where the backend keeps none."""
         ...

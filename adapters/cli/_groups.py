@@ -12,6 +12,7 @@ from flowvault.adapters.cli import (
     _init,
     _keys,
     _ledger,
+    _move,
     _reset,
     _restore,
     _retention,
@@ -33,6 +34,7 @@ VERB_GROUPS: tuple[Callable[[Verbs], None], ...] = (
     _fingerprint.register,
     _retention.register,
     _keys.register,
+    _move.register,
     _reset.register,
     _demo.register,
 )

@@ -51,6 +51,7 @@ FIXES: dict[str, str] = {
     "INVALID_INPUT": "correct what the message names (see --help for the arguments)",
     "REVISION_CONFLICT": "someone changed it meanwhile; reload and retry",
     "KEY_EXHAUSTED": "run 'flowvault keys add', then 'flowvault rotate-key'",
+    "STORE_NOT_EMPTY": "give --to a new SQLite home or an unused PostgreSQL schema",
     "DECISION_SIGNATURE_INVALID": (
         "sign the output of 'flowvault approvals statement' with the actor's registered key "
         "and pass it with --signature-file"
@@ -60,10 +61,7 @@ FIXES: dict[str, str] = {
         "purpose, run 'flowvault accept-restore'"
     ),
 }
-"""One-line fixes printed under an error, by code; other codes print none.
-
-An error whose ``details`` carry a ``fix`` of its own prints that one instead.
-"""
+"""One-line fixes printed under an error, by code; other codes print none."""
 
 
 @dataclass(slots=True)
@@ -159,7 +157,11 @@ class CommandIO:
         yield line
 
     def fail(self, error: FlowvaultError) -> int:
-        """Report a flowvault error with its code and a one-line fix; return exit status 1."""
+        """Report a flowvault error with its code and a one-line fix; return exit status 1.
+
+        An error that knows its own remedy (``details["fix"]``) prints that
+        instead of its code's general one.
+        """
         own = error.details.get("fix")
         fix = own if isinstance(own, str) else FIXES.get(error.code)
         if self.json_output:

@@ -18,6 +18,7 @@ from flowvault.application import (
     Order,
     RecordMetadata,
     RecordPage,
+    StoreContents,
     StoredRecord,
     UnitOfWork,
     Upsert,
@@ -26,7 +27,7 @@ from flowvault.application import (
     check_upsert,
     effective_limit,
 )
-from flowvault.domain import InvalidInput, LedgerEvent, StoreUnavailable
+from flowvault.domain import InvalidInput, LedgerEvent, StoreNotEmpty, StoreUnavailable
 from flowvault.domain._envelope import format_instant
 
 _Key = tuple[str, str]
@@ -52,8 +53,8 @@ def _sort_key(order: Order) -> Callable[[RecordMetadata], tuple[str, str]]:
 class InMemorySecureObjectStore:
     """Thread-safe ``SecureObjectStore`` held in dictionaries under one lock.
 
-    Also ``StoreStats``, ``StreamCatalog``, ``Compactor``, ``SealCounter``
-    and ``StoreEpoch``.
+    Also ``StoreStats``, ``StreamCatalog``, ``Compactor``, ``SealCounter``,
+    ``StoreEpoch`` and ``StoreFill``.
     It is the reference the durable adapters are held to, and the fast
     backend for tests; everything is lost when the process ends, seal
     counts and the epoch included.
@@ -237,6 +238,19 @@ class InMemorySecureObjectStore:
         if cut > 0:
             stream.events = stream.events[cut:]
             stream.first_index += cut
+
+    def fill(self, contents: StoreContents) -> None:
+        """Hold ``contents`` as given, under the lock, if the store holds nothing yet."""
+        with self._lock:
+            self._check_open()
+            if self._records or any(s.events for s in self._streams.values()) or self._seals:
+                raise StoreNotEmpty("the store already holds data")
+            for record in contents.records:
+                self._records[(record.metadata.namespace, record.metadata.key_digest)] = record
+            for name, events in contents.streams().items():
+                self._streams[name] = _Stream(first_index=events[0].index, events=list(events))
+            self._seals = dict(contents.seal_counts)
+            self._epoch = max(self._epoch, contents.epoch)
 
     def ledger_head(self, stream: str) -> LedgerEvent | None:
         """Return the last event of ``stream`` or ``None``."""

@@ -21,9 +21,17 @@ from flowvault.adapters._sql_store import INDEX_CEILING
 from flowvault.adapters.postgres import _queries as sql
 from flowvault.adapters.postgres._connect import Connection
 from flowvault.adapters.postgres._rows import label_rows, record_params
-from flowvault.application import Delete, Guard, LedgerTrim, UnitOfWork, Upsert, check_append
+from flowvault.application import (
+    Delete,
+    Guard,
+    LedgerTrim,
+    StoreContents,
+    UnitOfWork,
+    Upsert,
+    check_append,
+)
 from flowvault.application._records import ExpectedRevision
-from flowvault.domain import LedgerEvent, RevisionConflict
+from flowvault.domain import LedgerEvent, RevisionConflict, StoreNotEmpty
 from flowvault.domain._ledger import GENESIS_HASH
 
 
@@ -199,3 +207,32 @@ class PreparedUnit:
         for stream in self.streams:
             stream.apply(connection)
         connection.execute(sql.RAISE_EPOCH)
+
+
+def fill(connection: Connection, contents: StoreContents) -> None:
+    """Write ``contents`` into an empty schema inside the caller's transaction.
+
+    The tables are locked first and the schema found empty under the lock;
+    records then go in as ``Guard.ANY`` upserts, each stream's row at its
+    first retained index and head, its events, the seal counts, and last
+    the epoch (``setval``, which a rollback does not undo).
+    """
+    connection.execute(sql.LOCK_FOR_FILL)
+    held = connection.execute(sql.HAS_RECORDS).fetchone()
+    if (held is not None and held[0]) or connection.execute(sql.SEAL_COUNTS).fetchall():
+        raise StoreNotEmpty("the store already holds data")
+    for upsert in contents.unit().upserts:
+        _RecordWrite(upsert, record_params(upsert), label_rows(upsert)).apply(connection)
+    streams = contents.streams()
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            sql.FILL_STREAM,
+            [
+                (name, events[0].index, events[-1].index, events[-1].event_hash)
+                for name, events in streams.items()
+            ],
+        )
+        cursor.executemany(sql.INSERT_EVENT, [event_params(event) for event in contents.events])
+        cursor.executemany(sql.FILL_SEALS, sorted(contents.seal_counts.items()))
+    if contents.epoch:
+        connection.execute(sql.SET_EPOCH, (contents.epoch,))

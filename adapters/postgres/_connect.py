@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Final, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import psycopg
 from psycopg import IsolationLevel
@@ -18,7 +18,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
-from flowvault.adapters.postgres._errors import Timeouts
+from flowvault.adapters.postgres._errors import Target, Timeouts, unreachable
 from flowvault.domain import InvalidInput, StoreUnavailable
 
 Connection: TypeAlias = psycopg.Connection[TupleRow]
@@ -28,6 +28,8 @@ SCHEMA_NAME: Final = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 """Lower-case, unquoted-safe identifiers; PostgreSQL reserves the ``pg_`` prefix."""
 MAX_POOL_SIZE: Final = 100
 MAX_SECONDS: Final = 3600.0
+LIBPQ_MIN_CONNECT_S: Final = 2
+"""libpq's connect_timeout is whole seconds and never below 2."""
 APPLICATION_NAME: Final = "flowvault"
 """How the adapter's sessions show in ``pg_stat_activity``."""
 
@@ -115,6 +117,20 @@ class ConnectOptions:
         )
 
     @property
+    def libpq_connect_timeout(self) -> int:
+        """``connect_timeout`` as libpq takes it: whole seconds, rounded up, at least 2."""
+        return max(LIBPQ_MIN_CONNECT_S, math.ceil(self.connect_timeout))
+
+    @property
+    def connection_kwargs(self) -> dict[str, Any]:
+        """What every connection is opened with, the probe's and the pool's alike."""
+        return {
+            "autocommit": True,
+            "application_name": self.application_name,
+            "connect_timeout": self.libpq_connect_timeout,
+        }
+
+    @property
     def search_path(self) -> str:
         """Only the adapter's schema, with temporary tables last so none can shadow a table."""
         return f'"{self.schema}", pg_temp'
@@ -139,6 +155,22 @@ def check_encoding(connection: Connection) -> None:
         )
 
 
+def probe(options: ConnectOptions) -> None:
+    """Make one connection and close it, or raise ``StoreUnavailable`` naming why not.
+
+    The pool retries a failing connection attempt with back-off, and logs
+    each, until its own timeout: a wrong database name or a refused port
+    would surface only then, as a pool timeout that names no cause. One
+    direct attempt first fails at once with the server's reason, or after
+    ``connect_timeout`` when nothing answers.
+    """
+    try:
+        psycopg.connect(options.dsn, **options.connection_kwargs).close()
+    except psycopg.Error as exc:
+        target = Target.of(exc, options.dsn, options.libpq_connect_timeout)
+        raise unreachable(exc, target) from exc
+
+
 def make_pool(options: ConnectOptions) -> Pool:
     """Build the pool, not yet open: fixed size, every new session configured.
 
@@ -150,7 +182,7 @@ def make_pool(options: ConnectOptions) -> Pool:
     """
     pool: Pool = ConnectionPool(
         options.dsn,
-        kwargs={"autocommit": True, "application_name": options.application_name},
+        kwargs=options.connection_kwargs,
         min_size=options.pool_size,
         max_size=options.pool_size,
         open=False,

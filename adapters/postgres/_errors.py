@@ -4,17 +4,25 @@ Decisions are made on the SQLSTATE (``exc.sqlstate``) and, for errors raised
 before the server answered, on the exception class; never on message text,
 which the server localises. Messages name the SQLSTATE only: a server
 message can quote row values, and a connection error can quote the DSN.
+
+The one exception is a failed connection attempt (``unreachable``): libpq
+keeps the SQLSTATE of a refused login to itself, so its cause is read from
+the English wording of libpq and the server, falling back to a generic cause
+for any other wording. The message still quotes none of that text; it names
+the cause, and the host, port, database and role from the DSN.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Final, TypeAlias
 
 import psycopg
 import psycopg_pool
+from psycopg.conninfo import conninfo_to_dict
 
 from flowvault.domain import (
     FlowvaultError,
@@ -69,7 +77,9 @@ def _unstorable(code: str, _: Timeouts) -> FlowvaultError:
 
 def _no_connection(code: str, _: Timeouts) -> FlowvaultError:
     return StoreUnavailable(
-        "no database connection became available in time (server unreachable or pool exhausted)",
+        "no pooled database connection became available within the connect timeout "
+        "(the server is gone, or every connection is busy: raise "
+        "FLOWVAULT_POSTGRES_POOL_SIZE or FLOWVAULT_POSTGRES_CONNECT_TIMEOUT)",
         sqlstate=code,
     )
 
@@ -123,3 +133,140 @@ def translated(timeouts: Timeouts) -> Iterator[None]:
         raise translate(exc, timeouts) from exc
     except UnicodeEncodeError as exc:
         raise InvalidInput("text arguments must be valid Unicode (no lone surrogates)") from exc
+
+
+_DEFAULT_HOST = "the default host"
+"""What libpq reaches with no host named: ``PGHOST``, else the local socket."""
+
+
+def _text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value or "")
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where a connection attempt went: host, port, database and role, never the password."""
+
+    host: str
+    port: str
+    dbname: str
+    user: str
+    timeout_s: int
+
+    @classmethod
+    def of(cls, exc: psycopg.Error, dsn: str, timeout_s: int) -> Target:
+        """Prefer what libpq used (environment defaults included), else what the DSN names."""
+        used = exc.pgconn
+        if used is not None:
+            return cls(
+                _text(used.host) or _DEFAULT_HOST,
+                _text(used.port) or "5432",
+                _text(used.db),
+                _text(used.user),
+                timeout_s,
+            )
+        named = conninfo_to_dict(dsn)
+        return cls(
+            _text(named.get("host")) or _DEFAULT_HOST,
+            _text(named.get("port")) or "5432",
+            _text(named.get("dbname")),
+            _text(named.get("user")),
+            timeout_s,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Cause:
+    name: str
+    markers: tuple[str, ...]
+    """Regular expressions, any of which in the lower-cased libpq message means this cause."""
+    says: Callable[[Target], str]
+    fix: str
+
+
+_DSN = "FLOWVAULT_POSTGRES_DSN"
+_CAUSES: Final = (
+    _Cause(
+        "unknown_database",
+        (r'database ".*" does not exist',),
+        lambda t: f"database {t.dbname!r} does not exist",
+        f"create the database, or fix the database name in {_DSN}",
+    ),
+    _Cause(
+        "unknown_role",
+        (r'role ".*" does not exist',),
+        lambda t: f"role {t.user!r} does not exist",
+        f"create the role, or fix the user name in {_DSN}",
+    ),
+    _Cause(
+        "authentication",
+        ("authentication failed", "no password supplied", "password is required", "pg_hba.conf"),
+        lambda t: f"the server refused the login of role {t.user!r}",
+        f"fix the user or password ({_DSN}, PGPASSFILE or PGPASSWORD) or the server's pg_hba.conf",
+    ),
+    _Cause(
+        "refused",
+        ("connection refused",),
+        lambda t: "connection refused (nothing listens on that port)",
+        f"start the server, or fix the host and port in {_DSN}",
+    ),
+    _Cause(
+        "unknown_host",
+        ("failed to resolve host", "could not translate host name"),
+        lambda t: f"the host name {t.host!r} does not resolve",
+        f"fix the host in {_DSN}, or its DNS entry",
+    ),
+    _Cause(
+        "server_full",
+        ("too many clients", "too many connections", "connection slots are reserved"),
+        lambda t: "the server has no free connection slots",
+        "retry later, lower FLOWVAULT_POSTGRES_POOL_SIZE, or raise the server's max_connections",
+    ),
+    _Cause(
+        "server_not_ready",
+        ("starting up", "shutting down", "in recovery mode", "not yet accepting connections"),
+        lambda t: "the server is starting up, shutting down or recovering",
+        "retry once the server accepts connections",
+    ),
+    _Cause(
+        "tls",
+        ("ssl", "certificate"),
+        lambda t: "the TLS negotiation failed",
+        f"match the sslmode and certificates in {_DSN} to the server's TLS set-up",
+    ),
+)
+"""Causes in the order they are tried; the first whose marker the libpq message holds wins."""
+
+_TIMEOUT: Final = _Cause(
+    "timeout",
+    (),
+    lambda t: f"no answer within {t.timeout_s} s",
+    "check the host, port and firewall, or raise FLOWVAULT_POSTGRES_CONNECT_TIMEOUT",
+)
+_OTHER: Final = _Cause(
+    "other",
+    (),
+    lambda t: "the connection attempt failed",
+    f"check the server's log and {_DSN}",
+)
+
+
+def _cause(exc: psycopg.Error) -> _Cause:
+    if isinstance(exc, psycopg.errors.ConnectionTimeout):
+        return _TIMEOUT
+    text = str(exc).lower()
+    return next((c for c in _CAUSES if any(re.search(m, text) for m in c.markers)), _OTHER)
+
+
+def unreachable(exc: psycopg.Error, target: Target) -> StoreUnavailable:
+    """Return the one-line ``STORE_UNAVAILABLE`` for a failed attempt to connect to ``target``.
+
+    The remedy goes in ``details["fix"]``, which the CLI prints as its
+    ``fix:`` line.
+    """
+    cause = _cause(exc)
+    return StoreUnavailable(
+        f"cannot connect to PostgreSQL at {target.host}:{target.port}: {cause.says(target)}",
+        cause=cause.name,
+        fix=cause.fix,
+    )

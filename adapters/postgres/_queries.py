@@ -167,6 +167,26 @@ RAISE_EPOCH: Final = "SELECT nextval('store_epoch')"
 STORE_EPOCH: Final = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM store_epoch"
 """The last value handed out; 0 before the first ``nextval``."""
 
+LOCK_FOR_FILL: Final = (
+    "LOCK TABLE records, ledger_streams, ledger_events, seal_counters IN EXCLUSIVE MODE"
+)
+"""Held by a fill to its commit, so two fills (or a fill and a unit) never interleave."""
+FILL_STREAM: Final = (
+    "INSERT INTO ledger_streams (stream, first_index, head_index, head_hash) "
+    "VALUES (%s, %s, %s, %s)"
+)
+FILL_SEALS: Final = "INSERT INTO seal_counters (key_id, reserved) VALUES (%s, %s)"
+SET_EPOCH: Final = (
+    "SELECT setval('store_epoch', GREATEST(%s, "
+    "(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM store_epoch)), true)"
+)
+"""Only a fill sets the count: to the source's, unless the schema's is higher already.
+
+``setval`` is not transactional: a fill killed after it leaves the count
+raised in an otherwise empty schema, which is why a count alone does not
+make a schema hold anything.
+"""
+
 FilterShape = listing.FilterShape
 
 

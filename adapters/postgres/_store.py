@@ -20,7 +20,7 @@ from flowvault.adapters._rows import (
 )
 from flowvault.adapters._sql_store import Dialect, SqlStore, ledger_page, ledger_start
 from flowvault.adapters.postgres import _queries as sql
-from flowvault.adapters.postgres._commit import PreparedUnit
+from flowvault.adapters.postgres._commit import PreparedUnit, fill
 from flowvault.adapters.postgres._connect import (
     APPLICATION_NAME,
     Connection,
@@ -29,12 +29,14 @@ from flowvault.adapters.postgres._connect import (
     alive,
     check_encoding,
     make_pool,
+    probe,
 )
 from flowvault.adapters.postgres._errors import RETRYABLE, translated
 from flowvault.adapters.postgres._rows import metadata_from_row, record_from_row
 from flowvault.adapters.postgres._schema import prepare_schema
 from flowvault.application import (
     LedgerPage,
+    StoreContents,
     UnitOfWork,
 )
 from flowvault.domain import StoreUnavailable
@@ -43,6 +45,8 @@ T = TypeVar("T")
 
 ATTEMPTS: Final = 5
 """How often a transaction is run when PostgreSQL reports a serialization failure or deadlock."""
+LOSS_RERUNS: Final = 1
+"""How often work whose connection was lost before ``COMMIT`` is run again, at once."""
 _BACKOFF_BASE: Final = 0.005
 _BACKOFF_CAP: Final = 0.25
 _jitter = random.SystemRandom()
@@ -60,8 +64,8 @@ def _retryable(exc: psycopg.Error) -> bool:
 class PostgresSecureObjectStore(SqlStore):
     """``SecureObjectStore`` over one schema of a PostgreSQL database.
 
-    Also ``StoreStats``, ``Compactor``, ``SealCounter``, ``StoreEpoch`` and
-    ``RecordLock``.
+    Also ``StoreStats``, ``Compactor``, ``SealCounter``, ``StoreEpoch``,
+    ``RecordLock`` and ``StoreFill``.
     Several hosts may open the same schema at once: every unit of work is one
     READ COMMITTED transaction whose guards sit in the ``WHERE`` clauses of
     its writes, and ledger appends lock the stream's head row, so no update
@@ -100,8 +104,12 @@ class PostgresSecureObjectStore(SqlStore):
         becomes a new, empty store.
 
         ``statement_timeout`` and ``lock_timeout`` bound every statement and
-        every lock wait; ``connect_timeout`` bounds the wait for a pooled
-        connection, at open and on every call.
+        every lock wait; ``connect_timeout`` bounds each connection attempt
+        (in whole seconds, at least 2, as libpq counts it) and the wait for
+        a pooled connection, at open and on every call. A server that
+        cannot be reached fails at once, or once the attempt times out,
+        with a message naming the cause (``details["cause"]``) and
+        ``details["fix"]``.
 
         Raises:
             InvalidInput: an option is out of range or the DSN is malformed.
@@ -120,6 +128,7 @@ class PostgresSecureObjectStore(SqlStore):
             connect_timeout,
             application_name,
         )
+        probe(options)
         pool = make_pool(options)
         try:
             with translated(options.timeouts):
@@ -166,23 +175,42 @@ class PostgresSecureObjectStore(SqlStore):
         """Run ``work`` on a live connection, in a transaction if asked; re-run on 40001/40P01.
 
         A statement outside a transaction is atomic on its own and sees one
-        snapshot, so single-statement reads need no ``BEGIN``.
+        snapshot, so single-statement reads need no ``BEGIN``. Work whose
+        connection is lost before ``COMMIT`` was sent is re-run once on
+        another connection (``LOSS_RERUNS``): the server rolls back what the
+        lost session did, so nothing can be applied twice. A loss during
+        ``COMMIT`` is never re-run, nor one under ``record_locked``, whose
+        lock went with the session.
         """
         self._check_usable()
         with translated(self._timeouts):
             attempt = 1
+            reruns = 0
             while True:
+                used: list[Connection] = []
+                committing = False
                 try:
                     with self._borrow() as connection:
+                        used.append(connection)
                         if not transaction:
                             return work(connection)
                         with connection.transaction():
-                            return work(connection)
+                            result = work(connection)
+                            committing = True
+                        return result
                 except psycopg.Error as exc:
+                    if reruns < LOSS_RERUNS and self._lost_uncommitted(used, committing):
+                        reruns += 1
+                        continue
                     if attempt >= ATTEMPTS or not _retryable(exc):
                         raise
                 _pause(attempt)
                 attempt += 1
+
+    def _lost_uncommitted(self, used: Sequence[Connection], committing: bool) -> bool:
+        """Return whether the run's own connection died before it could have committed."""
+        holding = getattr(self._held, "connection", None) is not None
+        return bool(used) and used[0].broken and not committing and not holding
 
     def _fetch(self, statement: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
         return self._run(
@@ -195,9 +223,12 @@ class PostgresSecureObjectStore(SqlStore):
     def commit(self, unit: UnitOfWork) -> None:
         """Apply every guarded write of ``unit`` in one READ COMMITTED transaction, or none.
 
-        If the connection is lost while committing, ``StoreUnavailable`` is
-        raised and the unit is either wholly applied or not at all; read
-        back to learn which. It is never re-run, since a unit is not
+        If the connection is lost before ``COMMIT`` was sent, the unit is
+        run once more on another connection; the lost session's writes were
+        rolled back, and the guards are checked again. If it is lost again,
+        or while committing, ``StoreUnavailable`` is raised and the unit is
+        either wholly applied or not at all; read back to learn which. A
+        loss during ``COMMIT`` is never re-run, since a unit is not
         idempotent.
         """
         if unit.empty:
@@ -205,6 +236,14 @@ class PostgresSecureObjectStore(SqlStore):
             return
         prepared = PreparedUnit.build(unit)
         self._run(prepared.apply, transaction=True)
+
+    def fill(self, contents: StoreContents) -> None:
+        """Write ``contents`` into this schema in one transaction, if it holds nothing.
+
+        An interrupted fill (a lost connection, a killed process) is rolled
+        back by the server, leaving the schema as empty as before.
+        """
+        self._run(lambda connection: fill(connection, contents), transaction=True)
 
     @contextmanager
     def record_locked(self, namespace: str, key_digest: str) -> Iterator[None]:
@@ -275,8 +314,9 @@ class PostgresSecureObjectStore(SqlStore):
         """Add ``count`` to ``key_id``'s counter in one statement and transaction of its own.
 
         Errors map as a commit's do, and a serialization failure or deadlock
-        re-runs it, which is safe because the failed run was rolled back. A
-        lost connection raises ``StoreUnavailable`` without re-running: the
+        re-runs it, which is safe because the failed run was rolled back, as
+        does a connection lost before ``COMMIT``. A connection lost while
+        committing raises ``StoreUnavailable`` without re-running: the
         reservation may have landed, which only over-counts.
         """
         require_text(key_id, "key_id")

@@ -163,6 +163,8 @@ SEAL_COUNTS: Final = "SELECT key_id, reserved FROM seal_counters"
 RAISE_EPOCH: Final = "UPDATE store_epoch SET epoch = epoch + 1 WHERE id = 1"
 """Run once in every transaction that commits a unit, so a rollback undoes it too."""
 STORE_EPOCH: Final = "SELECT epoch FROM store_epoch WHERE id = 1"
+SET_EPOCH: Final = "UPDATE store_epoch SET epoch = MAX(epoch, ?) WHERE id = 1"
+"""Only a fill sets the count: to the source's, unless the store's is higher already."""
 
 FilterShape = listing.FilterShape
 

@@ -59,11 +59,13 @@ from flowvault.adapters.sqlite._schema import (
 )
 from flowvault.application import (
     LedgerPage,
+    StoreContents,
     UnitOfWork,
 )
 from flowvault.domain import (
     NotFound,
     StoreBusy,
+    StoreNotEmpty,
     StoreUnavailable,
 )
 
@@ -146,7 +148,7 @@ def _read_only_options(path: Path, synchronous: Synchronous, busy_timeout: float
 class SQLiteSecureObjectStore(SqlStore):
     """``SecureObjectStore`` over one SQLite file in WAL mode.
 
-    Also ``StoreStats``, ``SealCounter`` and ``StoreEpoch``. Commits go
+    Also ``StoreStats``, ``SealCounter``, ``StoreEpoch`` and ``StoreFill``. Commits go
     through a single writer connection under a lock, and take SQLite's write
     lock with ``BEGIN IMMEDIATE`` so other processes queue up to the busy
     timeout; each thread reads through its own connection, and in WAL mode
@@ -470,6 +472,34 @@ class SQLiteSecureObjectStore(SqlStore):
                 raise
         total: int = rows[0][0]
         return total
+
+    # -- fill -----------------------------------------------------------------
+
+    def fill(self, contents: StoreContents) -> None:
+        """Write ``contents`` in one ``BEGIN IMMEDIATE`` transaction, if the file holds nothing.
+
+        Records go in as ``Guard.ANY`` upserts (any revision lands in an
+        empty table) and events as appends, through the same writes a
+        commit applies; a trim then sets each stream's first retained
+        index. An interrupted fill leaves the file as empty as before.
+        Raises ``StoreUnavailable`` on a store opened read-only.
+        """
+        self._check_writable()
+        prepared = PreparedUnit.build(contents.unit())
+        counts = sorted(contents.seal_counts.items())
+        with self._writing() as connection:
+            begin_immediate(connection, self._options.busy_timeout)
+            try:
+                held = connection.execute(sql.HAS_RECORDS).fetchall()[0][0]
+                if held or connection.execute(sql.SEAL_COUNTS).fetchall():
+                    raise StoreNotEmpty("the store already holds data")
+                apply_writes(connection, prepared)
+                connection.executemany(sql.RESERVE_SEALS, counts)
+                connection.execute(sql.SET_EPOCH, (contents.epoch,))
+                connection.execute("COMMIT")
+            except BaseException:
+                rollback_quietly(connection)
+                raise
 
     # -- epoch ----------------------------------------------------------------
 

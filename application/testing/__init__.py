@@ -10,7 +10,8 @@ Needs only the ``testing`` extra (pytest, hypothesis). Subclass a
 Select the capabilities your adapter implements by the classes you name:
 ``StoreStatsContract`` in place of the base (it includes it), and beside it
 a mixin per capability offered (``StoreEpochContract``,
-``StreamCatalogContract``, ``SealCounterContract``, ``RecordLockContract``)::
+``StreamCatalogContract``, ``SealCounterContract``, ``RecordLockContract``,
+``StoreFillContract``)::
 
     class TestMyStore(StoreStatsContract, StoreEpochContract, StreamCatalogContract):
         def make_store(self) -> MyStore: ...
@@ -37,6 +38,7 @@ from flowvault.application.testing._store_contract import (
     StoreStatsContract,
 )
 from flowvault.application.testing._store_epoch_contract import StoreEpochContract
+from flowvault.application.testing._store_fill_contract import StoreFillContract
 
 __all__ = [
     "DurabilityContract",
@@ -47,6 +49,7 @@ __all__ = [
     "SecureObjectStoreContract",
     "SequentialIds",
     "StoreEpochContract",
+    "StoreFillContract",
     "StoreStatsContract",
     "StreamCatalogContract",
     "make_event",

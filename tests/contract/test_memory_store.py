@@ -4,13 +4,18 @@ from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.application.testing import (
     SealCounterContract,
     StoreEpochContract,
+    StoreFillContract,
     StoreStatsContract,
     StreamCatalogContract,
 )
 
 
 class TestInMemorySecureObjectStore(
-    StoreStatsContract, StreamCatalogContract, SealCounterContract, StoreEpochContract
+    StoreStatsContract,
+    StreamCatalogContract,
+    SealCounterContract,
+    StoreEpochContract,
+    StoreFillContract,
 ):
     """The memory adapter passes the whole store contract."""
 

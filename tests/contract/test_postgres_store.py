@@ -8,6 +8,7 @@ from flowvault.application.testing import (
     RecordLockContract,
     SealCounterContract,
     StoreEpochContract,
+    StoreFillContract,
     StoreStatsContract,
     StreamCatalogContract,
 )
@@ -21,6 +22,7 @@ class TestPostgresSecureObjectStore(
     SealCounterContract,
     StoreEpochContract,
     RecordLockContract,
+    StoreFillContract,
 ):
     """The PostgreSQL adapter passes the whole store contract."""
 

@@ -5,13 +5,18 @@ from flowvault.application import SecureObjectStore
 from flowvault.application.testing import (
     SealCounterContract,
     StoreEpochContract,
+    StoreFillContract,
     StoreStatsContract,
     StreamCatalogContract,
 )
 
 
 class TestSQLiteSecureObjectStore(
-    StoreStatsContract, StreamCatalogContract, SealCounterContract, StoreEpochContract
+    StoreStatsContract,
+    StreamCatalogContract,
+    SealCounterContract,
+    StoreEpochContract,
+    StoreFillContract,
 ):
     """The SQLite adapter passes the whole store contract."""
 

@@ -11,11 +11,13 @@ import secrets
 import threading
 import time
 from collections import Counter
+from contextlib import contextmanager
 
 import pytest
 from psycopg import sql
 
 from flowvault.adapters.postgres import PostgresSecureObjectStore
+from flowvault.adapters.postgres._store import LOSS_RERUNS
 from flowvault.application import UnitOfWork
 from flowvault.application.testing import make_event, make_header, make_upsert
 from flowvault.domain import LedgerEvent, StoreUnavailable
@@ -24,9 +26,10 @@ from flowvault.domain._ledger import verify_chain
 pytestmark = pytest.mark.postgres
 
 NS, STREAM = "outage", "outage-ledger"
+PIDS = "SELECT pid FROM pg_stat_activity WHERE application_name = %s"
 TERMINATE = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s"
 WAITING = (
-    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'"
+    "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'"
 )
 
 
@@ -50,11 +53,14 @@ def store(postgres_server, pg_schema: str, app_name: str):
         yield opened
 
 
-def _wait_for_lock_wait(admin, app_name: str) -> None:
+def _kill_next_waiter(admin, app_name: str, killed: set[int]) -> None:
+    """Wait until a session not killed before waits on a lock, then end it and the pool's others."""
     deadline = time.monotonic() + 10
-    while admin.execute(WAITING, (app_name,)).fetchone()[0] == 0:
+    while not {row[0] for row in admin.execute(WAITING, (app_name,)).fetchall()} - killed:
         assert time.monotonic() < deadline, "the unit never reached the locked row"
         time.sleep(0.01)
+    killed.update(row[0] for row in admin.execute(PIDS, (app_name,)).fetchall())
+    assert admin.execute(TERMINATE, (app_name,)).fetchall()
 
 
 def _ordered_keys() -> tuple[str, str]:
@@ -63,20 +69,27 @@ def _ordered_keys() -> tuple[str, str]:
     return (first, second) if _digest(first) < _digest(second) else (second, first)
 
 
-def test_backend_killed_mid_unit_applies_nothing_and_the_pool_recovers(
-    store, postgres_server, app_name: str
-) -> None:
-    """A unit killed after its first write, while waiting on a lock, leaves no trace."""
+def _unit_behind_a_locked_row(store) -> tuple[UnitOfWork, str, str]:
+    """Return a unit that creates one record, then updates one a test will lock, and appends."""
     created, locked = _ordered_keys()
     store.commit(
         UnitOfWork(upserts=[make_upsert(NS, locked, b"v1")], appends=[make_event(STREAM, 0)])
     )
-    head = store.ledger_head(STREAM)
-    before = (store.load(NS, _digest(locked)), store.read_ledger(STREAM))
     unit = UnitOfWork(
         upserts=[make_upsert(NS, created, b"new"), make_upsert(NS, locked, b"v2", expected=1)],
-        appends=[make_event(STREAM, 1, head)],
+        appends=[make_event(STREAM, 1, store.ledger_head(STREAM))],
     )
+    return unit, created, locked
+
+
+def _commit_killed(store, postgres_server, app_name: str, unit: UnitOfWork, kills: int) -> list:
+    """Commit ``unit`` while another session locks its second row; kill its first ``kills`` runs.
+
+    Each run is killed after its first write, while it waits on the lock;
+    the lock is released once the kills are done. Returns the commit's
+    outcome: ``None`` or the error it raised.
+    """
+    locked = _ordered_keys()[1]
     outcome: list[BaseException | None] = []
 
     def commit() -> None:
@@ -86,6 +99,7 @@ def test_backend_killed_mid_unit_applies_nothing_and_the_pool_recovers(
         except BaseException as exc:  # handed to the main thread
             outcome.append(exc)
 
+    killed: set[int] = set()
     with postgres_server.admin() as admin, postgres_server.admin() as locker:
         locker.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(store.schema)))
         with locker.transaction():
@@ -95,11 +109,20 @@ def test_backend_killed_mid_unit_applies_nothing_and_the_pool_recovers(
             )
             worker = threading.Thread(target=commit)
             worker.start()
-            _wait_for_lock_wait(admin, app_name)
-            killed = admin.execute(TERMINATE, (app_name,)).fetchall()
-            worker.join(timeout=30)
-        assert killed
+            for _ in range(kills):
+                _kill_next_waiter(admin, app_name, killed)
+        worker.join(timeout=30)
     assert len(outcome) == 1
+    return outcome
+
+
+def test_backend_killed_on_every_run_applies_nothing_and_the_pool_recovers(
+    store, postgres_server, app_name: str
+) -> None:
+    """A unit killed after its first write on its run and its re-run leaves no trace."""
+    unit, created, locked = _unit_behind_a_locked_row(store)
+    before = (store.load(NS, _digest(locked)), store.read_ledger(STREAM))
+    outcome = _commit_killed(store, postgres_server, app_name, unit, kills=LOSS_RERUNS + 1)
     assert isinstance(outcome[0], StoreUnavailable)
     assert outcome[0].code == "STORE_UNAVAILABLE"
     assert store.load(NS, _digest(created)) is None
@@ -110,6 +133,44 @@ def test_backend_killed_mid_unit_applies_nothing_and_the_pool_recovers(
     assert loaded.payload == b"v2"
     assert store.load(NS, _digest(created)) is not None
     assert store.ledger_head(STREAM) == unit.appends[0]
+
+
+def test_a_unit_killed_before_commit_is_re_run_and_applied_once(
+    store, postgres_server, app_name: str
+) -> None:
+    """A connection lost before COMMIT is not an error: the unit runs again, exactly once."""
+    unit, created, locked = _unit_behind_a_locked_row(store)
+    outcome = _commit_killed(store, postgres_server, app_name, unit, kills=1)
+    assert outcome == [None]
+    loaded = store.load(NS, _digest(locked))
+    assert loaded is not None
+    assert (loaded.payload, loaded.metadata.revision) == (b"v2", 2)
+    assert store.load(NS, _digest(created)) is not None
+    assert [event.index for event in _all_events(store)] == [0, 1]
+    assert store.ledger_head(STREAM) == unit.appends[0]
+
+
+def test_a_read_whose_connection_is_killed_is_re_run(
+    store, postgres_server, app_name: str
+) -> None:
+    """A read on a session killed after the liveness check answers from a fresh connection."""
+    store.commit(UnitOfWork(upserts=[make_upsert(NS, "read")]))
+    with postgres_server.admin() as admin:
+        killed = False
+        original = store._borrow
+
+        @contextmanager
+        def borrow_then_kill():
+            nonlocal killed
+            with original() as connection:
+                if not killed:
+                    killed = True
+                    assert admin.execute(TERMINATE, (app_name,)).fetchall()
+                yield connection
+
+        store._borrow = borrow_then_kill
+        assert store.load(NS, _digest("read")) is not None
+    assert killed
 
 
 def test_idle_connections_killed_are_replaced_without_an_error(

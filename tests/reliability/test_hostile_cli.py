@@ -309,6 +309,7 @@ def verbs(home: Home) -> st.SearchStrategy[list[str]]:
             )
         ),
     )
+    targets = files.map(lambda v: str(home.scratch / "target") if v == "-" else v)
     demo_homes = st.sampled_from(
         (str(home.root), str(home.scratch / "a-file"), str(home.scratch / "a\x00b"))
     )
@@ -402,6 +403,19 @@ def verbs(home: Home) -> st.SearchStrategy[list[str]]:
         _verb(_words("keys", "add"), json_flag),
         _verb(_words("keys", "retire"), value.map(lambda v: [v]), json_flag),
         _verb(_words("rotate-key"), _option("--batch-size", number), json_flag),
+        _verb(
+            _words("migrate"),
+            targets.map(lambda v: ["--to", v]),
+            _option("--to-schema", value),
+            json_flag,
+        ),
+        _verb(_words("export"), targets.map(lambda v: ["--to", v]), json_flag),
+        _verb(
+            _words("import"),
+            files.map(lambda v: [v]),
+            targets.map(lambda v: ["--to", v]),
+            json_flag,
+        ),
         _verb(_words("demo", "--home"), demo_homes.map(lambda v: [v]), json_flag),
     )
 

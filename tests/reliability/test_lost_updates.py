@@ -14,8 +14,9 @@ lock instead, so only the control shows the processes racing.
 
 The contention family times one writer alone, eight at once, and one
 alone again, each run making as many updates of one counter, and holds
-the default retry policy to its promise: no update gives up, and on
-PostgreSQL eight writers keep at least half the rate of one.
+the default retry policy to its promise: no update gives up. The rates
+are reported beside the figures, never asserted: they depend on the
+machine and whatever else runs on it.
 """
 
 from __future__ import annotations
@@ -303,8 +304,6 @@ def _contend(
     assert problems == []
     assert (final, revision) == (total, total + 1)
     assert give_ups == 0, f"{give_ups} updates gave up under the default retry policy"
-    if backend == "postgres":
-        assert crowd_rate >= alone_rate / 2, figure.detail
 
 
 def test_eight_sqlite_processes_never_give_up(tmp_path: Path) -> None:
@@ -314,10 +313,10 @@ def test_eight_sqlite_processes_never_give_up(tmp_path: Path) -> None:
 
 
 @pytest.mark.postgres
-def test_eight_postgres_processes_never_give_up_and_keep_half_the_rate(
+def test_eight_postgres_processes_never_give_up(
     postgres_server, pg_schema: str, tmp_path: Path
 ) -> None:
-    """8 x 100 updates of one PostgreSQL row (8 x 300 long): no give-up, half 1 writer's rate."""
+    """8 x 100 updates of one PostgreSQL row (8 x 300 long): none raises REVISION_CONFLICT."""
     settings = Settings(
         backend="postgres",
         postgres_dsn=postgres_server.dsn,

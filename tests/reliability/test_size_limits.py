@@ -896,7 +896,13 @@ def _settings(name: str, value: str) -> Callable[[], object]:
 def timeouts(_bench: Bench) -> list[Boundary]:
     """Return the edges of every timeout setting's 3,600 seconds."""
     boundaries = []
-    for name in ("BUSY_TIMEOUT", "POSTGRES_STATEMENT_TIMEOUT", "POSTGRES_LOCK_TIMEOUT"):
+    names = (
+        "BUSY_TIMEOUT",
+        "POSTGRES_STATEMENT_TIMEOUT",
+        "POSTGRES_LOCK_TIMEOUT",
+        "POSTGRES_CONNECT_TIMEOUT",
+    )
+    for name in names:
         boundaries += [
             Boundary(
                 f"{name} longest", _settings(name, "3600"), _settings(name, "3600.001"), INVALID

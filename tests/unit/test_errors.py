@@ -22,6 +22,7 @@ CODES = {
     "KeyRequired": "KEY_REQUIRED",
     "KeyExhausted": "KEY_EXHAUSTED",
     "StoreRolledBack": "STORE_ROLLED_BACK",
+    "StoreNotEmpty": "STORE_NOT_EMPTY",
     "InsecurePermissions": "INSECURE_PERMISSIONS",
     "SchemaTooNew": "SCHEMA_TOO_NEW",
     "NotBound": "NOT_BOUND",

@@ -1,0 +1,444 @@
+"""Moving a whole store: SQLite to PostgreSQL and back, through an archive, and interrupted.
+
+The source holds every record kind (``every_kind.populate``: a signed
+decision, a trimmed stream and a retention tombstone among them) and
+records sealed under two keys of a rotated ring. After each move the target must
+read back row for row equal to the source (sealed bytes, headers, labels,
+events from the first retained index, seal counts, commit count), answer
+the same through the services, and pass the keyed audit ``ledger verify
+--all`` runs. A tampered archive and an interrupted move must leave the
+target without a row.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import time
+import zipfile
+from pathlib import Path
+
+import psycopg
+import pytest
+from cli_helpers import FLOWVAULT, TIMEOUT, cli_env, json_document, run_cli
+from every_kind import Written, populate, service_reads
+
+from flowvault.adapters.crypto import AesGcmCipher, FileKeyStore
+from flowvault.adapters.crypto._cipher import derive_integrity_key, generate_master_key
+from flowvault.adapters.postgres import PostgresSecureObjectStore
+from flowvault.adapters.postgres import _commit as postgres_commit
+from flowvault.adapters.sqlite import SQLiteSecureObjectStore
+from flowvault.adapters.sqlite import _store as sqlite_store
+from flowvault.application import LedgerAudit, SecureObjectStore, StoreContents, StoreStats
+from flowvault.application._archive import MANIFEST, decode_archive, encode_archive
+from flowvault.application._keys import KeyRing
+from flowvault.application._sealed import CipherDigester
+from flowvault.application._transfer import (
+    EVENTS_PART,
+    RECORDS_PART,
+    fill_verified,
+    read_contents,
+)
+from flowvault.composition import Runtime, Settings, bootstrap
+from flowvault.domain import IntegrityFailure, StoreNotEmpty, StoreUnavailable, WorkOrder
+from flowvault.domain._canonical import canonical_bytes, parse_canonical
+
+pytestmark = pytest.mark.postgres
+
+
+def _sqlite(home: Path, key_file: Path | None = None) -> Settings:
+    return Settings(backend="sqlite", home=home, key_file=key_file)
+
+
+def _postgres(dsn: str, schema: str, key_file: Path) -> Settings:
+    return Settings(
+        backend="postgres",
+        home=key_file.parent.parent,
+        key_file=key_file,
+        postgres_dsn=dsn,
+        postgres_schema=schema,
+    )
+
+
+def _rotate(settings: Settings) -> None:
+    """Add a new primary key to the ring, as ``keys add`` does."""
+    keys = FileKeyStore(settings.keys_dir, file_name=settings.key_path.name)
+    ring = keys.read_ring()
+    assert ring is not None
+    added = ring.promote(
+        generate_master_key(), integrity=ring.integrity or derive_integrity_key(ring.primary)
+    )
+    keys.replace_ring(added, expected=ring)
+
+
+def _keyed_home(source: Settings, home: Path) -> Settings:
+    """Return the settings of the SQLite home ``home`` after copying the source's key file in.
+
+    A move copies no key: the operator gives the target the source's.
+    """
+    keys = home / "keys"
+    keys.mkdir(mode=0o700, parents=True, exist_ok=True)
+    copied = keys / source.key_path.name
+    copied.write_bytes(source.key_path.read_bytes())
+    copied.chmod(0o600)
+    return _sqlite(home)
+
+
+def _ring(settings: Settings) -> KeyRing:
+    ring = FileKeyStore(settings.keys_dir, file_name=settings.key_path.name).read_ring()
+    assert ring is not None
+    return ring
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> tuple[Settings, Written, dict[str, object]]:
+    """Return a SQLite store of every kind, sealed under two keys, and what its services read."""
+    settings = _sqlite(tmp_path / "source")
+    with bootstrap(settings) as runtime:
+        written = populate(runtime)
+    _rotate(settings)
+    with bootstrap(settings) as runtime:
+        runtime.workflows.create(
+            WorkOrder(kind="move.test", parameters={}, requester="t", idempotency_key="late")
+        )
+        stats = runtime.capabilities.stats
+        assert stats is not None
+        assert len(stats.key_id_counts()) == 2
+        reads = service_reads(runtime, written)
+    assert reads["signed"], "the fixture holds a signed decision"
+    return settings, written, reads
+
+
+def _raw(store: SecureObjectStore) -> StoreContents:
+    return read_contents(store)
+
+
+def _audit_clean(runtime: Runtime) -> None:
+    report = runtime.audit().run()
+    assert report.ok, report
+    assert report.unreadable_count == 0
+
+
+def _same_rows(left: StoreContents, right: StoreContents) -> None:
+    assert left.records == right.records
+    assert left.events == right.events
+    assert dict(left.seal_counts) == dict(right.seal_counts)
+    assert left.epoch == right.epoch
+
+
+def test_sqlite_to_postgres_and_back_copies_every_row_and_verifies(
+    source: tuple[Settings, Written, dict[str, object]],
+    tmp_path: Path,
+    postgres_server,
+    pg_schema: str,
+) -> None:
+    """Every record kind crosses SQLite -> PostgreSQL -> SQLite byte for byte and audits clean."""
+    settings, written, reads = source
+    ring = _ring(settings)
+    with SQLiteSecureObjectStore.open(settings.database_path, read_only=True) as original:
+        contents = _raw(original)
+    assert contents.epoch > 0
+    assert any(event.index > 0 for event in contents.streams()["host.audit"][:1])
+
+    schema = pg_schema
+    pg_settings = _postgres(postgres_server.dsn, schema, settings.key_path)
+    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=schema) as target:
+        fill_verified(contents, target, lambda store: bootstrap(settings, store=store).audit())
+        _same_rows(_raw(target), contents)
+    with bootstrap(pg_settings) as runtime:
+        _audit_clean(runtime)
+        assert service_reads(runtime, written) == reads
+
+    back = _keyed_home(settings, tmp_path / "back")
+    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=schema) as moved:
+        again = _raw(moved)
+    with SQLiteSecureObjectStore.open(back.database_path) as target:
+        fill_verified(again, target, lambda store: bootstrap(settings, store=store).audit())
+    with SQLiteSecureObjectStore.open(back.database_path, read_only=True) as copied:
+        _same_rows(_raw(copied), contents)
+    with bootstrap(back) as runtime:
+        _audit_clean(runtime)
+        assert service_reads(runtime, written) == reads
+    assert AesGcmCipher.from_ring(ring).key_ids() == AesGcmCipher.from_ring(_ring(back)).key_ids()
+
+
+def test_cli_migrate_both_ways_then_refuses_a_filled_target(
+    source: tuple[Settings, Written, dict[str, object]],
+    tmp_path: Path,
+    postgres_server,
+    pg_schema: str,
+) -> None:
+    """``migrate --to postgres://`` and back to a SQLite home; a second run is STORE_NOT_EMPTY."""
+    settings, written, reads = source
+    schema = pg_schema
+    moved = run_cli(
+        tmp_path, "migrate", "--to", postgres_server.dsn, "--to-schema", schema, "--json",
+        home=settings.home,
+    )  # fmt: skip
+    assert moved.returncode == 0, moved.stderr
+    document = json_document(moved)
+    assert document["verified"] is True
+    assert document["target"] == {"backend": "postgres", "schema": schema}
+    assert "reading the target back" in moved.stderr
+    assert postgres_server.dsn not in moved.stdout + moved.stderr
+
+    again = run_cli(
+        tmp_path, "migrate", "--to", postgres_server.dsn, "--to-schema", schema, "--json",
+        home=settings.home,
+    )  # fmt: skip
+    assert again.returncode == 1
+    assert json_document(again)["error"]["code"] == "STORE_NOT_EMPTY"  # type: ignore[index]
+
+    pg_env = {
+        "FLOWVAULT_BACKEND": "postgres",
+        "FLOWVAULT_POSTGRES_DSN": postgres_server.dsn,
+        "FLOWVAULT_POSTGRES_SCHEMA": schema,
+        "FLOWVAULT_KEY_FILE": str(settings.key_path),
+    }
+    verified = run_cli(tmp_path, "ledger", "verify", "--all", "--json", **pg_env)
+    assert verified.returncode == 0, verified.stdout
+    back_home = tmp_path / "back"
+    back = run_cli(tmp_path, "migrate", "--to", str(back_home), "--json", **pg_env)
+    assert back.returncode == 0, back.stdout + back.stderr
+    assert json_document(back)["records"] == document["records"]
+    with bootstrap(_keyed_home(settings, back_home)) as runtime:
+        _audit_clean(runtime)
+        assert service_reads(runtime, written) == reads
+
+
+def _archive(settings: Settings) -> tuple[bytes, CipherDigester]:
+    digester = CipherDigester(AesGcmCipher.from_ring(_ring(settings)))
+    with SQLiteSecureObjectStore.open(settings.database_path, read_only=True) as original:
+        data, _ = encode_archive(_raw(original), digester, {"backend": "sqlite"})
+    return data, digester
+
+
+def _rezip(data: bytes, name: str, edit: object) -> bytes:
+    """Return the archive with member ``name`` replaced by ``edit(old bytes)``."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data)) as old, zipfile.ZipFile(out, "w") as new:
+        for member in old.namelist():
+            body = old.read(member)
+            new.writestr(member, edit(body) if member == name else body)  # type: ignore[operator]
+    return out.getvalue()
+
+
+def _flip_in_payload(body: bytes) -> bytes:
+    line = parse_canonical(body.splitlines()[0].decode())
+    assert isinstance(line, dict)
+    payload = str(line["payload"])
+    line["payload"] = ("A" if payload[10] != "A" else "B").join((payload[:10], payload[11:]))
+    return canonical_bytes(line) + b"\n" + b"".join(body.splitlines(True)[1:])
+
+
+def _drop_first_line(body: bytes) -> bytes:
+    return b"".join(body.splitlines(True)[1:])
+
+
+def _edit_manifest(body: bytes) -> bytes:
+    document = parse_canonical(body.decode().rstrip("\n"))
+    assert isinstance(document, dict)
+    manifest = document["body"]
+    assert isinstance(manifest, dict)
+    manifest["source"] = {"backend": "postgres"}
+    return canonical_bytes(document) + b"\n"
+
+
+def _recount_manifest(data: bytes) -> object:
+    """Drop an event line and rewrite the manifest's part entry to match, without the key."""
+
+    def edit(body: bytes) -> bytes:
+        return _drop_first_line(body)
+
+    with zipfile.ZipFile(io.BytesIO(data)) as old:
+        events = edit(old.read(EVENTS_PART))
+    from flowvault.domain._canonical import digest_bytes  # noqa: PLC0415
+
+    def manifest(body: bytes) -> bytes:
+        document = parse_canonical(body.decode().rstrip("\n"))
+        assert isinstance(document, dict)
+        parts = document["body"]["parts"]  # type: ignore[index, call-overload]
+        parts[EVENTS_PART] = {"lines": events.count(b"\n"), "digest": digest_bytes(events)}
+        return canonical_bytes(document) + b"\n"
+
+    return _rezip(_rezip(data, EVENTS_PART, edit), MANIFEST, manifest)
+
+
+TAMPERS = {
+    "a byte of a sealed payload": lambda data: _rezip(data, RECORDS_PART, _flip_in_payload),
+    "a record dropped": lambda data: _rezip(data, RECORDS_PART, _drop_first_line),
+    "the manifest edited": lambda data: _rezip(data, MANIFEST, _edit_manifest),
+    "an event dropped and the manifest recounted": _recount_manifest,
+    "a truncated file": lambda data: data[: len(data) // 2],
+}
+
+
+@pytest.mark.parametrize("tamper", sorted(TAMPERS))
+def test_a_tampered_archive_is_refused_before_the_target_is_touched(
+    source: tuple[Settings, Written, dict[str, object]], tmp_path: Path, tamper: str
+) -> None:
+    """Each change fails the manifest or a part's digest: ``IntegrityFailure``, no target made."""
+    settings, _, _ = source
+    data, digester = _archive(settings)
+    decode_archive(data, digester)
+    tampered = TAMPERS[tamper](data)
+    with pytest.raises(IntegrityFailure):
+        decode_archive(tampered, digester)
+    archive = tmp_path / "tampered.zip"
+    archive.write_bytes(tampered)
+    target = tmp_path / "target"
+    refused = run_cli(tmp_path, "import", str(archive), "--to", str(target), "--json",
+                      home=settings.home)  # fmt: skip
+    assert refused.returncode == 1
+    assert json_document(refused)["error"]["code"] == "INTEGRITY_FAILURE"  # type: ignore[index]
+    assert not target.exists()
+
+
+def test_an_archive_under_another_key_is_refused(
+    source: tuple[Settings, Written, dict[str, object]],
+) -> None:
+    """The manifest's MAC is keyed: another store's key cannot vouch for it."""
+    settings, _, _ = source
+    data, _ = _archive(settings)
+    other = CipherDigester(AesGcmCipher.from_ring(KeyRing(primary=generate_master_key())))
+    with pytest.raises(IntegrityFailure):
+        decode_archive(data, other)
+
+
+def test_export_then_import_into_postgres_and_sqlite(
+    source: tuple[Settings, Written, dict[str, object]],
+    tmp_path: Path,
+    postgres_server,
+    pg_schema: str,
+) -> None:
+    """One archive file fills a PostgreSQL schema and a SQLite home, each verified equal."""
+    settings, written, reads = source
+    archive = tmp_path / "store.fvz"
+    exported = run_cli(tmp_path, "export", "--to", str(archive), "--json", home=settings.home)
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    assert archive.stat().st_mode & 0o777 == 0o600
+    assert run_cli(tmp_path, "export", "--to", str(archive), home=settings.home).returncode == 1
+
+    schema = pg_schema
+    imported = run_cli(
+        tmp_path, "import", str(archive), "--to", postgres_server.dsn, "--to-schema", schema,
+        "--json", home=settings.home,
+    )  # fmt: skip
+    assert imported.returncode == 0, imported.stdout + imported.stderr
+    with bootstrap(_postgres(postgres_server.dsn, schema, settings.key_path)) as runtime:
+        _audit_clean(runtime)
+        assert service_reads(runtime, written) == reads
+    home = tmp_path / "imported"
+    local = run_cli(tmp_path, "import", str(archive), "--to", str(home), home=settings.home)
+    assert local.returncode == 0, local.stdout + local.stderr
+    with (
+        SQLiteSecureObjectStore.open(settings.database_path, read_only=True) as original,
+        SQLiteSecureObjectStore.open(_sqlite(home).database_path, read_only=True) as copied,
+    ):
+        _same_rows(_raw(copied), _raw(original))
+
+
+def _failing_statement(monkeypatch: pytest.MonkeyPatch, module: object) -> None:
+    """Inject a fault: the fill's last statement (setting the epoch) fails, after every row."""
+    failing = (
+        "SELECT no_such_function(%s)"
+        if module is postgres_commit
+        else "UPDATE no_such_table SET x = ?"
+    )
+    monkeypatch.setattr(module.sql, "SET_EPOCH", failing)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_fill_failing_at_its_last_statement_leaves_the_target_empty_and_can_run_again(
+    source: tuple[Settings, Written, dict[str, object]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    backend: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    """Every row is written before the fault; the one transaction takes them all back."""
+    settings, _, _ = source
+    with SQLiteSecureObjectStore.open(settings.database_path, read_only=True) as original:
+        contents = _raw(original)
+
+    def audit(store: SecureObjectStore) -> LedgerAudit:
+        return bootstrap(settings, store=store).audit()
+
+    def target() -> SecureObjectStore:
+        if backend == "sqlite":
+            return SQLiteSecureObjectStore.open(tmp_path / "target" / "store.db")
+        dsn = request.getfixturevalue("postgres_server").dsn
+        return PostgresSecureObjectStore.open(dsn, schema=request.getfixturevalue("pg_schema"))
+
+    with monkeypatch.context() as patched:
+        _failing_statement(patched, sqlite_store if backend == "sqlite" else postgres_commit)
+        with target() as store, pytest.raises(StoreUnavailable):
+            fill_verified(contents, store, audit)
+    with target() as store:
+        assert isinstance(store, StoreStats)
+        assert not store.has_records()
+        assert _raw(store).epoch == 0
+        fill_verified(contents, store, audit)
+        _same_rows(_raw(store), contents)
+        with pytest.raises(StoreNotEmpty):
+            fill_verified(contents, store, audit)
+
+
+def _waiting_on_a_lock(admin: psycopg.Connection) -> bool:
+    """Whether a fill waits for the held epoch sequence (its ``setval``)."""
+    rows = admin.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND query LIKE '%setval%store_epoch%'"
+    ).fetchone()
+    return rows is not None and rows[0] > 0
+
+
+def test_a_migrate_killed_inside_its_transaction_leaves_the_target_empty(
+    source: tuple[Settings, Written, dict[str, object]],
+    tmp_path: Path,
+    postgres_server,
+    pg_schema: str,
+) -> None:
+    """SIGKILL while the fill waits at its last statement; the server rolls it all back.
+
+    The test holds the target's epoch sequence (an open ``ALTER SEQUENCE``),
+    so the fill writes every row and then waits; the kill lands there, not
+    at a moment chosen by a timer. The source stays as it was, and a rerun
+    succeeds.
+    """
+    settings, _, _ = source
+    with SQLiteSecureObjectStore.open(settings.database_path, read_only=True) as original:
+        before = _raw(original)
+    schema = pg_schema
+    PostgresSecureObjectStore.open(postgres_server.dsn, schema=schema).close()
+    with psycopg.connect(postgres_server.dsn) as holder, psycopg.connect(
+        postgres_server.dsn, autocommit=True
+    ) as admin:
+        holder.execute(f'ALTER SEQUENCE "{schema}".store_epoch INCREMENT BY 1')
+        process = subprocess.Popen(
+            [str(FLOWVAULT), "--home", str(settings.home), "migrate", "--to", postgres_server.dsn,
+             "--to-schema", schema],
+            env=cli_env(tmp_path, FLOWVAULT_POSTGRES_LOCK_TIMEOUT="600"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + TIMEOUT
+            while not _waiting_on_a_lock(admin):
+                assert process.poll() is None, "migrate ended before it reached the epoch"
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            os.kill(process.pid, signal.SIGKILL)
+        finally:
+            process.wait(timeout=TIMEOUT)
+        holder.rollback()
+    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=schema) as target:
+        assert not target.has_records()
+        assert target.seal_counts() == {}
+    with SQLiteSecureObjectStore.open(settings.database_path, read_only=True) as original:
+        _same_rows(_raw(original), before)
+    rerun = run_cli(tmp_path, "migrate", "--to", postgres_server.dsn, "--to-schema", schema,
+                    home=settings.home)  # fmt: skip
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
