@@ -84,7 +84,7 @@ class CommandContext:
                 "postgres_dsn": SecretStr(location),
                 "postgres_schema": schema or self.settings.postgres_schema,
             }
-            return open_postgres(self.settings.model_copy(update=update))
+            return open_postgres(self.settings.model_copy(update=update), create=True)
         if schema is not None:
             raise InvalidInput("--to-schema names a PostgreSQL schema: give --to a DSN with it")
         target = self.settings.model_copy(update={"backend": "sqlite", "home": Path(location)})
@@ -93,6 +93,7 @@ class CommandContext:
             synchronous=target.synchronous,
             busy_timeout=target.busy_timeout,
             allow_insecure_permissions=target.allow_insecure_permissions,
+            create=True,
         )
 
     def key_file(self) -> FileKeyStore:
