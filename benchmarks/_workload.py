@@ -88,7 +88,7 @@ def sqlite_settings(home: Path, *, synchronous: str = "full") -> Settings:
 
 def open_runtime(settings: Settings) -> Runtime:
     """Bootstrap a runtime; wrapped so the call sites read as what they measure."""
-    return bootstrap(settings)
+    return bootstrap(settings, create=True)
 
 
 class Orders:

@@ -131,22 +131,26 @@ def main() -> int:
             read = time.perf_counter() - started
         print(f"{len(contents.records)} records, {len(contents.events)} events")
 
-        target = SQLiteSecureObjectStore.open(base / "target" / "data" / "flowvault.db")
+        target = SQLiteSecureObjectStore.open(
+            base / "target" / "data" / "flowvault.db", create=True
+        )
         report("sqlite -> sqlite", read, _fill(contents, target, audit))
 
         with _postgres(os.environ.get("TEST_POSTGRES_DSN")) as server:
             if server is not None:
-                store = PostgresSecureObjectStore.open(server[0], schema=server[1])
+                store = PostgresSecureObjectStore.open(server[0], schema=server[1], create=True)
                 report("sqlite -> postgres", read, _fill(contents, store, audit))
 
-        with bootstrap(settings) as runtime:
+        with bootstrap(settings, create=True) as runtime:
             digester = runtime.repository
             started = time.perf_counter()
             data, _ = encode_archive(contents, digester, {"backend": "sqlite"})
             decoded, _ = decode_archive(data, digester)
             coded = time.perf_counter() - started
         print(f"archive: {len(data) / 1e6:.1f} MB, encoded and verified in {coded:.2f} s")
-        target = SQLiteSecureObjectStore.open(base / "imported" / "data" / "flowvault.db")
+        target = SQLiteSecureObjectStore.open(
+            base / "imported" / "data" / "flowvault.db", create=True
+        )
         report("sqlite -> archive -> sqlite", read + coded, _fill(decoded, target, audit))
     return 0
 

@@ -57,7 +57,7 @@ OTHER: Final = "other (interpreter, stdlib)"
 
 
 def _per_op_us(settings: Settings, workflows: int) -> float:
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         run = run_lifecycles(runtime.workflows, Orders("profile").take(workflows))
         if run.errors:
             raise SystemExit(f"{run.errors} operations failed")
@@ -75,7 +75,7 @@ def _group_of(key: tuple[str, int, str]) -> str:
 
 def _profile(settings: Settings, workflows: int) -> dict[str, float]:
     profiler = cProfile.Profile(time.perf_counter)
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         orders = Orders("profiled").take(workflows)
         profiler.enable()
         run_lifecycles(runtime.workflows, orders)
@@ -122,7 +122,7 @@ def _path_lengths(home: Path) -> dict[str, tuple[int, int]]:
     ones are the steady state. ``repository.write`` is the plain sealed
     write a host makes without the workflow service.
     """
-    with bootstrap(sqlite_settings(home, synchronous="normal")) as runtime:
+    with bootstrap(sqlite_settings(home, synchronous="normal"), create=True) as runtime:
         workflows = runtime.workflows
         record, _ = workflows.create(Orders("path").take(1)[0])
         moved = workflows.transition(
@@ -133,7 +133,7 @@ def _path_lengths(home: Path) -> dict[str, tuple[int, int]]:
                 moved.workflow_id, "executing", expected_state="planning", expected_version=2
             )
         )
-        other = bootstrap(sqlite_settings(home, synchronous="normal"))
+        other = bootstrap(sqlite_settings(home, synchronous="normal"), create=True)
         try:
             read = _entered(
                 lambda: other.workflows.transition(
@@ -162,7 +162,7 @@ def _to_planning(runtime: Runtime, workflow_id: str) -> None:
 def _frames_per_transition(home: Path, workflows: int) -> float:
     """Count WAL frames written by transitions alone, with checkpoints held off."""
     settings = sqlite_settings(home, synchronous="normal")
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         created, store = _created(runtime, "frames", workflows)
         wal = store.path.with_name(store.path.name + "-wal")
         store.compact()
@@ -187,7 +187,7 @@ def _pages_by_table(home: Path, workflows: int, sample: int = 20) -> dict[str, f
     count above counts the same pages as the log writes them.
     """
     settings = sqlite_settings(home, synchronous="normal")
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         created, store = _created(runtime, "pages", workflows)
         with closing(sqlite3.connect(store.path)) as probe:
             try:

@@ -36,9 +36,9 @@ from flowvault.application import (
 )
 from flowvault.application._anti_rollback import AntiRollback
 from flowvault.application._record_audit import BoundRecords
-from flowvault.composition._container import Container, build_container
+from flowvault.composition._container import Container, build_container, open_postgres
 from flowvault.composition._settings import Settings
-from flowvault.domain import WorkflowState
+from flowvault.domain import NotFound, WorkflowState
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,16 +128,21 @@ def bootstrap(
     store: SecureObjectStore | None = None,
     clock: Clock | None = None,
     ids: IdFactory | None = None,
+    create: bool = False,
 ) -> Runtime:
     """Wire flowvault from settings, keeping any port the host passes in.
 
-    ``key`` is a 32-byte master key the host manages itself; without it the
-    key comes from ``FLOWVAULT_KEY`` or the key file, and is created only
-    for a store that holds no data yet. The store settings select is
+    The store settings select must exist (``NotFound`` naming
+    ``flowvault init``, with nothing created) unless ``create`` is true:
+    a mistyped home or schema must never become a new store. A memory
+    store always starts empty, and a store the host passes in is the
+    host's. ``key`` is a 32-byte master key the host manages itself;
+    without it the key comes from ``FLOWVAULT_KEY`` or the key file, and
+    is created only for a store that holds no data yet. The store is
     checked against its high-water mark (``StoreRolledBack`` if older); a
     store the host passes in is the host's to guard.
     """
-    container = build_container(settings, key=key)
+    container = build_container(settings, key=key, create=create)
     if store is not None:
         container.store.override(store)
         container.guard_enabled.override(False)
@@ -174,9 +179,17 @@ def is_cold_root(settings: Settings) -> bool:
     """Whether nothing exists yet for ``settings``: opening would have to create a store.
 
     Recovery verbs use this to report on a cold root without creating one.
+    A PostgreSQL schema is cold when it holds no flowvault tables; finding
+    out connects to the server, and writes nothing.
     """
     if settings.backend == "sqlite":
         return not settings.database_path.exists()
+    if settings.backend == "postgres":
+        try:
+            open_postgres(settings).close()
+        except NotFound:
+            return True
+        return False
     return settings.backend == "memory"
 
 

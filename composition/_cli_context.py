@@ -28,6 +28,7 @@ from flowvault.composition._container import (
     anti_rollback,
     build_container,
     key_file_store,
+    no_store,
     open_postgres,
     receipt_signer,
 )
@@ -51,10 +52,10 @@ class CommandContext:
 
     def bootstrap(self) -> Runtime:
         """Open the store and its services, creating them (and a key) when absent."""
-        return bootstrap(self.settings)
+        return bootstrap(self.settings, create=True)
 
     def open_store(self, *, read_only: bool = False, lenient: bool = False) -> SecureObjectStore:
-        """Open the store alone, as the container does or read-only (no SQLite file is created)."""
+        """Open the existing store alone, as the container does or read-only; create nothing."""
         settings = self.settings
         if lenient:
             settings = settings.model_copy(update={"allow_insecure_permissions": True})
@@ -62,6 +63,8 @@ class CommandContext:
             store: SecureObjectStore = build_container(settings).store()
             return store
         if settings.backend == "sqlite":
+            if not settings.database_path.exists():
+                raise no_store(str(settings.database_path))
             return SQLiteSecureObjectStore.open(
                 settings.database_path, busy_timeout=settings.busy_timeout, read_only=True
             )
@@ -81,7 +84,7 @@ class CommandContext:
                 "postgres_dsn": SecretStr(location),
                 "postgres_schema": schema or self.settings.postgres_schema,
             }
-            return open_postgres(self.settings.model_copy(update=update))
+            return open_postgres(self.settings.model_copy(update=update), create=True)
         if schema is not None:
             raise InvalidInput("--to-schema names a PostgreSQL schema: give --to a DSN with it")
         target = self.settings.model_copy(update={"backend": "sqlite", "home": Path(location)})
@@ -90,6 +93,7 @@ class CommandContext:
             synchronous=target.synchronous,
             busy_timeout=target.busy_timeout,
             allow_insecure_permissions=target.allow_insecure_permissions,
+            create=True,
         )
 
     def key_file(self) -> FileKeyStore:

@@ -35,7 +35,7 @@ from flowvault.application._seal_budget import SealBudget
 from flowvault.application._sealed import CipherDigester
 from flowvault.application._workflow_records import WorkflowRecords
 from flowvault.composition._settings import Settings
-from flowvault.domain import InvalidInput, KeyRequired, StoreUnavailable
+from flowvault.domain import InvalidInput, KeyRequired, NotFound, StoreUnavailable
 
 _log = structlog.get_logger("flowvault.high_water")
 _store_log = structlog.get_logger("flowvault.store")
@@ -45,13 +45,32 @@ def _backend(settings: Settings) -> str:
     return settings.backend
 
 
-def _open_sqlite(settings: Settings) -> SQLiteSecureObjectStore:
-    return SQLiteSecureObjectStore.open(
-        settings.database_path,
-        synchronous=settings.synchronous,
-        busy_timeout=settings.busy_timeout,
-        allow_insecure_permissions=settings.allow_insecure_permissions,
+SETUP_FIX = (
+    "create it once with 'flowvault init' (a library host: bootstrap(settings, create=True)); "
+    "if it should exist, check FLOWVAULT_HOME, FLOWVAULT_BACKEND and FLOWVAULT_POSTGRES_SCHEMA"
+)
+
+
+def no_store(location: str) -> NotFound:
+    """Return the refusal to open a store that does not exist, with the fix that creates one."""
+    return NotFound(
+        f"no flowvault store at {location}, and nothing was created: {SETUP_FIX}",
+        location=location,
+        fix=SETUP_FIX,
     )
+
+
+def _open_sqlite(settings: Settings, create: bool = False) -> SQLiteSecureObjectStore:
+    try:
+        return SQLiteSecureObjectStore.open(
+            settings.database_path,
+            synchronous=settings.synchronous,
+            busy_timeout=settings.busy_timeout,
+            allow_insecure_permissions=settings.allow_insecure_permissions,
+            create=create,
+        )
+    except NotFound:
+        raise no_store(str(settings.database_path)) from None
 
 
 def _postgres_dsn(dsn: SecretStr | None) -> str:
@@ -60,8 +79,11 @@ def _postgres_dsn(dsn: SecretStr | None) -> str:
     return dsn.get_secret_value()
 
 
-def open_postgres(settings: Settings) -> SecureObjectStore:
-    """Open the PostgreSQL store; psycopg is imported only when this backend is chosen."""
+def open_postgres(settings: Settings, create: bool = False) -> SecureObjectStore:
+    """Open the PostgreSQL store, creating its schema only with ``create``.
+
+    psycopg is imported only when this backend is chosen.
+    """
     dsn = _postgres_dsn(settings.postgres_dsn)
     try:
         from flowvault.adapters.postgres import (  # noqa: PLC0415 - an optional extra
@@ -71,14 +93,18 @@ def open_postgres(settings: Settings) -> SecureObjectStore:
         raise StoreUnavailable(
             "the postgres backend needs the postgres extra: pip install 'flowvault[postgres]'"
         ) from None
-    return PostgresSecureObjectStore.open(
-        dsn,
-        schema=settings.postgres_schema,
-        pool_size=settings.postgres_pool_size,
-        statement_timeout=settings.postgres_statement_timeout,
-        lock_timeout=settings.postgres_lock_timeout,
-        connect_timeout=settings.postgres_connect_timeout,
-    )
+    try:
+        return PostgresSecureObjectStore.open(
+            dsn,
+            schema=settings.postgres_schema,
+            pool_size=settings.postgres_pool_size,
+            statement_timeout=settings.postgres_statement_timeout,
+            lock_timeout=settings.postgres_lock_timeout,
+            connect_timeout=settings.postgres_connect_timeout,
+            create=create,
+        )
+    except NotFound:
+        raise no_store(f"PostgreSQL schema {settings.postgres_schema}") from None
 
 
 NO_SHARED_KEY_FILE = (
@@ -244,7 +270,8 @@ class Container(containers.DeclarativeContainer):
     ``store`` and ``key_store`` are ``Selector``s keyed by ``settings.backend``;
     a host that brings its own adapter overrides them with
     ``container.store.override(...)``. ``explicit_key`` is where a host hands
-    in a key it manages itself.
+    in a key it manages itself; ``create`` (off by default) lets the store
+    be created where none exists.
     """
 
     settings = providers.Singleton(Settings.from_env)
@@ -252,11 +279,12 @@ class Container(containers.DeclarativeContainer):
     ids = providers.Singleton(RandomIdFactory)
     signatures = providers.Singleton(Ed25519DecisionSignatures)
     explicit_key: providers.Object[bytes | None] = providers.Object(None)
+    create: providers.Object[bool] = providers.Object(False)
     store = providers.Selector(
         providers.Callable(_backend, settings),
         memory=providers.Singleton(InMemorySecureObjectStore),
-        sqlite=providers.Singleton(_open_sqlite, settings),
-        postgres=providers.Singleton(open_postgres, settings),
+        sqlite=providers.Singleton(_open_sqlite, settings, create),
+        postgres=providers.Singleton(open_postgres, settings, create),
     )
     key_store = providers.Selector(
         providers.Callable(_backend, settings),
@@ -285,9 +313,16 @@ class Container(containers.DeclarativeContainer):
     action_results = providers.Singleton(ActionResultService, workflow_records, clock)
 
 
-def build_container(settings: Settings | None = None, *, key: bytes | None = None) -> Container:
-    """Return a container for ``settings`` (read from the environment when ``None``)."""
+def build_container(
+    settings: Settings | None = None, *, key: bytes | None = None, create: bool = False
+) -> Container:
+    """Return a container for ``settings`` (read from the environment when ``None``).
+
+    Its store is created where none exists only with ``create``.
+    """
     container = Container()
+    if create:
+        container.create.override(providers.Object(True))
     if settings is not None:
         container.settings.override(providers.Object(settings))
     if key is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,7 +17,7 @@ from pydantic import (
 )
 
 from flowvault.adapters._paths import check_os_path
-from flowvault.domain import InvalidInput
+from flowvault.domain import InvalidInput, StoreUnavailable
 from flowvault.domain._values import ValueModel
 
 ENV_PREFIX = "FLOWVAULT_"
@@ -28,6 +29,24 @@ Backend = Literal["sqlite", "memory", "postgres"]
 """Backends this build can select; ``postgres`` needs the ``postgres`` extra."""
 
 _CASE_INSENSITIVE = frozenset({"backend", "synchronous", "mark_sync", "log_level", "log_format"})
+
+
+def postgres_mark_name(dsn: str, schema: str) -> str:
+    """Name a host's mark of one PostgreSQL store from the DSN's server and database and the schema.
+
+    A digest of what names the store, not of the DSN's text: the password
+    is not in it, and changing a connection option (``sslmode``, a
+    timeout) keeps the same mark. A restored dump is named the same way,
+    so the mark still compares it.
+    """
+    try:
+        from flowvault.adapters.postgres._connect import server_target  # noqa: PLC0415
+    except ImportError:
+        raise StoreUnavailable(
+            "the postgres backend needs the postgres extra: pip install 'flowvault[postgres]'"
+        ) from None
+    identity = "\x00".join(("postgres", *server_target(dsn), schema))
+    return f"postgres-{hashlib.sha256(identity.encode()).hexdigest()[:24]}.high-water"
 
 
 def default_home(environ: Mapping[str, str] | None = None) -> Path:
@@ -116,15 +135,23 @@ class Settings(ValueModel):
 
     @property
     def high_water_path(self) -> Path | None:
-        """The anti-rollback mark: ``FLOWVAULT_HIGH_WATER_FILE``, else beside SQLite's key file.
+        """The anti-rollback mark: ``FLOWVAULT_HIGH_WATER_FILE``, else in ``keys_dir``.
 
         Outside the data directory, so restoring a copy of it does not
-        restore the mark. PostgreSQL keeps one only where a host names it:
-        each host's mark guards what that host has seen.
+        restore the mark. Each host keeps its own mark of what it has seen;
+        one host may use several PostgreSQL stores, so each gets its own
+        file, named from the store's identity (``postgres_mark_name``).
+        None for the memory backend, which keeps nothing to roll back.
         """
         if self.high_water_file is not None:
             return self.high_water_file
-        return self.keys_dir / HIGH_WATER_FILE if self.backend == "sqlite" else None
+        if self.backend == "sqlite":
+            return self.keys_dir / HIGH_WATER_FILE
+        if self.backend == "postgres" and self.postgres_dsn is not None:
+            return self.keys_dir / postgres_mark_name(
+                self.postgres_dsn.get_secret_value(), self.postgres_schema
+            )
+        return None
 
     @property
     def database_sidecars(self) -> tuple[Path, Path]:

@@ -132,17 +132,23 @@ def backend_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Se
     if request.param == "memory":
         store = InMemorySecureObjectStore()
     elif request.param == "sqlite":
-        store = SQLiteSecureObjectStore.open(tmp_path / "data" / "store.db")
+        store = SQLiteSecureObjectStore.open(tmp_path / "data" / "store.db", create=True)
     else:
         from flowvault.adapters.postgres import PostgresSecureObjectStore  # noqa: PLC0415
 
         server = request.getfixturevalue("postgres_server")
         schema = request.getfixturevalue("pg_schema")
-        store = PostgresSecureObjectStore.open(server.dsn, schema=schema, pool_size=2)
+        store = PostgresSecureObjectStore.open(server.dsn, schema=schema, pool_size=2, create=True)
     try:
         yield store
     finally:
         store.close()
+
+
+@pytest.fixture(autouse=True)
+def _private_data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point the default home into the test's directory: a PostgreSQL host keeps its mark there."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
 
 
 @pytest.fixture(autouse=True)

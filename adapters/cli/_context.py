@@ -138,14 +138,15 @@ class CliContext(Protocol):
         ...
 
     def bootstrap(self) -> Services:
-        """Open the store and its services, creating them (and a key) when absent."""
+        """Open the store and its services, creating them (and a key) when absent: init only."""
         ...
 
     def open_store(self, *, read_only: bool = False, lenient: bool = False) -> SecureObjectStore:
-        """Open the store alone: no cipher, so no key is read, resolved or created.
+        """Open the existing store alone: no cipher, so no key is read, resolved or created.
 
-        ``read_only`` opens an SQLite file with ``mode=ro`` (a missing file
-        is ``StoreUnavailable``); ``lenient`` opens despite loose file modes.
+        A missing store is ``NotFound`` naming ``flowvault init``, and nothing
+        is created. ``read_only`` opens an SQLite file with ``mode=ro``;
+        ``lenient`` opens despite loose file modes.
         """
         ...
 

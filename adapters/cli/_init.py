@@ -99,10 +99,11 @@ def _init_sqlite(context: CliContext) -> InitReport:
 
 def _init_postgres(context: CliContext) -> InitReport:
     settings = context.settings
-    if settings.key is None:
+    if settings.key is None and settings.key_file is None:
         raise KeyRequired(
-            f"a PostgreSQL store takes its key from {KEY_ENV}, the same on every host: "
-            "generate one once, keep it in your secrets manager and set it before init"
+            f"a PostgreSQL store takes its key from {KEY_ENV} (or a key file named by "
+            "FLOWVAULT_KEY_FILE), the same on every host: generate one once, keep it in your "
+            "secrets manager and set it before init"
         )
     with context.bootstrap() as services:
         if store_stats(services.capabilities).has_records():
@@ -115,7 +116,7 @@ def _init_postgres(context: CliContext) -> InitReport:
         backend="postgres",
         home=str(settings.home),
         location=store_location(settings),
-        key_file=None,
+        key_file=None if settings.key is not None else str(settings.key_file),
         key_created=False,
         key_id=key_id,
     )
@@ -142,7 +143,8 @@ def register(verbs: Verbs) -> None:
             "Create a new store and its key with private permissions (0700 directories, "
             "0600 files) at the configured home, and print where they are and the key id "
             "(never the key). Refuses, with exit status 1, when a store already exists. "
-            f"With postgres, the key must come from {KEY_ENV}; memory has nothing to init."
+            f"With postgres, the key must come from {KEY_ENV} or FLOWVAULT_KEY_FILE; memory "
+            "has nothing to init."
         ),
         handler=_init,
     )

@@ -1,7 +1,7 @@
 """The PostgreSQL adapter: a ``SecureObjectStore`` several hosts can share.
 
 Open it with ``PostgresSecureObjectStore.open(dsn, schema=...)``; the schema
-is created and migrated on first use. Needs the ``postgres`` extra
+is created only with ``create=True``, and migrated on open. Needs the ``postgres`` extra
 (psycopg 3 and psycopg-pool).
 """
 

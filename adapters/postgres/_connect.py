@@ -51,6 +51,20 @@ def check_schema_name(schema: object) -> str:
     return schema
 
 
+def server_target(dsn: str) -> tuple[str, str, str]:
+    """Return the host, port and database ``dsn`` names (empty where it names none).
+
+    What stays the same when the store is restored from a dump: it names
+    the store apart from the schema, and holds no password.
+    """
+    try:
+        parts = conninfo_to_dict(dsn)
+    except psycopg.Error:
+        raise InvalidInput("the PostgreSQL DSN is not a valid connection string") from None
+    host, port, dbname = (str(parts.get(name) or "") for name in ("host", "port", "dbname"))
+    return host, port, dbname
+
+
 def _check_seconds(value: object, name: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidInput(f"{name} must be a number of seconds")

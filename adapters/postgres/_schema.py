@@ -16,7 +16,7 @@ from psycopg import sql
 
 from flowvault.adapters._sql_store import refuse_newer
 from flowvault.adapters.postgres._connect import Connection
-from flowvault.domain import StoreUnavailable
+from flowvault.domain import NotFound, StoreUnavailable
 
 _SCHEMA_VERSION_TABLE = """CREATE TABLE schema_version (
     version integer PRIMARY KEY CHECK (version >= 1),
@@ -180,9 +180,18 @@ def migrate(connection: Connection, schema: str) -> None:
             connection.execute(_RECORD_VERSION, (version,))
 
 
-def prepare_schema(connection: Connection, schema: str) -> None:
-    """Bring the schema to the newest version, refusing a newer one before taking any lock."""
+def prepare_schema(connection: Connection, schema: str, *, create: bool) -> None:
+    """Bring the schema to the newest version, refusing a newer one before taking any lock.
+
+    Without ``create`` a schema with no flowvault tables is refused before
+    any statement that writes.
+    """
     current = stored_version(connection, schema)
+    if current == 0 and not create:
+        raise NotFound(
+            f"no flowvault store in PostgreSQL schema {schema}; create it with create=True",
+            schema=schema,
+        )
     ensure_supported(current)
     if current < newest_version():
         migrate(connection, schema)

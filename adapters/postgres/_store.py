@@ -96,8 +96,13 @@ class PostgresSecureObjectStore(SqlStore):
         lock_timeout: float = 10.0,
         connect_timeout: float = 10.0,
         application_name: str = APPLICATION_NAME,
+        create: bool = False,
     ) -> PostgresSecureObjectStore:
-        """Connect, then create or migrate ``schema`` as needed.
+        """Connect, then migrate ``schema`` as needed; create it only with ``create``.
+
+        Without ``create`` a schema holding no flowvault tables is
+        ``NotFound`` and nothing is written: a misspelt schema never
+        becomes a new, empty store.
 
         ``statement_timeout`` and ``lock_timeout`` bound every statement and
         every lock wait; ``connect_timeout`` bounds each connection attempt
@@ -112,6 +117,7 @@ class PostgresSecureObjectStore(SqlStore):
             SchemaTooNew: a newer flowvault wrote the schema; it is left untouched.
             StoreUnavailable: the server cannot be reached or the schema set up.
             StoreBusy: the server held a lock past a timeout.
+            NotFound: the schema holds no store and ``create`` is false.
 
         """
         options = ConnectOptions(
@@ -130,7 +136,7 @@ class PostgresSecureObjectStore(SqlStore):
                 pool.open(wait=True, timeout=options.connect_timeout)
                 with pool.connection() as connection:
                     check_encoding(connection)
-                    prepare_schema(connection, options.schema)
+                    prepare_schema(connection, options.schema, create=create)
         except BaseException:
             pool.close()
             raise

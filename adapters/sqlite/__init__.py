@@ -1,8 +1,8 @@
 """The SQLite adapter: a durable ``SecureObjectStore`` in one local database file.
 
-Open it with ``SQLiteSecureObjectStore.open(path)``; the file and its
-directory are created private (0600/0700), and refused when others can
-reach them.
+Open it with ``SQLiteSecureObjectStore.open(path)``; with ``create=True``
+a missing file and its directory are created private (0600/0700). Both
+are refused when others can reach them.
 """
 
 from flowvault.adapters.sqlite._store import SQLiteSecureObjectStore

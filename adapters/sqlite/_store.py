@@ -63,6 +63,7 @@ from flowvault.application import (
     UnitOfWork,
 )
 from flowvault.domain import (
+    NotFound,
     StoreBusy,
     StoreNotEmpty,
     StoreUnavailable,
@@ -178,8 +179,13 @@ class SQLiteSecureObjectStore(SqlStore):
         busy_timeout: float = 30.0,
         allow_insecure_permissions: bool = False,
         read_only: bool = False,
+        create: bool = False,
     ) -> SQLiteSecureObjectStore:
-        """Open (creating and migrating as needed) the store at ``path``.
+        """Open the store at ``path``, migrating it as needed; create it only with ``create``.
+
+        Without ``create`` a missing file is ``NotFound`` and nothing is
+        created, not even its directory: a mistyped path never becomes a
+        new, empty store.
 
         With ``read_only`` the file is only read: nothing is created, no mode
         is changed or checked, nothing is migrated, and no pragma that writes
@@ -195,6 +201,7 @@ class SQLiteSecureObjectStore(SqlStore):
             SchemaTooNew: a newer flowvault wrote the file; it is left untouched.
             StoreUnavailable: the file cannot be opened or configured as required.
             StoreBusy: another process held the database past ``busy_timeout``.
+            NotFound: no file at ``path`` and ``create`` is false (not read-only).
             StoreUnavailable (read-only): the file is missing, or its schema is
                 older than this code's (it cannot be migrated read-only).
 
@@ -204,6 +211,11 @@ class SQLiteSecureObjectStore(SqlStore):
             options = _read_only_options(Path(path), synchronous, busy_timeout)
         else:
             options = ConnectOptions(Path(path), synchronous, busy_timeout)
+            if not create and not options.path.is_file():
+                raise NotFound(
+                    f"no flowvault store at {options.path}; create it with create=True",
+                    path=str(options.path),
+                )
         deadline = time.monotonic() + busy_timeout
         while True:
             try:

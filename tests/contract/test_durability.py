@@ -15,10 +15,11 @@ class TestSQLiteDurability(DurabilityContract):
 
     def store_factory(self) -> tuple[str, Mapping[str, Any]]:
         self.path = self.tmp_path / "data" / "store.db"
-        return "flowvault.adapters.sqlite:SQLiteSecureObjectStore.open", {"path": str(self.path)}
+        spec = "flowvault.adapters.sqlite:SQLiteSecureObjectStore.open"
+        return spec, {"path": str(self.path), "create": True}
 
     def open_store(self) -> SQLiteSecureObjectStore:
-        return SQLiteSecureObjectStore.open(self.path)
+        return SQLiteSecureObjectStore.open(self.path, create=True)
 
 
 @pytest.mark.postgres
@@ -31,11 +32,13 @@ class TestPostgresDurability(DurabilityContract):
 
     def store_factory(self) -> tuple[str, Mapping[str, Any]]:
         self.schema = self.server.new_schema()
-        kwargs = {"dsn": self.server.dsn, "schema": self.schema, "pool_size": 1}
+        kwargs = {"dsn": self.server.dsn, "schema": self.schema, "pool_size": 1, "create": True}
         return "flowvault.adapters.postgres:PostgresSecureObjectStore.open", kwargs
 
     def open_store(self) -> PostgresSecureObjectStore:
-        return PostgresSecureObjectStore.open(self.server.dsn, schema=self.schema, pool_size=1)
+        return PostgresSecureObjectStore.open(
+            self.server.dsn, schema=self.schema, pool_size=1, create=True
+        )
 
     def discard_store(self) -> None:
         self.server.drop_schema(self.schema)

@@ -28,10 +28,10 @@ class _Binding(DurabilityContract):
     def store_factory(self) -> tuple[str, Mapping[str, Any]]:
         self.path = self.tmp_path / "store.db"
         spec = f"{self.store.__module__}:{self.store.__qualname__}.open"
-        return spec, {"path": str(self.path)}
+        return spec, {"path": str(self.path), "create": True}
 
     def open_store(self) -> SecureObjectStore:
-        return self.store.open(self.path)
+        return self.store.open(self.path, create=True)
 
 
 def test_the_contract_fails_a_store_that_acknowledges_before_it_stores(tmp_path: Path) -> None:

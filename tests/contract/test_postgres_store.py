@@ -32,10 +32,14 @@ class TestPostgresSecureObjectStore(
 
     def make_store(self) -> PostgresSecureObjectStore:
         self.schema = self.server.new_schema()
-        return PostgresSecureObjectStore.open(self.server.dsn, schema=self.schema, pool_size=2)
+        return PostgresSecureObjectStore.open(
+            self.server.dsn, schema=self.schema, pool_size=2, create=True
+        )
 
     def reopen_store(self, store: SecureObjectStore) -> PostgresSecureObjectStore:
-        return PostgresSecureObjectStore.open(self.server.dsn, schema=self.schema, pool_size=1)
+        return PostgresSecureObjectStore.open(
+            self.server.dsn, schema=self.schema, pool_size=1, create=True
+        )
 
     def close_store(self, store: SecureObjectStore) -> None:
         store.close()

@@ -22,7 +22,9 @@ class TestSealedOverPostgres(SealedRepositoryContract):
 
     def make_store(self) -> PostgresSecureObjectStore:
         self.schema = self.server.new_schema()
-        return PostgresSecureObjectStore.open(self.server.dsn, schema=self.schema, pool_size=2)
+        return PostgresSecureObjectStore.open(
+            self.server.dsn, schema=self.schema, pool_size=2, create=True
+        )
 
     def close_store(self, store: SecureObjectStore) -> None:
         store.close()

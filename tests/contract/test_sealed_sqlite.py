@@ -12,7 +12,7 @@ class TestSealedOverSQLite(SealedRepositoryContract):
     """Forged records planted in a SQLite file fail closed."""
 
     def make_store(self) -> SQLiteSecureObjectStore:
-        return SQLiteSecureObjectStore.open(self.tmp_path / "data" / "store.db")
+        return SQLiteSecureObjectStore.open(self.tmp_path / "data" / "store.db", create=True)
 
     def make_cipher(self) -> AesGcmCipher:
         return AesGcmCipher(KEY)

@@ -21,8 +21,8 @@ class TestSQLiteSecureObjectStore(
     """The SQLite adapter passes the whole store contract."""
 
     def make_store(self) -> SQLiteSecureObjectStore:
-        return SQLiteSecureObjectStore.open(self.tmp_path / "data" / "store.db")
+        return SQLiteSecureObjectStore.open(self.tmp_path / "data" / "store.db", create=True)
 
     def reopen_store(self, store: SecureObjectStore) -> SQLiteSecureObjectStore:
         assert isinstance(store, SQLiteSecureObjectStore)
-        return SQLiteSecureObjectStore.open(store.path)
+        return SQLiteSecureObjectStore.open(store.path, create=True)

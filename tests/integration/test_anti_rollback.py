@@ -3,8 +3,9 @@
 Real SQLite files: a copy of the data directory is taken, more is written,
 the copy is put back. The mark beside the key file remembers the newer
 commit count; the negative control deletes the mark and the same restore
-goes unnoticed. PostgreSQL keeps a mark where ``FLOWVAULT_HIGH_WATER_FILE``
-says, and a sequence set back stands in for a restored dump.
+goes unnoticed. PostgreSQL keeps each host's mark of each store beside its
+key by default, or where ``FLOWVAULT_HIGH_WATER_FILE`` says, and a sequence
+set back stands in for a restored dump.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def _settings(home: Path, mark_sync: MarkSync) -> Settings:
 
 
 def _write(settings: Settings, steps: range) -> None:
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         for step in steps:
             runtime.state("main").save(WorkflowState(step=step))
 
@@ -87,7 +88,7 @@ def test_a_restored_older_copy_is_refused_on_open(tmp_path: Path, mark_sync: Mar
     assert mark is not None
     assert mark.parent == settings.keys_dir
     with pytest.raises(StoreRolledBack) as refused:
-        bootstrap(settings)
+        bootstrap(settings, create=True)
     assert refused.value.details["epoch"] < refused.value.details["high_water"]  # type: ignore[operator]
     cli = _run(tmp_path, "workflows", "list", home=settings.home)
     assert cli.returncode == 1
@@ -107,7 +108,7 @@ def test_without_the_mark_the_same_restore_goes_unseen(tmp_path: Path, mark_sync
     mark = settings.high_water_path
     assert mark is not None
     mark.unlink()
-    with capture_logs() as logs, bootstrap(settings) as runtime:
+    with capture_logs() as logs, bootstrap(settings, create=True) as runtime:
         assert runtime.state("main").load().state == WorkflowState(step=2)
     assert "high_water_mark_started" in [entry["event"] for entry in logs]
 
@@ -121,7 +122,7 @@ def test_with_the_mark_off_nothing_is_checked_or_written(tmp_path: Path) -> None
     kept = mark.read_bytes()
     off = Settings.from_env({"FLOWVAULT_HOME": str(settings.home), "FLOWVAULT_MARK_SYNC": "OFF"})
     assert off.mark_sync == "off"
-    with capture_logs() as logs, bootstrap(off) as runtime:
+    with capture_logs() as logs, bootstrap(off, create=True) as runtime:
         assert runtime.mark is None
         assert runtime.state("main").load().state == WorkflowState(step=2)
         runtime.state("main").save(WorkflowState(step=50))
@@ -130,7 +131,7 @@ def test_with_the_mark_off_nothing_is_checked_or_written(tmp_path: Path) -> None
     ]
     assert mark.read_bytes() == kept
     with pytest.raises(StoreRolledBack):
-        bootstrap(settings)
+        bootstrap(settings, create=True)
 
 
 def _cut_newest_events(database: Path, count: int) -> str:
@@ -164,7 +165,7 @@ def test_a_restored_copy_with_its_count_raised_is_refused_by_stream_sizes(
     with closing(sqlite3.connect(settings.database_path)) as connection, connection:
         connection.execute("UPDATE store_epoch SET epoch = 1000000000")
     with pytest.raises(StoreRolledBack) as refused:
-        bootstrap(settings)
+        bootstrap(settings, create=True)
     details = refused.value.details
     assert details["size"] < details["high_water"]  # type: ignore[operator]
     assert f"ledger stream {details['stream']} holds {details['size']} events" in (
@@ -173,7 +174,7 @@ def test_a_restored_copy_with_its_count_raised_is_refused_by_stream_sizes(
     mark = settings.high_water_path
     assert mark is not None
     mark.unlink()
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         assert runtime.state("main").load().state == WorkflowState(step=2), (
             "the negative control: without the mark the same copy opens as if current"
         )
@@ -185,7 +186,7 @@ def test_events_cut_from_a_stream_are_refused_on_open(tmp_path: Path, mark_sync:
     _write(settings, range(6))
     stream = _cut_newest_events(settings.database_path, 2)
     with pytest.raises(StoreRolledBack) as refused:
-        bootstrap(settings)
+        bootstrap(settings, create=True)
     assert refused.value.details["stream"] == stream
     assert refused.value.details["high_water"] == refused.value.details["size"] + 2  # type: ignore[operator]
     cli = _run(tmp_path, "workflows", "list", home=settings.home)
@@ -213,20 +214,20 @@ def test_accept_restore_reopens_a_deliberately_restored_copy(
     assert refused.returncode == 1
     assert "--yes" in refused.stderr
     with pytest.raises(StoreRolledBack):
-        bootstrap(settings)
+        bootstrap(settings, create=True)
     accepted = _run(tmp_path, "accept-restore", "--yes", "--json", home=settings.home)
     assert accepted.returncode == 0, accepted.stderr
     document = _document(accepted)
     assert isinstance(document["previous"], int)
     assert isinstance(document["epoch"], int)
     assert document["previous"] > document["epoch"]
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         assert runtime.state("main").load().state == WorkflowState(step=2)
         runtime.state("main").save(WorkflowState(step=99))
         after = _epoch(runtime)
     mark = settings.high_water_path
     assert mark is not None
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         assert _mark_epoch(mark, runtime) == after
 
 
@@ -237,7 +238,7 @@ def test_in_the_strict_mode_every_commit_advances_the_mark_before_it_returns(
     settings = _settings(tmp_path / "home", "strict")
     mark = settings.high_water_path
     assert mark is not None
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         for step in range(5):
             runtime.state("main").save(WorkflowState(step=step))
             assert _mark_epoch(mark, runtime) == _epoch(runtime)
@@ -250,7 +251,7 @@ def test_by_default_the_mark_trails_the_commits_never_leads_and_close_writes_it(
     settings = _settings(tmp_path / "home", "lagged")
     mark = settings.high_water_path
     assert mark is not None
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         runtime.state("main").save(WorkflowState(step=0))
         settle(runtime)
         seen: list[tuple[int, int]] = []
@@ -276,7 +277,7 @@ def test_an_edited_mark_is_refused(tmp_path: Path, mark_sync: MarkSync) -> None:
         lambda current: MarkWrite(current.head.replace(b"epoch ", b"epoch 9")) if current else None
     )
     with pytest.raises(IntegrityFailure, match="high-water mark"):
-        bootstrap(settings)
+        bootstrap(settings, create=True)
 
 
 def _put_back(copy: Path, data_dir: Path) -> None:
@@ -303,7 +304,7 @@ def _last_commit(settings: Settings, tmp_path: Path) -> tuple[bytes, bytes]:
 def _open_code(settings: Settings) -> str:
     """Bootstrap ``settings``; return the error code, or ``opened``."""
     try:
-        bootstrap(settings).close()
+        bootstrap(settings, create=True).close()
     except FlowvaultError as exc:
         return exc.code
     return "opened"
@@ -406,7 +407,7 @@ def test_a_mark_torn_by_a_crash_after_its_commit_still_opens(tmp_path: Path) -> 
     for name, mark in torn.items():
         _put_back(tmp_path / "after", settings.data_dir)
         path.write_bytes(mark)
-        with capture_logs() as logs, bootstrap(settings) as runtime:
+        with capture_logs() as logs, bootstrap(settings, create=True) as runtime:
             assert runtime.state("main").load().state == WorkflowState(step=3), name
             count = _epoch(runtime)
         events = [entry["event"] for entry in logs]
@@ -414,12 +415,12 @@ def test_a_mark_torn_by_a_crash_after_its_commit_still_opens(tmp_path: Path) -> 
         state = MarkFileStore(path).read()
         assert state is not None
         assert state.passed_over == (), f"{name}: the mark was written afresh"
-        with bootstrap(settings) as runtime:
+        with bootstrap(settings, create=True) as runtime:
             assert _mark_epoch(path, runtime) == count
         _put_back(tmp_path / "before", settings.data_dir)
         path.write_bytes(mark)
         with pytest.raises(refusals[name]):
-            bootstrap(settings)
+            bootstrap(settings, create=True)
 
 
 def test_an_older_mark_rebuilt_from_the_file_goes_unseen(tmp_path: Path) -> None:
@@ -443,7 +444,7 @@ def test_an_older_mark_rebuilt_from_the_file_goes_unseen(tmp_path: Path) -> None
     slot = framing.pack(magic, sequence, length, log_size, log_size, zlib.crc32(log), crc) + head
     path.write_bytes(slot.ljust(SLOT_BYTES, b"\0") + bytes(SLOT_BYTES) + log)
     _put_back(tmp_path / "before", settings.data_dir)
-    with capture_logs() as logs, bootstrap(settings) as runtime:
+    with capture_logs() as logs, bootstrap(settings, create=True) as runtime:
         assert runtime.state("main").load().state == WorkflowState(step=2)
     assert [entry for entry in logs if entry["log_level"] == "warning"] == []
 
@@ -458,7 +459,7 @@ def test_an_emptied_mark_is_refused_until_the_restore_is_accepted(
     assert mark is not None
     mark.write_bytes(b"")
     with pytest.raises(IntegrityFailure, match="is empty but the store holds"):
-        bootstrap(settings)
+        bootstrap(settings, create=True)
     cli = _run(tmp_path, "workflows", "list", home=settings.home)
     assert cli.returncode == 1
     assert "INTEGRITY_FAILURE" in cli.stderr
@@ -468,7 +469,7 @@ def test_an_emptied_mark_is_refused_until_the_restore_is_accepted(
     document = _document(accepted)
     assert document["previous"] is None
     assert isinstance(document["epoch"], int)
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         assert runtime.state("main").load().state == WorkflowState(step=2)
         assert _mark_epoch(mark, runtime) == document["epoch"]
 
@@ -489,7 +490,7 @@ def test_postgres_keeps_a_mark_where_the_host_names_it(
         mark_sync=mark_sync,
     )
     assert settings.high_water_path == mark
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         for step in range(4):
             runtime.state("main").save(WorkflowState(step=step))
         count = _epoch(runtime)
@@ -497,9 +498,9 @@ def test_postgres_keeps_a_mark_where_the_host_names_it(
     with postgres_server.admin() as admin:
         admin.execute(f"SELECT setval('\"{pg_schema}\".store_epoch', 1)")
     with pytest.raises(StoreRolledBack):
-        bootstrap(settings)
+        bootstrap(settings, create=True)
     unguarded = settings.model_copy(update={"high_water_file": None})
-    assert unguarded.high_water_path is None
+    assert unguarded.high_water_path not in {None, mark}, "a mark of its own, never written"
     with bootstrap(unguarded) as runtime:
         assert runtime.state("main").load().state == WorkflowState(step=3)
     with postgres_server.admin() as admin:
@@ -515,5 +516,94 @@ def test_postgres_keeps_a_mark_where_the_host_names_it(
             (stream, head),
         )
     with pytest.raises(StoreRolledBack) as refused:
-        bootstrap(settings)
+        bootstrap(settings, create=True)
     assert refused.value.details["stream"] == stream, "events cut from a stream, count raised"
+
+
+def _pg_host(home: Path, postgres_server: Any, schema: str, key: bytes) -> Settings:
+    """One host of a shared PostgreSQL store: its own home, the default mark, the shared key."""
+    return Settings(
+        backend="postgres",
+        home=home,
+        postgres_dsn=postgres_server.dsn,
+        postgres_schema=schema,
+        key=encode_master_key(key),
+    )
+
+
+def _save(settings: Settings, step: int) -> int:
+    """Save one step as ``settings``' host and return the store's count after it."""
+    with bootstrap(settings) as runtime:
+        runtime.state("main").save(WorkflowState(step=step))
+        return _epoch(runtime)
+
+
+@pytest.mark.postgres
+def test_every_postgres_host_that_saw_the_newer_state_refuses_a_restore_by_default(
+    tmp_path: Path, postgres_server: Any, pg_schema: str
+) -> None:
+    """Two hosts write one schema, each marking what it saw; a restore is refused by both.
+
+    Each host's mark trails what the other committed, which it must not
+    refuse; a host that last opened the store before the newer state, and
+    a new one, trust what they find; accept-restore lets one host proceed.
+    """
+    key = bytes(range(96, 128))
+    first = _pg_host(tmp_path / "first", postgres_server, pg_schema, key)
+    second = _pg_host(tmp_path / "second", postgres_server, pg_schema, key)
+    assert first.high_water_file is None
+    assert second.high_water_file is None
+    with bootstrap(first, create=True) as runtime:
+        runtime.state("main").save(WorkflowState(step=0))
+    early = _pg_host(tmp_path / "early", postgres_server, pg_schema, key)
+    _save(early, 1)
+    older = _save(second, 1)
+    _save(first, 2)
+    _save(second, 3)
+    newest = _save(first, 4)
+    first_mark, second_mark = first.high_water_path, second.high_water_path
+    assert first_mark is not None
+    assert second_mark is not None
+    with bootstrap(first) as runtime:
+        assert _mark_epoch(first_mark, runtime) >= newest
+        assert older < _mark_epoch(second_mark, runtime) < newest, "behind the other host"
+    with postgres_server.admin() as admin:
+        admin.execute(f"SELECT setval('\"{pg_schema}\".store_epoch', {older})")
+    for host in (first, second):
+        with pytest.raises(StoreRolledBack):
+            bootstrap(host)
+    for unaware in (early, _pg_host(tmp_path / "fresh", postgres_server, pg_schema, key)):
+        with bootstrap(unaware) as runtime:
+            assert runtime.state("main").load().state == WorkflowState(step=4)
+    env = {
+        "FLOWVAULT_BACKEND": "postgres",
+        "FLOWVAULT_POSTGRES_DSN": postgres_server.dsn,
+        "FLOWVAULT_POSTGRES_SCHEMA": pg_schema,
+        "FLOWVAULT_KEY": encode_master_key(key),
+    }
+    accepted = _run(tmp_path, "accept-restore", "--yes", "--json", home=first.home, **env)
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    assert _document(accepted)["mark"] == str(first_mark)
+    _save(first, 5)
+    with pytest.raises(StoreRolledBack):
+        bootstrap(second)
+
+
+def test_a_postgres_mark_is_named_from_the_store_not_the_password(tmp_path: Path) -> None:
+    """Password and connection options keep the name; another schema or database changes it."""
+
+    def mark(dsn: str, schema: str = "flowvault") -> Path | None:
+        settings = Settings(
+            backend="postgres", home=tmp_path, postgres_dsn=dsn, postgres_schema=schema
+        )
+        return settings.high_water_path
+
+    base = mark("postgresql://app@db.internal:5432/vault")
+    assert base is not None
+    assert base.parent == tmp_path / "keys"
+    assert "s3cret" not in str(mark("postgresql://app:s3cret@db.internal:5432/vault"))
+    assert mark("postgresql://app:s3cret@db.internal:5432/vault?sslmode=require") == base
+    assert mark("host=db.internal port=5432 dbname=vault user=app") == base
+    assert mark("postgresql://app@db.internal:5432/vault", "other") != base
+    assert mark("postgresql://app@db.internal:5432/archive") != base
+    assert mark("postgresql://app@replica.internal:5432/vault") != base

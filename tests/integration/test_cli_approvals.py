@@ -29,7 +29,7 @@ BEN = "decider-marker-ben@example.org"
 
 def _paused(home: Path, *, expires_in: timedelta, **quorum: object) -> tuple[str, str]:
     """Start, checkpoint and pause a run on a SQLite home; return (run id, approval id)."""
-    with bootstrap(Settings(backend="sqlite", home=home)) as runtime:
+    with bootstrap(Settings(backend="sqlite", home=home), create=True) as runtime:
         runs = runtime.runs
         runtime.definitions.register_definition("wire.send", {"nodes": ["send"]})
         run, _ = runs.start_run("wire.send", {"amount": 9000})
@@ -91,7 +91,7 @@ def test_an_overdue_approval_lists_expired_and_expire_fails_the_run(tmp_path: Pa
     assert json_document(expired) == {"expired_approvals": 1, "failed_runs": 1}
     again = run_cli(tmp_path, "approvals", "expire", home=home)
     assert "expired_approvals: 0" in again.stdout
-    with bootstrap(Settings(backend="sqlite", home=home)) as runtime:
+    with bootstrap(Settings(backend="sqlite", home=home), create=True) as runtime:
         assert runtime.approvals.get_approval(approval_id).status is ApprovalStatus.EXPIRED
         assert runtime.runs.get_run(run_id).status == "failed"
 

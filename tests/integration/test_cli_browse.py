@@ -171,7 +171,7 @@ def _runs(runtime: Runtime) -> tuple[str, str]:
 
 
 def _prepare(home: Path) -> Prepared:
-    with bootstrap(_settings(home)) as runtime:
+    with bootstrap(_settings(home), create=True) as runtime:
         open_workflow, done_workflow = _workflows(runtime)
         paused_run, finished_run = _runs(runtime)
         approval = _request(runtime, paused_run, 1, timedelta(hours=4))
@@ -470,7 +470,7 @@ def test_decide_happy_path_then_already_decided(
     assert str(shown["decision_digest"]).startswith("sha256:")
     assert shown["decided_at"] is not None
     assert str(shown["resume_checkpoint_id"]).startswith("cp_")
-    with bootstrap(_settings(home)) as runtime:
+    with bootstrap(_settings(home), create=True) as runtime:
         decided = runtime.approvals.get_approval(prepared.approval)
         assert decided.status is ApprovalStatus.DECIDED
         assert (decided.actor, decided.decision) == (ACTOR, APPROVE)
@@ -514,7 +514,7 @@ def test_decide_not_allowed_changes_nothing(tmp_path: Path, home: Path, prepared
 
 def test_decide_expired(tmp_path: Path, home: Path, prepared: Prepared) -> None:
     """Past its deadline a decision is APPROVAL_EXPIRED and the approval shows expired."""
-    with bootstrap(_settings(home)) as runtime:
+    with bootstrap(_settings(home), create=True) as runtime:
         short = _request(runtime, prepared.paused_run, 9, timedelta(seconds=1)).approval_id
     time.sleep(1.2)
     assert _error_code(_decide(tmp_path, home, short, APPROVE, "--json")) == "APPROVAL_EXPIRED"
@@ -555,7 +555,7 @@ def test_decide_asks_on_a_terminal(
     """On a terminal decide asks first; anything but yes decides nothing."""
     command_io, out, err = _terminal_io(answer)
     request = DecideRequest(prepared.approval, APPROVE, ACTOR, yes=False)
-    with bootstrap(_settings(home)) as runtime:
+    with bootstrap(_settings(home), create=True) as runtime:
         assert approvals_decide_command(runtime.approvals, request, command_io) == status
         after = runtime.approvals.get_approval(prepared.approval).status
     assert "Record a decision on approval" in err.getvalue()
@@ -570,7 +570,7 @@ def test_decide_with_yes_does_not_ask_on_a_terminal(home: Path, prepared: Prepar
     """--yes skips the question even on a terminal."""
     command_io, _out, err = _terminal_io("n")
     request = DecideRequest(prepared.approval, APPROVE, ACTOR, yes=True)
-    with bootstrap(_settings(home)) as runtime:
+    with bootstrap(_settings(home), create=True) as runtime:
         assert approvals_decide_command(runtime.approvals, request, command_io) == 0
     assert err.getvalue() == ""
 
@@ -580,7 +580,7 @@ def test_decide_with_yes_does_not_ask_on_a_terminal(home: Path, prepared: Prepar
 
 def test_list_workflows_orders_filters_and_caps(tmp_path: Path) -> None:
     """Newest written first, by state, at most ``limit`` capped at 200, full records."""
-    with bootstrap(_settings(tmp_path / "h")) as runtime:
+    with bootstrap(_settings(tmp_path / "h"), create=True) as runtime:
         service = runtime.workflows
         ids = [service.create(_order(str(n)))[0].workflow_id for n in range(201)]
         service.transition(ids[0], "planning", expected_state="intake", expected_version=1)
@@ -671,7 +671,7 @@ def test_approvals_list_across_runs_and_by_status(
 
 def test_workflows_list_all_reaches_past_200(tmp_path: Path, home: Path) -> None:
     """230 workflows: one page stops at 200, --all lists every one."""
-    with bootstrap(_settings(home)) as runtime:
+    with bootstrap(_settings(home), create=True) as runtime:
         made = {runtime.workflows.create(_order(str(n)))[0].workflow_id for n in range(230)}
     page = _document(_run(tmp_path, home, "workflows", "list", "--limit", "500", "--json"))
     assert page["count"] == 200
@@ -720,7 +720,7 @@ def test_a_damaged_row_is_printed_after_the_rows_and_exits_1(
 ) -> None:
     """The other rows are listed; the damaged one follows as key digest and code; exit 1."""
     broken, intact = getattr(prepared, case.broken), getattr(prepared, case.intact)
-    with bootstrap(_settings(home)) as runtime:
+    with bootstrap(_settings(home), create=True) as runtime:
         digest = runtime.repository.key_digest(case.namespace, broken)
     _damage(home, case.namespace, digest)
     args = case.listed.args

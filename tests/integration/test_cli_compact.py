@@ -40,7 +40,7 @@ def test_compact_rebuilds_the_file_without_free_pages(tmp_path: Path) -> None:
     """Resets leave zeroed free pages; compact returns them and keeps what remains readable."""
     home = tmp_path / "home"
     settings = Settings(backend="sqlite", home=home)
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         for n in range(KEPT + DROPPED):
             runtime.state(f"scope-{n}").save(WorkflowState(step=n, data={"pad": "x" * 2000}))
         dropped = _sealed_payloads(settings.database_path, "flowvault.workflow-state")
@@ -66,7 +66,7 @@ def test_compact_rebuilds_the_file_without_free_pages(tmp_path: Path) -> None:
     kept = set(_sealed_payloads(database, "flowvault.workflow-state"))
     assert len(kept) == KEPT
     assert not any(seal[-32:] in raw for seal in dropped if seal not in kept)
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         for n in range(KEPT):
             assert runtime.state(f"scope-{n}").load().state == WorkflowState(
                 step=n, data={"pad": "x" * 2000}

@@ -174,7 +174,7 @@ def test_keys_add_makes_a_new_primary_key(cli: KeyWatch) -> None:
     and those records still read.
     """
     old_id = _init(cli)
-    with bootstrap(cli.settings()) as runtime:
+    with bootstrap(cli.settings(), create=True) as runtime:
         _write(runtime, range(3))
     added = _ok(cli.run("keys", "add", "--json"))
     new_id = added["added"]
@@ -196,7 +196,7 @@ def test_keys_add_makes_a_new_primary_key(cli: KeyWatch) -> None:
     human = cli.run("keys", "list")
     assert f"{old_id}\topen-only\t3\t{seals}" in human.stdout.splitlines()
 
-    with bootstrap(cli.settings()) as runtime:
+    with bootstrap(cli.settings(), create=True) as runtime:
         assert runtime.cipher.primary_key_id == new_id
         _write(runtime, range(3, 4))
         assert _key_ids(runtime) == {old_id: 3, new_id: 1}
@@ -220,7 +220,7 @@ def test_keys_retire_waits_until_no_record_uses_the_key(cli: KeyWatch) -> None:
     still verifies, since the ring kept its integrity key.
     """
     old_id = _init(cli)
-    with bootstrap(cli.settings()) as runtime:
+    with bootstrap(cli.settings(), create=True) as runtime:
         _write(runtime, range(5))
         order = WorkOrder(kind="keys.cli", requester="tester", idempotency_key="wf-1")
         workflow, _ = runtime.workflows.create(order)
@@ -264,7 +264,7 @@ def test_keys_retire_waits_until_no_record_uses_the_key(cli: KeyWatch) -> None:
     assert verified["ok"] is True
     assert verified["streams_checked"] == 2  # the workflow and its idempotency marker
     assert verified["records"] == {"readable": 7, "unreadable": 0, "unverified": 0}
-    with bootstrap(cli.settings()) as runtime:
+    with bootstrap(cli.settings(), create=True) as runtime:
         assert runtime.workflows.get(workflow.workflow_id) == workflow
         for number in range(5):
             opened = runtime.repository.read(NS, f"k{number}")
@@ -318,6 +318,7 @@ def test_postgres_keys_live_in_a_shared_key_file(
     ring_dir.chmod(0o700)
     FileKeyStore(ring_dir, file_name="shared.key").create(generate_master_key())
     key_file = ring_dir / "shared.key"
+    _ok(cli.run("init", "--json", **env, FLOWVAULT_KEY_FILE=str(key_file)))
     added = _ok(cli.run("keys", "add", "--json", **env, FLOWVAULT_KEY_FILE=str(key_file)))
     assert _mode(key_file) == 0o600
     assert key_file.read_text().splitlines()[0] == RING_HEADER
@@ -339,7 +340,7 @@ def test_a_key_past_its_seal_limit_is_refused_until_a_new_key_is_added(cli: KeyW
     """
     old_id = _init(cli)
     budget = cli.settings(seal_limit=SEAL_LIMIT, seal_warn_at=SEAL_WARN_AT)
-    with capture_logs() as logs, bootstrap(budget) as runtime:
+    with capture_logs() as logs, bootstrap(budget, create=True) as runtime:
         written, refusal = _write_until_refused(runtime)
         assert refusal.code == "KEY_EXHAUSTED"
         assert 0 < written <= SEAL_LIMIT
@@ -351,9 +352,9 @@ def test_a_key_past_its_seal_limit_is_refused_until_a_new_key_is_added(cli: KeyW
     assert warnings[0]["log_level"] == "warning"
     assert warnings[0]["key_id"] == old_id
 
-    with bootstrap(budget) as runtime, pytest.raises(KeyExhausted):
+    with bootstrap(budget, create=True) as runtime, pytest.raises(KeyExhausted):
         _write(runtime, range(written, written + 1))
-    with bootstrap(budget) as runtime:
+    with bootstrap(budget, create=True) as runtime:
         assert runtime.repository.read(NS, f"k{written}") is None
         assert _key_ids(runtime) == {old_id: written}
     (entry,) = _listed(cli, **BUDGET_ENV)
@@ -362,7 +363,7 @@ def test_a_key_past_its_seal_limit_is_refused_until_a_new_key_is_added(cli: KeyW
     assert entry["seals"] >= SEAL_LIMIT
 
     new_id = _ok(cli.run("keys", "add", "--json", **BUDGET_ENV))["added"]
-    with bootstrap(budget) as runtime:
+    with bootstrap(budget, create=True) as runtime:
         _write(runtime, range(written, written + 2))
         assert _key_ids(runtime) == {old_id: written, new_id: 2}
         for number in range(written + 2):

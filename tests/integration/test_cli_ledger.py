@@ -58,7 +58,9 @@ def _populate(runtime: Runtime) -> str:
 def home(tmp_path: Path) -> Path:
     """Provide a SQLite home with data written at a past instant (so some has expired)."""
     path = tmp_path / "home"
-    with bootstrap(Settings(backend="sqlite", home=path), clock=FrozenClock()) as runtime:
+    with bootstrap(
+        Settings(backend="sqlite", home=path), clock=FrozenClock(), create=True
+    ) as runtime:
         _populate(runtime)
     return path
 
@@ -287,11 +289,12 @@ def test_verify_without_a_key_counts_records_unverified(tmp_path: Path, home: Pa
 
 
 def test_verify_on_a_missing_database_fails_and_creates_nothing(tmp_path: Path) -> None:
-    """No store: ``STORE_UNAVAILABLE``, and no home appears."""
+    """No store: ``NOT_FOUND`` with the fix naming ``init``, and no home appears."""
     home = tmp_path / "absent"
     result = _run(tmp_path, "ledger", "verify", "--all", home=home)
     assert result.returncode == 1
-    assert "STORE_UNAVAILABLE" in result.stderr
+    assert "NOT_FOUND" in result.stderr
+    assert "fix: create it once with 'flowvault init'" in result.stderr
     assert not home.exists()
 
 
@@ -304,7 +307,7 @@ def test_head_prints_a_keyed_receipt(tmp_path: Path, home: Path) -> None:
     result = _run(tmp_path, "ledger", "head", "--stream", stream, "--json", home=home)
     assert result.returncode == 0, result.stderr
     receipt = _document(result)
-    with bootstrap(Settings(backend="sqlite", home=home)) as runtime:
+    with bootstrap(Settings(backend="sqlite", home=home), create=True) as runtime:
         head = runtime.store.ledger_head(stream)
     assert head is not None
     assert receipt["stream"] == stream
@@ -402,7 +405,7 @@ def test_verify_all_on_postgres(tmp_path: Path, postgres_server, pg_schema: str)
     settings = Settings(
         backend="postgres", postgres_dsn=postgres_server.dsn, postgres_schema=pg_schema
     )
-    with bootstrap(settings, key=key) as runtime:
+    with bootstrap(settings, key=key, create=True) as runtime:
         _populate(runtime)
     result = _run(
         tmp_path, "ledger", "verify", "--all", "--json",

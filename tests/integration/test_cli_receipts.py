@@ -31,7 +31,7 @@ MARKER = "receipt-marker-8c1f"
 
 def _append_notes(home: Path, workflow_id: str | None, notes: list[str]) -> str:
     """Create the workflow if ``workflow_id`` is None, then append one event per note."""
-    with bootstrap(Settings(backend="sqlite", home=home)) as runtime:
+    with bootstrap(Settings(backend="sqlite", home=home), create=True) as runtime:
         workflows = runtime.workflows
         if workflow_id is None:
             order = WorkOrder(kind="demo", requester="alice", idempotency_key="wf-r")

@@ -28,13 +28,13 @@ def _settings(home: Path) -> Settings:
 
 
 def _prepare(home: Path) -> None:
-    with bootstrap(_settings(home)) as runtime:
+    with bootstrap(_settings(home), create=True) as runtime:
         runtime.state("main").save(WorkflowState(step=3, note=MARKER))
         runtime.state("other").save(WorkflowState(step=9, note=OTHER_MARKER))
 
 
 def _revision(home: Path, scope: str = "main") -> int | None:
-    with bootstrap(_settings(home)) as runtime:
+    with bootstrap(_settings(home), create=True) as runtime:
         return runtime.state(scope).load().revision
 
 
@@ -90,7 +90,7 @@ def test_dry_run_fingerprints_without_deleting(tmp_path: Path) -> None:
     assert fingerprint["revision"] == 1
     assert fingerprint["namespace"] == "flowvault.workflow-state"
     assert MARKER not in result.stdout + result.stderr
-    with bootstrap(_settings(home)) as runtime:
+    with bootstrap(_settings(home), create=True) as runtime:
         snapshot = runtime.state("main").load()
         assert snapshot.revision == 1
         assert snapshot.state.model_dump() == {"step": 3, "note": MARKER}
@@ -125,7 +125,7 @@ def test_reset_deletes_state_and_records_a_plaintext_free_event(tmp_path: Path) 
     assert fingerprint["revision"] == 1
     assert MARKER not in result.stdout + result.stderr
 
-    with bootstrap(_settings(home)) as runtime:
+    with bootstrap(_settings(home), create=True) as runtime:
         main = runtime.state("main")
         assert main.load().revision is None
         events = main.history()
@@ -247,7 +247,7 @@ def test_tty_declined_confirmation_keeps_the_state(tmp_path: Path) -> None:
     assert "aborted" in shown
     assert MARKER not in shown
     assert _revision(home) == 1
-    with bootstrap(_settings(home)) as runtime:
+    with bootstrap(_settings(home), create=True) as runtime:
         assert [e.type for e in runtime.state("main").history()] == [STATE_WRITTEN_EVENT]
 
 

@@ -33,7 +33,7 @@ def _init(tmp_path: Path, home: Path) -> dict[str, object]:
 
 
 def _write_states(home: Path, count: int) -> None:
-    with bootstrap(Settings(backend="sqlite", home=home)) as runtime:
+    with bootstrap(Settings(backend="sqlite", home=home), create=True) as runtime:
         for index in range(count):
             runtime.state(f"scope{index}").save(WorkflowState(step=index))
 
@@ -72,7 +72,7 @@ def test_init_json_names_the_key_id_of_the_key_file(tmp_path: Path) -> None:
     assert document["key_created"] is True
     assert document["key_file"] == str(home / "keys" / "store.key")
     assert document["location"] == str(home / "data" / "flowvault.db")
-    with bootstrap(Settings(backend="sqlite", home=home)) as runtime:
+    with bootstrap(Settings(backend="sqlite", home=home), create=True) as runtime:
         assert document["key_id"] == runtime.cipher.primary_key_id
 
 
@@ -284,7 +284,7 @@ def test_doctor_finds_a_replayed_row_and_a_restored_copy(tmp_path: Path) -> None
     _write_states(home, 1)
     older = tmp_path / "older.db"
     _copy_database(home, older)
-    with bootstrap(Settings(backend="sqlite", home=home)) as runtime:
+    with bootstrap(Settings(backend="sqlite", home=home), create=True) as runtime:
         runtime.state("scope0").save(WorkflowState(step=7))
     healthy = _checks(_run(tmp_path, "doctor", "--json", home=home))
     assert healthy["store.integrity"]["ok"] is True
@@ -360,7 +360,7 @@ def test_status_on_postgres(tmp_path: Path, postgres_server, pg_schema: str) -> 
     dsn = postgres_server.dsn
     key = generate_master_key()
     settings = Settings(backend="postgres", postgres_dsn=dsn, postgres_schema=pg_schema)
-    with bootstrap(settings, key=key) as runtime:
+    with bootstrap(settings, key=key, create=True) as runtime:
         runtime.state("main").save(WorkflowState(step=1))
         key_id = runtime.cipher.primary_key_id
     result = _run(

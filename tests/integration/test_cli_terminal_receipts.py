@@ -53,7 +53,7 @@ def ended(tmp_path: Path) -> Ended:
     made = _run(tmp_path, "keys", "signing-key", "--out", str(key))
     assert made.returncode == 0, made.stderr
     clock = FrozenClock(datetime.now(UTC))
-    with bootstrap(_settings(home, key), clock=clock) as runtime:
+    with bootstrap(_settings(home, key), create=True, clock=clock) as runtime:
         runs = runtime.runs
         runtime.definitions.register_definition("triage", {"nodes": ["plan"]})
         failed = runs.start_run("triage", {"ask": INPUT_MARKER})[0].run_id
@@ -62,7 +62,7 @@ def ended(tmp_path: Path) -> Ended:
         recovered = runs.start_run("triage", {"ask": INPUT_MARKER})[0].run_id
         clock.advance(timedelta(seconds=30))
         assert runs.recover_incomplete_runs() == 1
-    with bootstrap(_settings(home, None)) as runtime:
+    with bootstrap(_settings(home, None), create=True) as runtime:
         runs = runtime.runs
         unsigned = runs.start_run("triage", {"ask": INPUT_MARKER})[0].run_id
         runs.set_status(unsigned, "running", expected_status="accepted")
@@ -204,4 +204,4 @@ def test_a_signing_key_that_does_not_load_is_refused_not_skipped(
         "not-a-key": InvalidInput,
     }[problem]
     with pytest.raises(expected):
-        bootstrap(_settings(tmp_path / "home", key))
+        bootstrap(_settings(tmp_path / "home", key), create=True)

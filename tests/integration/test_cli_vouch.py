@@ -24,7 +24,7 @@ from flowvault.domain import WorkOrder
 def home(tmp_path: Path) -> tuple[Path, str]:
     """Provide a home holding one workflow of three events, its stream stripped of every MAC."""
     home = tmp_path / "home"
-    with bootstrap(Settings(backend="sqlite", home=home)) as runtime:
+    with bootstrap(Settings(backend="sqlite", home=home), create=True) as runtime:
         order = WorkOrder(kind="demo", requester="alice", idempotency_key="wf-v")
         record = runtime.workflows.create(order)[0]
         for note in ("one", "two"):

@@ -66,7 +66,7 @@ def test_adapter_guide_durability_example_runs(tmp_path: Path) -> None:
         "from pathlib import Path\n\n"
         "from flowvault.adapters.sqlite import SQLiteSecureObjectStore\n\n"
         "def MyStore(path):\n"
-        "    return SQLiteSecureObjectStore.open(Path(path))\n"
+        "    return SQLiteSecureObjectStore.open(Path(path), create=True)\n"
     )
     (tmp_path / "test_my_store_durability.py").write_text(block)
     result = subprocess.run(

@@ -38,7 +38,7 @@ def _settings(home: Path) -> Settings:
 
 def _store_with_state(home: Path) -> Settings:
     settings = _settings(home)
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         runtime.state("main").save(WorkflowState(step=1))
     return settings
 
@@ -75,7 +75,7 @@ def test_every_file_stays_private_under_an_open_umask(tmp_path: Path) -> None:
     """
     home = tmp_path / "parent" / "home"
     settings = _settings(home)
-    with _umask(0), bootstrap(settings) as runtime:
+    with _umask(0), bootstrap(settings, create=True) as runtime:
         runtime.state("main").save(WorkflowState(step=1))
         keys = FileKeyStore(settings.keys_dir)
         ring = keys.read_ring()
@@ -143,7 +143,7 @@ def test_unsafe_mode_is_refused_and_doctor_names_the_same_fix(tmp_path: Path, na
     fix = case.fix(settings)
 
     with pytest.raises(InsecurePermissions) as caught:
-        bootstrap(settings)
+        bootstrap(settings, create=True)
     assert caught.value.code == "INSECURE_PERMISSIONS"
     assert fix in caught.value.message
 
@@ -169,7 +169,7 @@ def test_allowing_insecure_permissions_warns_in_the_store_and_in_doctor(
 
     with capture_logs() as logs:
         runtime = bootstrap(
-            Settings.from_env({"FLOWVAULT_HOME": str(settings.home), ALLOW: "true"})
+            Settings.from_env({"FLOWVAULT_HOME": str(settings.home), ALLOW: "true"}), create=True
         )
     with runtime:
         assert runtime.state("main").load().state == WorkflowState(step=1)
@@ -193,7 +193,7 @@ def test_a_listable_directory_opens_and_doctor_only_warns(
     settings = _store_with_state(tmp_path / "home")
     target: Path = getattr(settings, which)
     target.chmod(mode)
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         assert runtime.state("main").load().state == WorkflowState(step=1)
     code, checks = _doctor(tmp_path, settings.home)
     check = checks[f"permissions.{which}"]
@@ -209,7 +209,7 @@ def test_loosened_sidecars_are_reported_and_made_private_again(tmp_path: Path) -
     settings = _settings(tmp_path / "home")
     database = settings.database_path
     wal, shm = (database.with_name(database.name + suffix) for suffix in ("-wal", "-shm"))
-    with bootstrap(settings) as first:
+    with bootstrap(settings, create=True) as first:
         first.state("main").save(WorkflowState(step=1))
         wal.chmod(0o644)
         shm.chmod(0o640)
@@ -220,7 +220,7 @@ def test_loosened_sidecars_are_reported_and_made_private_again(tmp_path: Path) -
         assert checks["permissions.shm"]["fix"] == f"chmod 600 {shm}"
         assert checks["permissions.wal"]["severity"] == "error"
 
-        with bootstrap(settings) as second:
+        with bootstrap(settings, create=True) as second:
             assert second.state("main").load().revision == 1
         assert (_mode(wal), _mode(shm)) == (0o600, 0o600)
         code, checks = _doctor(tmp_path, settings.home)
@@ -245,7 +245,7 @@ def test_symlinked_key_file_is_refused_and_doctor_reports_it(tmp_path: Path, all
     environ = {"FLOWVAULT_HOME": str(settings.home), ALLOW: str(allowed).lower()}
 
     with pytest.raises(InsecurePermissions) as caught:
-        bootstrap(Settings.from_env(environ))
+        bootstrap(Settings.from_env(environ), create=True)
     assert "is a symlink" in caught.value.message
     assert f"chmod 600 {settings.key_path}" in caught.value.message
 
@@ -286,7 +286,7 @@ def test_key_file_swapped_for_a_symlink_after_its_check_is_not_followed(
 
     monkeypatch.setattr(os, "open", swapping_open)
     with pytest.raises(InsecurePermissions) as caught:
-        bootstrap(settings)
+        bootstrap(settings, create=True)
     monkeypatch.undo()
 
     assert len(opened) == 1

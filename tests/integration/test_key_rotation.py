@@ -238,7 +238,7 @@ def test_rotation_beside_a_writer_loses_no_update(settings: Settings) -> None:
     every record readable under a ring holding only the new key.
     """
     started = time.monotonic()
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         _fill(runtime, RECORDS)
         workflows = _workflows(runtime)
         old_id = runtime.cipher.primary_key_id
@@ -247,7 +247,7 @@ def test_rotation_beside_a_writer_loses_no_update(settings: Settings) -> None:
     filled = time.monotonic()
 
     assert _add_key(settings)[0] == old_id
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         new_id = runtime.cipher.primary_key_id
         assert new_id != old_id
         assert runtime.cipher.key_ids() == {old_id, new_id}
@@ -296,7 +296,7 @@ def test_rotation_beside_a_writer_loses_no_update(settings: Settings) -> None:
 
         _retire(settings, runtime, old_id)
 
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         assert runtime.cipher.key_ids() == {new_id}
         _check_every_record(runtime, writer, new_id)
         for workflow_id, record in workflows.items():
@@ -327,10 +327,10 @@ def test_a_reseal_never_brings_back_the_content_of_a_deleted_record(tmp_path: Pa
     re-seal must then be refused, or at least not replace the new content.
     """
     settings = Settings(backend="sqlite", home=tmp_path / "home")
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         runtime.repository.write(NS, "reborn", {"v": "before"}, expected=Guard.ABSENT)
     _add_key(settings)
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         digest = runtime.repository.key_digest(NS, "reborn")
         loaded = runtime.store.load(NS, digest)
         assert loaded is not None
@@ -380,7 +380,7 @@ def test_a_killed_rotation_leaves_a_consistent_store_and_resumes(tmp_path: Path)
     """
     home = tmp_path / "home"
     settings = Settings(backend="sqlite", home=home)
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         _fill(runtime, CRASH_RECORDS)
         old_id = runtime.cipher.primary_key_id
     added = run_cli(tmp_path, "keys", "add", "--json", home=home)
@@ -420,7 +420,7 @@ def test_a_killed_rotation_leaves_a_consistent_store_and_resumes(tmp_path: Path)
 
     with contextlib.closing(sqlite3.connect(settings.database_path)) as connection:
         assert connection.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         found = _counts_by_header(runtime, CRASH_RECORDS)
     assert set(found) == {old_id, new_id}
     assert found[new_id] >= reported
@@ -435,5 +435,5 @@ def test_a_killed_rotation_leaves_a_consistent_store_and_resumes(tmp_path: Path)
     assert report["remaining"] == 0
     assert report["resealed"] == found[old_id]
     assert report["by_key"] == {new_id: CRASH_RECORDS}
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         assert _counts_by_header(runtime, CRASH_RECORDS) == {new_id: CRASH_RECORDS}

@@ -102,10 +102,10 @@ def _ring(settings: Settings) -> KeyRing:
 def source(tmp_path: Path) -> tuple[Settings, Written, dict[str, object]]:
     """Return a SQLite store of every kind, sealed under two keys, and what its services read."""
     settings = _sqlite(tmp_path / "source")
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         written = populate(runtime)
     _rotate(settings)
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         runtime.workflows.create(
             WorkOrder(kind="move.test", parameters={}, requester="t", idempotency_key="late")
         )
@@ -150,21 +150,21 @@ def test_sqlite_to_postgres_and_back_copies_every_row_and_verifies(
 
     schema = pg_schema
     pg_settings = _postgres(postgres_server.dsn, schema, settings.key_path)
-    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=schema) as target:
+    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=schema, create=True) as target:
         fill_verified(contents, target, lambda store: bootstrap(settings, store=store).audit())
         _same_rows(_raw(target), contents)
-    with bootstrap(pg_settings) as runtime:
+    with bootstrap(pg_settings, create=True) as runtime:
         _audit_clean(runtime)
         assert service_reads(runtime, written) == reads
 
     back = _keyed_home(settings, tmp_path / "back")
-    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=schema) as moved:
+    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=schema, create=True) as moved:
         again = _raw(moved)
-    with SQLiteSecureObjectStore.open(back.database_path) as target:
+    with SQLiteSecureObjectStore.open(back.database_path, create=True) as target:
         fill_verified(again, target, lambda store: bootstrap(settings, store=store).audit())
     with SQLiteSecureObjectStore.open(back.database_path, read_only=True) as copied:
         _same_rows(_raw(copied), contents)
-    with bootstrap(back) as runtime:
+    with bootstrap(back, create=True) as runtime:
         _audit_clean(runtime)
         assert service_reads(runtime, written) == reads
     assert AesGcmCipher.from_ring(ring).key_ids() == AesGcmCipher.from_ring(_ring(back)).key_ids()
@@ -209,7 +209,7 @@ def test_cli_migrate_both_ways_then_refuses_a_filled_target(
     back = run_cli(tmp_path, "migrate", "--to", str(back_home), "--json", **pg_env)
     assert back.returncode == 0, back.stdout + back.stderr
     assert json_document(back)["records"] == document["records"]
-    with bootstrap(_keyed_home(settings, back_home)) as runtime:
+    with bootstrap(_keyed_home(settings, back_home), create=True) as runtime:
         _audit_clean(runtime)
         assert service_reads(runtime, written) == reads
 
@@ -333,7 +333,9 @@ def test_export_then_import_into_postgres_and_sqlite(
         "--json", home=settings.home,
     )  # fmt: skip
     assert imported.returncode == 0, imported.stdout + imported.stderr
-    with bootstrap(_postgres(postgres_server.dsn, schema, settings.key_path)) as runtime:
+    with bootstrap(
+        _postgres(postgres_server.dsn, schema, settings.key_path), create=True
+    ) as runtime:
         _audit_clean(runtime)
         assert service_reads(runtime, written) == reads
     home = tmp_path / "imported"
@@ -374,9 +376,11 @@ def test_a_fill_failing_at_its_last_statement_leaves_the_target_empty_and_can_ru
 
     def target() -> SecureObjectStore:
         if backend == "sqlite":
-            return SQLiteSecureObjectStore.open(tmp_path / "target" / "store.db")
+            return SQLiteSecureObjectStore.open(tmp_path / "target" / "store.db", create=True)
         dsn = request.getfixturevalue("postgres_server").dsn
-        return PostgresSecureObjectStore.open(dsn, schema=request.getfixturevalue("pg_schema"))
+        return PostgresSecureObjectStore.open(
+            dsn, schema=request.getfixturevalue("pg_schema"), create=True
+        )
 
     with monkeypatch.context() as patched:
         _failing_statement(patched, sqlite_store if backend == "sqlite" else postgres_commit)
@@ -418,10 +422,11 @@ def test_a_migrate_killed_inside_its_transaction_leaves_the_target_empty(
     with SQLiteSecureObjectStore.open(settings.database_path, read_only=True) as original:
         before = _raw(original)
     schema = pg_schema
-    PostgresSecureObjectStore.open(postgres_server.dsn, schema=schema).close()
-    with psycopg.connect(postgres_server.dsn) as holder, psycopg.connect(
-        postgres_server.dsn, autocommit=True
-    ) as admin:
+    PostgresSecureObjectStore.open(postgres_server.dsn, schema=schema, create=True).close()
+    with (
+        psycopg.connect(postgres_server.dsn) as holder,
+        psycopg.connect(postgres_server.dsn, autocommit=True) as admin,
+    ):
         holder.execute(f'ALTER SEQUENCE "{schema}".store_epoch INCREMENT BY 1')
         process = subprocess.Popen(
             [str(FLOWVAULT), "--home", str(settings.home), "migrate", "--to", postgres_server.dsn,
@@ -440,7 +445,7 @@ def test_a_migrate_killed_inside_its_transaction_leaves_the_target_empty(
         finally:
             process.wait(timeout=TIMEOUT)
         holder.rollback()
-    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=schema) as target:
+    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=schema, create=True) as target:
         assert not target.has_records()
         assert target.seal_counts() == {}
     with SQLiteSecureObjectStore.open(settings.database_path, read_only=True) as original:

@@ -120,7 +120,7 @@ def test_open_names_the_cause_in_details(postgres_server, pg_schema: str) -> Non
     """The library raises the same error: cause and fix in details, no password anywhere."""
     dsn = _dsn(postgres_server.dsn, db="fv_no_such_db")
     with pytest.raises(StoreUnavailable) as caught:
-        PostgresSecureObjectStore.open(dsn, schema=pg_schema)
+        PostgresSecureObjectStore.open(dsn, schema=pg_schema, create=True)
     assert caught.value.details["cause"] == "unknown_database"
     assert str(caught.value.details["fix"]).startswith("create the database")
     assert PASSWORD not in str(caught.value) + repr(caught.value) + str(caught.value.details)
@@ -175,7 +175,7 @@ def test_waiting_for_a_pooled_connection_ends_at_the_connect_timeout(
     """With the only connection held, another thread's call fails STORE_UNAVAILABLE, not hangs."""
     outcome: list[BaseException | None] = []
     with PostgresSecureObjectStore.open(
-        postgres_server.dsn, schema=pg_schema, pool_size=1, connect_timeout=0.2
+        postgres_server.dsn, schema=pg_schema, pool_size=1, connect_timeout=0.2, create=True
     ) as store:
         with store.record_locked("ns", "digest"):
 

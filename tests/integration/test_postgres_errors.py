@@ -108,7 +108,7 @@ def test_busy_errors_name_the_timeouts() -> None:
 def store(postgres_server, pg_schema: str):
     """Provide a store with short timeouts."""
     opened = PostgresSecureObjectStore.open(
-        postgres_server.dsn, schema=pg_schema, lock_timeout=0.2, statement_timeout=5
+        postgres_server.dsn, schema=pg_schema, lock_timeout=0.2, statement_timeout=5, create=True
     )
     with opened:
         yield opened
@@ -141,7 +141,7 @@ def test_lock_timeout_is_store_busy_and_writes_nothing(store, postgres_server) -
 def test_statement_timeout_is_store_busy(postgres_server, pg_schema: str) -> None:
     """A statement that runs past statement_timeout fails with STORE_BUSY."""
     with PostgresSecureObjectStore.open(
-        postgres_server.dsn, schema=pg_schema, lock_timeout=30, statement_timeout=0.2
+        postgres_server.dsn, schema=pg_schema, lock_timeout=30, statement_timeout=0.2, create=True
     ) as store:
         admin = _lock_table(postgres_server, pg_schema, "records")
         try:

@@ -47,7 +47,7 @@ def app_name() -> str:
 def store(postgres_server, pg_schema: str, app_name: str):
     """Provide a store whose sessions carry ``app_name``."""
     opened = PostgresSecureObjectStore.open(
-        postgres_server.dsn, schema=pg_schema, pool_size=2, application_name=app_name
+        postgres_server.dsn, schema=pg_schema, pool_size=2, application_name=app_name, create=True
     )
     with opened:
         yield opened

@@ -79,10 +79,12 @@ def test_cas_increments_lose_nothing_and_the_naive_control_does(
     postgres_server, pg_schema: str, tmp_path: Path
 ) -> None:
     """8 x 250 state updates end at exactly 2,000; 8 x 250 unguarded writes end below it."""
-    PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema).close()
+    PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema, create=True).close()
     conflicts = _race(postgres_server, pg_schema, tmp_path / "go", INCREMENTS, ["cas", "naive"])
     total = PROCESSES * INCREMENTS
-    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+    with PostgresSecureObjectStore.open(
+        postgres_server.dsn, schema=pg_schema, create=True
+    ) as store:
         repository = _repository(store)
         snapshot = StateRepository(repository, SCOPE).load()
         naive = repository.read(NAIVE_NS, NAIVE_KEY)
@@ -100,10 +102,12 @@ def test_concurrent_appends_never_fork_the_stream(
     postgres_server, pg_schema: str, tmp_path: Path
 ) -> None:
     """8 x 50 appends make one gap-free chain of 400 events that verifies end to end."""
-    PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema).close()
+    PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema, create=True).close()
     conflicts = _race(postgres_server, pg_schema, tmp_path / "go", APPENDS, ["ledger"])
     total = PROCESSES * APPENDS
-    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+    with PostgresSecureObjectStore.open(
+        postgres_server.dsn, schema=pg_schema, create=True
+    ) as store:
         events = list(store.read_ledger(STREAM, limit=200).events)
         while len(events) < total + 1:
             page = store.read_ledger(STREAM, from_index=len(events), limit=200)

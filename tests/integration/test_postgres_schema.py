@@ -36,7 +36,7 @@ def _with_next_version(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _baseline_store(server, schema: str) -> int:
     """Create a baseline store in ``schema`` holding the baseline contents; return its epoch."""
-    with PostgresSecureObjectStore.open(server.dsn, schema=schema) as store:
+    with PostgresSecureObjectStore.open(server.dsn, schema=schema, create=True) as store:
         fill_baseline(store)
         return store.epoch()
 
@@ -95,7 +95,9 @@ def test_fresh_schema_records_the_baseline_version(postgres_server, pg_schema: s
     _baseline_store(postgres_server, pg_schema)
     assert SCHEMA_VERSION == 1
     assert versions(postgres_server, pg_schema) == [1]
-    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+    with PostgresSecureObjectStore.open(
+        postgres_server.dsn, schema=pg_schema, create=True
+    ) as store:
         assert_baseline_reads_back(store)
 
 
@@ -108,7 +110,9 @@ def test_baseline_schema_upgrades_to_a_next_version(
     """A baseline schema gains the next step on open, records its version, and keeps its data."""
     epoch = _baseline_store(postgres_server, pg_schema)
     _with_next_version(monkeypatch)
-    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+    with PostgresSecureObjectStore.open(
+        postgres_server.dsn, schema=pg_schema, create=True
+    ) as store:
         assert_baseline_reads_back(store)
         assert store.epoch() == epoch
     assert versions(postgres_server, pg_schema) == [1, 2]
@@ -122,7 +126,9 @@ def test_upgraded_schema_accepts_new_writes(postgres_server, pg_schema: str, mon
     epoch = _baseline_store(postgres_server, pg_schema)
     _with_next_version(monkeypatch)
     head = baseline_events()["orders"][-1]
-    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+    with PostgresSecureObjectStore.open(
+        postgres_server.dsn, schema=pg_schema, create=True
+    ) as store:
         store.commit(
             UnitOfWork(
                 upserts=[make_upsert("orders", "order-1", b"v3", expected=2, ledger_index=4)],
@@ -131,7 +137,9 @@ def test_upgraded_schema_accepts_new_writes(postgres_server, pg_schema: str, mon
         )
         assert store.ledger_head("orders").previous_hash == head.event_hash
         assert store.epoch() == epoch + 1
-    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+    with PostgresSecureObjectStore.open(
+        postgres_server.dsn, schema=pg_schema, create=True
+    ) as store:
         assert store.epoch() == epoch + 1
     assert versions(postgres_server, pg_schema) == [1, 2]
 
@@ -140,10 +148,10 @@ def test_upgraded_schema_matches_a_fresh_one(postgres_server, pg_schema: str, mo
     """Upgrading a baseline schema yields the tables, indexes and storage a new one gets."""
     _baseline_store(postgres_server, pg_schema)
     _with_next_version(monkeypatch)
-    PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema).close()
+    PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema, create=True).close()
     fresh = postgres_server.new_schema()
     try:
-        PostgresSecureObjectStore.open(postgres_server.dsn, schema=fresh).close()
+        PostgresSecureObjectStore.open(postgres_server.dsn, schema=fresh, create=True).close()
         assert describe(postgres_server, pg_schema) == describe(postgres_server, fresh)
         assert versions(postgres_server, fresh) == [1, 2]
     finally:
@@ -172,7 +180,7 @@ def test_newer_schema_is_refused_and_left_untouched(postgres_server, pg_schema: 
         admin.execute(query.format(sql.Identifier(pg_schema)), (SCHEMA_VERSION + 1,))
     before = (_contents(postgres_server, pg_schema), describe(postgres_server, pg_schema))
     with pytest.raises(SchemaTooNew) as caught:
-        PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema)
+        PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema, create=True)
     assert caught.value.details == {"found": SCHEMA_VERSION + 1, "supported": SCHEMA_VERSION}
     assert "upgrade flowvault" in str(caught.value)
     after = (_contents(postgres_server, pg_schema), describe(postgres_server, pg_schema))
@@ -184,12 +192,12 @@ def test_failed_migration_changes_nothing(postgres_server, pg_schema: str, monke
     broken = (_schema.MIGRATIONS[0] + ("CREATE TABLE broken (",),)
     monkeypatch.setattr(_schema, "MIGRATIONS", broken)
     with pytest.raises(StoreUnavailable):
-        PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema)
+        PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema, create=True)
     with postgres_server.admin() as admin:
         found = admin.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (pg_schema,))
         assert found.fetchone() is None
     monkeypatch.undo()
-    PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema).close()
+    PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema, create=True).close()
     assert versions(postgres_server, pg_schema) == ALL_VERSIONS
 
 
@@ -202,11 +210,13 @@ def test_failed_upgrade_leaves_a_baseline_schema_as_it_was(
     broken = (*SYNTHETIC_STEP, "CREATE TABLE broken (")
     monkeypatch.setattr(_schema, "MIGRATIONS", (*_schema.MIGRATIONS, broken))
     with pytest.raises(StoreUnavailable):
-        PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema)
+        PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema, create=True)
     assert (_contents(postgres_server, pg_schema), describe(postgres_server, pg_schema)) == before
     monkeypatch.undo()
     _with_next_version(monkeypatch)
-    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+    with PostgresSecureObjectStore.open(
+        postgres_server.dsn, schema=pg_schema, create=True
+    ) as store:
         assert_baseline_reads_back(store)
     assert versions(postgres_server, pg_schema) == [1, 2]
 
@@ -221,7 +231,9 @@ def test_hosts_opening_at_once_migrate_once(postgres_server, pg_schema: str) -> 
         barrier.wait()
         try:
             opened.append(
-                PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema, pool_size=1)
+                PostgresSecureObjectStore.open(
+                    postgres_server.dsn, schema=pg_schema, pool_size=1, create=True
+                )
             )
         except BaseException as exc:  # handed to the main thread
             failures.append(exc)
@@ -253,8 +265,12 @@ def test_two_schemas_in_one_database_are_separate_stores(postgres_server, pg_sch
     other = postgres_server.new_schema()
     try:
         with (
-            PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as first,
-            PostgresSecureObjectStore.open(postgres_server.dsn, schema=other) as second,
+            PostgresSecureObjectStore.open(
+                postgres_server.dsn, schema=pg_schema, create=True
+            ) as first,
+            PostgresSecureObjectStore.open(
+                postgres_server.dsn, schema=other, create=True
+            ) as second,
         ):
             first.commit(UnitOfWork(upserts=[make_upsert("ns", "a")], appends=[make_event("s", 0)]))
             second.commit(
@@ -271,7 +287,7 @@ def test_migration_waits_for_the_advisory_lock(postgres_server, pg_schema: str) 
     opened = threading.Event()
 
     def open_store() -> None:
-        PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema).close()
+        PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema, create=True).close()
         opened.set()
 
     with postgres_server.admin() as admin:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -81,7 +82,7 @@ def test_the_postgres_backend_needs_a_dsn() -> None:
     """Choosing postgres without FLOWVAULT_POSTGRES_DSN fails when the store is opened."""
     settings = Settings.from_env({"FLOWVAULT_BACKEND": "postgres"})
     with pytest.raises(InvalidInput) as caught:
-        bootstrap(settings)
+        bootstrap(settings, create=True)
     assert "FLOWVAULT_POSTGRES_DSN" in str(caught.value)
 
 
@@ -91,6 +92,7 @@ def _settings(postgres_server, schema: str, key: bytes | None = None) -> Setting
         "FLOWVAULT_POSTGRES_DSN": postgres_server.dsn,
         "FLOWVAULT_POSTGRES_SCHEMA": schema,
         "FLOWVAULT_POSTGRES_POOL_SIZE": "2",
+        "XDG_DATA_HOME": os.environ["XDG_DATA_HOME"],
     }
     if key is not None:
         environ["FLOWVAULT_KEY"] = encode_master_key(key)
@@ -100,11 +102,12 @@ def _settings(postgres_server, schema: str, key: bytes | None = None) -> Setting
 def test_hosts_sharing_the_key_share_the_store(postgres_server, pg_schema: str) -> None:
     """Two runtimes with the same FLOWVAULT_KEY read each other's sealed records."""
     key = generate_master_key()
-    with bootstrap(_settings(postgres_server, pg_schema, key)) as first:
-        assert isinstance(first.store, PostgresSecureObjectStore)
-        assert first.store.schema == pg_schema
+    with bootstrap(_settings(postgres_server, pg_schema, key), create=True) as first:
+        store = first.capabilities.epoch
+        assert isinstance(store, PostgresSecureObjectStore), "beneath its high-water mark"
+        assert store.schema == pg_schema
         first.repository.write("shared", "doc", {"n": 1}, expected=Guard.ABSENT)
-        with bootstrap(_settings(postgres_server, pg_schema, key)) as second:
+        with bootstrap(_settings(postgres_server, pg_schema, key), create=True) as second:
             opened = second.repository.read("shared", "doc")
             assert opened is not None
             assert opened.document == {"n": 1}
@@ -113,22 +116,24 @@ def test_hosts_sharing_the_key_share_the_store(postgres_server, pg_schema: str) 
 def test_no_key_is_ever_created_for_a_postgres_store(postgres_server, pg_schema: str) -> None:
     """Without an explicit key or FLOWVAULT_KEY, even an empty store is KEY_REQUIRED."""
     with pytest.raises(KeyRequired) as caught:
-        bootstrap(_settings(postgres_server, pg_schema))
+        bootstrap(_settings(postgres_server, pg_schema), create=True)
     assert "FLOWVAULT_KEY" in str(caught.value)
     key = generate_master_key()
-    with bootstrap(_settings(postgres_server, pg_schema), key=key) as runtime:
+    with bootstrap(_settings(postgres_server, pg_schema), key=key, create=True) as runtime:
         runtime.repository.write("shared", "doc", {"n": 1}, expected=Guard.ABSENT)
     with pytest.raises(KeyRequired) as caught:
-        bootstrap(_settings(postgres_server, pg_schema))
+        bootstrap(_settings(postgres_server, pg_schema), create=True)
     assert "FLOWVAULT_KEY" in str(caught.value)
 
 
 def test_a_host_with_another_key_is_refused(postgres_server, pg_schema: str) -> None:
     """A host configured with a different key cannot open a store sealed under another."""
-    with bootstrap(_settings(postgres_server, pg_schema, generate_master_key())) as runtime:
+    with bootstrap(
+        _settings(postgres_server, pg_schema, generate_master_key()), create=True
+    ) as runtime:
         runtime.repository.write("shared", "doc", {"n": 1}, expected=Guard.ABSENT)
     with pytest.raises(IntegrityFailure):
-        bootstrap(_settings(postgres_server, pg_schema, generate_master_key()))
+        bootstrap(_settings(postgres_server, pg_schema, generate_master_key()), create=True)
 
 
 def test_the_guide_example_runs(postgres_server, pg_schema: str, monkeypatch) -> None:
@@ -142,4 +147,5 @@ def test_the_guide_example_runs(postgres_server, pg_schema: str, monkeypatch) ->
         "FLOWVAULT_KEY": encode_master_key(generate_master_key()),
     }.items():
         monkeypatch.setenv(name, value)
+    bootstrap(Settings.from_env(), create=True).close()  # what `flowvault init` did first
     exec(compile(block, str(guide), "exec"), {})  # noqa: S102 - running our own docs

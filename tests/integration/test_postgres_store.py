@@ -34,7 +34,9 @@ def _with_options(dsn: str, options: str) -> str:
 @pytest.fixture
 def store(postgres_server, pg_schema: str) -> Iterator[PostgresSecureObjectStore]:
     """Provide a store on a fresh schema."""
-    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as opened:
+    with PostgresSecureObjectStore.open(
+        postgres_server.dsn, schema=pg_schema, create=True
+    ) as opened:
         yield opened
 
 
@@ -54,7 +56,7 @@ def test_sessions_override_weaker_server_defaults(postgres_server, pg_schema: st
         "-c statement_timeout=0 -c search_path=public",
     )
     with PostgresSecureObjectStore.open(
-        weak, schema=pg_schema, pool_size=3, statement_timeout=12.5, lock_timeout=0.75
+        weak, schema=pg_schema, pool_size=3, statement_timeout=12.5, lock_timeout=0.75, create=True
     ) as store:
         for _ in range(3):
             assert _session(store, "SHOW synchronous_commit") == [("on",)]
@@ -74,7 +76,7 @@ def test_the_pool_holds_pool_size_sessions(postgres_server, pg_schema: str) -> N
     name = f"fvtest-pool-{secrets.token_hex(4)}"
     with (
         PostgresSecureObjectStore.open(
-            postgres_server.dsn, schema=pg_schema, pool_size=3, application_name=name
+            postgres_server.dsn, schema=pg_schema, pool_size=3, application_name=name, create=True
         ),
         postgres_server.admin() as admin,
     ):
@@ -133,7 +135,7 @@ def test_ordering_is_byte_identical_to_memory_under_any_collation(icu_database: 
     with psycopg.connect(icu_database) as raw:
         assert raw.execute("SELECT 'B' < 'a'").fetchone() == (False,)  # the default misleads
     memory = InMemorySecureObjectStore()
-    with PostgresSecureObjectStore.open(icu_database, schema="flowvault") as store:
+    with PostgresSecureObjectStore.open(icu_database, schema="flowvault", create=True) as store:
         _fill(store)
         _fill(memory)
         assert _answers(store) == _answers(memory)
@@ -245,11 +247,16 @@ def test_repr_and_errors_never_show_the_dsn(postgres_server, pg_schema: str) -> 
     """Neither the store's repr nor a connection failure carries the DSN or its password."""
     with pytest.raises(StoreUnavailable) as caught:
         PostgresSecureObjectStore.open(
-            _password_dsn(postgres_server, port=1), schema=pg_schema, connect_timeout=0.5
+            _password_dsn(postgres_server, port=1),
+            schema=pg_schema,
+            connect_timeout=0.5,
+            create=True,
         )
     assert PASSWORD not in str(caught.value) + repr(caught.value)
     assert caught.value.code == "STORE_UNAVAILABLE"
-    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+    with PostgresSecureObjectStore.open(
+        postgres_server.dsn, schema=pg_schema, create=True
+    ) as store:
         assert "postgres" not in repr(store).replace("Postgres", "")
         assert PASSWORD not in repr(store._options)
 
@@ -278,7 +285,7 @@ def test_bad_options_are_invalid_input(postgres_server, options: dict) -> None:
 def test_malformed_dsn_is_invalid_input_without_its_text() -> None:
     """A DSN libpq cannot parse is INVALID_INPUT, and the message does not quote it."""
     with pytest.raises(InvalidInput) as caught:
-        PostgresSecureObjectStore.open(f"host=x password={PASSWORD} nonsense")
+        PostgresSecureObjectStore.open(f"host=x password={PASSWORD} nonsense", create=True)
     assert PASSWORD not in str(caught.value)
     assert caught.value.__cause__ is None
 
@@ -316,11 +323,15 @@ def test_a_forked_child_must_open_its_own_store(store) -> None:
 
 def test_seal_counts_survive_close_and_reopen(postgres_server, pg_schema: str) -> None:
     """Reserved totals are committed: a new store on the schema has them and counts on."""
-    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+    with PostgresSecureObjectStore.open(
+        postgres_server.dsn, schema=pg_schema, create=True
+    ) as store:
         store.reserve_seals("k1", 64)
         store.reserve_seals("k1", 128)
         store.reserve_seals("k2", 64)
-    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+    with PostgresSecureObjectStore.open(
+        postgres_server.dsn, schema=pg_schema, create=True
+    ) as store:
         assert store.seal_counts() == {"k1": 192, "k2": 64}
         assert store.reserve_seals("k1", 1) == 193
 
@@ -330,7 +341,7 @@ def test_reservation_held_off_past_the_lock_timeout_is_store_busy(
 ) -> None:
     """A reservation waiting on its row past ``lock_timeout`` is StoreBusy and adds nothing."""
     with PostgresSecureObjectStore.open(
-        postgres_server.dsn, schema=pg_schema, lock_timeout=0.2
+        postgres_server.dsn, schema=pg_schema, lock_timeout=0.2, create=True
     ) as store:
         store.reserve_seals("k1", 5)
         with postgres_server.admin() as admin, admin.transaction():

@@ -84,7 +84,7 @@ def services(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Service
     if request.param == "memory":
         yield Services(InMemorySecureObjectStore())
         return
-    with SQLiteSecureObjectStore.open(tmp_path / "data" / "store.db") as store:
+    with SQLiteSecureObjectStore.open(tmp_path / "data" / "store.db", create=True) as store:
         yield Services(store)
 
 

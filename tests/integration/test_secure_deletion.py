@@ -152,7 +152,7 @@ class Vault:
 def _vault(home: Path, clock: FrozenClock | None = None) -> Iterator[Vault]:
     settings = Settings(backend="sqlite", home=home)
     frozen = clock or FrozenClock()
-    with bootstrap(settings, clock=frozen) as runtime:
+    with bootstrap(settings, clock=frozen, create=True) as runtime:
         yield Vault(runtime, frozen, Disk(settings.database_path))
 
 

@@ -39,7 +39,7 @@ def test_the_log_is_copied_into_the_database_off_the_callers_thread(tmp_path: Pa
     with (
         registered("checkpoint-thread", volatile=False) as vfs,
         adapter_over(vfs.vfs_name),
-        bootstrap(settings, key=KEY) as runtime,
+        bootstrap(settings, key=KEY, create=True) as runtime,
     ):
         vfs.arm(None)
         largest = 0
@@ -76,7 +76,7 @@ def test_the_log_starts_over_under_writes_that_never_pause(tmp_path: Path) -> No
     settings = Settings(backend="sqlite", home=tmp_path / "home", synchronous="normal")
     wal = settings.database_sidecars[0]
     largest = 0
-    with bootstrap(settings, key=KEY) as runtime:
+    with bootstrap(settings, key=KEY, create=True) as runtime:
         state = runtime.state("main")
         for step in range(SUSTAINED_SAVES):
             state.save(WorkflowState(step=step))

@@ -32,7 +32,9 @@ WAIT = 20.0
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[SQLiteSecureObjectStore]:
     """Open a store on disk; close it after the test."""
-    opened = SQLiteSecureObjectStore.open(tmp_path / "data" / "store.db", busy_timeout=WAIT)
+    opened = SQLiteSecureObjectStore.open(
+        tmp_path / "data" / "store.db", busy_timeout=WAIT, create=True
+    )
     try:
         yield opened
     finally:

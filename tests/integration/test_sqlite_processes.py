@@ -35,10 +35,10 @@ def _race(tmp_path: Path, mode: str) -> None:
 def test_two_processes_increment_without_losing_an_update(tmp_path: Path) -> None:
     """200 CAS increments from each of two processes end at 400, revision 401."""
     path = tmp_path / "data" / "store.db"
-    with SQLiteSecureObjectStore.open(path) as store:
+    with SQLiteSecureObjectStore.open(path, create=True) as store:
         store.commit(UnitOfWork(upserts=[make_upsert(NAMESPACE, KEY, b"0")]))
     _race(tmp_path, "counter")
-    with SQLiteSecureObjectStore.open(path) as store:
+    with SQLiteSecureObjectStore.open(path, create=True) as store:
         record = store.load(NAMESPACE, make_header(NAMESPACE, KEY).key_digest)
     assert record is not None
     assert int(record.payload.decode()) == 400
@@ -48,9 +48,9 @@ def test_two_processes_increment_without_losing_an_update(tmp_path: Path) -> Non
 def test_two_processes_extend_one_ledger_without_forking(tmp_path: Path) -> None:
     """100 appends from each of two processes make one intact chain of 200 events."""
     path = tmp_path / "data" / "store.db"
-    SQLiteSecureObjectStore.open(path).close()
+    SQLiteSecureObjectStore.open(path, create=True).close()
     _race(tmp_path, "ledger")
-    with SQLiteSecureObjectStore.open(path) as store:
+    with SQLiteSecureObjectStore.open(path, create=True) as store:
         page = store.read_ledger(STREAM, limit=200)
     assert len(page.events) == 200
     assert page.next_index is None

@@ -32,7 +32,7 @@ def _sidecars(path: Path) -> list[str]:
 def database(tmp_path: Path) -> Path:
     """Provide a closed store with records and a two-event stream, its WAL checkpointed away."""
     path = tmp_path / "data" / "store.db"
-    with SQLiteSecureObjectStore.open(path) as store:
+    with SQLiteSecureObjectStore.open(path, create=True) as store:
         first = make_event("s", 0)
         store.commit(
             UnitOfWork(
@@ -119,7 +119,7 @@ def test_a_file_that_is_not_a_database_is_an_integrity_failure(tmp_path: Path) -
 
 def test_reads_a_live_store_through_its_write_ahead_log(database: Path) -> None:
     """While a writer holds the file open, a reader sees its commits, old and new."""
-    with SQLiteSecureObjectStore.open(database) as writer:
+    with SQLiteSecureObjectStore.open(database, create=True) as writer:
         writer.commit(UnitOfWork(upserts=[make_upsert(NS, "c")]))
         with SQLiteSecureObjectStore.open(database, read_only=True) as reader:
             assert reader.namespace_counts() == {NS: 3}

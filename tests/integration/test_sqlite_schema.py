@@ -59,7 +59,7 @@ def _sidecars(path: Path) -> list[Path]:
 
 def _baseline_store(path: Path) -> int:
     """Create a baseline store at ``path`` holding the baseline contents; return its epoch."""
-    with SQLiteSecureObjectStore.open(path) as store:
+    with SQLiteSecureObjectStore.open(path, create=True) as store:
         fill_baseline(store)
         return store.epoch()
 
@@ -92,7 +92,7 @@ def test_baseline_file_upgrades_to_a_next_version(tmp_path: Path, monkeypatch) -
     with pytest.raises(StoreUnavailable) as caught:
         SQLiteSecureObjectStore.open(path, read_only=True)
     assert caught.value.details == {"found": 1, "supported": 2}
-    with SQLiteSecureObjectStore.open(path) as store:
+    with SQLiteSecureObjectStore.open(path, create=True) as store:
         assert_baseline_reads_back(store)
         assert store.epoch() == epoch
     assert _raw(path, "PRAGMA user_version") == [(2,)]
@@ -108,7 +108,7 @@ def test_upgraded_file_accepts_new_writes(tmp_path: Path, monkeypatch) -> None:
     epoch = _baseline_store(path)
     _with_next_version(monkeypatch)
     head = baseline_events()["orders"][-1]
-    with SQLiteSecureObjectStore.open(path) as store:
+    with SQLiteSecureObjectStore.open(path, create=True) as store:
         store.commit(
             UnitOfWork(
                 upserts=[make_upsert("orders", "order-1", b"v3", expected=2, ledger_index=4)],
@@ -119,7 +119,7 @@ def test_upgraded_file_accepts_new_writes(tmp_path: Path, monkeypatch) -> None:
             head.event_hash
         )
         assert store.epoch() == epoch + 1
-    with SQLiteSecureObjectStore.open(path) as store:
+    with SQLiteSecureObjectStore.open(path, create=True) as store:
         assert store.epoch() == epoch + 1
     assert _raw(path, "PRAGMA user_version") == [(2,)]
 
@@ -129,9 +129,9 @@ def test_upgraded_file_matches_a_fresh_one(tmp_path: Path, monkeypatch) -> None:
     old = tmp_path / "old" / "store.db"
     _baseline_store(old)
     _with_next_version(monkeypatch)
-    SQLiteSecureObjectStore.open(old).close()
+    SQLiteSecureObjectStore.open(old, create=True).close()
     fresh = tmp_path / "fresh" / "store.db"
-    SQLiteSecureObjectStore.open(fresh).close()
+    SQLiteSecureObjectStore.open(fresh, create=True).close()
     assert _schema_of(old) == _schema_of(fresh)
     assert _raw(fresh, "PRAGMA user_version") == [(2,)]
 
@@ -163,13 +163,13 @@ def test_newer_schema_is_refused_and_left_untouched(tmp_path: Path, made_by: str
     """A file stamped SCHEMA_VERSION + 1 raises SchemaTooNew; not one byte changes."""
     path = tmp_path / "data" / "store.db"
     if made_by == "flowvault":
-        SQLiteSecureObjectStore.open(path).close()
+        SQLiteSecureObjectStore.open(path, create=True).close()
     else:
         _plain_baseline(path)
     _stamp(path, SCHEMA_VERSION + 1)
     before = _sha256(path)
     with pytest.raises(SchemaTooNew) as caught:
-        SQLiteSecureObjectStore.open(path)
+        SQLiteSecureObjectStore.open(path, create=True)
     assert caught.value.details == {"found": SCHEMA_VERSION + 1, "supported": SCHEMA_VERSION}
     assert "upgrade flowvault" in str(caught.value)
     assert _sha256(path) == before
@@ -182,10 +182,10 @@ def test_failed_migration_changes_nothing(tmp_path: Path, monkeypatch) -> None:
     broken = (_schema.MIGRATIONS[0] + ("CREATE TABLE broken (",),)
     monkeypatch.setattr(_schema, "MIGRATIONS", broken)
     with pytest.raises(StoreUnavailable):
-        SQLiteSecureObjectStore.open(path)
+        SQLiteSecureObjectStore.open(path, create=True)
     assert _schema_of(path) == []
     monkeypatch.undo()
-    with SQLiteSecureObjectStore.open(path) as store:
+    with SQLiteSecureObjectStore.open(path, create=True) as store:
         assert store.has_records() is False
 
 
@@ -204,11 +204,11 @@ def test_failed_upgrade_leaves_a_baseline_file_as_it_was(tmp_path: Path, monkeyp
     broken = (*SYNTHETIC_STEP, "CREATE TABLE broken (")
     monkeypatch.setattr(_schema, "MIGRATIONS", (*_schema.MIGRATIONS, broken))
     with pytest.raises(StoreUnavailable):
-        SQLiteSecureObjectStore.open(path)
+        SQLiteSecureObjectStore.open(path, create=True)
     assert _snapshot(path) == before
     monkeypatch.undo()
     _with_next_version(monkeypatch)
-    with SQLiteSecureObjectStore.open(path) as store:
+    with SQLiteSecureObjectStore.open(path, create=True) as store:
         assert_baseline_reads_back(store)
     assert _raw(path, "PRAGMA user_version") == [(2,)]
 
@@ -222,7 +222,7 @@ def test_concurrent_first_opens_migrate_once(tmp_path: Path) -> None:
     def open_and_close() -> None:
         barrier.wait()
         try:
-            SQLiteSecureObjectStore.open(path).close()
+            SQLiteSecureObjectStore.open(path, create=True).close()
         except BaseException as exc:
             errors.append(exc)
 
@@ -233,5 +233,5 @@ def test_concurrent_first_opens_migrate_once(tmp_path: Path) -> None:
         thread.join()
     assert errors == []
     fresh = tmp_path / "fresh" / "store.db"
-    SQLiteSecureObjectStore.open(fresh).close()
+    SQLiteSecureObjectStore.open(fresh, create=True).close()
     assert _schema_of(path) == _schema_of(fresh)

@@ -21,7 +21,7 @@ KEY_MARKER = "patient-4471-jane.doe@example.org"
 @pytest.fixture
 def vault(tmp_path: Path) -> Iterator[Runtime]:
     """Open a sealed SQLite vault in a fresh home."""
-    with bootstrap(Settings(backend="sqlite", home=tmp_path)) as opened:
+    with bootstrap(Settings(backend="sqlite", home=tmp_path), create=True) as opened:
         yield opened
 
 
@@ -48,7 +48,7 @@ def test_plaintext_never_lands_on_disk(tmp_path: Path) -> None:
         database.with_name("flowvault.db-shm"),
     ]
     needles = [MARKER, KEY_MARKER, MARKER.encode().hex()]
-    with bootstrap(settings) as vault:
+    with bootstrap(settings, create=True) as vault:
         for n in range(50):
             vault.repository.write(
                 NS, f"{KEY_MARKER}-{n}", {"note": MARKER, "n": n}, expected=Guard.ABSENT

@@ -52,7 +52,7 @@ def db_path(tmp_path: Path) -> Path:
 @pytest.fixture
 def store(db_path: Path) -> Iterator[SQLiteSecureObjectStore]:
     """Provide a fresh store, closed after the test."""
-    with SQLiteSecureObjectStore.open(db_path) as opened:
+    with SQLiteSecureObjectStore.open(db_path, create=True) as opened:
         yield opened
 
 
@@ -71,7 +71,9 @@ def _connections(store: SQLiteSecureObjectStore) -> list[sqlite3.Connection]:
 @pytest.mark.parametrize(("synchronous", "level"), [("full", 2), ("normal", 1)])
 def test_every_pragma_reads_back_as_configured(db_path: Path, synchronous, level) -> None:
     """Writer and reader connections both run WAL, the chosen sync level and the safety pragmas."""
-    with SQLiteSecureObjectStore.open(db_path, synchronous=synchronous, busy_timeout=1.5) as store:
+    with SQLiteSecureObjectStore.open(
+        db_path, synchronous=synchronous, busy_timeout=1.5, create=True
+    ) as store:
         for connection in _connections(store):
             assert _pragma(connection, "journal_mode") == "wal"
             assert _pragma(connection, "synchronous") == level
@@ -113,7 +115,7 @@ def test_modes_do_not_depend_on_the_umask(db_path: Path) -> None:
     """A umask that would strip the owner's bits still yields 0700 and 0600."""
     previous = os.umask(0o277)
     try:
-        SQLiteSecureObjectStore.open(db_path).close()
+        SQLiteSecureObjectStore.open(db_path, create=True).close()
     finally:
         os.umask(previous)
     assert _mode(db_path.parent) == 0o700
@@ -125,17 +127,17 @@ def test_group_writable_directory_is_refused(db_path: Path) -> None:
     db_path.parent.mkdir()
     db_path.parent.chmod(0o770)
     with pytest.raises(InsecurePermissions) as caught:
-        SQLiteSecureObjectStore.open(db_path)
+        SQLiteSecureObjectStore.open(db_path, create=True)
     assert f"chmod 700 {db_path.parent}" in str(caught.value)
     assert not db_path.exists()
 
 
 def test_world_readable_database_is_refused(db_path: Path) -> None:
     """A database file others can read is refused, naming chmod 600."""
-    SQLiteSecureObjectStore.open(db_path).close()
+    SQLiteSecureObjectStore.open(db_path, create=True).close()
     db_path.chmod(0o644)
     with pytest.raises(InsecurePermissions) as caught:
-        SQLiteSecureObjectStore.open(db_path)
+        SQLiteSecureObjectStore.open(db_path, create=True)
     assert f"chmod 600 {db_path}" in str(caught.value)
     assert caught.value.code == "INSECURE_PERMISSIONS"
 
@@ -145,7 +147,7 @@ def test_insecure_permissions_can_be_allowed_with_a_warning(db_path: Path) -> No
     db_path.parent.mkdir()
     db_path.parent.chmod(0o775)
     with capture_logs() as logs:
-        store = SQLiteSecureObjectStore.open(db_path, allow_insecure_permissions=True)
+        store = SQLiteSecureObjectStore.open(db_path, allow_insecure_permissions=True, create=True)
     with store:
         store.commit(UnitOfWork(upserts=[make_upsert(NS, "a")]))
         assert store.load(NS, _digest("a")) is not None
@@ -232,11 +234,11 @@ def test_finished_threads_give_back_their_readers(store: SQLiteSecureObjectStore
 def test_reopening_keeps_records_and_ledger(db_path: Path) -> None:
     """A closed and reopened store returns the same records, labels and ledger."""
     first = make_event("s", 0)
-    with SQLiteSecureObjectStore.open(db_path) as store:
+    with SQLiteSecureObjectStore.open(db_path, create=True) as store:
         upsert = make_upsert(NS, "a", b"\x00kept\xff", labels={"status": "open", "n": 2**62})
         store.commit(UnitOfWork(upserts=[upsert], appends=[first]))
         store.commit(UnitOfWork(appends=[make_event("s", 1, first)], trims=[LedgerTrim("s", 1)]))
-    with SQLiteSecureObjectStore.open(db_path) as store:
+    with SQLiteSecureObjectStore.open(db_path, create=True) as store:
         loaded = store.load(NS, _digest("a"))
         assert loaded is not None
         assert loaded.metadata == upsert.metadata
@@ -253,7 +255,7 @@ def test_garbage_file_is_an_integrity_failure(db_path: Path) -> None:
     db_path.write_bytes(b"this is not a database, just bytes " * 200)
     db_path.chmod(0o600)
     with pytest.raises(IntegrityFailure) as caught:
-        SQLiteSecureObjectStore.open(db_path)
+        SQLiteSecureObjectStore.open(db_path, create=True)
     assert isinstance(caught.value.__cause__, sqlite3.DatabaseError)
 
 
@@ -262,7 +264,7 @@ def test_directory_in_place_of_the_file_is_unavailable(db_path: Path) -> None:
     db_path.mkdir(parents=True, mode=0o700)
     db_path.parent.chmod(0o700)
     with pytest.raises(StoreUnavailable):
-        SQLiteSecureObjectStore.open(db_path)
+        SQLiteSecureObjectStore.open(db_path, create=True)
 
 
 # -- locking -------------------------------------------------------------------
@@ -270,7 +272,7 @@ def test_directory_in_place_of_the_file_is_unavailable(db_path: Path) -> None:
 
 def test_write_lock_held_past_the_timeout_is_store_busy(db_path: Path) -> None:
     """A commit that cannot get the write lock in time is StoreBusy and writes nothing."""
-    with SQLiteSecureObjectStore.open(db_path, busy_timeout=0.2) as store:
+    with SQLiteSecureObjectStore.open(db_path, busy_timeout=0.2, create=True) as store:
         blocker = sqlite3.connect(db_path, isolation_level=None)
         try:
             blocker.execute("BEGIN IMMEDIATE")
@@ -293,7 +295,7 @@ def test_a_commit_waits_for_a_lock_released_within_the_timeout(db_path: Path) ->
     Commits switch SQLite's busy handler off while they retry for the lock
     themselves; every other statement must find it back at its setting.
     """
-    with SQLiteSecureObjectStore.open(db_path, busy_timeout=5.0) as store:
+    with SQLiteSecureObjectStore.open(db_path, busy_timeout=5.0, create=True) as store:
         blocker = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
         blocker.execute("BEGIN IMMEDIATE")
         release = threading.Timer(0.2, lambda: blocker.execute("ROLLBACK"))
@@ -310,7 +312,7 @@ def test_a_commit_waits_for_a_lock_released_within_the_timeout(db_path: Path) ->
 
 def test_readers_do_not_wait_for_a_writer(db_path: Path) -> None:
     """In WAL mode reads see the last commit while another connection holds the write lock."""
-    with SQLiteSecureObjectStore.open(db_path, busy_timeout=0.2) as store:
+    with SQLiteSecureObjectStore.open(db_path, busy_timeout=0.2, create=True) as store:
         store.commit(UnitOfWork(upserts=[make_upsert(NS, "a", b"v1")]))
         blocker = sqlite3.connect(db_path, isolation_level=None)
         try:
@@ -540,7 +542,7 @@ def test_compact_truncates_the_wal_once_no_reader_holds_an_old_snapshot(db_path:
     The busy timeout is back at its setting afterwards, either way.
     """
     wal = _sidecar(db_path, "-wal")
-    with SQLiteSecureObjectStore.open(db_path, busy_timeout=0.3) as store:
+    with SQLiteSecureObjectStore.open(db_path, busy_timeout=0.3, create=True) as store:
         store.commit(UnitOfWork(upserts=[make_upsert(NS, "a")]))
         reader = sqlite3.connect(db_path, isolation_level=None)
         try:
@@ -564,11 +566,11 @@ def test_compact_truncates_the_wal_once_no_reader_holds_an_old_snapshot(db_path:
 
 def test_seal_counts_survive_close_and_reopen(db_path: Path) -> None:
     """Reserved totals are on disk: a reopened file has them and keeps counting from them."""
-    with SQLiteSecureObjectStore.open(db_path) as store:
+    with SQLiteSecureObjectStore.open(db_path, create=True) as store:
         store.reserve_seals("k1", 64)
         store.reserve_seals("k1", 128)
         store.reserve_seals("k2", 64)
-    with SQLiteSecureObjectStore.open(db_path) as store:
+    with SQLiteSecureObjectStore.open(db_path, create=True) as store:
         assert store.seal_counts() == {"k1": 192, "k2": 64}
         assert store.reserve_seals("k1", 1) == 193
 
@@ -600,7 +602,7 @@ def test_two_processes_reserving_at_once_add_up_exactly(db_path: Path, tmp_path:
     Each total ends a range no other reservation covers, so the totals of
     both processes together are every multiple of ``count`` exactly once.
     """
-    SQLiteSecureObjectStore.open(db_path).close()
+    SQLiteSecureObjectStore.open(db_path, create=True).close()
     go, rounds, count = tmp_path / "go", 200, 3
     arguments = [str(db_path), str(go), str(rounds), str(count)]
     finished = run_together([[sys.executable, "-c", _RESERVER, *arguments]] * 2, go)
@@ -610,25 +612,25 @@ def test_two_processes_reserving_at_once_add_up_exactly(db_path: Path, tmp_path:
         totals += [int(total) for total in worker.stdout.split()]
     expected = 2 * rounds * count
     assert sorted(totals) == list(range(count, expected + 1, count))
-    with SQLiteSecureObjectStore.open(db_path) as store:
+    with SQLiteSecureObjectStore.open(db_path, create=True) as store:
         assert store.seal_counts() == {"k1": expected}
 
 
 def test_read_only_store_reads_counts_but_refuses_reservations(db_path: Path) -> None:
     """A read-only open reports seal counts and refuses to add to them, as it refuses commits."""
-    with SQLiteSecureObjectStore.open(db_path) as store:
+    with SQLiteSecureObjectStore.open(db_path, create=True) as store:
         store.reserve_seals("k1", 64)
     with SQLiteSecureObjectStore.open(db_path, read_only=True) as store:
         assert store.seal_counts() == {"k1": 64}
         with pytest.raises(StoreUnavailable, match="read-only"):
             store.reserve_seals("k1", 1)
-    with SQLiteSecureObjectStore.open(db_path) as store:
+    with SQLiteSecureObjectStore.open(db_path, create=True) as store:
         assert store.seal_counts() == {"k1": 64}
 
 
 def test_reservation_held_off_past_the_timeout_is_store_busy(db_path: Path) -> None:
     """A reservation that cannot get the write lock in time is StoreBusy and adds nothing."""
-    with SQLiteSecureObjectStore.open(db_path, busy_timeout=0.2) as store:
+    with SQLiteSecureObjectStore.open(db_path, busy_timeout=0.2, create=True) as store:
         store.reserve_seals("k1", 5)
         blocker = sqlite3.connect(db_path, isolation_level=None)
         try:

@@ -150,7 +150,7 @@ def _count_units(
     with (
         registered(f"sync-count-{mark_sync}", volatile=False) as vfs,
         adapter_over(vfs.vfs_name),
-        bootstrap(settings, key=KEY) as runtime,
+        bootstrap(settings, key=KEY, create=True) as runtime,
     ):
         units = _units(runtime)
         with syncs.installed(monkeypatch):

@@ -30,7 +30,7 @@ def _settings(home: Path, **extra: object) -> Settings:
 def test_first_open_creates_key_and_layout(tmp_path: Path) -> None:
     """A new vault gets a 0600 key file in keys/, apart from the 0600 database in data/."""
     home = tmp_path / "home"
-    with bootstrap(_settings(home)) as vault:
+    with bootstrap(_settings(home), create=True) as vault:
         vault.repository.write(NS, "o-1", {"total": 12}, expected=Guard.ABSENT)
     for directory in (home / "data", home / "keys"):
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700
@@ -41,9 +41,9 @@ def test_first_open_creates_key_and_layout(tmp_path: Path) -> None:
 
 def test_reopen_reads_with_the_key_file(tmp_path: Path) -> None:
     """A second open finds the key file and reads what the first wrote."""
-    with bootstrap(_settings(tmp_path)) as vault:
+    with bootstrap(_settings(tmp_path), create=True) as vault:
         vault.repository.write(NS, "o-1", {"total": 12}, expected=Guard.ABSENT)
-    with bootstrap(_settings(tmp_path)) as vault:
+    with bootstrap(_settings(tmp_path), create=True) as vault:
         opened = vault.repository.read(NS, "o-1")
     assert opened is not None
     assert opened.document == {"total": 12}
@@ -51,40 +51,40 @@ def test_reopen_reads_with_the_key_file(tmp_path: Path) -> None:
 
 def test_missing_key_over_existing_data_is_refused(tmp_path: Path) -> None:
     """With data present and the key file gone, opening fails with KEY_REQUIRED and makes no key."""
-    with bootstrap(_settings(tmp_path)) as vault:
+    with bootstrap(_settings(tmp_path), create=True) as vault:
         vault.repository.write(NS, "o-1", {"total": 12}, expected=Guard.ABSENT)
     key_file = tmp_path / "keys" / "store.key"
     saved = key_file.read_bytes()
     key_file.unlink()
     with pytest.raises(KeyRequired) as caught:
-        bootstrap(_settings(tmp_path))
+        bootstrap(_settings(tmp_path), create=True)
     assert caught.value.code == "KEY_REQUIRED"
     assert str(key_file) in str(caught.value)
     assert "FLOWVAULT_KEY" in str(caught.value)
     assert not key_file.exists()
     key_file.write_bytes(saved)
     key_file.chmod(0o600)
-    with bootstrap(_settings(tmp_path)) as vault:
+    with bootstrap(_settings(tmp_path), create=True) as vault:
         assert vault.repository.read(NS, "o-1") is not None
 
 
 def test_wrong_key_fails_closed_and_leaves_data(tmp_path: Path) -> None:
     """Opening with another key is INTEGRITY_FAILURE naming key ids; the data is untouched."""
-    with bootstrap(_settings(tmp_path)) as vault:
+    with bootstrap(_settings(tmp_path), create=True) as vault:
         vault.repository.write(NS, "o-1", {"total": 12}, expected=Guard.ABSENT)
         right_id = vault.cipher.primary_key_id
     database = tmp_path / "data" / "flowvault.db"
     before = database.read_bytes()
     wrong = generate_master_key()
     with pytest.raises(IntegrityFailure) as caught:
-        bootstrap(_settings(tmp_path), key=wrong)
+        bootstrap(_settings(tmp_path), key=wrong, create=True)
     assert right_id in str(caught.value)
     assert encode_master_key(wrong) not in str(caught.value) + repr(caught.value)
     env = {"FLOWVAULT_HOME": str(tmp_path), "FLOWVAULT_KEY": encode_master_key(wrong)}
     with pytest.raises(IntegrityFailure):
-        bootstrap(Settings.from_env(env))
+        bootstrap(Settings.from_env(env), create=True)
     assert database.read_bytes() == before
-    with bootstrap(_settings(tmp_path)) as vault:
+    with bootstrap(_settings(tmp_path), create=True) as vault:
         assert vault.repository.read(NS, "o-1") is not None
 
 
@@ -92,10 +92,10 @@ def test_environment_key_takes_precedence_over_the_file(tmp_path: Path) -> None:
     """FLOWVAULT_KEY is used instead of the key file, and no key file is created for it."""
     key = generate_master_key()
     env = {"FLOWVAULT_HOME": str(tmp_path), "FLOWVAULT_KEY": encode_master_key(key)}
-    with bootstrap(Settings.from_env(env)) as vault:
+    with bootstrap(Settings.from_env(env), create=True) as vault:
         vault.repository.write(NS, "o-1", {"total": 1}, expected=Guard.ABSENT)
     assert not (tmp_path / "keys" / "store.key").exists()
-    with bootstrap(_settings(tmp_path), key=key) as vault:
+    with bootstrap(_settings(tmp_path), key=key, create=True) as vault:
         assert vault.repository.read(NS, "o-1") is not None
 
 
@@ -106,7 +106,7 @@ def test_malformed_environment_key_is_a_clear_error(tmp_path: Path, value: str) 
     """A malformed FLOWVAULT_KEY fails with INVALID_INPUT naming the variable, not its value."""
     env = {"FLOWVAULT_HOME": str(tmp_path), "FLOWVAULT_KEY": value}
     with pytest.raises(InvalidInput) as caught:
-        bootstrap(Settings.from_env(env)).close()
+        bootstrap(Settings.from_env(env), create=True).close()
     assert "FLOWVAULT_KEY" in str(caught.value)
     if value:
         assert value not in str(caught.value)
@@ -122,7 +122,7 @@ RACER = textwrap.dedent(
     home, name, go = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
     while not go.exists():
         time.sleep(0.001)
-    with bootstrap(Settings(backend="sqlite", home=home)) as vault:
+    with bootstrap(Settings(backend="sqlite", home=home), create=True) as vault:
         vault.repository.write("race", name, {"by": name}, expected=Guard.ABSENT)
         print(json.dumps({"key_id": vault.cipher.primary_key_id}))
     """
@@ -148,7 +148,7 @@ def test_concurrent_first_opens_agree_on_one_key(tmp_path: Path, round_: int) ->
     assert [racer.returncode for racer in racers] == [0] * 4, [err for _, err in outputs]
     assert len({out for out, _ in outputs}) == 1
     assert sorted(os.listdir(home / "keys")) == ["store.high-water", "store.key"]
-    with bootstrap(_settings(home)) as vault:
+    with bootstrap(_settings(home), create=True) as vault:
         for n in range(4):
             opened = vault.repository.read("race", f"p{n}")
             assert opened is not None
@@ -162,32 +162,32 @@ def test_durability_settings_reach_the_database(tmp_path: Path) -> None:
         "FLOWVAULT_SYNCHRONOUS": "normal",
         "FLOWVAULT_BUSY_TIMEOUT": "2.5",
     }
-    with bootstrap(Settings.from_env(env)) as vault:
+    with bootstrap(Settings.from_env(env), create=True) as vault:
         writer = vault.store._writer.connection  # type: ignore[attr-defined]
         assert writer.execute("PRAGMA synchronous").fetchone()[0] == 1
         assert writer.execute("PRAGMA busy_timeout").fetchone()[0] == 2500
-    with bootstrap(_settings(tmp_path)) as vault:
+    with bootstrap(_settings(tmp_path), create=True) as vault:
         writer = vault.store._writer.connection  # type: ignore[attr-defined]
         assert writer.execute("PRAGMA synchronous").fetchone()[0] == 2
 
 
 def test_insecure_home_is_refused_unless_allowed(tmp_path: Path) -> None:
     """A group-writable data directory is refused, and opens with the setting that allows it."""
-    with bootstrap(_settings(tmp_path)):
+    with bootstrap(_settings(tmp_path), create=True):
         pass
     (tmp_path / "data").chmod(0o770)
     with pytest.raises(InsecurePermissions) as caught:
-        bootstrap(_settings(tmp_path))
+        bootstrap(_settings(tmp_path), create=True)
     assert "chmod 700" in str(caught.value)
     env = {"FLOWVAULT_HOME": str(tmp_path), "FLOWVAULT_ALLOW_INSECURE_PERMISSIONS": "true"}
-    with bootstrap(Settings.from_env(env)) as vault:
+    with bootstrap(Settings.from_env(env), create=True) as vault:
         assert vault.store.peek_metadata(NS, vault.repository.key_digest(NS, "x")) is None
 
 
 def test_recover_runs_on_open_interrupts_unfinished_runs(tmp_path: Path) -> None:
     """With FLOWVAULT_RECOVER_RUNS_ON_OPEN, opening takes over runs whose lease expired only."""
     clock = FrozenClock(datetime.now(UTC))
-    with bootstrap(_settings(tmp_path), clock=clock) as vault:
+    with bootstrap(_settings(tmp_path), create=True, clock=clock) as vault:
         vault.definitions.register_definition("graph.demo", {"nodes": ["a"]})
         run, _ = vault.runs.start_run("graph.demo", {"n": 1})
     with bootstrap(_settings(tmp_path), clock=clock) as vault:

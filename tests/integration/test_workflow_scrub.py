@@ -41,7 +41,7 @@ def clock() -> FrozenClock:
 @pytest.fixture
 def runtime(settings: Settings, clock: FrozenClock) -> Iterator[Runtime]:
     """Open the vault on a frozen clock and close it afterwards."""
-    opened = bootstrap(settings, clock=clock)
+    opened = bootstrap(settings, clock=clock, create=True)
     try:
         yield opened
     finally:
@@ -138,7 +138,7 @@ def test_terminal_transition_scrubs_every_sealed_revision(
     runtime.close()
     assert _leaks(settings, needles) == []
     assert _leaks(settings, [marker.encode()]) == []
-    with bootstrap(settings) as reopened:
+    with bootstrap(settings, create=True) as reopened:
         record = reopened.workflows.get(workflow_id)
         assert (record.state, record.state_version) == ("completed", 4)
         assert record.work_order.parameters == {}
@@ -205,7 +205,7 @@ def test_rotation_leaves_no_seal_of_the_old_key_on_disk(
     assert ring is not None
     rotated = ring.promote(generate_master_key(), integrity=derive_integrity_key(ring.primary))
     keys.replace_ring(rotated, expected=ring)
-    with bootstrap(settings) as reopened:
+    with bootstrap(settings, create=True) as reopened:
         report = KeyRotation(reopened.repository).run()
         assert (report.resealed, report.remaining, report.compacted) == (len(names), 0, True)
         assert _leaks(settings, needles) == []

@@ -106,7 +106,7 @@ class Acks:
 def open_runtime(task: Task) -> Runtime:
     """Open the store over the test's home with its key, fully synchronous."""
     key = base64.urlsafe_b64decode(task["master"])
-    return bootstrap(Settings(home=Path(task["home"]), synchronous="full"), key=key)
+    return bootstrap(Settings(home=Path(task["home"]), synchronous="full"), key=key, create=True)
 
 
 # -- the crash loop's writer ----------------------------------------------------
@@ -503,7 +503,7 @@ def warm_up() -> None:
     forked child; the memory store holds no file or connection to inherit.
     """
     settings = Settings(backend="memory", home=Path(os.devnull))
-    with bootstrap(settings, key=bytes(32)) as runtime:
+    with bootstrap(settings, key=bytes(32), create=True) as runtime:
         task: Task = {"cycle": 0, "seed": 0, "early": False, "checkpoint_hint": 0}
         workflow_id = runtime.workflows.create(retry_order(0, "warm"))[0].workflow_id
         runtime.definitions.register_definition("warm", {"nodes": []})

@@ -158,7 +158,7 @@ def serve(runtime: Runtime, name: str, order: list[str]) -> str:
 
 def main(backend: str, target: str, name: str) -> None:
     """Open the store, then record one history per order line until stdin closes."""
-    with bootstrap(settings(backend, target), key=KEY) as runtime:
+    with bootstrap(settings(backend, target), key=KEY, create=True) as runtime:
         runtime.repository.read(NAMESPACE, "warm-up")
         print("ready", flush=True)
         for line in sys.stdin:

@@ -91,7 +91,7 @@ class Phases:
 
 def main(backend: str, target: str, name: str, phases: str) -> None:
     """Run each phase's COUNT increments when told to, and report what was written."""
-    with bootstrap(settings(backend, target), key=KEY) as runtime:
+    with bootstrap(settings(backend, target), key=KEY, create=True) as runtime:
         worker = Phases(runtime)
         worker.cas_state.load()
         print("ready", flush=True)

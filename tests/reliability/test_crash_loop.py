@@ -237,7 +237,7 @@ def fork_server(tmp_path: Path, name: str) -> Iterator[ForkServer]:
 
 def open_runtime(home: Path) -> Runtime:
     """Reopen the store the way a restarted host does: bootstrap over the same home and key."""
-    return bootstrap(Settings(home=home, synchronous="full"), key=MASTER_KEY)
+    return bootstrap(Settings(home=home, synchronous="full"), key=MASTER_KEY, create=True)
 
 
 def mark_of(home: Path) -> MarkFileStore:

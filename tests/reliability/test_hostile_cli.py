@@ -102,7 +102,7 @@ class Home:
 def _populate(root: Path, scratch: Path) -> Home:
     """Create the home through ``init``, then fill it through the services."""
     assert main(["--home", str(root), "init"]) == 0
-    with bootstrap(Settings(home=root)) as vault:
+    with bootstrap(Settings(home=root), create=True) as vault:
         order = WorkOrder(
             kind="invoice.review",
             parameters={"note": SECRETS[0]},

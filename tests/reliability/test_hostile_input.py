@@ -286,7 +286,7 @@ def _populate(runtime: Runtime) -> Known:
 def open_world(backend: str, tmp_path: Path) -> Iterator[World]:
     """Bootstrap a populated runtime on ``backend`` (``memory`` or ``sqlite``)."""
     settings_ = Settings(backend=backend, home=tmp_path / "home", synchronous="normal")
-    runtime = bootstrap(settings_, key=KEY, clock=FrozenClock(), ids=SequentialIds())
+    runtime = bootstrap(settings_, key=KEY, clock=FrozenClock(), ids=SequentialIds(), create=True)
     try:
         world = World(runtime, _populate(runtime))
         world.count_commits()

@@ -176,7 +176,7 @@ def _purgeable(runtime: Runtime) -> Ids:
 
 def build_template(home: Path, setup: Callable[[Runtime], Ids]) -> Ids:
     """Write, with the stdlib store, the database an operation starts from."""
-    store = SQLiteSecureObjectStore.open(home / "data" / "flowvault.db")
+    store = SQLiteSecureObjectStore.open(home / "data" / "flowvault.db", create=True)
     with _runtime(home, store, TEMPLATE_TIME, "tpl") as runtime:
         return setup(runtime)
 
@@ -308,7 +308,7 @@ def snapshot(runtime: Runtime) -> Snapshot:
 
 def reopened_snapshot(home: Path, path: Path) -> Snapshot:
     """Reopen with the stdlib store; check integrity; return the snapshot."""
-    store = SQLiteSecureObjectStore.open(path)
+    store = SQLiteSecureObjectStore.open(path, create=True)
     with _runtime(home, store, OPERATION_TIME, "check") as runtime:
         findings = apsw_driver.integrity_check(path)
         if findings != ["ok"]:
@@ -435,7 +435,7 @@ def run_trial(
 
 def resumed(case: Case, home: Path) -> tuple[tuple[str, ...], ...]:
     """Run the operation again on the reopened store; return the records it leaves."""
-    store = SQLiteSecureObjectStore.open(home / "data" / "flowvault.db")
+    store = SQLiteSecureObjectStore.open(home / "data" / "flowvault.db", create=True)
     with _runtime(home, store, OPERATION_TIME, "again") as runtime:
         case.run(runtime)
         return snapshot(runtime)[0]

@@ -245,7 +245,7 @@ class Harness:
     def _seed_keys(self, keys: Sequence[str]) -> list[Op]:
         """Create every key at revision 1 before the workers start, and record those writes."""
         history = []
-        with bootstrap(self.settings, key=KEY) as runtime:
+        with bootstrap(self.settings, key=KEY, create=True) as runtime:
             for n, key in enumerate(keys):
                 value = {"writer": "setup", "seq": n}
                 invoked = time.monotonic_ns()

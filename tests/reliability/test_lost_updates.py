@@ -148,14 +148,14 @@ def _report(n: int, worker: subprocess.Popen[str], log: Path) -> PhaseReport:
 
 def _seed(settings: Settings) -> None:
     """Create both counters at 0 (revision 1), so increments write revisions 2..N+1."""
-    with bootstrap(settings, key=KEY) as runtime:
+    with bootstrap(settings, key=KEY, create=True) as runtime:
         for scope in (CAS_SCOPE, NAIVE_SCOPE):
             assert runtime.state(scope).save(WorkflowState(count=0)) == 1
 
 
 def _final(settings: Settings, scope: str) -> tuple[int, int]:
     """Return the counter's final value and revision."""
-    with bootstrap(settings, key=KEY) as runtime:
+    with bootstrap(settings, key=KEY, create=True) as runtime:
         snapshot = runtime.state(scope).load()
     count = snapshot.state.model_dump()["count"]
     assert isinstance(count, int)

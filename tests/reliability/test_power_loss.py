@@ -276,7 +276,7 @@ def _settings(chain: Chain, synchronous: Synchronous) -> Settings:
 def _new_chain(root: Path, number: int) -> Chain:
     home = root / f"chain-{number:04d}"
     chain = Chain(home=home, ids=PlannedIds(f"c{number}"))
-    SQLiteSecureObjectStore.open(chain.path).close()
+    SQLiteSecureObjectStore.open(chain.path, create=True).close()
     return chain
 
 
@@ -322,8 +322,8 @@ def _open(chain: Chain, synchronous: Synchronous, ids: PlannedIds | None = None)
     """Open the chain's store: through its high-water mark at FULL, as a host's own store else."""
     settings = _settings(chain, synchronous)
     if synchronous == "full":
-        return bootstrap(settings, key=KEY, clock=chain.clock, ids=ids)
-    store = SQLiteSecureObjectStore.open(chain.path, synchronous=synchronous)
+        return bootstrap(settings, key=KEY, clock=chain.clock, ids=ids, create=True)
+    store = SQLiteSecureObjectStore.open(chain.path, synchronous=synchronous, create=True)
     try:
         return bootstrap(settings, key=KEY, store=store, clock=chain.clock, ids=ids)
     except BaseException:

@@ -979,7 +979,7 @@ def _open_pg(bench: Bench, **options: Any) -> None:
 
     server = bench.request.getfixturevalue("postgres_server")
     schema = options.pop("schema", bench.runtime.store.schema)
-    store = PostgresSecureObjectStore.open(server.dsn, schema=schema, **options)
+    store = PostgresSecureObjectStore.open(server.dsn, schema=schema, create=True, **options)
     store.close()
     if schema != bench.runtime.store.schema:
         bench.cleanups.append(lambda: server.drop_schema(schema))

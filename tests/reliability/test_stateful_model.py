@@ -423,7 +423,7 @@ class SQLiteBackend(Backend):
 
     def open_store(self, settings: Settings) -> SecureObjectStore:
         """Open the database file the settings name."""
-        return SQLiteSecureObjectStore.open(settings.database_path)
+        return SQLiteSecureObjectStore.open(settings.database_path, create=True)
 
     def dispose(self, runtime: Runtime) -> None:
         """Close, then remove the home."""
@@ -456,7 +456,7 @@ class PostgresBackend(Backend):
     def open_store(self, settings: Settings) -> SecureObjectStore:
         """Open the schema the settings name."""
         return PostgresSecureObjectStore.open(
-            self.server.dsn, schema=settings.postgres_schema, pool_size=2
+            self.server.dsn, schema=settings.postgres_schema, pool_size=2, create=True
         )
 
     def dispose(self, runtime: Runtime) -> None:

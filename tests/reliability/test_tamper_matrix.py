@@ -1437,7 +1437,9 @@ class World:
 
     def open_runtime(self) -> Runtime:
         """Bootstrap another runtime over the same file: nothing it reads was read before."""
-        return bootstrap(self.settings(), key=KEY, clock=self.clock, ids=SequentialIds("x"))
+        return bootstrap(
+            self.settings(), key=KEY, clock=self.clock, ids=SequentialIds("x"), create=True
+        )
 
     def settings(self) -> Settings:
         """Return the home's settings."""
@@ -1464,7 +1466,7 @@ def build_world(home: Path, mark_sync: MarkSync = "lagged") -> World:
     """
     clock = FrozenClock()
     settings = Settings(backend="sqlite", home=home, mark_sync=mark_sync)
-    runtime = bootstrap(settings, key=KEY, clock=clock, ids=SequentialIds("id"))
+    runtime = bootstrap(settings, key=KEY, clock=clock, ids=SequentialIds("id"), create=True)
     catalog = populate(runtime, clock)
     streams = list_all_streams(runtime.store)
     chosen = readers(runtime, catalog, streams)
@@ -1742,7 +1744,7 @@ def test_random_byte_flips_postgres(tmp_path: Path, postgres_server: Any, pg_sch
         postgres_schema=pg_schema,
         postgres_pool_size=2,
     )
-    runtime = bootstrap(settings, key=KEY, clock=clock, ids=SequentialIds("id"))
+    runtime = bootstrap(settings, key=KEY, clock=clock, ids=SequentialIds("id"), create=True)
     cells = PostgresCells(postgres_server, pg_schema)
     try:
         catalog = populate(runtime, clock)
@@ -1753,7 +1755,9 @@ def test_random_byte_flips_postgres(tmp_path: Path, postgres_server: Any, pg_sch
         bench = Bench(cells, chosen, again, reference, pools, frozenset({INDEX, MOVED, RECEIPT}))
 
         def fresh(flip: Flip, trial: Trial) -> None:
-            with bootstrap(settings, key=KEY, clock=clock, ids=SequentialIds("x")) as other:
+            with bootstrap(
+                settings, key=KEY, clock=clock, ids=SequentialIds("x"), create=True
+            ) as other:
                 judged = bench.judge(flip, readers(other, catalog, streams))
             assert judged.outcomes == {n: trial.outcomes[n] for n in judged.outcomes}, (
                 f"seed {seed}: {flip.describe()}: a fresh runtime judged otherwise"
@@ -3001,7 +3005,7 @@ def pg_world(
         high_water_file=tmp_path / "mark" / "store.high-water",
         mark_sync=getattr(request, "param", "lagged"),
     )
-    runtime = bootstrap(settings, key=KEY, clock=clock, ids=SequentialIds("id"))
+    runtime = bootstrap(settings, key=KEY, clock=clock, ids=SequentialIds("id"), create=True)
     cells = PostgresCells(postgres_server, pg_schema)
     try:
         catalog = populate(runtime, clock)
@@ -3185,7 +3189,9 @@ def test_listed_stream_without_events_fails_the_audit(
         postgres_schema=pg_schema,
         postgres_pool_size=1,
     )
-    with bootstrap(settings, key=KEY, clock=FrozenClock(), ids=SequentialIds("id")) as runtime:
+    with bootstrap(
+        settings, key=KEY, clock=FrozenClock(), ids=SequentialIds("id"), create=True
+    ) as runtime:
         record, _ = runtime.workflows.create(_order(1))
         with postgres_server.admin() as admin:
             admin.execute(f"SET search_path TO {pg_schema}")

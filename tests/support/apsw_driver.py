@@ -220,7 +220,9 @@ def open_store(
     path: Path, vfs: str, *, synchronous: Synchronous = "full"
 ) -> SQLiteSecureObjectStore:
     """Open the real ``SQLiteSecureObjectStore`` at ``path``; call inside ``adapter_over(vfs)``."""
-    return SQLiteSecureObjectStore.open(path, synchronous=synchronous, busy_timeout=5.0)
+    return SQLiteSecureObjectStore.open(
+        path, synchronous=synchronous, busy_timeout=5.0, create=True
+    )
 
 
 # -- the file layer -------------------------------------------------------------

@@ -519,8 +519,19 @@ def _write_record(
 def _metadata(row: Sequence[object]) -> RecordMetadata:
     """Rebuild a record's metadata; a row that does not parse is an integrity failure."""
     try:
-        (namespace, key_digest, sensitivity, schema_version, key_id, revision, written_at,
-         ledger_index, labels, byte_length, payload_digest) = row
+        (
+            namespace,
+            key_digest,
+            sensitivity,
+            schema_version,
+            key_id,
+            revision,
+            written_at,
+            ledger_index,
+            labels,
+            byte_length,
+            payload_digest,
+        ) = row
         header = EnvelopeHeader(
             namespace=_text(namespace),
             key_digest=_text(key_digest),
@@ -548,8 +559,19 @@ def _metadata(row: Sequence[object]) -> RecordMetadata:
 
 def _event(row: Sequence[object]) -> LedgerEvent:
     """Rebuild a stored event; a row that does not parse is an integrity failure."""
-    (stream, index, type_, from_state, to_state, occurred_at, payload_text,
-     previous_hash, event_hash, event_key, chain_mac) = row
+    (
+        stream,
+        index,
+        type_,
+        from_state,
+        to_state,
+        occurred_at,
+        payload_text,
+        previous_hash,
+        event_hash,
+        event_key,
+        chain_mac,
+    ) = row
     try:
         return LedgerEvent.restore(
             stream=_text(stream),

@@ -253,9 +253,7 @@ class ApprovalMachine(RuleBasedStateMachine):
         """Resume the run once: awaiting_approval to running, whatever its approval says."""
         a = self.model[approval_id]
         try:
-            self.runtime.runs.set_status(
-                a.run_id, "running", expected_status="awaiting_approval"
-            )
+            self.runtime.runs.set_status(a.run_id, "running", expected_status="awaiting_approval")
             moved = True
         except FlowvaultError:
             moved = False
@@ -285,7 +283,7 @@ def _memory() -> tuple[SecureObjectStore, Callable[[], None]]:
 
 def _sqlite() -> tuple[SecureObjectStore, Callable[[], None]]:
     folder = Path(tempfile.mkdtemp(prefix="approval-model-db-"))
-    store = SQLiteSecureObjectStore.open(folder / "store.db")
+    store = SQLiteSecureObjectStore.open(folder / "store.db", create=True)
     return store, lambda: shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -309,7 +307,7 @@ def test_approval_model_on_postgres(postgres_server: Any) -> None:
 
     def opener() -> tuple[SecureObjectStore, Callable[[], None]]:
         schema = server.new_schema()
-        store = PostgresSecureObjectStore.open(server.dsn, schema=schema, pool_size=1)
+        store = PostgresSecureObjectStore.open(server.dsn, schema=schema, pool_size=1, create=True)
         return store, lambda: server.drop_schema(schema)
 
     run_state_machine_as_test(

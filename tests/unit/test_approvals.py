@@ -470,11 +470,11 @@ def _race_processes(script: str, path: Path, go: Path, *args: str) -> list[str]:
 def test_racing_processes_consume_once(tmp_path: Path) -> None:
     """Eight processes consuming one checkpoint in one SQLite file: exactly one wins."""
     path, go = tmp_path / "data" / "store.db", tmp_path / "go"
-    with SQLiteSecureObjectStore.open(path) as store:
+    with SQLiteSecureObjectStore.open(path, create=True) as store:
         made = World(store).checkpoint()
     answers = _race_processes(CONSUMER, path, go, made.checkpoint_id)
     assert answers == ["consumed"] * 7 + ["won"]
-    with SQLiteSecureObjectStore.open(path) as store:
+    with SQLiteSecureObjectStore.open(path, create=True) as store:
         loaded = World(store).checkpoints.load_checkpoint(made.checkpoint_id)
     assert loaded.status is CheckpointStatus.CONSUMED
 
@@ -482,12 +482,12 @@ def test_racing_processes_consume_once(tmp_path: Path) -> None:
 def test_racing_processes_decide_once(tmp_path: Path) -> None:
     """Eight processes, as eight deciders, deciding one approval: exactly one decision lands."""
     path, go = tmp_path / "data" / "store.db", tmp_path / "go"
-    with SQLiteSecureObjectStore.open(path) as store:
+    with SQLiteSecureObjectStore.open(path, create=True) as store:
         world = World(store)
         approval = world.request(world.checkpoint())
     answers = _race_processes(DECIDER, path, go, approval.approval_id, DECISION)
     assert answers == ["consumed"] * 7 + ["won"]
-    with SQLiteSecureObjectStore.open(path) as store:
+    with SQLiteSecureObjectStore.open(path, create=True) as store:
         world = World(store)
         decided = world.approvals.get_approval(approval.approval_id)
         assert decided.status is ApprovalStatus.DECIDED

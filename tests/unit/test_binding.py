@@ -12,7 +12,7 @@ from flowvault.domain import FlowvaultError, NotBound
 
 
 def _runtime() -> Runtime:
-    return bootstrap(Settings(backend="memory"))
+    return bootstrap(Settings(backend="memory"), create=True)
 
 
 @pytest.fixture

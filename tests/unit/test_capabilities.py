@@ -104,7 +104,7 @@ def test_the_memory_and_sqlite_stores_offer_no_record_lock(tmp_path: Path) -> No
     """SQLite serialises writers on its file and memory in its process: neither takes a lock."""
     from flowvault.adapters.sqlite import SQLiteSecureObjectStore  # noqa: PLC0415
 
-    with SQLiteSecureObjectStore.open(tmp_path / "store.db") as sqlite_store:
+    with SQLiteSecureObjectStore.open(tmp_path / "store.db", create=True) as sqlite_store:
         assert StoreCapabilities.of(sqlite_store).record_lock is None
     assert StoreCapabilities.of(InMemorySecureObjectStore()).record_lock is None
 
@@ -155,7 +155,10 @@ def test_opening_logs_once_what_a_store_without_the_tiers_loses(
 
 def test_a_bundled_store_opens_without_the_warning(lookups: list[object]) -> None:
     """Nothing is lost, so nothing is said; and the lookup is made once for every service."""
-    with capture_logs() as logs, bootstrap(Settings(backend="memory"), key=KEY) as vault:
+    with (
+        capture_logs() as logs,
+        bootstrap(Settings(backend="memory"), key=KEY, create=True) as vault,
+    ):
         record, _ = vault.workflows.create(_order())
         assert vault.workflows.get(record.workflow_id).state == "intake"
         assert vault.audit().run().ok
@@ -165,7 +168,7 @@ def test_a_bundled_store_opens_without_the_warning(lookups: list[object]) -> Non
 
 def test_services_use_the_store_beneath_the_high_water_decorator(tmp_path: Path) -> None:
     """The capabilities are the wrapped store's, so no call goes through the decorator for one."""
-    with bootstrap(Settings(backend="sqlite", home=tmp_path), key=KEY) as vault:
+    with bootstrap(Settings(backend="sqlite", home=tmp_path), key=KEY, create=True) as vault:
         guarded = vault.store
         assert isinstance(guarded, HighWaterStore)
         assert vault.capabilities.epoch is guarded.wrapped
@@ -190,4 +193,3 @@ def test_given_capabilities_are_used_as_they_are(lookups: list[object]) -> None:
         assert repository.capabilities is given
         assert not repository.budget.persistent
     assert lookups == []
-

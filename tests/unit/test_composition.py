@@ -106,7 +106,7 @@ def test_host_overrides_a_provider_with_its_own_adapter() -> None:
 def test_bootstrap_keeps_ports_the_host_passes() -> None:
     """The plain factory wires defaults and keeps explicitly passed ports."""
     clock, ids = FrozenClock(), SequentialIds()
-    with bootstrap(Settings(backend="memory"), clock=clock, ids=ids) as runtime:
+    with bootstrap(Settings(backend="memory"), clock=clock, ids=ids, create=True) as runtime:
         assert runtime.clock is clock
         assert runtime.ids is ids
         runtime.store.commit(UnitOfWork(upserts=[make_upsert("ns", "a")]))

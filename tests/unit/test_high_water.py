@@ -699,7 +699,8 @@ def test_an_interpreter_exiting_without_close_writes_the_pending_mark(tmp_path: 
 from pathlib import Path
 from flowvault.composition import Settings, bootstrap
 from flowvault.domain import WorkflowState
-runtime = bootstrap(Settings(home=Path({str(tmp_path)!r}) / "home"), key=bytes(range(32)))
+settings = Settings(home=Path({str(tmp_path)!r}) / "home")
+runtime = bootstrap(settings, key=bytes(range(32)), create=True)
 for step in range(30):
     runtime.state("main").save(WorkflowState(step=step))
 print(runtime.store.epoch())

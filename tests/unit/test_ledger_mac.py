@@ -26,7 +26,7 @@ KEY = bytes(range(32))
 def runtime() -> Runtime:
     """Provide a memory runtime that has written every kind of event there is."""
     clock = FrozenClock()
-    built = bootstrap(Settings(backend="memory"), key=KEY, clock=clock)
+    built = bootstrap(Settings(backend="memory"), key=KEY, clock=clock, create=True)
     workflows = built.workflows
     record, _ = workflows.create(WorkOrder(kind="demo", requester="a", idempotency_key="k"))
     built.workflow_events.append_event(
@@ -46,9 +46,7 @@ def runtime() -> Runtime:
     expires_at = clock.now() + timedelta(hours=1)
     approval = request_approval(built.approvals, checkpoint, "ops", expires_at, ["approve"])
     built.approvals.decide(approval.approval_id, "approve", "someone")
-    built.runs.finish_run(
-        run.run_id, "completed", expected_status="running", final_state={"ok": 1}
-    )
+    built.runs.finish_run(run.run_id, "completed", expected_status="running", final_state={"ok": 1})
     built.idempotency.remember("req", {"op": 1}, {"ok": 1})
     clock.advance(timedelta(days=400))
     built.retention(RetentionPolicy()).run()
@@ -86,8 +84,8 @@ def test_the_mac_depends_on_the_key_and_on_the_event() -> None:
     first = make_event("s", 0)
     second = make_event("s", 1, first)
     with (
-        bootstrap(Settings(backend="memory"), key=KEY) as one,
-        bootstrap(Settings(backend="memory"), key=bytes(range(64, 96))) as other,
+        bootstrap(Settings(backend="memory"), key=KEY, create=True) as one,
+        bootstrap(Settings(backend="memory"), key=bytes(range(64, 96)), create=True) as other,
     ):
         macs = {
             chain_mac(first, one.repository),
@@ -135,7 +133,7 @@ def _store_with(*events: LedgerEvent) -> InMemorySecureObjectStore:
 
 def test_a_forged_or_stripped_mac_fails_a_keyed_audit_only() -> None:
     """An event appended without the key fails with the key and passes the plain chain."""
-    with bootstrap(Settings(backend="memory"), key=KEY) as runtime:
+    with bootstrap(Settings(backend="memory"), key=KEY, create=True) as runtime:
         repo = runtime.repository
         first = keyed(make_event("s", 0), repo)
         second = make_event("s", 1, first)
@@ -150,7 +148,7 @@ def test_a_forged_or_stripped_mac_fails_a_keyed_audit_only() -> None:
             audit = verify_stream(store, "s", repo)
             assert audit.failure is not None
             assert (audit.failure.defect, audit.failure.index, audit.events) == (defect, 1, 1)
-        wrong_key = bootstrap(Settings(backend="memory"), key=bytes(range(64, 96)))
+        wrong_key = bootstrap(Settings(backend="memory"), key=bytes(range(64, 96)), create=True)
         with wrong_key:
             audit = verify_stream(_store_with(first), "s", wrong_key.repository)
             assert audit.failure is not None
@@ -160,7 +158,7 @@ def test_a_forged_or_stripped_mac_fails_a_keyed_audit_only() -> None:
 
 def test_unkeyed_events_before_the_first_keyed_one_are_counted_not_failed() -> None:
     """Events appended without a MAC before a keyed one verify on the plain chain, counted."""
-    with bootstrap(Settings(backend="memory"), key=KEY) as runtime:
+    with bootstrap(Settings(backend="memory"), key=KEY, create=True) as runtime:
         repo = runtime.repository
         old = make_event("s", 0)
         older = make_event("s", 1, old)

@@ -854,7 +854,7 @@ def test_purge_arguments_are_checked(world: World) -> None:
 
 def test_exactly_one_of_eight_racing_moves_wins(tmp_path: Path) -> None:
     """Eight threads moving one run accepted -> running on SQLite: one wins, seven conflict."""
-    with SQLiteSecureObjectStore.open(tmp_path / "data" / "store.db") as store:
+    with SQLiteSecureObjectStore.open(tmp_path / "data" / "store.db", create=True) as store:
         world = World(store)
         world.definitions.register_definition("triage", SPEC)
         _race(world)

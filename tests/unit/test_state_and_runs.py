@@ -263,7 +263,9 @@ def test_updates_queue_for_the_state_row_on_a_store_with_a_record_lock(
     """An update waits while another holds the row's lock, then runs fn once, on what it left."""
     from flowvault.adapters.postgres import PostgresSecureObjectStore  # noqa: PLC0415
 
-    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+    with PostgresSecureObjectStore.open(
+        postgres_server.dsn, schema=pg_schema, create=True
+    ) as store:
         world = World(store)
         calls: list[int] = []
         done = threading.Event()
@@ -655,7 +657,7 @@ def test_runs_list_newest_first_with_since_and_pages(world: World) -> None:
 def test_run_copied_to_another_id_on_disk_is_rejected(tmp_path: Path) -> None:
     """A run row copied with raw SQL under run B's key digest does not load as B."""
     path = tmp_path / "data" / "store.db"
-    with SQLiteSecureObjectStore.open(path) as store:
+    with SQLiteSecureObjectStore.open(path, create=True) as store:
         world = World(store, path)
         world.runs.save(_run("run-aaa"))
         source, target = (world.repository.key_digest(RUNS, r) for r in ("run-aaa", "run-bbb"))
@@ -676,7 +678,7 @@ def test_run_copied_to_another_id_on_disk_is_rejected(tmp_path: Path) -> None:
 def test_runs_write_no_plaintext_files(tmp_path: Path) -> None:
     """Saving runs on SQLite leaves only the database files behind, none holding plaintext."""
     path = tmp_path / "data" / "store.db"
-    with SQLiteSecureObjectStore.open(path) as store:
+    with SQLiteSecureObjectStore.open(path, create=True) as store:
         World(store, path).runs.save(_run("run-001"))
     files = sorted(p.name for p in tmp_path.rglob("*") if p.is_file())
     assert files == ["store.db"]

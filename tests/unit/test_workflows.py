@@ -538,7 +538,7 @@ def test_purge_does_not_block_a_later_transition(world: World) -> None:
 def test_tampered_ledger_is_reported_with_its_first_bad_index(tmp_path: Path) -> None:
     """An event edited in the SQLite file makes events() fail with the edited index."""
     path = tmp_path / "data" / "store.db"
-    with SQLiteSecureObjectStore.open(path) as store:
+    with SQLiteSecureObjectStore.open(path, create=True) as store:
         world = World(store)
         record, _ = world.service.create(world.order())
         world.to_decision(record.workflow_id)
