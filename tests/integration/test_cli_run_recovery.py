@@ -18,7 +18,7 @@ from flowvault.composition import Settings, bootstrap
 
 def _start(home: Path, clock: FrozenClock, host_id: str, *, pause: bool = False) -> str:
     settings = Settings(backend="sqlite", home=home, host_id=host_id)
-    with bootstrap(settings, clock=clock) as runtime:
+    with bootstrap(settings, create=True, clock=clock) as runtime:
         runtime.definitions.register_definition("triage", {"nodes": ["plan"]})
         run_id = runtime.runs.start_run("triage", {"ask": 1})[0].run_id
         runtime.runs.set_status(run_id, "running", expected_status="accepted")

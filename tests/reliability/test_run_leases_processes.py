@@ -112,7 +112,7 @@ def test_a_killed_hosts_runs_are_taken_over_and_it_is_fenced(
     folder = tmp_path / "harness"
     folder.mkdir()
     settings = _settings(*target)
-    with bootstrap(settings, key=KEY) as runtime:
+    with bootstrap(settings, key=KEY, create=True) as runtime:
         runtime.definitions.register_definition("lease.demo", {"nodes": ["step"]})
     workers = {host: _spawn(target, host, "living", folder) for host in LIVING}
     workers[VICTIM] = _spawn(target, VICTIM, "victim", folder)

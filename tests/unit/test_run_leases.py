@@ -98,7 +98,7 @@ def hosts(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Hosts]:
     if request.param == "memory":
         store = InMemorySecureObjectStore()
     else:
-        store = SQLiteSecureObjectStore.open(tmp_path / "data" / "store.db")
+        store = SQLiteSecureObjectStore.open(tmp_path / "data" / "store.db", create=True)
     try:
         yield Hosts(store)
     finally:
@@ -373,7 +373,7 @@ def test_a_lease_keeper_renews_this_hosts_leases_until_stopped(hosts: Hosts) -> 
 
 def test_a_lease_keeper_outlives_a_failed_pass_and_refuses_bad_set_up(tmp_path: Path) -> None:
     """A pass on a closed store is logged and the next one runs; no host or interval is refused."""
-    store = SQLiteSecureObjectStore.open(tmp_path / "data" / "store.db")
+    store = SQLiteSecureObjectStore.open(tmp_path / "data" / "store.db", create=True)
     hosts = Hosts(store)
     store.close()
     keeper = LeaseKeeper(hosts.a, 0.01).start()
@@ -417,7 +417,7 @@ def test_postgres_judges_leases_by_the_server_clock(postgres_server: Any, pg_sch
     """Hosts whose own clocks are a day apart, behind and ahead, agree the lease is live."""
     from flowvault.adapters.postgres import PostgresSecureObjectStore  # noqa: PLC0415
 
-    store = PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema, pool_size=2)
+    store = PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema, pool_size=2, create=True)
     try:
         assert StoreCapabilities.of(store).clock is store
         behind = FrozenClock(datetime.now(UTC) - timedelta(days=1))
