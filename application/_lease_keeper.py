@@ -21,11 +21,12 @@ _log = structlog.get_logger("flowvault.run_leases")
 
 
 class LeaseKeeper:
-    """One daemon thread renewing every lease its run service's host holds, until ``stop``.
+    """One daemon thread renewing every lease its run service took and holds, until ``stop``.
 
-    A failed pass (the store busy or unreachable) is logged as
-    ``run_lease_renewal_failed`` with its code, and the next pass tries
-    again; renew well within the lease so one failed pass costs nothing.
+    A failed pass (the store busy or unreachable, or any other error) is
+    logged as ``run_lease_renewal_failed`` with its code or error type, and
+    the next pass tries again; renew well within the lease so one failed
+    pass costs nothing.
     """
 
     def __init__(self, runs: RunService, interval: float) -> None:
@@ -66,6 +67,8 @@ class LeaseKeeper:
                 self._runs.renew_leases()
             except FlowvaultError as failed:
                 _log.warning("run_lease_renewal_failed", code=failed.code)
+            except Exception as failed:
+                _log.warning("run_lease_renewal_failed", error=type(failed).__name__)
             self._passes += 1
             self._stopping.wait(self._interval)
 

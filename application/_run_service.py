@@ -42,7 +42,6 @@ from flowvault.application._records import (
     Guard,
     LabelFilter,
     LabelValue,
-    RecordMetadata,
     UnitOfWork,
     Upsert,
 )
@@ -66,6 +65,7 @@ from flowvault.application._tombstones import RETENTION_TOMBSTONE
 from flowvault.application._verified import verified_page
 from flowvault.application.ports import Clock, IdFactory, SecureObjectStore
 from flowvault.domain import (
+    FlowvaultError,
     GraphRun,
     IdempotencyConflict,
     IntegrityFailure,
@@ -176,6 +176,7 @@ class RunService:
             raise InvalidInput("a run lease lasts from 1 second to 1 hour")
         self._host = host_id
         self._lease = lease
+        self._held: set[str] = set()
         self._repo = repository
         self._store = repository.store
         self._clock = clock
@@ -220,6 +221,18 @@ class RunService:
         if self._host is None or status not in LEASED_STATUSES:
             return {"owner": None, "lease_expires_at": None}
         return {"owner": self._host, "lease_expires_at": self._lease_now() + self._lease}
+
+    def _track(self, run: GraphRun) -> GraphRun:
+        """Remember whether this service holds ``run``'s lease, so only its keeper renews it.
+
+        Kept in memory, not read from the owner label: a process restarted
+        under a fixed host id must let its predecessor's leases lapse.
+        """
+        if self._host is not None and run.owner == self._host and run.status in LEASED_STATUSES:
+            self._held.add(run.run_id)
+        else:
+            self._held.discard(run.run_id)
+        return run
 
     def _check_owner(self, run: GraphRun) -> None:
         """Refuse a write to a run another host holds or took over: merging it would undo theirs."""
@@ -281,7 +294,7 @@ class RunService:
                 if idempotency_key is not None:
                     replayed = self._replay(idempotency_key, fingerprint)
                 return LOST if replayed is None else (replayed, False)
-            return run, True
+            return self._track(run), True
 
         return settle(attempt, "definition", definition_id=definition_id)
 
@@ -467,7 +480,9 @@ class RunService:
             else:
                 updated = _changed_run(current, changes)
                 unit = self._moving(current, updated, detail, now)
-            return updated if self._committed(unit, run_id, expected_status) else LOST
+            if not self._committed(unit, run_id, expected_status):
+                return LOST
+            return self._track(updated)
 
         return settle(attempt, "run ledger", run_id=run_id)
 
@@ -623,8 +638,8 @@ class RunService:
 
         Raises:
             InvalidInput: this service has no host id.
-            RunFenced: the run is not this host's (another holds it, took it
-                over, or it is unowned).
+            RunFenced: another host holds the run or took it over, or the
+                run is accepted or running but unowned.
             InvalidTransition: the run is paused or ended, so holds no lease.
             NotFound: no such run.
 
@@ -636,17 +651,20 @@ class RunService:
         def attempt() -> GraphRun | Lost:
             current = self._load(run_id)
             if current.owner != host:
+                self._held.discard(run_id)
                 self._check_owner(current)
-                raise RunFenced(
-                    "run is not held by this host; only its owner renews it",
-                    run_id=run_id,
-                    status=current.status,
-                )
             if current.status not in LEASED_STATUSES:
+                self._held.discard(run_id)
                 raise InvalidTransition(
                     "only an accepted or running run holds a lease",
                     current=current.status,
                     target=current.status,
+                )
+            if current.owner != host:
+                raise RunFenced(
+                    "run is not held by this host; only its owner renews it",
+                    run_id=run_id,
+                    status=current.status,
                 )
             updated = _changed_run(
                 current,
@@ -657,54 +675,42 @@ class RunService:
                 upserts=[self._run_upsert(updated, current.revision, appended[-1].index)],
                 appends=appended,
             )
-            return updated if self._renewed(unit, run_id) else LOST
+            return self._track(updated) if self._renewed(unit, run_id) else LOST
 
         return settle(attempt, "run ledger", run_id=run_id)
 
     def renew_leases(self) -> int:
-        """Renew every lease this host holds; return how many runs were renewed.
+        """Renew every lease this service took and still holds; return how many were renewed.
 
-        For a host's keeper to call every third of the lease or so. A run
-        that ended, paused or was taken over meanwhile is skipped.
+        For a host's keeper to call every third of the lease or so. Only runs
+        this service started, claimed or renewed count, not every run its
+        host id owns, so runs left by an earlier process under the same fixed
+        id lapse and are recovered. A run that ended, paused or was taken
+        over meanwhile is dropped; a run that fails otherwise does not stop
+        the others from being renewed, and the first such failure is raised
+        after them.
 
         Raises:
             InvalidInput: this service has no host id.
+            FlowvaultError: renewing one of the runs failed (after the rest).
 
         """
         if self._host is None:
             raise InvalidInput("a run service without a host id holds no leases")
-        mine = LabelFilter("owner", self.owner_digest(self._host))
         renewed = 0
-        for status in ("accepted", "running"):
-            cursor = None
-            while True:
-                page = self._store.list(
-                    GRAPH_RUNS,
-                    filters=[LabelFilter("status", status), mine],
-                    cursor=cursor,
-                    limit=RECOVERY_BATCH,
-                )
-                for metadata in page.items:
-                    renewed += self._renew_listed(metadata)
-                cursor = page.next_cursor
-                if cursor is None:
-                    break
+        failure: FlowvaultError | None = None
+        for run_id in sorted(self._held.copy()):
+            try:
+                self.renew_lease(run_id)
+            except (RevisionConflict, InvalidTransition, NotFound):
+                self._held.discard(run_id)
+            except FlowvaultError as failed:
+                failure = failure or failed
+            else:
+                renewed += 1
+        if failure is not None:
+            raise failure
         return renewed
-
-    def _renew_listed(self, metadata: RecordMetadata) -> int:
-        """Renew one listed run; 0 if it vanished, ended, paused or changed hands meanwhile.
-
-        ``renew_lease`` reads the run again, checked against its stream, so
-        the listed row is only a lead.
-        """
-        listed = open_listed_run(self._repo, metadata)
-        if listed is None:
-            return 0
-        try:
-            self.renew_lease(listed.run.run_id)
-        except (RevisionConflict, InvalidTransition, NotFound):
-            return 0
-        return 1
 
     def _renewed(self, unit: UnitOfWork, run_id: str) -> bool:
         """Commit a renewal; ``False`` to rebuild it, unless the run changed hands meanwhile."""
@@ -772,6 +778,8 @@ class RunService:
             )
             if not self._renewed(UnitOfWork(upserts=upserts, appends=appended), run_id):
                 return LOST
+            if renewed is not None:
+                self._track(renewed)
             return appended[: len(events)]
 
         return settle(attempt, "run ledger", run_id=run_id)
@@ -886,7 +894,9 @@ class RunService:
             receipt, unit = self._ending(current, updated, drafts, detail={}, now=now)
             return receipt if self._committed(unit, run_id, expected_status) else LOST
 
-        return settle(attempt, "run ledger", run_id=run_id)
+        receipt = settle(attempt, "run ledger", run_id=run_id)
+        self._held.discard(run_id)
+        return receipt
 
     def _ending(
         self,

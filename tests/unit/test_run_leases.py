@@ -36,7 +36,9 @@ from flowvault.application.testing import FrozenClock, SequentialIds
 from flowvault.composition import Settings, bootstrap
 from flowvault.domain import (
     GraphRun,
+    IntegrityFailure,
     InvalidInput,
+    InvalidTransition,
     LedgerEvent,
     RevisionConflict,
     RunFenced,
@@ -267,10 +269,56 @@ def test_renewing_what_holds_no_lease_is_refused(hosts: Hosts) -> None:
     for call in (lambda: unowned.renew_lease(run_id), unowned.renew_leases):
         with pytest.raises(InvalidInput):
             call()
+    with pytest.raises(InvalidTransition):
+        hosts.a.renew_lease(run_id)
     hosts.a.set_status(run_id, "running", expected_status="checkpointed")
     hosts.a.set_status(run_id, "awaiting_approval", expected_status="running")
+    with pytest.raises(InvalidTransition):
+        hosts.b.renew_lease(run_id)
+
+
+def test_a_restart_under_a_fixed_host_id_lets_the_old_leases_lapse(hosts: Hosts) -> None:
+    """A second service with A's id renews only what it took; A's old run is recovered."""
+    left = hosts.start(hosts.a)
+    restarted = RunService(
+        hosts.repository,
+        hosts.clock,
+        SequentialIds("run-restarted"),
+        definitions=DefinitionRegistry(hosts.repository, hosts.clock),
+        receipts=TerminalReceipts(hosts.repository, hosts.repository),
+        host_id="host-a",
+        lease=LEASE,
+    )
+    taken = hosts.start(restarted)
+    hosts.clock.advance(timedelta(seconds=20))
+    assert restarted.renew_leases() == 1
+    assert restarted.get_run(left).lease_expires_at == hosts.clock.now() + timedelta(seconds=10)
+    hosts.clock.advance(timedelta(seconds=20))
+    assert hosts.b.recover_incomplete_runs() == 1
+    assert hosts.b.get_run(left).status == "interrupted_non_resumable"
+    assert hosts.b.get_run(taken).status == "running"
     with pytest.raises(RunFenced):
-        hosts.a.renew_lease(run_id)
+        hosts.a.set_status(left, "failed", expected_status="running")
+    assert hosts.a.renew_leases() == 0, "the lost run is dropped from what A keeps"
+
+
+def test_one_run_failing_to_renew_does_not_stop_the_others(hosts: Hosts) -> None:
+    """A run whose record fails verification is raised after every other lease is renewed."""
+    broken, kept = hosts.start(hosts.a), hosts.start(hosts.a)
+    hosts.clock.advance(timedelta(seconds=20))
+    real = hosts.a.renew_lease
+
+    def renew(run_id: str) -> GraphRun:
+        if run_id == broken:
+            raise IntegrityFailure("injected: the run record fails verification")
+        return real(run_id)
+
+    hosts.a.renew_lease = renew  # type: ignore[method-assign]
+    for _ in range(2):
+        with pytest.raises(IntegrityFailure):
+            hosts.a.renew_leases()
+        assert hosts.a.get_run(kept).lease_expires_at == hosts.clock.now() + LEASE
+        hosts.clock.advance(timedelta(seconds=5))
 
 
 def test_runs_written_without_an_owner_are_recovered_at_once(hosts: Hosts) -> None:
@@ -375,6 +423,7 @@ def test_a_lease_keeper_outlives_a_failed_pass_and_refuses_bad_set_up(tmp_path: 
     """A pass on a closed store is logged and the next one runs; no host or interval is refused."""
     store = SQLiteSecureObjectStore.open(tmp_path / "data" / "store.db", create=True)
     hosts = Hosts(store)
+    hosts.start(hosts.a)
     store.close()
     keeper = LeaseKeeper(hosts.a, 0.01).start()
     try:
@@ -417,7 +466,9 @@ def test_postgres_judges_leases_by_the_server_clock(postgres_server: Any, pg_sch
     """Hosts whose own clocks are a day apart, behind and ahead, agree the lease is live."""
     from flowvault.adapters.postgres import PostgresSecureObjectStore  # noqa: PLC0415
 
-    store = PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema, pool_size=2, create=True)
+    store = PostgresSecureObjectStore.open(
+        postgres_server.dsn, schema=pg_schema, pool_size=2, create=True
+    )
     try:
         assert StoreCapabilities.of(store).clock is store
         behind = FrozenClock(datetime.now(UTC) - timedelta(days=1))
