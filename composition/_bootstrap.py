@@ -180,7 +180,8 @@ def is_cold_root(settings: Settings) -> bool:
 
     Recovery verbs use this to report on a cold root without creating one.
     A PostgreSQL schema is cold when it holds no flowvault tables; finding
-    out connects to the server, and writes nothing.
+    out connects to the server and creates nothing (a schema at an older
+    version is migrated forward, as any open does).
     """
     if settings.backend == "sqlite":
         return not settings.database_path.exists()

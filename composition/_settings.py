@@ -18,6 +18,7 @@ from pydantic import (
 
 from flowvault.adapters._paths import check_os_path
 from flowvault.domain import InvalidInput, StoreUnavailable
+from flowvault.domain._graph_runs import HOST_ID_PATTERN
 from flowvault.domain._values import ValueModel
 
 ENV_PREFIX = "FLOWVAULT_"
@@ -67,7 +68,7 @@ class Settings(ValueModel):
     busy_timeout: float = Field(default=30.0, gt=0, le=3600)
     allow_insecure_permissions: bool = False
     recover_runs_on_open: bool = False
-    host_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+    host_id: str | None = Field(default=None, pattern=HOST_ID_PATTERN.pattern)
     """This runtime's name as a run owner; unset, each runtime draws its own (``run_host_id``)."""
     run_lease: float = Field(default=30.0, ge=1, le=3600)
     """Seconds a host holds a run it executes without writing to it or renewing its lease."""

@@ -1,6 +1,8 @@
 """``flowvault migrate|export|import``: move a store or one scope, directly or through an archive.
 
-Each reads the source as stored and writes nothing to it. A whole store
+Each reads the source as stored and writes no record or event to it (a
+PostgreSQL source at an older schema version is migrated forward, as any
+open does). A whole store
 fills an empty target in one transaction, and success is reported only
 after the target reads back as the source and passes a keyed audit
 (``fill_verified``); one scope is added to any store that has never held it,

@@ -8,6 +8,7 @@ adapter relies on itself, so no role or database default can weaken it.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
@@ -52,16 +53,26 @@ def check_schema_name(schema: object) -> str:
 
 
 def server_target(dsn: str) -> tuple[str, str, str]:
-    """Return the host, port and database ``dsn`` names (empty where it names none).
+    """Return the host, port and database ``dsn`` reaches, as libpq fills them in.
 
     What stays the same when the store is restored from a dump: it names
-    the store apart from the schema, and holds no password.
+    the store apart from the schema, and holds no password. Where the DSN
+    is silent, libpq's environment (``PGHOST``, ``PGPORT``, ``PGDATABASE``,
+    ``PGUSER``) and its defaults fill in, and a host name is compared
+    without case, so ``db`` and ``DB:5432`` name one server; two different
+    names for one server (an alias, an address) still name two.
     """
     try:
         parts = conninfo_to_dict(dsn)
     except psycopg.Error:
         raise InvalidInput("the PostgreSQL DSN is not a valid connection string") from None
-    host, port, dbname = (str(parts.get(name) or "") for name in ("host", "port", "dbname"))
+
+    def given(name: str, variable: str) -> str:
+        return str(parts.get(name) or os.environ.get(variable) or "")
+
+    host = given("host", "PGHOST").lower()
+    port = given("port", "PGPORT") or "5432"
+    dbname = given("dbname", "PGDATABASE") or given("user", "PGUSER")
     return host, port, dbname
 
 

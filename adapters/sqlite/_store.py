@@ -484,22 +484,7 @@ class SQLiteSecureObjectStore(SqlStore):
         index. An interrupted fill leaves the file as empty as before.
         Raises ``StoreUnavailable`` on a store opened read-only.
         """
-        self._check_writable()
-        prepared = PreparedUnit.build(contents.unit())
-        counts = sorted(contents.seal_counts.items())
-        with self._writing() as connection:
-            begin_immediate(connection, self._options.busy_timeout)
-            try:
-                held = connection.execute(sql.HAS_RECORDS).fetchall()[0][0]
-                if held or connection.execute(sql.SEAL_COUNTS).fetchall():
-                    raise StoreNotEmpty("the store already holds data")
-                apply_writes(connection, prepared)
-                connection.executemany(sql.RESERVE_SEALS, counts)
-                connection.execute(sql.SET_EPOCH, (contents.epoch,))
-                connection.execute("COMMIT")
-            except BaseException:
-                rollback_quietly(connection)
-                raise
+        self._write_contents(contents, _holding_anything, (sql.SET_EPOCH, (contents.epoch,)))
 
     def add(self, contents: StoreContents) -> None:
         """Write ``contents`` next to the file's rows in one ``BEGIN IMMEDIATE`` transaction.
@@ -507,24 +492,38 @@ class SQLiteSecureObjectStore(SqlStore):
         The same writes as ``fill``; refused if one of its records or
         streams exists. Seal counts are added to, and the epoch raised once.
         """
+
+        def overlapping(connection: sqlite3.Connection) -> str | None:
+            held = any(
+                connection.execute(sql.HAS_RECORD, (meta.namespace, meta.key_digest)).fetchall()
+                for meta in (record.metadata for record in contents.records)
+            ) or any(
+                connection.execute(sql.HAS_STREAM, (name, name)).fetchall()
+                for name in contents.streams()
+            )
+            return "the store already holds one of these records or streams" if held else None
+
+        self._write_contents(contents, overlapping, (sql.RAISE_EPOCH, ()))
+
+    def _write_contents(
+        self,
+        contents: StoreContents,
+        refusal: Callable[[sqlite3.Connection], str | None],
+        epoch: tuple[str, tuple[int, ...]],
+    ) -> None:
+        """Apply ``contents`` in one transaction unless ``refusal`` names what is in the way."""
         self._check_writable()
         prepared = PreparedUnit.build(contents.unit())
         counts = sorted(contents.seal_counts.items())
         with self._writing() as connection:
             begin_immediate(connection, self._options.busy_timeout)
             try:
-                held = any(
-                    connection.execute(sql.HAS_RECORD, (meta.namespace, meta.key_digest)).fetchall()
-                    for meta in (record.metadata for record in contents.records)
-                ) or any(
-                    connection.execute(sql.HAS_STREAM, (name, name)).fetchall()
-                    for name in contents.streams()
-                )
-                if held:
-                    raise StoreNotEmpty("the store already holds one of these records or streams")
+                refused = refusal(connection)
+                if refused is not None:
+                    raise StoreNotEmpty(refused)
                 apply_writes(connection, prepared)
                 connection.executemany(sql.RESERVE_SEALS, counts)
-                connection.execute(sql.RAISE_EPOCH)
+                connection.execute(*epoch)
                 connection.execute("COMMIT")
             except BaseException:
                 rollback_quietly(connection)
@@ -561,3 +560,11 @@ class SQLiteSecureObjectStore(SqlStore):
             self._readers.clear()
         for handle in handles:
             handle.close()
+
+
+def _holding_anything(connection: sqlite3.Connection) -> str | None:
+    """Refuse a fill of a file that holds a record or a seal count."""
+    held = connection.execute(sql.HAS_RECORDS).fetchall()[0][0]
+    if held or connection.execute(sql.SEAL_COUNTS).fetchall():
+        return "the store already holds data"
+    return None

@@ -27,6 +27,8 @@ VERBS = [
     ["fingerprint", "--scope", "main"],
     ["status"],
     ["ledger", "verify", "--all"],
+    ["workflows", "list"],
+    ["runs", "list"],
 ]
 """The verbs that created a store on a cold root before set-up became explicit."""
 

@@ -466,7 +466,7 @@ def _state(settings: Settings, scope: str = SCOPE) -> tuple[object, int | None]:
 
 def _with_other_data(settings: Settings) -> None:
     """Write a workflow and another scope, so the target is a live store, not an empty one."""
-    with bootstrap(settings) as runtime:
+    with bootstrap(settings, create=True) as runtime:
         runtime.workflows.create(
             WorkOrder(kind="other.test", parameters={}, requester="t", idempotency_key="there")
         )
@@ -565,7 +565,7 @@ def test_importing_a_scope_the_target_holds_is_refused_and_writes_nothing(
         _same_rows(_rows(target), before)
 
     same_scope = _keyed_home(settings, tmp_path / "same-scope")
-    with bootstrap(same_scope) as runtime:
+    with bootstrap(same_scope, create=True) as runtime:
         runtime.state(SCOPE).save(WorkflowState(workflow_id="wf-here", stage="intake"))
     held = _rows(same_scope)
     clash = run_cli(tmp_path, "import", str(archive), "--to", str(same_scope.home),

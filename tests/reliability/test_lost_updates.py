@@ -155,7 +155,7 @@ def _seed(settings: Settings) -> None:
 
 def _final(settings: Settings, scope: str) -> tuple[int, int]:
     """Return the counter's final value and revision."""
-    with bootstrap(settings, key=KEY, create=True) as runtime:
+    with bootstrap(settings, key=KEY) as runtime:
         snapshot = runtime.state(scope).load()
     count = snapshot.state.model_dump()["count"]
     assert isinstance(count, int)

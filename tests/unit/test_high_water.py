@@ -34,6 +34,7 @@ from flowvault.application._mark_format import (
 )
 from flowvault.application._sealed import CipherDigester
 from flowvault.application.testing import make_event
+from flowvault.composition._settings import postgres_mark_name
 from flowvault.domain import (
     InsecurePermissions,
     IntegrityFailure,
@@ -712,3 +713,26 @@ print(runtime.store.epoch())
     state = MarkFileStore(tmp_path / "home" / "keys" / "store.high-water").read()
     assert state is not None
     assert parse_mark(state.head, KEY, "").epoch == int(done.stdout)
+
+
+def test_a_postgres_mark_is_named_by_the_server_libpq_reaches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Spellings of one server share a mark; servers chosen by the environment do not."""
+    pytest.importorskip("psycopg", reason="the postgres extra is not installed")
+    for variable in ("PGHOST", "PGPORT", "PGDATABASE", "PGUSER"):
+        monkeypatch.delenv(variable, raising=False)
+    one = postgres_mark_name("postgresql://app:secret@db/vault", "flowvault")
+    for spelling in (
+        "postgresql://other@DB:5432/vault",
+        "host=db dbname=vault",
+        "postgresql:///vault?host=db&sslmode=require",
+    ):
+        assert postgres_mark_name(spelling, "flowvault") == one, spelling
+    assert "secret" not in one
+    assert postgres_mark_name("postgresql://db/vault", "other") != one
+    assert postgres_mark_name("postgresql://db:5433/vault", "flowvault") != one
+    monkeypatch.setenv("PGHOST", "db")
+    assert postgres_mark_name("dbname=vault", "flowvault") == one
+    monkeypatch.setenv("PGHOST", "replica-restore")
+    assert postgres_mark_name("dbname=vault", "flowvault") != one
