@@ -559,7 +559,9 @@ class RunService:
         Each such run ends ``interrupted_non_resumable`` through the same
         unit as any ending (its event, naming the previous owner by digest,
         and its terminal receipt) and records this host as its owner, so the
-        host that lost it is fenced. A run whose owner still holds its lease
+        host that lost it is fenced (``RUN_FENCED``; after a recovery by a
+        service without a host id, its writes fail as writes to an ended run,
+        ``INVALID_TRANSITION``). A run whose owner still holds its lease
         (judged by the store's clock where it has one), one that moved on
         meanwhile, and paused runs are left alone. Runs written without an
         owner hold no lease and are taken over at once.
