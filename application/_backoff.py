@@ -29,6 +29,9 @@ LONGEST_PAUSE: Final = 0.05
 TIME_BUDGET: Final = 30.0
 """Seconds from the first try after which a race that keeps being lost is given up."""
 
+_MOST_DOUBLINGS = 64
+"""Past this many the ceiling is long reached; a float cannot hold 2**1024."""
+
 
 def _jitter(low: float, high: float) -> float:
     return random.uniform(low, high)  # noqa: S311 - spreading writers out, not a secret
@@ -65,7 +68,8 @@ class RetryPolicy:
 
     def pause(self, lost: int) -> float:
         """Return the random pause after the ``lost``-th lost race (1 for the first)."""
-        ceiling = min(self.longest_pause, self.first_pause * 2 ** max(0, lost - 1))
+        doublings = min(max(0, lost - 1), _MOST_DOUBLINGS)
+        ceiling = min(self.longest_pause, self.first_pause * 2**doublings)
         return self.jitter(0, ceiling)
 
     def start(self) -> Retries:

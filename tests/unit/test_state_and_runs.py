@@ -692,6 +692,8 @@ def test_conflict_pauses_grow_and_stay_capped() -> None:
     assert [policy.pause(lost) for lost in range(1, 10)] == [0.0] * 9
     assert ceilings[:4] == [0.0005, 0.001, 0.002, 0.004]
     assert max(ceilings) == 0.05
+    assert policy.pause(5000) == 0.0, "a long contended run keeps the cap, never overflows"
+    assert ceilings[-1] == 0.05
 
 
 def test_the_reset_actor_is_recorded_as_a_keyed_digest_only(world: World) -> None:
