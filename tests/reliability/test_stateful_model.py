@@ -370,7 +370,7 @@ class Backend:
         store = None
         if self._fault is not None:
             store = FaultyStore(self.open_store(settings), self._fault)
-        return bootstrap(settings, key=KEY, store=store, clock=clock, ids=ids)
+        return bootstrap(settings, key=KEY, store=store, clock=clock, ids=ids, create=True)
 
     def reopen(self, runtime: Runtime, clock: FrozenClock, ids: SequentialIds) -> Runtime:
         """Close the runtime and bootstrap again over the same file or schema."""
