@@ -11,7 +11,7 @@ Select the capabilities your adapter implements by the classes you name:
 ``StoreStatsContract`` in place of the base (it includes it), and beside it
 a mixin per capability offered (``StoreEpochContract``,
 ``StreamCatalogContract``, ``SealCounterContract``, ``RecordLockContract``,
-``StoreFillContract``)::
+``StoreClockContract``, ``StoreFillContract``)::
 
     class TestMyStore(StoreStatsContract, StoreEpochContract, StreamCatalogContract):
         def make_store(self) -> MyStore: ...
@@ -33,6 +33,7 @@ from flowvault.application.testing._fakes import (
 from flowvault.application.testing._record_lock_contract import RecordLockContract
 from flowvault.application.testing._seal_counter_contract import SealCounterContract
 from flowvault.application.testing._sealed_contract import SealedRepositoryContract
+from flowvault.application.testing._store_clock_contract import StoreClockContract
 from flowvault.application.testing._store_contract import (
     SecureObjectStoreContract,
     StoreStatsContract,
@@ -48,6 +49,7 @@ __all__ = [
     "SealedRepositoryContract",
     "SecureObjectStoreContract",
     "SequentialIds",
+    "StoreClockContract",
     "StoreEpochContract",
     "StoreFillContract",
     "StoreStatsContract",

@@ -7,6 +7,7 @@ from flowvault.application import SecureObjectStore
 from flowvault.application.testing import (
     RecordLockContract,
     SealCounterContract,
+    StoreClockContract,
     StoreEpochContract,
     StoreFillContract,
     StoreStatsContract,
@@ -22,6 +23,7 @@ class TestPostgresSecureObjectStore(
     SealCounterContract,
     StoreEpochContract,
     RecordLockContract,
+    StoreClockContract,
     StoreFillContract,
 ):
     """The PostgreSQL adapter passes the whole store contract."""
