@@ -1,10 +1,29 @@
-"""The composition root: settings, the container, logging set-up, bootstrap."""
+"""The composition root: settings, the container, logging set-up, bootstrap.
 
-from flowvault.composition._binding import bind, bound
-from flowvault.composition._bootstrap import Runtime, bootstrap
-from flowvault.composition._container import Container, build_container
-from flowvault.composition._logging import configure_logging
-from flowvault.composition._settings import Settings
+Names are imported on first use, so the ``flowvault`` command's
+``--help`` and ``--version`` do not pay for the whole library.
+"""
+
+import importlib as _importlib
+import typing as _typing
+
+if _typing.TYPE_CHECKING:
+    from flowvault.composition._binding import bind, bound
+    from flowvault.composition._bootstrap import Runtime, bootstrap
+    from flowvault.composition._container import Container, build_container
+    from flowvault.composition._logging import configure_logging
+    from flowvault.composition._settings import Settings
+
+_HOMES = {
+    "Container": "_container",
+    "Runtime": "_bootstrap",
+    "Settings": "_settings",
+    "bind": "_binding",
+    "bootstrap": "_bootstrap",
+    "bound": "_binding",
+    "build_container": "_container",
+    "configure_logging": "_logging",
+}
 
 __all__ = [
     "Container",
@@ -16,3 +35,16 @@ __all__ = [
     "build_container",
     "configure_logging",
 ]
+
+
+def __getattr__(name: str) -> object:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -2,7 +2,8 @@
 
 It sits in the outermost ring so the verbs (``flowvault.adapters.cli``)
 receive a ``CliContext`` and never import the composition root. Each verb
-group registers itself from its own module there (``VERB_GROUPS``).
+group registers itself from its own module there, imported only when its
+verb is given (``VERB_GROUPS`` names them all).
 """
 
 from __future__ import annotations
@@ -12,69 +13,91 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 
-from flowvault.adapters.cli._groups import VERB_GROUPS
-from flowvault.adapters.cli._io import CommandIO
-from flowvault.adapters.cli._verbs import EXIT_CODES, Handler, expanded
-from flowvault.composition._cli_context import CommandContext
-from flowvault.composition._logging import configure_logging
-from flowvault.composition._settings import Settings
-from flowvault.domain import FlowvaultError, InvalidInput
+from flowvault.adapters.cli._catalog import EXIT_CODES, VERB_GROUPS, chosen_group, register_group
 
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+"""What a shell reports for a process ended by Ctrl-C."""
 
-def settings_for(args: argparse.Namespace) -> Settings:
-    """Build settings from ``FLOWVAULT_*``, overridden by the global options given."""
-    environ = dict(os.environ)
-    if args.home is not None:
-        environ["FLOWVAULT_HOME"] = expanded(args.home, "--home")
-    if args.backend is not None:
-        environ["FLOWVAULT_BACKEND"] = args.backend
-    if args.postgres_dsn is not None:
-        environ["FLOWVAULT_POSTGRES_DSN"] = args.postgres_dsn
-    return Settings.from_env(environ)
+_GLOBAL_OPTIONS: tuple[tuple[str, dict[str, object]], ...] = (
+    ("--home", {"help": "the flowvault home directory (FLOWVAULT_HOME)"}),
+    ("--backend", {"choices": ["sqlite", "postgres", "memory"], "help": "FLOWVAULT_BACKEND"}),
+    (
+        "--postgres-dsn",
+        {"help": "FLOWVAULT_POSTGRES_DSN (prefer the variable: argv is visible)"},
+    ),
+    ("--debug", {"action": "store_true", "help": "show tracebacks of crashes"}),
+)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Return the argument parser of every verb."""
+def _installed_version() -> str:
+    try:
+        return version("flowvault")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _add_global_options(parser: argparse.ArgumentParser, *, after_verb: bool) -> None:
+    """Add the global options; after a verb they default to nothing, so one given before stands."""
+    for option, settings in _GLOBAL_OPTIONS:
+        if option in parser._option_string_actions:
+            continue
+        extra: dict[str, object] = {"default": argparse.SUPPRESS} if after_verb else {}
+        parser.add_argument(option, **settings, **extra)  # type: ignore[arg-type]
+
+
+def _accept_global_options(parser: argparse.ArgumentParser) -> None:
+    """Let the global options follow a verb too, at every level of its sub-verbs."""
+    _add_global_options(parser, after_verb=True)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _accept_global_options(sub)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """Return the argument parser; with ``argv``, only the verb it names is built in full.
+
+    The other verbs are listed by name and help alone, so ``--help`` and a
+    usage error import none of them; without ``argv`` every verb is built.
+    """
     parser = argparse.ArgumentParser(
         prog="flowvault",
         description="Durable, sealed, tamper-evident workflow state.",
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--home", help="the flowvault home directory (FLOWVAULT_HOME)")
-    parser.add_argument(
-        "--backend", choices=["sqlite", "postgres", "memory"], help="FLOWVAULT_BACKEND"
-    )
-    parser.add_argument(
-        "--postgres-dsn", help="FLOWVAULT_POSTGRES_DSN (prefer the variable: argv is visible)"
-    )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks of crashes")
+    parser.add_argument("--version", action="version", version=f"flowvault {_installed_version()}")
+    _add_global_options(parser, after_verb=False)
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
-    for register in VERB_GROUPS:
-        register(verbs)
+    chosen = None if argv is None else chosen_group(list(argv))
+    for module, names in VERB_GROUPS:
+        if argv is not None and module != chosen:
+            for name, help in names:
+                verbs.add_parser(name, help=help, add_help=False)
+            continue
+        before = set(verbs.choices)
+        register_group(verbs, module)
+        for name in set(verbs.choices) - before:
+            _accept_global_options(verbs.choices[name])
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one verb and return its exit status (0 ok, 1 flowvault error, 2 usage)."""
-    args = build_parser().parse_args(argv)
-    io = CommandIO(json_output=getattr(args, "json", False))
-    handler: Handler = args.handler
+    """Run one verb and return its exit status (0 ok, 1 flowvault error, 2 usage, 130 Ctrl-C)."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
     try:
-        settings = settings_for(args)
-        configure_logging(settings.log_level, settings.log_format)
-        return handler(args, CommandContext(settings), io)
-    except FlowvaultError as error:
-        return io.fail(error)
-    except BrokenPipeError:
-        raise
-    except OSError as error:
-        return io.fail(InvalidInput(f"cannot use the flowvault home: {error.strerror}"))
-    except Exception as error:
-        if args.debug:
-            raise
-        return io.fail(InvalidInput(f"unexpected {type(error).__name__}; rerun with --debug"))
+        args = build_parser(arguments).parse_args(arguments)
+        from flowvault.composition._cli_run import run_verb  # noqa: PLC0415 - keeps --help fast
+
+        return run_verb(args)
+    except KeyboardInterrupt:
+        sys.stderr.write(
+            "flowvault: interrupted; each unit of work is all or nothing, "
+            "so none is left half-written\n"
+        )
+        return EXIT_INTERRUPTED
 
 
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext, Services
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._listing import (
@@ -335,7 +336,7 @@ def _approvals_verify_decision(args: argparse.Namespace, context: CliContext, io
 
 
 def register(verbs: Verbs) -> None:
-    group = verb_group(verbs, "approvals", "list, inspect and decide approval requests")
+    group = verb_group(verbs, "approvals", verb_help("approvals"))
     statuses = [status.value for status in ApprovalStatus]
     listing = add_verb(
         group,

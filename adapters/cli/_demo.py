@@ -18,6 +18,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from flowvault.adapters._paths import check_os_path
+from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext, Services
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._verbs import Verbs, add_verb, expanded
@@ -608,7 +609,7 @@ def register(verbs: Verbs) -> None:
     demo = add_verb(
         verbs,
         "demo",
-        help="run an approval workflow end to end in a fresh store, narrated",
+        help=verb_help("demo"),
         description=(
             "Create a fresh SQLite store (a new temporary directory unless --home names "
             "a directory that does not exist or is empty) and run a realistic approval "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping, Sequence
 
+from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext, CliSettings
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._keyed import keyed_audit
@@ -269,7 +270,7 @@ def register(verbs: Verbs) -> None:
     add_verb(
         verbs,
         "doctor",
-        help="check permissions, SQLite settings and the key, with a fix for each finding",
+        help=verb_help("doctor"),
         description=(
             "Check directory and file permissions, read the SQLite pragmas back, and check "
             "that the key is found, opens every record's key id and is kept apart from the "

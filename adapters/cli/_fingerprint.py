@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._listing import with_service
@@ -51,7 +52,7 @@ def register(verbs: Verbs) -> None:
     fingerprint = add_verb(
         verbs,
         "fingerprint",
-        help="print the plaintext-free fingerprint of a scope's state",
+        help=verb_help("fingerprint"),
         description=(
             "Print what can be said of a scope's workflow state without its content: "
             "readability, revision, sizes and digests. On a cold root it reports the "

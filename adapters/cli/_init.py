@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._status import store_location, store_stats
@@ -138,7 +139,7 @@ def register(verbs: Verbs) -> None:
     add_verb(
         verbs,
         "init",
-        help="create a new store and its key",
+        help=verb_help("init"),
         description=(
             "Create a new store and its key with private permissions (0700 directories, "
             "0600 files) at the configured home, and print where they are and the key id "

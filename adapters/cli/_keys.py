@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext, Services
 from flowvault.adapters.cli._io import CommandIO, fields_document
 from flowvault.adapters.cli._keyed import existing_ring
@@ -264,7 +265,7 @@ def register(verbs: Verbs) -> None:
     """Add this group's verbs to the parser."""
     group = verbs.add_parser(
         "keys",
-        help="list, add and retire the keys of the key ring",
+        help=verb_help("keys"),
         description="Manage the key ring kept in the key file. Never prints key material.",
     )
     leaves = group.add_subparsers(dest="keys_verb", required=True, metavar="VERB")
@@ -320,7 +321,7 @@ def register(verbs: Verbs) -> None:
     rotate = add_verb(
         verbs,
         "rotate-key",
-        help="re-seal every record still under an older key with the primary key",
+        help=verb_help("rotate-key"),
         description=(
             "Re-seal every record still sealed under an older key with the primary key, in "
             "batches that each commit as one unit guarded by the revisions read; a record "

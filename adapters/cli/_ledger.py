@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 
+from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import FIXES, CommandIO, fields_document
 from flowvault.adapters.cli._keyed import existing_ring, keyed_audit
@@ -338,7 +339,7 @@ def register(verbs: Verbs) -> None:
     """Add the ``ledger`` group to the parser."""
     group = verbs.add_parser(
         "ledger",
-        help="verify ledger chains, print stream heads, vouch for legacy streams",
+        help=verb_help("ledger"),
         description=(
             "Audit the tamper-evident ledger. Every verb but 'vouch --head-hash' only reads."
         ),

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._keyed import existing_ring, keyed_audit
@@ -354,7 +355,7 @@ def register(verbs: Verbs) -> None:
     migrate = add_verb(
         verbs,
         "migrate",
-        help="copy the whole store into an empty SQLite home or PostgreSQL schema, verified",
+        help=verb_help("migrate"),
         description=(
             "Copy every record (its sealed bytes and header as they are), every ledger event, "
             "the seal counts and the commit count into an empty target, in one transaction, "
@@ -369,7 +370,7 @@ def register(verbs: Verbs) -> None:
     export = add_verb(
         verbs,
         "export",
-        help="write the whole store, or one scope, to one archive file with a MAC'd manifest",
+        help=verb_help("export"),
         description=(
             "Write every record, ledger event, seal count and the commit count to a new zip "
             "archive whose manifest (counts and SHA-256 of each part) is MAC'd under the store "
@@ -391,7 +392,7 @@ def register(verbs: Verbs) -> None:
     imported = add_verb(
         verbs,
         "import",
-        help="fill an empty store from an archive, or add a scope archive's scope to a store",
+        help=verb_help("import"),
         description=(
             "Verify the archive's manifest under the store key (and its signature, with "
             "--public-key) and every part against it. A whole-store archive then fills an "

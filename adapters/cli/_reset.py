@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._listing import with_service
@@ -92,7 +93,7 @@ def register(verbs: Verbs) -> None:
     reset = add_verb(
         verbs,
         "reset-progress",
-        help="fingerprint a scope's workflow state and reset it",
+        help=verb_help("reset-progress"),
         description=(
             "Record a workflow_state.reset event with a plaintext-free fingerprint of the "
             "scope's state, then delete only that state row. Works on a cold root, where "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._verbs import Verbs, add_verb
@@ -64,7 +65,7 @@ def register(verbs: Verbs) -> None:
     accept = add_verb(
         verbs,
         "accept-restore",
-        help="accept a deliberately restored older copy of the store",
+        help=verb_help("accept-restore"),
         description=(
             "A store opened below its high-water mark (the highest commit count and the "
             "size of every ledger stream this host saw, kept beside the key file or at "

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 
+from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._verbs import Verbs, add_verb
@@ -162,7 +163,7 @@ def _register_purge(verbs: Verbs) -> None:
     purge = add_verb(
         verbs,
         "purge",
-        help="run the retention job, then compact the store",
+        help=verb_help("purge"),
         description=(
             "Delete what retention allows, each deletion leaving a digest-only tombstone "
             "in the ledger: expired action results first, then decided approvals, consumed "
@@ -192,7 +193,7 @@ def _register_compact(verbs: Verbs) -> None:
     add_verb(
         verbs,
         "compact",
-        help="rebuild the SQLite file so no free page or stale log remains",
+        help=verb_help("compact"),
         description=(
             "Rebuild the database file with VACUUM, which rewrites every page and gives "
             "free pages back to the file system, then checkpoint and truncate the "

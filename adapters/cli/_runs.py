@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext, Services
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._listing import (
@@ -189,9 +190,7 @@ def _runs_recover(args: argparse.Namespace, context: CliContext, io: CommandIO) 
 
 
 def register(verbs: Verbs) -> None:
-    group = verb_group(
-        verbs, "runs", "list and inspect graph runs (metadata and digests only); recover them"
-    )
+    group = verb_group(verbs, "runs", verb_help("runs"))
     listing = add_verb(
         group,
         "list",

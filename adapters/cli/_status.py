@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext, CliSettings
 from flowvault.adapters.cli._io import CommandIO, fields_document
 from flowvault.adapters.cli._verbs import Verbs, add_verb, for_backend
@@ -207,7 +208,7 @@ def register(verbs: Verbs) -> None:
     add_verb(
         verbs,
         "status",
-        help="show the store's schema version, keys, counts, files and durability",
+        help=verb_help("status"),
         description=(
             "Show the backend, home, schema version, key ids in use, records per namespace, "
             "file sizes and durability settings. Reads no sealed payload and needs no key. "

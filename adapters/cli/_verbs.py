@@ -8,17 +8,10 @@ from pathlib import Path
 from typing import TypeAlias, TypeVar
 
 from flowvault.adapters._paths import check_os_path
+from flowvault.adapters.cli._catalog import EXIT_CODES
 from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.domain import InvalidInput
-
-EXIT_CODES = """exit codes:
-  0  success
-  1  a flowvault error (its code and a fix are printed), a declined confirmation,
-     or a listing that could not read some rows (printed after the rows)
-  2  usage error
-  141  the reader of stdout stopped early (a closed pipe); the rest of the output is dropped
-"""
 
 T = TypeVar("T")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext, Services
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._listing import (
@@ -136,7 +137,7 @@ def _workflows_events(args: argparse.Namespace, context: CliContext, io: Command
 
 
 def register(verbs: Verbs) -> None:
-    group = verb_group(verbs, "workflows", "list and inspect workflows (metadata and hashes only)")
+    group = verb_group(verbs, "workflows", verb_help("workflows"))
     listing = add_verb(
         group,
         "list",
