@@ -652,11 +652,10 @@ class RunService:
 
         def attempt() -> GraphRun | Lost:
             current = self._load(run_id)
-            if current.owner != host:
+            if current.owner != host or current.status not in LEASED_STATUSES:
                 self._held.discard(run_id)
-                self._check_owner(current)
+            self._check_owner(current)
             if current.status not in LEASED_STATUSES:
-                self._held.discard(run_id)
                 raise InvalidTransition(
                     "only an accepted or running run holds a lease",
                     current=current.status,

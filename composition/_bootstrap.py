@@ -195,8 +195,20 @@ def is_cold_root(settings: Settings) -> bool:
 
 
 def open_existing(settings: Settings, *, key: bytes | None = None) -> Runtime | None:
-    """Open the store of ``settings`` if one exists; ``None`` on a cold root."""
-    return None if is_cold_root(settings) else bootstrap(settings, key=key)
+    """Open the store of ``settings`` if one exists; ``None`` on a cold root.
+
+    The store is opened once: only a refusal is checked again, to tell a
+    cold root from another ``NotFound``, so a PostgreSQL server is not
+    connected to twice for every verb.
+    """
+    if settings.backend == "memory":
+        return None
+    try:
+        return bootstrap(settings, key=key)
+    except NotFound:
+        if is_cold_root(settings):
+            return None
+        raise
 
 
 def _assemble(container: Container) -> Runtime:

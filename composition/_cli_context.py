@@ -30,6 +30,7 @@ from flowvault.composition._container import (
     key_file_store,
     no_store,
     open_postgres,
+    open_sqlite,
     receipt_signer,
 )
 from flowvault.composition._settings import Settings
@@ -88,13 +89,7 @@ class CommandContext:
         if schema is not None:
             raise InvalidInput("--to-schema names a PostgreSQL schema: give --to a DSN with it")
         target = self.settings.model_copy(update={"backend": "sqlite", "home": Path(location)})
-        return SQLiteSecureObjectStore.open(
-            target.database_path,
-            synchronous=target.synchronous,
-            busy_timeout=target.busy_timeout,
-            allow_insecure_permissions=target.allow_insecure_permissions,
-            create=True,
-        )
+        return open_sqlite(target, create=True)
 
     def key_file(self) -> FileKeyStore:
         """Return the key file; a PostgreSQL store without ``FLOWVAULT_KEY_FILE`` has none."""

@@ -60,7 +60,8 @@ def no_store(location: str) -> NotFound:
     )
 
 
-def _open_sqlite(settings: Settings, create: bool = False) -> SQLiteSecureObjectStore:
+def open_sqlite(settings: Settings, create: bool = False) -> SQLiteSecureObjectStore:
+    """Open the SQLite store the settings name, creating it only with ``create``."""
     try:
         return SQLiteSecureObjectStore.open(
             settings.database_path,
@@ -283,7 +284,7 @@ class Container(containers.DeclarativeContainer):
     store = providers.Selector(
         providers.Callable(_backend, settings),
         memory=providers.Singleton(InMemorySecureObjectStore),
-        sqlite=providers.Singleton(_open_sqlite, settings, create),
+        sqlite=providers.Singleton(open_sqlite, settings, create),
         postgres=providers.Singleton(open_postgres, settings, create),
     )
     key_store = providers.Selector(

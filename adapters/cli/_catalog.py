@@ -19,8 +19,8 @@ EXIT_CODES = """exit codes:
   1  a flowvault error (its code and a fix are printed), a declined confirmation,
      or a listing that could not read some rows (printed after the rows)
   2  usage error
-  130  interrupted (Ctrl-C): one line is printed; a unit of work in progress is
-       rolled back, so the store is as it was before that unit
+  130  interrupted (Ctrl-C): one line is printed; each unit of work is all or
+       nothing, so none is left half-written
   141  the reader of stdout stopped early (a closed pipe); the rest of the output is dropped
 """
 
