@@ -47,6 +47,10 @@ VERB_GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         "_ledger",
         (("ledger", "verify ledger chains, print stream heads, vouch for legacy streams"),),
     ),
+    (
+        "_report",
+        (("report", "write one self-contained HTML page of the ledger, verdict and receipts"),),
+    ),
     ("_fingerprint", (("fingerprint", "print the plaintext-free fingerprint of a scope's state"),)),
     (
         "_retention",
