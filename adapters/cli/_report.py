@@ -26,7 +26,7 @@ from typing import Final
 
 from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext
-from flowvault.adapters.cli._io import CommandIO
+from flowvault.adapters.cli._io import FIXES, CommandIO
 from flowvault.adapters.cli._keyed import existing_ring, keyed_audit
 from flowvault.adapters.cli._ledger import _integrity_error
 from flowvault.adapters.cli._verbs import Verbs, add_verb, file_path
@@ -369,7 +369,7 @@ def report_command(
     write_atomically(out, page)
     findings = len(findings_of(report))
     verdict = "ok" if report.ok else "findings"
-    document = {
+    document: dict[str, object] = {
         "schema_version": 1,
         "path": str(out),
         "verdict": verdict,
@@ -377,6 +377,10 @@ def report_command(
         "events": len(events),
     }
     if io.json_output:
+        if not report.ok:
+            error = _integrity_error(report)
+            fix = FIXES.get(error.code)
+            document["error"] = {"code": error.code, "message": error.message, "fix": fix}
         io.emit(document, [])
         return 0 if report.ok else 1
     io.say(f"report: {out}")
@@ -385,8 +389,32 @@ def report_command(
     return 0 if report.ok else io.fail(_integrity_error(report))
 
 
+def _outside_the_store(out: Path, context: CliContext) -> None:
+    """Refuse a page path inside the store's data or key directory: it could replace the key."""
+    settings = context.settings
+    try:
+        target = out.resolve()
+        inside = [
+            target.is_relative_to(d.resolve()) for d in (settings.data_dir, settings.keys_dir)
+        ]
+    except (OSError, RuntimeError, ValueError):
+        raise InvalidInput("--html names a path that cannot be resolved") from None
+    if any(inside):
+        raise InvalidInput(
+            "--html names a file inside the store's own directories; write the page elsewhere",
+            fix="give --html a path outside FLOWVAULT_HOME's data and keys directories",
+        )
+
+
+def _page_path(text: str) -> Path:
+    if text == "-":
+        raise argparse.ArgumentTypeError("the page is written to a file, not to stdout")
+    return file_path(text)
+
+
 def _report(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
     covers, stream = _subject(args)
+    _outside_the_store(args.html, context)
     store = context.open_store(read_only=True)
     try:
         audit = keyed_audit(store, existing_ring(context), context)
@@ -420,7 +448,7 @@ def register(verbs: Verbs) -> None:
         handler=_report,
     )
     parser.add_argument(
-        "--html", type=file_path, metavar="OUT", required=True, help="the page to write"
+        "--html", type=_page_path, metavar="OUT", required=True, help="the page to write"
     )
     subject = parser.add_mutually_exclusive_group()
     subject.add_argument("--workflow", metavar="ID", help="only the stream workflow/ID")
