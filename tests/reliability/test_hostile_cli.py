@@ -426,6 +426,17 @@ def verbs(home: Home) -> st.SearchStrategy[list[str]]:
             json_flag,
         ),
         _verb(_words("demo", "--home"), demo_homes.map(lambda v: [v]), json_flag),
+        _verb(
+            _words("report", "--html"),
+            targets.map(lambda v: [v]),
+            st.one_of(
+                st.just([]),
+                ids.map(lambda v: ["--workflow", v]),
+                ids.map(lambda v: ["--run", v]),
+                ids.map(lambda v: ["--scope", v]),
+            ),
+            json_flag,
+        ),
     )
 
 
@@ -436,7 +447,7 @@ JUNK_TOKENS = (
     "--decision", "--yes", "--dry-run", "--older-than-days", "--backend", "memory", "-h",
     "keys", "add", "retire", "rotate-key", "--batch-size", "check-receipt", "--against",
     "--public-key", "signing-key", "--out", "compact", "accept-restore", "vouch",
-    "--head-hash", "recover", "--sign", "--check",
+    "--head-hash", "recover", "--sign", "--check", "report", "--html", "--workflow",
 )  # fmt: skip
 """Words the parser knows, shuffled into junk argv (never ``demo``, which would run in full)."""
 
