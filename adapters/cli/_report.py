@@ -120,21 +120,25 @@ def _events(store: SecureObjectStore, stream: str) -> Iterator[LedgerEvent | Unr
             try:
                 page = store.read_ledger(stream, from_index=next_index, limit=1)
             except IntegrityFailure:
-                if not _before_head(store, stream, next_index):
+                head = _head_index(store, stream)
+                if head is not None and next_index > head:
                     return
                 yield Unreadable(stream, next_index)
+                if head is None:
+                    return
                 next_index += 1
                 continue
         yield from page.events
         next_index = page.next_index
 
 
-def _before_head(store: SecureObjectStore, stream: str, index: int) -> bool:
+def _head_index(store: SecureObjectStore, stream: str) -> int | None:
+    """Return the head index of ``stream`` (-1 when empty); ``None`` if it does not decode."""
     try:
         head = store.ledger_head(stream)
     except IntegrityFailure:
-        return False
-    return head is not None and index < head.index
+        return None
+    return -1 if head is None else head.index
 
 
 def _timeline(store: SecureObjectStore, streams: list[str]) -> list[LedgerEvent | Unreadable]:

@@ -40,7 +40,7 @@ CANARIES = {
     "scope": "canary-scope-value-1a5c",
 }
 SCOPE = "ledger-main"
-EXTERNAL = re.compile(r"https?://|src\s*=|<link|@import|url\(|<script", re.IGNORECASE)
+EXTERNAL = re.compile(r"https?://|src\s*=|<link|@import|@font-face|url\(|<script", re.IGNORECASE)
 TIMELINE_ROW = re.compile(r'<tr class="event[ "]')
 BROWSER_TIMEOUT = 60.0
 
@@ -179,8 +179,16 @@ def test_the_page_loads_nothing_and_holds_no_plaintext(
     for name, canary in CANARIES.items():
         assert canary not in page, name
     assert len(TIMELINE_ROW.findall(page)) == events
-    assert "approval.decided" in page
-    assert 'class="receipt"' in page
+    times = re.findall(r'<tr class="event"><td>([^<]*)</td>', page)
+    assert times == sorted(times)
+    assert "<dt>chain MACs</dt><dd>checked under the store key</dd>" in page
+    decided = re.search(r'<tr class="event">(?:(?!</tr>).)*approval\.decided.*?</tr>', page)
+    assert decided is not None
+    digests = re.findall(r'<td class="digest">(sha256:[0-9a-f]{64})</td>', decided.group(0))
+    assert len(digests) == 2
+    receipts = re.findall(r'<tr class="receipt">.*?</tr>', page)
+    assert len(receipts) == 1
+    assert "<td>verified</td>" in receipts[0]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".report.html")] == []
 
 
@@ -304,3 +312,42 @@ def test_subjects_exclude_each_other(tmp_path: Path, store: tuple[Path, str, str
     )
     assert both.returncode == 2
     assert run_cli(tmp_path, "report", home=home).returncode == 2
+
+
+@pytest.mark.parametrize(
+    ("statement", "code", "undecodable"),
+    [
+        (
+            "UPDATE records SET payload = CAST(upper(hex(payload)) AS BLOB) "
+            "WHERE namespace = 'flowvault.workflows'",
+            "unreadable",
+            False,
+        ),
+        (
+            "UPDATE ledger_events SET payload = '{' WHERE stream LIKE 'workflow/%' AND idx = 1",
+            "edited",
+            True,
+        ),
+    ],
+    ids=["sealed-record", "undecodable-row"],
+)
+def test_other_damage_is_a_finding_in_the_browser(
+    tmp_path: Path, store: tuple[Path, str, str], statement: str, code: str, undecodable: bool
+) -> None:
+    """A sealed record that does not open, a ledger row that does not decode: shown as found."""
+    home, workflow_id, _ = store
+    with sqlite3.connect(_database(home)) as connection:
+        assert connection.execute(statement).rowcount == 1
+    connection.close()
+    out = tmp_path / "report.html"
+    result = _report(tmp_path, home, out, "--json")
+    assert result.returncode == 1
+    assert json_document(result)["verdict"] == "findings"
+    dom = _rendered(out, tmp_path)
+    findings = re.findall(r'<div class="finding">(.*?)</div>', dom)
+    assert len(findings) == 1
+    assert f'<span class="code">{code}</span>' in findings[0]
+    stream = f"workflow/{workflow_id}"
+    row = f'<tr class="event broken"><td>-</td><td class="stream">{stream}</td><td>1</td>'
+    assert (row in dom) is undecodable
+    assert len(TIMELINE_ROW.findall(dom)) == _rows(home)
