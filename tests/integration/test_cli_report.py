@@ -116,6 +116,13 @@ def _rows(home: Path, where: str = "1 = 1", *params: str) -> int:
     return int(count)
 
 
+def _distinct_streams(home: Path) -> int:
+    with sqlite3.connect(_database(home)) as connection:
+        (count,) = connection.execute("SELECT COUNT(DISTINCT stream) FROM ledger_events").fetchone()
+    connection.close()
+    return int(count)
+
+
 def _chromium() -> str | None:
     """Return the Chromium to render with; skip without one, except under ``CI=true``."""
     found = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -182,6 +189,11 @@ def test_the_page_loads_nothing_and_holds_no_plaintext(
     times = re.findall(r'<tr class="event"><td>([^<]*)</td>', page)
     assert times == sorted(times)
     assert "<dt>chain MACs</dt><dd>checked under the store key</dd>" in page
+    assert '<dd id="covers">the whole store</dd>' in page
+    assert re.search(r'<dd id="generated-at">\d{4}-\d\d-\d\dT[0-9:.]+Z</dd>', page)
+    streams = _distinct_streams(home)
+    assert f"<dt>streams verified</dt><dd>{streams}</dd>" in page
+    assert f"<dt>events verified</dt><dd>{events}</dd>" in page
     decided = re.search(r'<tr class="event">(?:(?!</tr>).)*approval\.decided.*?</tr>', page)
     assert decided is not None
     digests = re.findall(r'<td class="digest">(sha256:[0-9a-f]{64})</td>', decided.group(0))
@@ -301,6 +313,21 @@ def test_an_unknown_subject_writes_nothing(tmp_path: Path, store: tuple[Path, st
     assert result.returncode == 1
     assert json_document(result)["error"]["code"] == "NOT_FOUND"  # type: ignore[index]
     assert not out.exists()
+
+
+def test_a_missing_store_writes_nothing(tmp_path: Path) -> None:
+    """No store at the home: NOT_FOUND naming init, no page, no store created; --help documents."""
+    home, out = tmp_path / "no-home", tmp_path / "report.html"
+    result = _report(tmp_path, home, out)
+    assert result.returncode == 1
+    assert "NOT_FOUND" in result.stderr
+    assert "flowvault init" in result.stderr
+    assert not out.exists()
+    assert not home.exists()
+    helped = run_cli(tmp_path, "report", "--help")
+    assert helped.returncode == 0
+    for text in ("--html", "--workflow", "--run", "--scope", "--json", "exit codes"):
+        assert text in helped.stdout
 
 
 def test_subjects_exclude_each_other(tmp_path: Path, store: tuple[Path, str, str]) -> None:
