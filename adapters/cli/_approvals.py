@@ -242,7 +242,8 @@ def _signed_decision(document: str) -> tuple[str, bytes, str]:
             raw = b""
     if not (isinstance(statement, str) and isinstance(decider, str) and raw):
         raise InvalidInput(
-            "not a signed decision: expected one JSON line as 'approvals signed' prints it"
+            "not a signed decision: expected one JSON line as 'approvals signed' prints it",
+            fix="pass one line of 'flowvault approvals signed APPROVAL_ID' output unchanged",
         )
     return statement, raw, decider
 
@@ -290,14 +291,19 @@ def _signature(path: Path) -> bytes:
     try:
         content = path.read_bytes()[: 2 * SIGNATURE_FILE_LIMIT]
     except OSError as error:
-        raise InvalidInput(f"cannot read signature file {path}: {error.strerror}") from None
+        raise InvalidInput(
+            f"cannot read signature file {path}: {error.strerror}",
+            fix="check the --signature-file path and that this user can read it",
+        ) from None
     if len(content) == SIGNATURE_BYTES:
         return content
     try:
         return bytes.fromhex(content.decode("ascii").strip())
     except (UnicodeDecodeError, ValueError):
         raise InvalidInput(
-            f"signature file {path} holds neither 64 raw bytes nor hex text"
+            f"signature file {path} holds neither 64 raw bytes nor hex text",
+            fix="pass the file 'openssl pkeyutl -sign -rawin' wrote over the output of "
+            "'flowvault approvals statement', or its hex",
         ) from None
 
 
