@@ -31,6 +31,7 @@ from flowvault.adapters.crypto import load_public_key
 from flowvault.application import ApprovalService, ReceiptVerifier
 from flowvault.domain import (
     Approval,
+    ApprovalDecisionNotAllowed,
     ApprovalReceipt,
     ApprovalStatus,
     IntegrityFailure,
@@ -93,14 +94,55 @@ def _approval_detail(
         "decision_digest": receipt.decision,
         "actor_digest": receipt.actor,
         "receipt": receipt.digest,
+        "audience": approval.audience,
+        "allowed_decisions": list(approval.allowed_decisions),
+        "prompt_text": None,
+        "quorum": approval.quorum,
+        "rejection": approval.rejection.value if approval.quorum else None,
+        "decider_digests": list(approval.deciders),
+        "voter_digests": [vote.decider for vote in approval.votes],
     }
+
+
+PROMPT_NOT_STORED = "not stored (flowvault keeps only prompt_digest)"
+
+
+def approval_lines(title: str, fields: Fields) -> list[str]:
+    """Lines for a person: lists joined by commas, and why no prompt text is shown."""
+    shown: Fields = {}
+    for name, value in fields.items():
+        if isinstance(value, list):
+            shown[name] = ", ".join(str(item) for item in value) if value else None
+        elif name == "prompt_text" and value is None:
+            shown[name] = PROMPT_NOT_STORED
+        else:
+            shown[name] = value
+    return detail_lines(title, shown)
 
 
 def _show_approval(approvals: ApprovalService, approval: Approval, io: CommandIO) -> None:
     fields = _approval_detail(
         approval, approvals.approval_receipt(approval), approvals.status_of(approval)
     )
-    io.emit({"approval": fields}, detail_lines(f"approval {approval.approval_id}", fields))
+    io.emit({"approval": fields}, approval_lines(f"approval {approval.approval_id}", fields))
+
+
+def _naming_allowed(
+    approvals: ApprovalService, approval_id: str, decision: str, refused: ApprovalDecisionNotAllowed
+) -> ApprovalDecisionNotAllowed:
+    """Return the refusal with a fix naming the allowed decisions, when the decision was at fault.
+
+    The names go only to the operator's terminal in the fix, never into
+    the message a host might log.
+    """
+    allowed = approvals.get_approval(approval_id).allowed_decisions
+    if decision in allowed:
+        return refused
+    return ApprovalDecisionNotAllowed(
+        refused.message,
+        approval_id=approval_id,
+        fix="pass --decision as one of: " + ", ".join(allowed),
+    )
 
 
 def approvals_list_command(
@@ -127,7 +169,7 @@ def approvals_list_command(
 def approvals_show_command(
     approvals: ApprovalService | None, approval_id: str, io: CommandIO
 ) -> int:
-    """Show one approval: status, times, counts and digests; no audience, actor or decision."""
+    """Show one approval: what it asks of whom, its deadline and quorum; deciders as digests."""
     if approvals is None:
         raise cold_not_found("approval")
     _show_approval(approvals, approvals.get_approval(approval_id), io)
@@ -149,16 +191,21 @@ def approvals_decide_command(
         if not io.confirm(question):
             io.err.write("aborted: nothing was decided\n")
             return 1
-    decided, checkpoint = approvals.decide(
-        request.approval_id, request.decision, request.actor, signature=request.signature
-    )
+    try:
+        decided, checkpoint = approvals.decide(
+            request.approval_id, request.decision, request.actor, signature=request.signature
+        )
+    except ApprovalDecisionNotAllowed as refused:
+        raise _naming_allowed(approvals, request.approval_id, request.decision, refused) from None
     settled = decided.status is not ApprovalStatus.PENDING
     fields = {
         **_approval_detail(decided, approvals.approval_receipt(decided), decided.status),
         "resume_checkpoint_id": checkpoint.checkpoint_id if settled else None,
     }
     title = "decided" if settled else "vote recorded, waiting for the quorum"
-    io.emit({"approval": fields}, detail_lines(f"{title}: approval {decided.approval_id}", fields))
+    io.emit(
+        {"approval": fields}, approval_lines(f"{title}: approval {decided.approval_id}", fields)
+    )
     return 0
 
 
@@ -179,7 +226,11 @@ def approvals_statement_command(
     """Write the exact bytes a decider signs for ``decision``, no newline, to standard output."""
     if approvals is None:
         raise cold_not_found("approval")
-    io.out.write(approvals.decision_statement(approval_id, decision).decode("utf-8"))
+    try:
+        statement = approvals.decision_statement(approval_id, decision)
+    except ApprovalDecisionNotAllowed as refused:
+        raise _naming_allowed(approvals, approval_id, decision, refused) from None
+    io.out.write(statement.decode("utf-8"))
     return 0
 
 
@@ -358,9 +409,11 @@ def register(verbs: Verbs) -> None:
     show = add_verb(
         group,
         "show",
-        help="show one approval's status, times and digests",
-        description="Show one approval: status, times, the number of allowed decisions and "
-        "keyed digests. Never prints its audience, actor or decision in clear.",
+        help="show one approval: audience, allowed decisions, deadline, quorum and digests",
+        description="Show one approval: status, deadline, audience, allowed decisions, "
+        "quorum (required and votes so far), and keyed digests of its prompt and of who "
+        "decided. Never prints an actor or a decision in clear; the prompt text is not "
+        "stored, only its digest.",
         handler=_approvals_show,
     )
     show.add_argument("approval_id", help="the approval id")
