@@ -217,7 +217,10 @@ def test_the_worklist_across_runs_show_and_decide_name_what_to_do(tmp_path: Path
     assert first["next_cursor"] is not None
     assert sorted(_ids(_listed(tmp_path, home, "--limit", "1", "--all"))) == sorted([soon, later])
 
-    shown = run_cli(tmp_path, "approvals", "show", later, home=home)
+    sealed = run_cli(tmp_path, "approvals", "show", later, home=home)
+    assert "board" not in sealed.stdout
+    assert "  audience: sealed (--reveal prints it)" in sealed.stdout.splitlines()
+    shown = run_cli(tmp_path, "approvals", "show", later, "--reveal", home=home)
     assert shown.returncode == 0, shown.stderr
     for line in (
         "  audience: board",
@@ -229,7 +232,10 @@ def test_the_worklist_across_runs_show_and_decide_name_what_to_do(tmp_path: Path
         "  status: pending",
     ):
         assert line in shown.stdout.splitlines(), shown.stdout
-    detail = json_document(run_cli(tmp_path, "approvals", "show", later, "--json", home=home))
+    show = ("approvals", "show", later, "--json")
+    hidden = json_document(run_cli(tmp_path, *show, home=home))["approval"]  # type: ignore[index]
+    assert (hidden["audience"], hidden["allowed_decisions"]) == (None, None)
+    detail = json_document(run_cli(tmp_path, *show, "--reveal", home=home))
     fields = detail["approval"]  # type: ignore[index]
     assert fields["allowed_decisions"] == ["approve", "reject"]
     assert (fields["audience"], fields["prompt_text"], fields["quorum"]) == ("board", None, False)
@@ -239,13 +245,12 @@ def test_the_worklist_across_runs_show_and_decide_name_what_to_do(tmp_path: Path
     maybe = run_cli(tmp_path, *decide, "--decision", "maybe", home=home)
     assert maybe.returncode == 1
     assert maybe.stderr.startswith("error: APPROVAL_DECISION_NOT_ALLOWED: ")
-    assert "  fix: pass --decision as one of: approve, reject" in maybe.stderr.splitlines()
-    maybe_json = json_document(
-        run_cli(tmp_path, *decide, "--decision", "maybe", "--json", home=home)
-    )
-    assert maybe_json["error"]["fix"] == "pass --decision as one of: approve, reject"  # type: ignore[index]
+    assert "  fix: pass --decision as one of the 2 allowed decisions" in maybe.stderr
+    assert "approve" not in maybe.stderr
+    named = run_cli(tmp_path, *decide, "--decision", "maybe", "--reveal", "--json", home=home)
+    assert json_document(named)["error"]["fix"] == "pass --decision as one of: approve, reject"  # type: ignore[index]
     unsigned = run_cli(tmp_path, "approvals", "statement", later, "--decision", "maybe", home=home)
-    assert "fix: pass --decision as one of: approve, reject" in unsigned.stderr
+    assert "fix: pass --decision as one of the 2 allowed decisions" in unsigned.stderr
     assert run_cli(tmp_path, *decide, "--decision", "approve", home=home).returncode == 0
     again = run_cli(tmp_path, *decide[:-3], "--actor", "someone-else", "--yes",
                     "--decision", "reject", home=home)  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 from flowvault import domain
 from flowvault.adapters.cli._io import FIXES, CommandIO
@@ -47,3 +48,10 @@ def test_an_error_prints_its_code_fix_unless_it_carries_its_own() -> None:
     err = io.StringIO()
     CommandIO(out=io.StringIO(), err=err).fail(IntegrityFailure("bad", fix="do this"))
     assert err.getvalue().splitlines()[1] == "  fix: do this"
+
+
+def test_the_cli_reference_lists_every_fix() -> None:
+    """docs/cli.md's table shows each code with the very line the CLI prints."""
+    text = (Path(__file__).parents[2] / "docs" / "cli.md").read_text(encoding="utf-8")
+    for code, fix in FIXES.items():
+        assert f"| `{code}` | {fix} |" in text, code
