@@ -148,6 +148,10 @@ UNSIGNED_FIX = (
 """The remedy for an unsigned receipt checked with a public key: nothing was tampered with."""
 
 
+FORGED_FIX = "get the receipt again from whoever issued it: this copy changed after signing"
+"""The remedy for a receipt whose signature fails: the copy, not the store, is at fault."""
+
+
 def authenticate(receipt: HeadReceipt, verifier: ReceiptVerifier) -> None:
     """Return if one of ``verifier``'s lines signs the receipt; else ``IntegrityFailure``.
 
@@ -175,6 +179,7 @@ def authenticate(receipt: HeadReceipt, verifier: ReceiptVerifier) -> None:
             f"the receipt's {verifier.name} line does not verify: the receipt was altered "
             "or forged",
             signer=verifier.name,
+            fix=FORGED_FIX,
         )
 
 
@@ -222,6 +227,7 @@ def authenticate_terminal(receipt: TerminalReceipt, verifier: ReceiptVerifier) -
             f"the terminal receipt's {verifier.name} signature does not verify: the receipt "
             "was altered or forged",
             signer=verifier.name,
+            fix=FORGED_FIX,
         )
 
 
