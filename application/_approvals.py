@@ -78,7 +78,8 @@ def _check_actor(actor: object) -> str:
         or not _encodes(actor)
     ):
         raise InvalidInput(
-            f"actor must be printable text of 1..{MAX_ACTOR} characters (a decider's name)"
+            f"actor must be printable text of 1..{MAX_ACTOR} characters (a decider's name)",
+            fix=f"pass --actor as the decider's name, 1 to {MAX_ACTOR} printable characters",
         )
     return actor
 

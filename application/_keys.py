@@ -255,6 +255,13 @@ def resolve_master_key(
     return key_store.create(new_key())
 
 
+WRONG_KEY_FIX = (
+    "use the key this store was sealed with: check FLOWVAULT_KEY or the key file (the data "
+    "is not damaged, so do not reset or delete anything)"
+)
+"""The remedy for a key that opens none of a store's records: a key question, not tampering."""
+
+
 def check_key_matches(key_id_counts: Mapping[str, int], key_ids: frozenset[str]) -> None:
     """Refuse a key under which none of a non-empty store's records were sealed.
 
@@ -268,4 +275,5 @@ def check_key_matches(key_id_counts: Mapping[str, int], key_ids: frozenset[str])
             + ", ".join(sorted(in_use))
             + "; the key given has id(s) "
             + ", ".join(sorted(key_ids)),
+            fix=WRONG_KEY_FIX,
         )

@@ -158,6 +158,9 @@ def parse_mark(content: bytes, digester: KeyedDigester, location: str) -> HighWa
             f"the high-water mark at {location} does not verify under the store key: it was "
             "edited, or belongs to a store under another key",
             location=location,
+            fix="check that FLOWVAULT_KEY or the key file is this store's key (a wrong key "
+            "damages nothing); only if it is, treat the mark as edited and restore it from a "
+            "backup",
         )
     return head[0]
 

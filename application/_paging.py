@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from flowvault.application._cursor import effective_limit
+from flowvault.application._cursor import CURSOR_FIX, effective_limit
 from flowvault.application._records import LabelFilter, Order, RecordMetadata
 from flowvault.application.ports import SecureObjectStore
 from flowvault.domain import IntegrityFailure, InvalidInput, JsonValue, content_hash
@@ -62,12 +62,14 @@ class PageScope:
         if cursor is None:
             return None
         if not isinstance(cursor, str):
-            raise InvalidInput("malformed list cursor")
+            raise InvalidInput("malformed list cursor", fix=CURSOR_FIX)
         tag, dot, position = cursor.partition(".")
         if not dot or not position:
-            raise InvalidInput("malformed list cursor")
+            raise InvalidInput("malformed list cursor", fix=CURSOR_FIX)
         if tag != self._tag:
-            raise InvalidInput("list cursor was issued for another listing or other filters")
+            raise InvalidInput(
+                "list cursor was issued for another listing or other filters", fix=CURSOR_FIX
+            )
         return position
 
     def index(self, cursor: str | None) -> int:
@@ -76,7 +78,7 @@ class PageScope:
         if position is None:
             return 0
         if not (position.isascii() and position.isdigit()) or len(position) > _INDEX_DIGITS:
-            raise InvalidInput("malformed list cursor")
+            raise InvalidInput("malformed list cursor", fix=CURSOR_FIX)
         return int(position)
 
 

@@ -141,17 +141,37 @@ def _sign(signer: ReceiptSigner, body: bytes) -> ReceiptSignature:
     return ReceiptSignature(signer.name, signer.hint, signer.sign(body))
 
 
+UNSIGNED_FIX = (
+    "check it without --public-key (its MAC line, with the store key), or issue a signed "
+    "receipt with FLOWVAULT_SIGNING_KEY_FILE set"
+)
+"""The remedy for an unsigned receipt checked with a public key: nothing was tampered with."""
+
+
+FORGED_FIX = "get the receipt again from whoever issued it: this copy changed after signing"
+"""The remedy for a receipt whose signature fails: the copy, not the store, is at fault."""
+
+
 def authenticate(receipt: HeadReceipt, verifier: ReceiptVerifier) -> None:
     """Return if one of ``verifier``'s lines signs the receipt; else ``IntegrityFailure``.
 
     Lines by other keys are ignored, so a receipt signed by several parties
     can be checked by any one of them.
     """
+    if not any(line.name == verifier.name for line in receipt.signatures):
+        raise IntegrityFailure(
+            f"the receipt carries no {verifier.name} signature: it was issued without a "
+            "signing key",
+            signer=verifier.name,
+            fix=UNSIGNED_FIX,
+        )
     lines = receipt.signed_by(verifier.name, verifier.hint)
     if not lines:
         raise IntegrityFailure(
             f"the receipt carries no {verifier.name} line for this key: it was not issued under it",
             signer=verifier.name,
+            fix="check it with the public key of the signing key that issued it, or without "
+            "--public-key (its MAC, with the store key)",
         )
     body = receipt.note.body().encode("utf-8")
     if not any(verifier.verify(body, line.value) for line in lines):
@@ -159,6 +179,7 @@ def authenticate(receipt: HeadReceipt, verifier: ReceiptVerifier) -> None:
             f"the receipt's {verifier.name} line does not verify: the receipt was altered "
             "or forged",
             signer=verifier.name,
+            fix=FORGED_FIX,
         )
 
 
@@ -190,12 +211,14 @@ def authenticate_terminal(receipt: TerminalReceipt, verifier: ReceiptVerifier) -
             "the terminal receipt carries no Ed25519 signature: it was issued without a "
             "signing key",
             signer=verifier.name,
+            fix=UNSIGNED_FIX,
         )
     if receipt.signer_hint != verifier.hint.hex():
         raise IntegrityFailure(
             f"the terminal receipt carries no {verifier.name} signature for this key: it "
             "was not issued under it",
             signer=verifier.name,
+            fix="check it with the public key of the signing key that issued it",
         )
     raw = base64.b64decode(receipt.ed25519_signature)
     canonical = base64.b64encode(raw).decode("ascii") == receipt.ed25519_signature
@@ -204,6 +227,7 @@ def authenticate_terminal(receipt: TerminalReceipt, verifier: ReceiptVerifier) -
             f"the terminal receipt's {verifier.name} signature does not verify: the receipt "
             "was altered or forged",
             signer=verifier.name,
+            fix=FORGED_FIX,
         )
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from flowvault.application._backoff import LOST, Lost, ledger_head_moved, settle
+from flowvault.application._cursor import LIMIT_FIX
 from flowvault.application._definitions import (
     DefinitionRegistry,
     check_definition_id,
@@ -806,7 +807,7 @@ class RunService:
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:
             raise InvalidInput("cursor must be a non-negative event index")
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidInput("limit must be a positive integer")
+            raise InvalidInput("limit must be a positive integer", fix=LIMIT_FIX)
         stream = run_stream(run_id)
         page = verified_page(
             self._store, stream, self._repo, from_index=start, limit=min(limit, RUN_EVENT_PAGE)

@@ -47,7 +47,8 @@ def check_run_id(run_id: str) -> str:
     """Return ``run_id`` if it follows the run id grammar, else raise ``InvalidInput``."""
     if not isinstance(run_id, str) or not RUN_ID_PATTERN.fullmatch(run_id) or ".." in run_id:
         raise InvalidInput(
-            "a run id is 3-128 of [A-Za-z0-9._-], starts alphanumeric and has no '..'"
+            "a run id is 3-128 of [A-Za-z0-9._-], starts alphanumeric and has no '..'",
+            fix="pass a run id as 'flowvault runs list' prints it",
         )
     return run_id
 

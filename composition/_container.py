@@ -92,7 +92,8 @@ def open_postgres(settings: Settings, create: bool = False) -> SecureObjectStore
         )
     except ImportError:
         raise StoreUnavailable(
-            "the postgres backend needs the postgres extra: pip install 'flowvault[postgres]'"
+            "the postgres backend needs the postgres extra (psycopg is not installed)",
+            fix="pip install 'flowvault[postgres]'",
         ) from None
     try:
         return PostgresSecureObjectStore.open(

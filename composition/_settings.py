@@ -44,7 +44,8 @@ def postgres_mark_name(dsn: str, schema: str) -> str:
         from flowvault.adapters.postgres._connect import server_target  # noqa: PLC0415
     except ImportError:
         raise StoreUnavailable(
-            "the postgres backend needs the postgres extra: pip install 'flowvault[postgres]'"
+            "the postgres backend needs the postgres extra (psycopg is not installed)",
+            fix="pip install 'flowvault[postgres]'",
         ) from None
     identity = "\x00".join(("postgres", *server_target(dsn), schema))
     return f"postgres-{hashlib.sha256(identity.encode()).hexdigest()[:24]}.high-water"
@@ -194,5 +195,7 @@ class Settings(ValueModel):
             unknown = set(values) - set(cls.model_fields)
             fields = sorted(refused | unknown) or ["seal_warn_at"]
             raise InvalidInput(
-                "invalid flowvault settings: " + ", ".join(ENV_PREFIX + f.upper() for f in fields)
+                "invalid flowvault settings: " + ", ".join(ENV_PREFIX + f.upper() for f in fields),
+                fix="correct or unset the variables named; the Settings table of "
+                "docs/operations.md lists each one and its values",
             ) from None

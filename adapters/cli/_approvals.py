@@ -31,6 +31,7 @@ from flowvault.adapters.crypto import load_public_key
 from flowvault.application import ApprovalService, ReceiptVerifier
 from flowvault.domain import (
     Approval,
+    ApprovalDecisionNotAllowed,
     ApprovalReceipt,
     ApprovalStatus,
     IntegrityFailure,
@@ -47,6 +48,7 @@ class DecideRequest:
     actor: str
     yes: bool
     signature: bytes | None = None
+    reveal: bool = False
 
 
 APPROVAL_COLUMNS = (
@@ -76,7 +78,7 @@ def _approval_list_row(approval: Approval, status: ApprovalStatus) -> Fields:
 
 
 def _approval_detail(
-    approval: Approval, receipt: ApprovalReceipt, status: ApprovalStatus
+    approval: Approval, receipt: ApprovalReceipt, status: ApprovalStatus, *, reveal: bool
 ) -> Fields:
     return {
         **_approval_row(approval, status),
@@ -93,14 +95,70 @@ def _approval_detail(
         "decision_digest": receipt.decision,
         "actor_digest": receipt.actor,
         "receipt": receipt.digest,
+        "audience": approval.audience if reveal else None,
+        "allowed_decisions": list(approval.allowed_decisions) if reveal else None,
+        "prompt_text": None,
+        "quorum": approval.quorum,
+        "rejection": approval.rejection.value if approval.quorum else None,
+        "decider_digests": list(approval.deciders),
+        "voter_digests": [vote.decider for vote in approval.votes],
     }
 
 
-def _show_approval(approvals: ApprovalService, approval: Approval, io: CommandIO) -> None:
+PROMPT_NOT_STORED = "not stored (flowvault keeps only prompt_digest)"
+SEALED = "sealed (--reveal prints it)"
+REVEALED = ("audience", "allowed_decisions")
+"""Fields printed in clear only on ``--reveal``: the store keeps them sealed."""
+
+
+def approval_lines(title: str, fields: Fields) -> list[str]:
+    """Lines for a person: lists joined by commas, and why a field shows no text."""
+    shown: Fields = {}
+    for name, value in fields.items():
+        if name in REVEALED and value is None:
+            shown[name] = SEALED
+        elif name == "prompt_text" and value is None:
+            shown[name] = PROMPT_NOT_STORED
+        elif isinstance(value, list):
+            shown[name] = ", ".join(str(item) for item in value) if value else None
+        else:
+            shown[name] = value
+    return detail_lines(title, shown)
+
+
+def _show_approval(
+    approvals: ApprovalService, approval: Approval, io: CommandIO, *, reveal: bool
+) -> None:
     fields = _approval_detail(
-        approval, approvals.approval_receipt(approval), approvals.status_of(approval)
+        approval, approvals.approval_receipt(approval), approvals.status_of(approval), reveal=reveal
     )
-    io.emit({"approval": fields}, detail_lines(f"approval {approval.approval_id}", fields))
+    io.emit({"approval": fields}, approval_lines(f"approval {approval.approval_id}", fields))
+
+
+def _naming_allowed(
+    approvals: ApprovalService,
+    approval_id: str,
+    decision: str,
+    refused: ApprovalDecisionNotAllowed,
+    *,
+    reveal: bool,
+) -> ApprovalDecisionNotAllowed:
+    """Return the refusal with a fix about the allowed decisions, when the decision was at fault.
+
+    The decisions are sealed, so the fix names them only on ``--reveal``
+    (and only in the fix, never in the message a host might log); else it
+    says how many there are and how to see them.
+    """
+    allowed = approvals.get_approval(approval_id).allowed_decisions
+    if decision in allowed:
+        return refused
+    fix = (
+        "pass --decision as one of: " + ", ".join(allowed)
+        if reveal
+        else f"pass --decision as one of the {len(allowed)} allowed decisions; add --reveal "
+        "to have them named here"
+    )
+    return ApprovalDecisionNotAllowed(refused.message, approval_id=approval_id, fix=fix)
 
 
 def approvals_list_command(
@@ -125,12 +183,12 @@ def approvals_list_command(
 
 
 def approvals_show_command(
-    approvals: ApprovalService | None, approval_id: str, io: CommandIO
+    approvals: ApprovalService | None, approval_id: str, io: CommandIO, *, reveal: bool = False
 ) -> int:
-    """Show one approval: status, times, counts and digests; no audience, actor or decision."""
+    """Show one approval: what it asks of whom, its deadline and quorum; deciders as digests."""
     if approvals is None:
         raise cold_not_found("approval")
-    _show_approval(approvals, approvals.get_approval(approval_id), io)
+    _show_approval(approvals, approvals.get_approval(approval_id), io, reveal=reveal)
     return 0
 
 
@@ -149,16 +207,25 @@ def approvals_decide_command(
         if not io.confirm(question):
             io.err.write("aborted: nothing was decided\n")
             return 1
-    decided, checkpoint = approvals.decide(
-        request.approval_id, request.decision, request.actor, signature=request.signature
-    )
+    try:
+        decided, checkpoint = approvals.decide(
+            request.approval_id, request.decision, request.actor, signature=request.signature
+        )
+    except ApprovalDecisionNotAllowed as refused:
+        raise _naming_allowed(
+            approvals, request.approval_id, request.decision, refused, reveal=request.reveal
+        ) from None
     settled = decided.status is not ApprovalStatus.PENDING
     fields = {
-        **_approval_detail(decided, approvals.approval_receipt(decided), decided.status),
+        **_approval_detail(
+            decided, approvals.approval_receipt(decided), decided.status, reveal=request.reveal
+        ),
         "resume_checkpoint_id": checkpoint.checkpoint_id if settled else None,
     }
     title = "decided" if settled else "vote recorded, waiting for the quorum"
-    io.emit({"approval": fields}, detail_lines(f"{title}: approval {decided.approval_id}", fields))
+    io.emit(
+        {"approval": fields}, approval_lines(f"{title}: approval {decided.approval_id}", fields)
+    )
     return 0
 
 
@@ -179,7 +246,11 @@ def approvals_statement_command(
     """Write the exact bytes a decider signs for ``decision``, no newline, to standard output."""
     if approvals is None:
         raise cold_not_found("approval")
-    io.out.write(approvals.decision_statement(approval_id, decision).decode("utf-8"))
+    try:
+        statement = approvals.decision_statement(approval_id, decision)
+    except ApprovalDecisionNotAllowed as refused:
+        raise _naming_allowed(approvals, approval_id, decision, refused, reveal=False) from None
+    io.out.write(statement.decode("utf-8"))
     return 0
 
 
@@ -242,7 +313,8 @@ def _signed_decision(document: str) -> tuple[str, bytes, str]:
             raw = b""
     if not (isinstance(statement, str) and isinstance(decider, str) and raw):
         raise InvalidInput(
-            "not a signed decision: expected one JSON line as 'approvals signed' prints it"
+            "not a signed decision: expected one JSON line as 'approvals signed' prints it",
+            fix="pass one line of 'flowvault approvals signed APPROVAL_ID' output unchanged",
         )
     return statement, raw, decider
 
@@ -268,7 +340,9 @@ def _approvals_list(args: argparse.Namespace, context: CliContext, io: CommandIO
 
 def _approvals_show(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
     return with_service(
-        context, _approvals, lambda found: approvals_show_command(found, args.approval_id, io)
+        context,
+        _approvals,
+        lambda found: approvals_show_command(found, args.approval_id, io, reveal=args.reveal),
     )
 
 
@@ -279,6 +353,7 @@ def _approvals_decide(args: argparse.Namespace, context: CliContext, io: Command
         actor=args.actor,
         yes=args.yes,
         signature=None if args.signature_file is None else _signature(args.signature_file),
+        reveal=args.reveal,
     )
     return with_service(
         context, _approvals, lambda found: approvals_decide_command(found, request, io)
@@ -290,14 +365,19 @@ def _signature(path: Path) -> bytes:
     try:
         content = path.read_bytes()[: 2 * SIGNATURE_FILE_LIMIT]
     except OSError as error:
-        raise InvalidInput(f"cannot read signature file {path}: {error.strerror}") from None
+        raise InvalidInput(
+            f"cannot read signature file {path}: {error.strerror}",
+            fix="check the --signature-file path and that this user can read it",
+        ) from None
     if len(content) == SIGNATURE_BYTES:
         return content
     try:
         return bytes.fromhex(content.decode("ascii").strip())
     except (UnicodeDecodeError, ValueError):
         raise InvalidInput(
-            f"signature file {path} holds neither 64 raw bytes nor hex text"
+            f"signature file {path} holds neither 64 raw bytes nor hex text",
+            fix="pass the file 'openssl pkeyutl -sign -rawin' wrote over the output of "
+            "'flowvault approvals statement', or its hex",
         ) from None
 
 
@@ -335,6 +415,12 @@ def _approvals_verify_decision(args: argparse.Namespace, context: CliContext, io
     return verify_decision_command(document, load_public_key(args.public_key), io)
 
 
+REVEAL_HELP = (
+    "print the sealed audience and allowed decisions in clear (and name the allowed "
+    "decisions when one is refused); never an actor or a decision"
+)
+
+
 def register(verbs: Verbs) -> None:
     group = verb_group(verbs, "approvals", verb_help("approvals"))
     statuses = [status.value for status in ApprovalStatus]
@@ -352,12 +438,16 @@ def register(verbs: Verbs) -> None:
     show = add_verb(
         group,
         "show",
-        help="show one approval's status, times and digests",
-        description="Show one approval: status, times, the number of allowed decisions and "
-        "keyed digests. Never prints its audience, actor or decision in clear.",
+        help="show one approval: deadline, quorum, digests; --reveal adds audience and decisions",
+        description="Show one approval: status, deadline, quorum (required and votes so "
+        "far), and keyed digests of its prompt, audience, allowed decisions and who decided. "
+        "With --reveal it also prints the audience and the allowed decisions in clear. "
+        "Never prints an actor or a decision in clear; the prompt text is not stored, only "
+        "its digest.",
         handler=_approvals_show,
     )
     show.add_argument("approval_id", help="the approval id")
+    show.add_argument("--reveal", action="store_true", help=REVEAL_HELP)
     decide = add_verb(
         group,
         "decide",
@@ -372,6 +462,7 @@ def register(verbs: Verbs) -> None:
     decide.add_argument("--decision", required=True, help="one of the allowed decisions")
     decide.add_argument("--actor", required=True, help="who decides (stored sealed, shown keyed)")
     decide.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    decide.add_argument("--reveal", action="store_true", help=REVEAL_HELP)
     decide.add_argument(
         "--signature-file",
         type=file_path,

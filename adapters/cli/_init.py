@@ -79,8 +79,8 @@ def _init_sqlite(context: CliContext) -> InitReport:
     settings = context.settings
     if os.path.lexists(settings.database_path):
         raise InvalidInput(
-            f"a store already exists at {settings.database_path}: init never overwrites one; "
-            "inspect it with 'flowvault status' or choose another --home"
+            f"a store already exists at {settings.database_path}: init never overwrites one",
+            fix="use the store that is there (see 'flowvault status'), or choose another --home",
         )
     key_file = settings.key_path
     key_existed = os.path.lexists(key_file)

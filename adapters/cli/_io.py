@@ -41,28 +41,56 @@ def fields_document(item: DataclassInstance) -> dict[str, object]:
 
 
 FIXES: dict[str, str] = {
-    "KEY_REQUIRED": "set FLOWVAULT_KEY or restore the key file named above",
-    "INTEGRITY_FAILURE": "the data does not verify: restore a backup or reset the damaged state",
-    "INSECURE_PERMISSIONS": "run the chmod named above (or allow it in the settings)",
-    "STORE_BUSY": "another process holds the store; retry, or raise FLOWVAULT_BUSY_TIMEOUT",
-    "STORE_UNAVAILABLE": "check FLOWVAULT_HOME / FLOWVAULT_POSTGRES_DSN and that the store exists",
-    "SCHEMA_TOO_NEW": "upgrade flowvault: a newer version wrote this store",
-    "NOT_FOUND": "check the id; list what exists with the matching 'list' verb",
-    "INVALID_INPUT": "correct what the message names (see --help for the arguments)",
+    "FLOWVAULT_ERROR": "rerun with --debug and report the message: no more specific code applies",
+    "INVALID_INPUT": "correct the argument the message names (see the verb's --help)",
+    "PAYLOAD_TOO_LARGE": "send less: split the payload or document below the limit named above",
+    "INVALID_DEFINITION": "fix the workflow definition the message names, then register it again",
+    "INVALID_TRANSITION": "check the current status ('flowvault runs show'); this move is not "
+    "allowed from it",
     "REVISION_CONFLICT": "someone changed it meanwhile; reload and retry",
     "RUN_FENCED": "another host holds this run or took it over; stop working on it",
-    "KEY_EXHAUSTED": "run 'flowvault keys add', then 'flowvault rotate-key'",
-    "STORE_NOT_EMPTY": "give --to a new SQLite home or an unused PostgreSQL schema",
-    "DECISION_SIGNATURE_INVALID": (
-        "sign the output of 'flowvault approvals statement' with the actor's registered key "
-        "and pass it with --signature-file"
+    "NOT_FOUND": "check the id; list what exists with the matching 'list' verb",
+    "IDEMPOTENCY_CONFLICT": "use a new idempotency key: this one was used for different content",
+    "INTEGRITY_FAILURE": (
+        "check that FLOWVAULT_KEY or the key file is the key this store was sealed with; if it "
+        "is, treat this as tampering and restore from a backup"
     ),
+    "STORE_BUSY": "another process holds the store; retry, or raise FLOWVAULT_BUSY_TIMEOUT",
+    "STORE_UNAVAILABLE": "check FLOWVAULT_HOME / FLOWVAULT_POSTGRES_DSN and that the store exists",
+    "KEY_REQUIRED": "set FLOWVAULT_KEY or restore the key file named above",
+    "KEY_EXHAUSTED": "run 'flowvault keys add', then 'flowvault rotate-key'",
     "STORE_ROLLED_BACK": (
         "put the newest copy of the database back; if this older copy was restored on "
         "purpose, run 'flowvault accept-restore'"
     ),
+    "STORE_NOT_EMPTY": "give --to a new SQLite home or an unused PostgreSQL schema",
+    "INSECURE_PERMISSIONS": "run the chmod named above (or allow it in the settings)",
+    "SCHEMA_TOO_NEW": "upgrade flowvault: a newer version wrote this store",
+    "NOT_BOUND": "wrap the host's lifetime in flowvault.composition.bind(bootstrap(...))",
+    "DEFINITION_REFERENCED": "pass overwrite=True to replace it; keep a definition runs "
+    "still reference",
+    "CHECKPOINT_INTEGRITY_FAILURE": (
+        "do not resume from this checkpoint: check the store key, then treat it as tampering "
+        "and restore from a backup"
+    ),
+    "CHECKPOINT_CONSUMED": "a checkpoint resumes once: see what consumed it with "
+    "'flowvault approvals list --run RUN_ID', and pause again with a new checkpoint",
+    "INTEGRITY_KEY_REQUIRED": "build the service with the store's integrity key "
+    "(bootstrap() wires it)",
+    "APPROVAL_REQUEST_CONFLICT": "decide or let expire the pending approval for this checkpoint "
+    "and audience ('flowvault approvals list --status pending')",
+    "APPROVAL_EXPIRED": "the deadline passed and the expiry is recorded: ask again with a new "
+    "checkpoint and a later deadline (on a new run if this one failed)",
+    "APPROVAL_DECISION_NOT_ALLOWED": "pass one of the allowed decisions that "
+    "'flowvault approvals show APPROVAL_ID' lists",
+    "APPROVAL_ALREADY_DECIDED": "nothing to do: 'flowvault approvals show APPROVAL_ID' prints "
+    "its status and who decided (as a digest)",
+    "DECISION_SIGNATURE_INVALID": (
+        "sign the output of 'flowvault approvals statement' with the actor's registered key "
+        "and pass it with --signature-file"
+    ),
 }
-"""One-line fixes printed under an error, by code; other codes print none."""
+"""One-line fixes printed under an error, by code: every code has its own."""
 
 
 @dataclass(slots=True)

@@ -159,12 +159,24 @@ def _ring_store(context: CliContext) -> KeyRingStore:
     """Return where the ring is kept, refusing configurations whose key cannot change."""
     settings = context.settings
     if settings.key is not None:
+        if settings.backend == "postgres" and settings.key_file is None:
+            move = (
+                f"write the key to a private file (mode 0600), set FLOWVAULT_KEY_FILE to it "
+                f"on every host, unset {KEY_ENV} and run this again"
+            )
+        else:
+            move = (
+                f"write the key to {settings.key_path} (mode 0600), unset {KEY_ENV} and run "
+                "this again"
+            )
         raise InvalidInput(
-            f"{KEY_ENV} holds a single key, and rotation keeps a ring in the key file: write "
-            f"the key to {settings.key_path} (mode 0600), unset {KEY_ENV} and run this again"
+            f"{KEY_ENV} holds a single key, and rotation keeps a ring in a key file", fix=move
         )
     if settings.backend == "memory":
-        raise InvalidInput("the memory backend keeps no keys to rotate")
+        raise InvalidInput(
+            "the memory backend keeps no keys to rotate",
+            fix="rotate keys on the SQLite or PostgreSQL store that holds the data",
+        )
     return context.key_file()
 
 
@@ -220,9 +232,15 @@ def _keys_retire(args: argparse.Namespace, context: CliContext, io: CommandIO) -
         ring = _current_ring(context)
         by_id = {key_id_of(key): key for key in ring.keys}
         if args.key_id not in by_id:
-            raise InvalidInput(f"no key with id {args.key_id!r} in the ring: see 'keys list'")
+            raise InvalidInput(
+                f"no key with id {args.key_id!r} in the ring",
+                fix="pass a key id 'flowvault keys list' prints",
+            )
         if by_id[args.key_id] == ring.primary:
-            raise InvalidInput("the primary key cannot be retired: add a new key first")
+            raise InvalidInput(
+                "the primary key cannot be retired",
+                fix="run 'flowvault keys add' and 'flowvault rotate-key' first, then retire it",
+            )
         stats = services.capabilities.stats
         in_use = 0 if stats is None else stats.key_id_counts().get(args.key_id, 0)
         if in_use:

@@ -26,7 +26,11 @@ def read_text_file(path: str, stdin: TextIO, what: str = "receipt") -> str:
             with Path(path).open("rb") as file:
                 content = file.read(MAX_RECEIPT_BYTES + 1)
     except OSError as error:
-        raise InvalidInput(f"cannot read {what} {path}: {error.strerror}", path=path) from None
+        raise InvalidInput(
+            f"cannot read {what} {path}: {error.strerror}",
+            path=path,
+            fix=f"check the {what} path and that this user can read it ('-' reads stdin)",
+        ) from None
     except ValueError:
         raise InvalidInput(f"a {what} path must not contain a NUL byte") from None
     if len(content) > MAX_RECEIPT_BYTES:

@@ -185,7 +185,10 @@ class AesGcmCipher:
         key = self._ring.get(key_id)
         if key is None:
             raise IntegrityFailure(
-                f"sealed value names key {key_id}, which is not in the ring", key_id=key_id
+                f"sealed value names key {key_id}, which is not in the ring",
+                key_id=key_id,
+                fix="use the key ring this record was sealed with: check FLOWVAULT_KEY or the "
+                "key file; if the key is right, treat it as tampering and restore from a backup",
             )
         try:
             return key.decrypt(nonce, ciphertext, header + associated_data)

@@ -112,7 +112,11 @@ class Ed25519DecisionSignatures:
             except (ValueError, TypeError, UnsupportedAlgorithm):
                 key = None
         if not isinstance(key, Ed25519PublicKey):
-            raise InvalidInput("a decider's key must be a PEM Ed25519 public key")
+            raise InvalidInput(
+                "a decider's key must be a PEM Ed25519 public key",
+                fix="register the decider's public key file (PEM Ed25519), such as the .pub "
+                "file 'flowvault keys signing-key' writes",
+            )
         return _raw_public(key)
 
     def verify(self, public_key: bytes, message: bytes, signature: bytes) -> bool:
@@ -218,7 +222,10 @@ def load_public_key(path: Path) -> Ed25519ReceiptVerifier:
             key = None
     if not isinstance(key, Ed25519PublicKey):
         raise InvalidInput(
-            f"public key file {path} does not hold a PEM Ed25519 public key", path=str(path)
+            f"public key file {path} does not hold a PEM Ed25519 public key",
+            path=str(path),
+            fix="pass the .pub file written beside the signing key, not the private key or "
+            "another file",
         )
     return Ed25519ReceiptVerifier(key)
 

@@ -188,3 +188,80 @@ def test_cold_root_creates_nothing(tmp_path: Path, verb: list[str]) -> None:
     home = tmp_path / "cold"
     run_cli(tmp_path, "approvals", *verb, home=home)
     assert not home.exists()
+
+
+def _listed(tmp_path: Path, home: Path, *args: str) -> dict[str, object]:
+    result = run_cli(tmp_path, "approvals", "list", *args, "--json", home=home)
+    assert result.returncode == 0, result.stderr
+    document = json_document(result)
+    assert isinstance(document, dict)
+    return document
+
+
+def _ids(document: dict[str, object]) -> list[str]:
+    rows = document["approvals"]
+    assert isinstance(rows, list)
+    return [row["approval_id"] for row in rows]
+
+
+def test_the_worklist_across_runs_show_and_decide_name_what_to_do(tmp_path: Path) -> None:
+    """No --run lists every run's approvals by status as of now; show and refusals guide."""
+    home = tmp_path / "home"
+    deadline = time.monotonic() + 4
+    soon_run, soon = _paused(home, expires_in=timedelta(seconds=4))
+    later_run, later = _paused(home, expires_in=timedelta(hours=1))
+    assert soon_run != later_run
+    assert sorted(_ids(_listed(tmp_path, home))) == sorted([soon, later])
+    first = _listed(tmp_path, home, "--limit", "1")
+    assert len(_ids(first)) == 1
+    assert first["next_cursor"] is not None
+    assert sorted(_ids(_listed(tmp_path, home, "--limit", "1", "--all"))) == sorted([soon, later])
+
+    sealed = run_cli(tmp_path, "approvals", "show", later, home=home)
+    assert "board" not in sealed.stdout
+    assert "  audience: sealed (--reveal prints it)" in sealed.stdout.splitlines()
+    shown = run_cli(tmp_path, "approvals", "show", later, "--reveal", home=home)
+    assert shown.returncode == 0, shown.stderr
+    for line in (
+        "  audience: board",
+        "  allowed_decisions: approve, reject",
+        "  prompt_text: not stored (flowvault keeps only prompt_digest)",
+        f"  prompt_digest: {content_hash('Send?')}",
+        "  required: 1",
+        "  vote_count: 0",
+        "  status: pending",
+    ):
+        assert line in shown.stdout.splitlines(), shown.stdout
+    show = ("approvals", "show", later, "--json")
+    hidden = json_document(run_cli(tmp_path, *show, home=home))["approval"]  # type: ignore[index]
+    assert (hidden["audience"], hidden["allowed_decisions"]) == (None, None)
+    detail = json_document(run_cli(tmp_path, *show, "--reveal", home=home))
+    fields = detail["approval"]  # type: ignore[index]
+    assert fields["allowed_decisions"] == ["approve", "reject"]
+    assert (fields["audience"], fields["prompt_text"], fields["quorum"]) == ("board", None, False)
+    assert fields["expires_at"].endswith("Z")
+
+    decide = ["approvals", "decide", later, "--actor", "ops", "--yes"]
+    maybe = run_cli(tmp_path, *decide, "--decision", "maybe", home=home)
+    assert maybe.returncode == 1
+    assert maybe.stderr.startswith("error: APPROVAL_DECISION_NOT_ALLOWED: ")
+    assert "  fix: pass --decision as one of the 2 allowed decisions" in maybe.stderr
+    assert "approve" not in maybe.stderr
+    named = run_cli(tmp_path, *decide, "--decision", "maybe", "--reveal", "--json", home=home)
+    assert json_document(named)["error"]["fix"] == "pass --decision as one of: approve, reject"  # type: ignore[index]
+    unsigned = run_cli(tmp_path, "approvals", "statement", later, "--decision", "maybe", home=home)
+    assert "fix: pass --decision as one of the 2 allowed decisions" in unsigned.stderr
+    assert run_cli(tmp_path, *decide, "--decision", "approve", home=home).returncode == 0
+    again = run_cli(tmp_path, *decide[:-3], "--actor", "someone-else", "--yes",
+                    "--decision", "reject", home=home)  # fmt: skip
+    assert again.stderr.startswith("error: APPROVAL_ALREADY_DECIDED: ")
+    assert "  fix: nothing to do" in again.stderr
+
+    time.sleep(max(0.0, deadline - time.monotonic()) + 0.2)
+    assert _ids(_listed(tmp_path, home, "--status", "expired")) == [soon]
+    assert _ids(_listed(tmp_path, home, "--status", "pending")) == []
+    assert _ids(_listed(tmp_path, home, "--status", "decided")) == [later]
+    late = run_cli(tmp_path, "approvals", "decide", soon, "--actor", "ops", "--yes",
+                   "--decision", "approve", home=home)  # fmt: skip
+    assert late.stderr.startswith("error: APPROVAL_EXPIRED: ")
+    assert "  fix: the deadline passed" in late.stderr

@@ -312,6 +312,10 @@ def test_postgres_keys_live_in_a_shared_key_file(
     }
     refusal = _refused(cli.run("keys", "add", **env), "KEY_REQUIRED")
     assert "FLOWVAULT_KEY_FILE" in refusal
+    single = base64.urlsafe_b64encode(generate_master_key()).decode()
+    pinned = _refused(cli.run("keys", "add", **env, FLOWVAULT_KEY=single), "INVALID_INPUT")
+    assert "set FLOWVAULT_KEY_FILE to it" in pinned
+    assert str(cli.home) not in pinned
 
     ring_dir = cli.tmp_path / "ring"
     ring_dir.mkdir(mode=0o700)

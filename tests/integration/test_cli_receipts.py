@@ -287,6 +287,9 @@ def test_a_signed_receipt_checks_with_the_public_key_alone(
     bare = _run(tmp_path, "ledger", "check-receipt", str(unsigned), "--public-key", str(public))
     assert bare.returncode == 1
     assert "INTEGRITY_FAILURE" in bare.stderr
+    assert "carries no flowvault-ed25519 signature" in bare.stderr
+    assert "fix: check it without --public-key" in bare.stderr
+    assert "restore" not in bare.stderr
 
 
 def test_without_the_store_key_a_receipt_is_checked_by_its_signature(

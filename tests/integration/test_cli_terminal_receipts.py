@@ -157,6 +157,7 @@ def test_edited_foreign_and_unsigned_receipts_are_refused(tmp_path: Path, ended:
     stderr = _refusal(tmp_path, unsigned, ended.public_key)
     assert "INTEGRITY_FAILURE" in stderr
     assert "issued without a signing key" in stderr
+    assert "fix: check it without --public-key" in stderr
     for secret in (ended.failed, INPUT_MARKER, FINAL_MARKER):
         assert secret not in stderr
 
