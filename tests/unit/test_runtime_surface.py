@@ -18,6 +18,7 @@ from flowvault.domain import (
     FlowvaultError,
     InvalidInput,
     InvalidTransition,
+    StoreUnavailable,
     WorkflowState,
 )
 
@@ -188,3 +189,24 @@ def test_pause_refuses_a_run_that_cannot_wait_before_writing(vault: Runtime) -> 
     with pytest.raises(InvalidTransition):
         vault.approval_flow.pause_for_approval(run.run_id, "send", audience="a", prompt="p")
     assert _contents(vault) == before
+
+
+def test_a_pause_cut_short_is_finished_by_the_same_call(
+    vault: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The status change fails after the checkpoint and request: calling again completes it."""
+    run_id = _running_run(vault)
+    set_status = vault.runs.set_status
+
+    def failing(*args: object, **kwargs: object) -> None:
+        raise StoreUnavailable("injected: the store went away")
+
+    monkeypatch.setattr(vault.runs, "set_status", failing)
+    with pytest.raises(StoreUnavailable):
+        vault.approval_flow.pause_for_approval(run_id, "send", audience="ops", prompt="Go?")
+    assert vault.runs.get_run(run_id).status == "running"
+    monkeypatch.setattr(vault.runs, "set_status", set_status)
+    approval = vault.approval_flow.pause_for_approval(run_id, "send", audience="ops", prompt="Go?")
+    assert vault.runs.get_run(run_id).status == "awaiting_approval"
+    pending = vault.approvals.list_approvals(run_id).items
+    assert [a.approval_id for a in pending] == [approval.approval_id]
