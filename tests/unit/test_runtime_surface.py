@@ -137,7 +137,9 @@ def test_decide_and_resume_moves_an_approved_run_on(vault: Runtime) -> None:
     assert outcome.resume_from.next_cursor == "send"
     types = [event.type for event in vault.runs.read_run_events(run_id).events]
     assert types[-2:] == ["approval.decided", "run.running"]
+    before = _contents(vault)
     assert flow.decide_and_resume(approval.approval_id, "approve", "ann@example.org") == outcome
+    assert _contents(vault) == before  # a retry writes nothing
     receipt = vault.approvals.approval_receipt(outcome.approval)
     assert "ann@example.org" not in receipt.model_dump_json()
 
