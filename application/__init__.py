@@ -6,6 +6,7 @@ the ports; the contract kit lives in ``flowvault.application.testing``.
 
 from flowvault.application._action_results import ActionResultService
 from flowvault.application._approval_expiry import ExpiryReport
+from flowvault.application._approval_flow import ApprovalFlow, ApprovalOutcome
 from flowvault.application._approval_receipts import SignedDecision
 from flowvault.application._approvals import ApprovalService
 from flowvault.application._archive import decode_archive, encode_archive, verify_signature
@@ -78,6 +79,8 @@ from flowvault.application.ports import (
 
 __all__ = [
     "ActionResultService",
+    "ApprovalFlow",
+    "ApprovalOutcome",
     "ApprovalService",
     "AuditReport",
     "CheckpointService",

@@ -8,9 +8,13 @@ import secrets
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TypeVar, overload
+
+from pydantic import BaseModel
 
 from flowvault.application import (
     ActionResultService,
+    ApprovalFlow,
     ApprovalService,
     CheckpointService,
     Cipher,
@@ -38,7 +42,9 @@ from flowvault.application._anti_rollback import AntiRollback
 from flowvault.application._record_audit import BoundRecords
 from flowvault.composition._container import Container, build_container, open_postgres
 from flowvault.composition._settings import Settings
-from flowvault.domain import NotFound, WorkflowState
+from flowvault.domain import InvalidInput, NotFound, WorkflowState
+
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,9 +108,30 @@ class Runtime:
         every = self.settings.run_lease / 3 if interval is None else interval
         return LeaseKeeper(self.runs, every)
 
-    def state(self, scope: str) -> StateRepository[WorkflowState]:
-        """Return the workflow state repository of ``scope``."""
-        return StateRepository(self.repository, scope)
+    @property
+    def approval_flow(self) -> ApprovalFlow:
+        """The two-call approval flow over ``runs``, ``checkpoints`` and ``approvals``."""
+        return ApprovalFlow(self.runs, self.checkpoints, self.approvals)
+
+    @overload
+    def state(self, scope: str) -> StateRepository[WorkflowState]: ...
+
+    @overload
+    def state(self, scope: str, *, model: type[M]) -> StateRepository[M]: ...
+
+    def state(
+        self, scope: str, *, model: type[M] | None = None
+    ) -> StateRepository[WorkflowState] | StateRepository[M]:
+        """Return the state repository of ``scope``, typed by ``model`` (``WorkflowState`` if none).
+
+        ``load()`` returns a snapshot of ``model`` and ``save`` takes one,
+        as a type checker sees it too.
+        """
+        if model is None:
+            return StateRepository(self.repository, scope)
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            raise InvalidInput("model must be a pydantic model class")
+        return StateRepository(self.repository, scope, model=model)
 
     def stream(self, name: str) -> StreamWriter:
         """Return a writer that appends keyed events to the ledger stream ``name``."""

@@ -6,7 +6,7 @@ import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import (
     ConfigDict,
@@ -93,6 +93,37 @@ class Settings(ValueModel):
     """Seconds one connection attempt may take (libpq counts whole seconds, at least 2),
     and the longest wait for a pooled connection."""
     postgres_schema: str = Field(default="flowvault", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
+
+    if TYPE_CHECKING:
+        # What a type checker sees without pydantic's plugin: path-like fields take ``str``
+        # too (validation makes them a ``Path``), ``key`` and ``postgres_dsn`` a plain ``str``.
+        def __init__(
+            self,
+            *,
+            backend: Backend = ...,
+            home: Path | str = ...,
+            synchronous: Literal["full", "normal"] = ...,
+            busy_timeout: float = ...,
+            allow_insecure_permissions: bool = ...,
+            recover_runs_on_open: bool = ...,
+            host_id: str | None = ...,
+            run_lease: float = ...,
+            key: SecretStr | str | None = ...,
+            key_file: Path | str | None = ...,
+            signing_key_file: Path | str | None = ...,
+            high_water_file: Path | str | None = ...,
+            mark_sync: Literal["lagged", "strict", "off"] = ...,
+            seal_limit: int = ...,
+            seal_warn_at: int = ...,
+            log_level: Literal["debug", "info", "warning", "error"] = ...,
+            log_format: Literal["auto", "json", "console"] = ...,
+            postgres_dsn: SecretStr | str | None = ...,
+            postgres_pool_size: int = ...,
+            postgres_statement_timeout: float = ...,
+            postgres_lock_timeout: float = ...,
+            postgres_connect_timeout: float = ...,
+            postgres_schema: str = ...,
+        ) -> None: ...
 
     @field_validator("home")
     @classmethod

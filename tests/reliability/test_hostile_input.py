@@ -52,6 +52,7 @@ from pydantic import BaseModel, ValidationError
 
 from flowvault.application import (
     ActionResultService,
+    ApprovalFlow,
     ApprovalService,
     CheckpointService,
     DefinitionRegistry,
@@ -901,6 +902,13 @@ def _workflow_rows() -> list[EntryPoint]:
 def _state_rows() -> list[EntryPoint]:
     return [
         EntryPoint("Runtime.state", lambda k: args(scope=_scopes(k)), _state),
+        EntryPoint(
+            "Runtime.state(model=)",
+            lambda k: args(
+                scope=_scopes(k), model=st.one_of(st.sampled_from([WorkflowState, dict]), JSON)
+            ),
+            lambda w, a: w.runtime.state(a["scope"], model=a["model"]).load(),
+        ),
         EntryPoint(
             "StateRepository.load",
             lambda k: args(scope=_scopes(k)),
@@ -1853,6 +1861,42 @@ def _stream_rows() -> list[EntryPoint]:
     ]
 
 
+def _approval_flow_rows() -> list[EntryPoint]:
+    return [
+        EntryPoint(
+            "ApprovalFlow.pause_for_approval",
+            lambda k: args(
+                run_id=_run_ids(k),
+                next_cursor=JSON,
+                audience=text("finance", "ops"),
+                prompt=text("Pay?"),
+                state=JSON,
+                expires_in=st.one_of(st.timedeltas(), INTS, TIMES),
+                allowed_decisions=st.one_of(
+                    st.lists(text("approve", "reject"), max_size=17), text("approve")
+                ),
+            ),
+            lambda w, a: w.runtime.approval_flow.pause_for_approval(
+                a.pop("run_id"), a.pop("next_cursor"), **a
+            ),
+            sqlite=True,
+        ),
+        EntryPoint(
+            "ApprovalFlow.decide_and_resume",
+            lambda k: args(
+                approval_id=_approval_ids(k),
+                decision=text("approve", "reject"),
+                actor=text("bob@example.org"),
+                signature=opt(st.one_of(st.binary(max_size=80), text("sig"))),
+            ),
+            lambda w, a: w.runtime.approval_flow.decide_and_resume(
+                a.pop("approval_id"), a.pop("decision"), a.pop("actor"), **a
+            ),
+            writes_before_refusing=(ApprovalExpired,),
+        ),
+    ]
+
+
 ENTRY_POINTS: tuple[EntryPoint, ...] = (
     *_workflow_rows(),
     *_state_rows(),
@@ -1862,6 +1906,7 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
     *_definition_rows(),
     *_receipt_rows(),
     *_approval_rows(),
+    *_approval_flow_rows(),
     *_audit_rows(),
     *_sealed_rows(),
     *_store_rows(),
@@ -2359,6 +2404,7 @@ def test_table_covers_every_public_method() -> None:
         ("TerminalReceipts", TerminalReceipts),
         ("CheckpointService", CheckpointService),
         ("ApprovalService", ApprovalService),
+        ("ApprovalFlow", ApprovalFlow),
         ("IdempotencyService", IdempotencyService),
         ("EvidenceService", EvidenceService),
         ("SealedRepository", SealedRepository),
