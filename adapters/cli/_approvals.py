@@ -179,7 +179,11 @@ def approvals_statement_command(
     """Write the exact bytes a decider signs for ``decision``, no newline, to standard output."""
     if approvals is None:
         raise cold_not_found("approval")
-    io.out.write(approvals.decision_statement(approval_id, decision).decode("utf-8"))
+    statement = approvals.decision_statement(approval_id, decision).decode("utf-8")
+    if io.json_output:
+        io.emit({"statement": statement}, [])
+    else:
+        io.out.write(statement)
     return 0
 
 
