@@ -192,9 +192,7 @@ def status_document(status: StoreStatus) -> dict[str, object]:
         "store_schema_version": status.schema_version,
         "supported_schema_version": status.supported_schema_version,
         "key_ids": [{"key_id": key, "records": n} for key, n in status.key_ids.items()],
-        "namespaces": [
-            {"namespace": name, "records": n} for name, n in status.namespaces.items()
-        ],
+        "namespaces": [{"namespace": name, "records": n} for name, n in status.namespaces.items()],
         "files": [{"path": path, "size_bytes": size} for path, size in status.files.items()],
         "durability": dict(status.durability),
         **_activity_document(status.activity),

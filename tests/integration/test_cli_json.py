@@ -25,7 +25,7 @@ WITH_UNIT = re.compile(r"^-?\d+(\.\d+)?\s*(s|ms|bytes?|b|kb|mb|gb|seconds?|days?
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
-    """A populated SQLite home shared by the read-only cases."""
+    """Provide a populated SQLite home shared by the read-only cases."""
     home = tmp_path_factory.mktemp("json") / "home"
     return home, populate(home)
 
@@ -42,6 +42,7 @@ def walk_keys(value: object, where: str = "$") -> Iterator[tuple[str, str]]:
 
 
 def walk_strings(value: object) -> Iterator[str]:
+    """Yield every string value, at any depth."""
     if isinstance(value, str):
         yield value
     elif isinstance(value, dict):
@@ -94,7 +95,7 @@ READ_ONLY = [
 ]
 
 
-@pytest.mark.parametrize("argv", READ_ONLY, ids=lambda argv: " ".join(argv))
+@pytest.mark.parametrize("argv", READ_ONLY, ids=" ".join)
 def test_every_read_only_verb_keeps_the_json_conventions(
     tmp_path: Path, store: tuple[Path, dict[str, str]], argv: list[str]
 ) -> None:
@@ -134,7 +135,9 @@ def test_every_writing_verb_keeps_the_json_conventions(tmp_path: Path) -> None:
         assert result.returncode == 0, (argv, result.stdout, result.stderr)
         assert_conventions(result)
     signing = {"FLOWVAULT_SIGNING_KEY_FILE": str(tmp_path / "signer.pem")}
-    head = run_cli(tmp_path, "ledger", "head", "--stream", f"run/{ids['run']}", home=home, **signing)
+    head = run_cli(
+        tmp_path, "ledger", "head", "--stream", f"run/{ids['run']}", home=home, **signing
+    )
     assert head.returncode == 0, head.stderr
     receipt = tmp_path / "receipt.txt"
     receipt.write_text(head.stdout)

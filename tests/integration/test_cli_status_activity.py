@@ -1,4 +1,4 @@
-"""``flowvault status`` shows what an operator watches, on SQLite and PostgreSQL, as subprocesses."""
+"""``flowvault status`` shows what an operator watches, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ DOCUMENTED_KINDS = {
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A SQLite home with a stream of every kind, a host stream among them."""
+    """Provide a SQLite home with a stream of every kind, a host stream among them."""
     root = tmp_path_factory.mktemp("streams")
     path = root / "home"
     ids = populate(path)

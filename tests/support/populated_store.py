@@ -50,7 +50,10 @@ def populate(
             created.append(runtime.workflows.create(order)[0])
         first = created[0]
         runtime.workflows.transition(
-            first.workflow_id, "planning", expected_state=first.state, expected_version=first.state_version
+            first.workflow_id,
+            "planning",
+            expected_state=first.state,
+            expected_version=first.state_version,
         )
         ids["workflow"] = first.workflow_id
         runtime.action_results.put_action_result(
