@@ -130,10 +130,14 @@ def test_every_writing_verb_keeps_the_json_conventions(tmp_path: Path) -> None:
         ["migrate", "--to", str(tmp_path / "copy")],
         ["demo", "--home", str(tmp_path / "demo")],
     ]  # fmt: skip
+    documents = {}
     for argv in steps:
         result = run_cli(tmp_path, *argv, "--json", home=home)
         assert result.returncode == 0, (argv, result.stdout, result.stderr)
-        assert_conventions(result)
+        documents[argv[0]] = assert_conventions(result)
+    sizes = documents["compact"]["files"]
+    assert isinstance(sizes, list)
+    assert {key for row in sizes for key in row} == {"path", "before_bytes", "after_bytes"}
     signing = {"FLOWVAULT_SIGNING_KEY_FILE": str(tmp_path / "signer.pem")}
     head = run_cli(
         tmp_path, "ledger", "head", "--stream", f"run/{ids['run']}", home=home, **signing
