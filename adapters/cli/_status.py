@@ -84,16 +84,17 @@ class StoreStatus:
 class HighWater:
     """The store's commit count beside the high-water mark's, read without writing the mark.
 
-    ``state`` is ``ok`` (the mark verified), ``not_kept`` (no mark is
-    configured), ``not_started`` (none written yet), ``no_key`` (the mark
-    is MAC'd under a key this process does not have), ``rolled_back`` (the
-    store is below the mark) or ``invalid`` (the mark does not verify).
+    ``state`` is ``None`` where there is no store, else ``ok`` (the mark
+    verified), ``not_kept`` (no mark is configured), ``not_started`` (none
+    written yet), ``no_key`` (the mark is MAC'd under a key this process
+    does not have), ``rolled_back`` (the store is below the mark) or
+    ``invalid`` (the mark does not verify).
     ``lag_commits`` is the commit count minus the mark's: the commits the
     mark has not recorded yet (it follows the store about 0.1 s behind by
     default, at once in the strict mode); ``None`` unless both are known.
     """
 
-    state: str
+    state: str | None
     commit_count: int | None
     mark_commit_count: int | None = None
 
@@ -159,7 +160,7 @@ def _status_lines(status: StoreStatus) -> list[str]:
 
 def _activity_document(activity: Activity | None) -> dict[str, object]:
     if activity is None:
-        activity = Activity({}, {}, 0, 0, HighWater("none", None))
+        activity = Activity({}, {}, 0, 0, HighWater(None, None))
     approvals = activity.approvals_by_status
     mark = activity.high_water
     return {
@@ -173,7 +174,7 @@ def _activity_document(activity: Activity | None) -> dict[str, object]:
         "ledger_streams": activity.ledger_streams,
         "ledger_events": activity.ledger_events,
         "commit_count": mark.commit_count,
-        "high_water_state": None if mark.state == "none" else mark.state,
+        "high_water_state": mark.state,
         "high_water_commit_count": mark.mark_commit_count,
         "high_water_lag_commits": mark.lag_commits,
     }
