@@ -138,6 +138,9 @@ def test_every_writing_verb_keeps_the_json_conventions(tmp_path: Path) -> None:
     sizes = documents["compact"]["files"]
     assert isinstance(sizes, list)
     assert {key for row in sizes for key in row} == {"path", "before_bytes", "after_bytes"}
+    by_key = documents["rotate-key"]["by_key"]
+    assert isinstance(by_key, list)
+    assert {key for row in by_key for key in row} == {"key_id", "records"}
     signing = {"FLOWVAULT_SIGNING_KEY_FILE": str(tmp_path / "signer.pem")}
     head = run_cli(
         tmp_path, "ledger", "head", "--stream", f"run/{ids['run']}", home=home, **signing
