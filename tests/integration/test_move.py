@@ -511,8 +511,8 @@ def test_a_scope_crosses_sqlite_to_postgres_and_back_into_stores_holding_other_d
     assert imported.returncode == 0, imported.stdout + imported.stderr
     added = json_document(imported)
     assert set(added) == {
-        "archive", "source", "target", "scope", "revision", "records", "events", "streams",
-        "epoch", "seal_counts", "records_digest", "events_digest", "verified",
+        "schema_version", "archive", "source", "target", "scope", "revision", "records",
+        "events", "streams", "epoch", "seal_counts", "records_digest", "events_digest", "verified",
     }  # fmt: skip
     assert (added["scope"], added["verified"], added["records"]) == (SCOPE, True, 1)
     assert added["revision"] == expected[1]
