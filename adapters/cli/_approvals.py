@@ -247,10 +247,13 @@ def approvals_statement_command(
     if approvals is None:
         raise cold_not_found("approval")
     try:
-        statement = approvals.decision_statement(approval_id, decision)
+        statement = approvals.decision_statement(approval_id, decision).decode("utf-8")
     except ApprovalDecisionNotAllowed as refused:
         raise _naming_allowed(approvals, approval_id, decision, refused, reveal=False) from None
-    io.out.write(statement.decode("utf-8"))
+    if io.json_output:
+        io.emit({"statement": statement}, [])
+    else:
+        io.out.write(statement)
     return 0
 
 

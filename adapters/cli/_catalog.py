@@ -45,12 +45,18 @@ VERB_GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("_approvals", (("approvals", "list, inspect and decide approval requests"),)),
     (
         "_ledger",
-        (("ledger", "verify ledger chains, print stream heads, vouch for legacy streams"),),
+        (
+            (
+                "ledger",
+                "verify ledger chains, print stream heads, list streams, vouch for legacy streams",
+            ),
+        ),
     ),
     (
         "_report",
         (("report", "write one self-contained HTML page of the ledger, verdict and receipts"),),
     ),
+    ("_scopes", (("scopes", "list the workflow state scopes (names and history streams)"),)),
     ("_fingerprint", (("fingerprint", "print the plaintext-free fingerprint of a scope's state"),)),
     (
         "_retention",

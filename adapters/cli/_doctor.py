@@ -2,7 +2,8 @@
 
 The checks open the store alone, despite loose file modes (the permission
 checks report them), and never resolve, so never create, a key. Only a
-failed check of severity ``error`` fails the run.
+failed check of severity ``error`` fails the run; a passing check's
+severity reads ``ok``.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def doctor_command(checks: Sequence[Check], io: CommandIO) -> int:
             {
                 "name": check.name,
                 "ok": check.ok,
-                "severity": check.severity,
+                "severity": "ok" if check.ok else check.severity,
                 "finding": check.finding,
                 "fix": check.fix,
             }

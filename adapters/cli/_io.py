@@ -27,6 +27,18 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+SCHEMA_VERSION = 1
+"""The ``schema_version`` every ``--json`` document carries; bumped only when a key is renamed
+or removed (``docs/cli.md``)."""
+
+
+def versioned(document: object) -> object:
+    """Return ``document`` with ``schema_version`` first; a non-object is left as it is."""
+    if isinstance(document, Mapping):
+        return {"schema_version": SCHEMA_VERSION, **document}
+    return document
+
+
 def fields_document(item: DataclassInstance) -> dict[str, object]:
     """Return a dataclass's fields as a ``--json`` object, in declaration order.
 
@@ -125,7 +137,7 @@ class CommandIO:
     def emit(self, document: object, lines: Sequence[str]) -> None:
         """Print ``document`` as one JSON line, or ``lines`` for a person."""
         if self.json_output:
-            self.out.write(canonical_json(document) + "\n")
+            self.out.write(canonical_json(versioned(document)) + "\n")
         else:
             self.out.write("\n".join(lines) + "\n")
 
@@ -194,7 +206,7 @@ class CommandIO:
         own = error.details.get("fix")
         fix = own if isinstance(own, str) else FIXES.get(error.code)
         if self.json_output:
-            body = {"error": {"code": error.code, "message": error.message, "fix": fix}}
+            body = versioned({"error": {"code": error.code, "message": error.message, "fix": fix}})
             self.out.write(json.dumps(body, sort_keys=True) + "\n")
         else:
             self.err.write(f"error: {error.code}: {error.message}\n")

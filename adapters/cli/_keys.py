@@ -144,7 +144,10 @@ def rotate_key_command(rotation: KeyRotation, io: CommandIO) -> int:
             "resealed": report.resealed,
             "changed_meanwhile": report.changed_meanwhile,
             "remaining": report.remaining,
-            "by_key": dict(report.by_key),
+            "by_key": [
+                {"key_id": key_id, "records": count}
+                for key_id, count in sorted(report.by_key.items())
+            ],
             "compacted": report.compacted,
         },
         _report_lines(report),

@@ -1,4 +1,4 @@
-"""``flowvault ledger verify|head|vouch|check-receipt``: audit the tamper-evident ledger.
+"""``flowvault ledger verify|head|streams|vouch|check-receipt``: audit the tamper-evident ledger.
 
 ``ledger verify`` and ``ledger head`` open the store for reading only (on
 SQLite with ``mode=ro``: nothing is created, chmod-ed or migrated), so they
@@ -18,19 +18,23 @@ from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import FIXES, CommandIO, fields_document
 from flowvault.adapters.cli._keyed import existing_ring, keyed_audit
+from flowvault.adapters.cli._listing import Fields, add_paging, page_request, print_listing
 from flowvault.adapters.cli._receipts import (
     read_any_receipt_file,
-    read_receipt_file,
+    read_text_file,
     terminal_receipt_document,
 )
+from flowvault.adapters.cli._streams import StreamSize, stream_page
 from flowvault.adapters.cli._verbs import Verbs, add_verb, file_path
 from flowvault.adapters.crypto import load_public_key
 from flowvault.adapters.system import SystemClock
 from flowvault.application import (
     AuditReport,
     LedgerAudit,
+    Page,
     ReceiptSigner,
     ReceiptVerifier,
+    SecureObjectStore,
     authenticate_terminal,
 )
 from flowvault.application._audit import RecordReadability, StreamFailure
@@ -45,7 +49,9 @@ from flowvault.domain import (
     TerminalReceipt,
 )
 from flowvault.domain._envelope import format_instant
-from flowvault.domain._receipt import HeadReceipt
+from flowvault.domain._receipt import HeadReceipt, parse_receipt
+
+STREAMS_FIX = "list the streams with 'flowvault ledger streams'"
 
 
 def _failure(failure: StreamFailure) -> dict[str, object]:
@@ -246,6 +252,32 @@ def ledger_vouch_command(seen: Unvouched, io: CommandIO, *, vouched: bool) -> in
     return 0
 
 
+STREAM_COLUMNS = ("stream", "kind", "size", "head_index")
+
+
+def stream_row(stream: StreamSize) -> Fields:
+    """Return a stream's name, kind, size and head index: what the store keeps in the clear."""
+    return {
+        "stream": stream.stream,
+        "kind": stream.kind,
+        "size": stream.size,
+        "head_index": stream.head_index,
+    }
+
+
+def stream_listing(
+    store: SecureObjectStore, *, cursor: str | None, limit: int, all_pages: bool, prefix: str = ""
+) -> Page[Fields]:
+    """Read one page of streams (or every page from ``cursor`` on) as listing rows."""
+    rows: list[Fields] = []
+    after = cursor
+    while True:
+        sizes, after = stream_page(store, after=after, limit=limit, prefix=prefix)
+        rows += [stream_row(size) for size in sizes]
+        if after is None or not all_pages:
+            return Page(tuple(rows), (), after)
+
+
 # -- gathering and arguments ----------------------------------------------------
 
 
@@ -259,8 +291,34 @@ def _audited(context: CliContext) -> Iterator[LedgerAudit]:
         store.close()
 
 
+def _against_receipt(path: str, io: CommandIO) -> HeadReceipt:
+    """Read a kept receipt; an empty one (a redirect that failed) is named as such."""
+    text = read_text_file(path, io.stdin)
+    if not text:
+        shown = "stdin" if path == "-" else path
+        raise InvalidInput(
+            f"{shown} is empty: it holds no receipt (a 'ledger head' redirected into it "
+            "failed, or wrote elsewhere)",
+            path=path,
+            fix=(
+                "run 'flowvault ledger head --stream NAME > FILE' again, check it exits 0 "
+                "and that FILE is not empty, then keep FILE outside the store"
+            ),
+        )
+    return parse_receipt(text)
+
+
+@contextmanager
+def _stream_named() -> Iterator[None]:
+    """Add where to find stream names to a stream that does not exist."""
+    try:
+        yield
+    except NotFound as error:
+        raise NotFound(error.message, **{**error.details, "fix": STREAMS_FIX}) from None
+
+
 def _ledger_verify(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
-    receipts = [read_receipt_file(path, io.stdin) for path in args.against or ()]
+    receipts = [_against_receipt(path, io) for path in args.against or ()]
     if args.public_key is not None and not receipts:
         raise InvalidInput("--public-key checks receipts: give them with --against")
     with _audited(context) as audit:
@@ -280,7 +338,8 @@ def _ledger_verify(args: argparse.Namespace, context: CliContext, io: CommandIO)
                 for verifier in verifiers:
                     authenticate(receipt, verifier)
         streams = None if args.all else [args.stream]
-        return ledger_verify_command(audit, streams, io, receipts=receipts)
+        with _stream_named():
+            return ledger_verify_command(audit, streams, io, receipts=receipts)
 
 
 def _receipt_signers(context: CliContext) -> tuple[ReceiptSigner, ...]:
@@ -298,7 +357,22 @@ def _ledger_head(args: argparse.Namespace, context: CliContext, io: CommandIO) -
                 "or restore the key file"
             )
         now = SystemClock().now()
-        return ledger_head_command(audit, args.stream, io, issued_at=now, signers=signers)
+        with _stream_named():
+            return ledger_head_command(audit, args.stream, io, issued_at=now, signers=signers)
+
+
+def _ledger_streams(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
+    request = page_request(args)
+    if context.is_cold_root():
+        return print_listing(io, "streams", STREAM_COLUMNS, None)
+    store = context.open_store(read_only=True)
+    try:
+        page = stream_listing(
+            store, cursor=request.cursor, limit=request.limit, all_pages=request.all_pages
+        )
+    finally:
+        store.close()
+    return print_listing(io, "streams", STREAM_COLUMNS, page)
 
 
 def _check_receipt(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
@@ -393,6 +467,22 @@ def register(verbs: Verbs) -> None:
         handler=_ledger_head,
     )
     head.add_argument("--stream", metavar="NAME", required=True, help="the stream")
+    streams = add_verb(
+        leaves,
+        "streams",
+        help="list the ledger streams: name, kind, size and head index",
+        description=(
+            "List the ledger streams in name order: each stream's name (as 'ledger head "
+            "--stream' and 'ledger verify --stream' take it), its kind (workflow, run, "
+            "scope, a record kind such as checkpoint, or host), its size (the events it "
+            "has had, trimmed ones included) and its head index. Names are what the store "
+            "keeps in the clear: a record stream is named by a keyed digest, never a "
+            "natural key. Reads no event payload and needs no key. On a cold root it "
+            "creates nothing."
+        ),
+        handler=_ledger_streams,
+    )
+    add_paging(streams)
     vouch = add_verb(
         leaves,
         "vouch",

@@ -42,7 +42,7 @@ def compact_command(
         )
     document = {
         "cold_root": complete is None,
-        "files": [{"path": p, "before": b, "after": a} for p, b, a in sizes],
+        "files": [{"path": p, "before_bytes": b, "after_bytes": a} for p, b, a in sizes],
     }
     if io.json_output:
         io.emit(document, [])

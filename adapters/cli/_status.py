@@ -1,25 +1,35 @@
 """``flowvault status``: a store's schema version, keys, counts, files and durability.
 
-Reads no sealed payload and needs no key; on a cold root it says so and
-creates nothing. The status (and ``doctor``) open the store alone, with no
-cipher, so they never resolve (so never create) a key.
+Also what an operator watches: workflows by state, approvals by status,
+the ledger's streams and events, and how far the high-water mark is behind
+the store. Reads no sealed payload; on a cold root it says so and creates
+nothing. The status (and ``doctor``) open the store alone, with no cipher,
+so they never resolve (so never create) a key; only the high-water mark,
+MAC'd under the key, is read with a key that already exists.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext, CliSettings
-from flowvault.adapters.cli._io import CommandIO, fields_document
+from flowvault.adapters.cli._io import CommandIO
+from flowvault.adapters.cli._keyed import existing_ring
+from flowvault.adapters.cli._streams import every_stream
 from flowvault.adapters.cli._verbs import Verbs, add_verb, for_backend
+from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.sqlite._doctor import probe_database
 from flowvault.adapters.sqlite._schema import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from flowvault.application import SecureObjectStore, StoreCapabilities, StoreStats
-from flowvault.domain import StoreUnavailable
+from flowvault.application._record_kinds import APPROVALS
+from flowvault.application._records import MAX_LIST_LIMIT
+from flowvault.application._workflow_records import WORKFLOWS
+from flowvault.domain import FlowvaultError, IntegrityFailure, StoreRolledBack, StoreUnavailable
 
 
 def store_location(settings: CliSettings) -> str:
@@ -66,7 +76,72 @@ class StoreStatus:
     key_ids: Mapping[str, int] = field(default_factory=dict)
     namespaces: Mapping[str, int] = field(default_factory=dict)
     files: Mapping[str, int | None] = field(default_factory=dict)
-    durability: Mapping[str, str] = field(default_factory=dict)
+    durability: Mapping[str, str | int | float] = field(default_factory=dict)
+    activity: Activity | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HighWater:
+    """The store's commit count beside the high-water mark's, read without writing the mark.
+
+    ``state`` is ``None`` where there is no store, else ``ok`` (the mark
+    verified), ``not_kept`` (no mark is configured), ``not_started`` (none
+    written yet), ``no_key`` (the mark is MAC'd under a key this process
+    does not have), ``rolled_back`` (the store is below the mark) or
+    ``invalid`` (the mark does not verify).
+    ``lag_commits`` is the commit count minus the mark's: the commits the
+    mark has not recorded yet (it follows the store about 0.1 s behind by
+    default, at once in the strict mode); ``None`` unless both are known.
+    """
+
+    state: str | None
+    commit_count: int | None
+    mark_commit_count: int | None = None
+
+    @property
+    def lag_commits(self) -> int | None:
+        """How many commits the mark is behind the store (negative: the store is behind)."""
+        if self.commit_count is None or self.mark_commit_count is None:
+            return None
+        return self.commit_count - self.mark_commit_count
+
+
+@dataclass(frozen=True, slots=True)
+class Activity:
+    """What an operator watches: workflows by state, approvals by status, the ledger's size.
+
+    Approvals are counted by the status each record was written with: one
+    pending past its deadline counts as pending until its expiry is
+    recorded (``approvals expire``, or a late decision).
+    """
+
+    workflows_by_state: Mapping[str, int]
+    approvals_by_status: Mapping[str, int]
+    ledger_streams: int
+    ledger_events: int
+    high_water: HighWater
+
+
+def _activity_lines(activity: Activity) -> list[str]:
+    states = ", ".join(f"{name} {count}" for name, count in activity.workflows_by_state.items())
+    approvals = activity.approvals_by_status
+    mark = activity.high_water
+    lag = "unknown" if mark.lag_commits is None else f"{mark.lag_commits} commit(s)"
+    return [
+        f"workflows by state: {states or 'none'}",
+        f"approvals pending: {approvals.get('pending', 0)}",
+        f"approvals expired: {approvals.get('expired', 0)}",
+        f"approvals decided: {approvals.get('decided', 0)}",
+        f"ledger: {activity.ledger_events} event(s) in {activity.ledger_streams} stream(s)",
+        f"commit count: {'unknown' if mark.commit_count is None else mark.commit_count}",
+        f"high-water mark: {mark.state}, lag {lag}",
+    ]
+
+
+def _durability_line(name: str, value: object) -> str:
+    if name.endswith("_s"):
+        return f"{name.removesuffix('_s').replace('_', ' ')}: {value} s"
+    return f"{name.replace('_', ' ')}: {value}"
 
 
 def _status_lines(status: StoreStatus) -> list[str]:
@@ -77,8 +152,52 @@ def _status_lines(status: StoreStatus) -> list[str]:
         f"schema version: {status.schema_version} "
         f"(this flowvault writes {status.supported_schema_version})"
     )
-    lines += [f"{name}: {value}" for name, value in status.durability.items()]
+    lines += [_durability_line(name, value) for name, value in status.durability.items()]
+    if status.activity is not None:
+        lines += _activity_lines(status.activity)
     return lines
+
+
+def _activity_document(activity: Activity | None) -> dict[str, object]:
+    if activity is None:
+        activity = Activity({}, {}, 0, 0, HighWater(None, None))
+    approvals = activity.approvals_by_status
+    mark = activity.high_water
+    return {
+        "workflows_by_state": [
+            {"state": state, "workflows": count}
+            for state, count in activity.workflows_by_state.items()
+        ],
+        "approvals_pending": approvals.get("pending", 0),
+        "approvals_expired": approvals.get("expired", 0),
+        "approvals_decided": approvals.get("decided", 0),
+        "ledger_streams": activity.ledger_streams,
+        "ledger_events": activity.ledger_events,
+        "commit_count": mark.commit_count,
+        "high_water_state": mark.state,
+        "high_water_commit_count": mark.mark_commit_count,
+        "high_water_lag_commits": mark.lag_commits,
+    }
+
+
+def status_document(status: StoreStatus) -> dict[str, object]:
+    """Return the ``--json`` document: field names as keys, data (ids, paths) only as values."""
+    document: dict[str, object] = {
+        "backend": status.backend,
+        "home": status.home,
+        "location": status.location,
+        "cold_root": status.cold_root,
+    }
+    return {
+        **document,
+        "store_schema_version": status.schema_version,
+        "supported_schema_version": status.supported_schema_version,
+        "key_ids": [{"key_id": key, "records": n} for key, n in status.key_ids.items()],
+        "namespaces": [{"namespace": name, "records": n} for name, n in status.namespaces.items()],
+        "files": [{"path": path, "size_bytes": size} for path, size in status.files.items()],
+        "durability": dict(status.durability),
+        **_activity_document(status.activity),
+    }
 
 
 def _size(size: int | None) -> str:
@@ -94,7 +213,7 @@ def _counts(io: CommandIO, title: str, column: str, counts: Mapping[str, int]) -
 
 def status_command(status: StoreStatus, io: CommandIO) -> int:
     """Print the store's status (or that the root is cold); return exit status 0."""
-    io.emit(fields_document(status), _status_lines(status))
+    io.emit(status_document(status), _status_lines(status))
     if status.cold_root:
         return 0
     _counts(io, "key ids in use", "key id", status.key_ids)
@@ -120,18 +239,19 @@ def _file_sizes(settings: CliSettings) -> dict[str, int | None]:
 
 
 def _counted_status(
+    context: CliContext,
     store: SecureObjectStore,
-    settings: CliSettings,
     backend: str,
     versions: tuple[int | None, int],
     *,
-    durability: Mapping[str, str],
+    durability: Mapping[str, str | int | float],
     files: Mapping[str, int | None],
 ) -> StoreStatus:
     """Build a backend's status around the counts every backend shows, read from its open store.
 
     ``versions`` is the schema version the store records, then the one this build writes.
     """
+    settings = context.settings
     stats = store_stats(StoreCapabilities.of(store))
     return StoreStatus(
         backend=backend,
@@ -143,7 +263,64 @@ def _counted_status(
         namespaces=stats.namespace_counts(),
         files=files,
         durability=durability,
+        activity=activity(context, store),
     )
+
+
+def label_counts(store: SecureObjectStore, namespace: str, label: str) -> dict[str, int]:
+    """Count a namespace's records by one label, reading metadata only, in label order."""
+    counts: Counter[str] = Counter()
+    cursor: str | None = None
+    while True:
+        page = store.list(namespace, cursor=cursor, limit=MAX_LIST_LIMIT)
+        counts.update(str(item.labels.get(label, "unlabelled")) for item in page.items)
+        cursor = page.next_cursor
+        if cursor is None:
+            return dict(sorted(counts.items()))
+
+
+def high_water(context: CliContext, store: SecureObjectStore) -> HighWater:
+    """Compare the store with its high-water mark as ``doctor`` does, writing nothing."""
+    epoch = StoreCapabilities.of(store).epoch
+    count = None if epoch is None else epoch.epoch()
+    try:
+        ring = existing_ring(context)
+    except FlowvaultError:
+        ring = None
+    if ring is None:
+        return HighWater("no_key", count)
+    guard = context.anti_rollback(store, AesGcmCipher.from_ring(ring), None)
+    if guard is None:
+        return HighWater("not_kept", count)
+    try:
+        seen = guard.inspect()
+    except StoreRolledBack as error:
+        mark = error.details.get("high_water")
+        return HighWater("rolled_back", count, mark if isinstance(mark, int) else None)
+    except IntegrityFailure:
+        return HighWater("invalid", count)
+    if seen is None:
+        return HighWater("not_started", count)
+    return HighWater("ok", count, seen)
+
+
+def activity(context: CliContext, store: SecureObjectStore) -> Activity:
+    """Gather what an operator watches, from labels, stream heads and the mark alone."""
+    streams = events = 0
+    for stream in every_stream(store):
+        streams += 1
+        events += stream.size
+    return Activity(
+        workflows_by_state=label_counts(store, WORKFLOWS, "state"),
+        approvals_by_status=label_counts(store, APPROVALS, "status"),
+        ledger_streams=streams,
+        ledger_events=events,
+        high_water=high_water(context, store),
+    )
+
+
+def _seconds(value: float) -> int | float:
+    return int(value) if value.is_integer() else value
 
 
 def _sqlite_status(context: CliContext) -> StoreStatus:
@@ -152,7 +329,7 @@ def _sqlite_status(context: CliContext) -> StoreStatus:
     files = _file_sizes(settings)
     durability = {
         "synchronous": settings.synchronous,
-        "busy timeout": f"{settings.busy_timeout:g} s",
+        "busy_timeout_s": _seconds(settings.busy_timeout),
     }
     with (
         opened_store(context) as store,
@@ -160,8 +337,8 @@ def _sqlite_status(context: CliContext) -> StoreStatus:
     ):
         version = probe.schema_version()
         return _counted_status(
+            context,
             store,
-            settings,
             "sqlite",
             (version, SQLITE_SCHEMA_VERSION),
             durability=durability,
@@ -177,13 +354,13 @@ def _postgres_status(context: CliContext) -> StoreStatus:
 
     settings = context.settings
     durability = {
-        "statement timeout": f"{settings.postgres_statement_timeout:g} s",
-        "lock timeout": f"{settings.postgres_lock_timeout:g} s",
+        "statement_timeout_s": _seconds(settings.postgres_statement_timeout),
+        "lock_timeout_s": _seconds(settings.postgres_lock_timeout),
     }
     versions = (POSTGRES_SCHEMA_VERSION, POSTGRES_SCHEMA_VERSION)
     with opened_store(context) as store:
         return _counted_status(
-            store, settings, "postgres", versions, durability=durability, files={}
+            context, store, "postgres", versions, durability=durability, files={}
         )
 
 
@@ -211,7 +388,10 @@ def register(verbs: Verbs) -> None:
         help=verb_help("status"),
         description=(
             "Show the backend, home, schema version, key ids in use, records per namespace, "
-            "file sizes and durability settings. Reads no sealed payload and needs no key. "
+            "file sizes and durability settings; workflows by state, approvals pending, "
+            "expired and decided, the ledger's streams and events, the commit count and how "
+            "far the high-water mark is behind it. Reads no sealed payload; only the mark "
+            "is read with the key, when one exists. "
             "On a cold root it says so, creates nothing and exits 0."
         ),
         handler=_status,

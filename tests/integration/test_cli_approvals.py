@@ -88,7 +88,7 @@ def test_an_overdue_approval_lists_expired_and_expire_fails_the_run(tmp_path: Pa
     assert pending.stdout == "no approvals\n"
     expired = run_cli(tmp_path, "approvals", "expire", "--json", home=home)
     assert expired.returncode == 0, expired.stderr
-    assert json_document(expired) == {"expired_approvals": 1, "failed_runs": 1}
+    assert json_document(expired) == {"expired_approvals": 1, "failed_runs": 1, "schema_version": 1}
     again = run_cli(tmp_path, "approvals", "expire", home=home)
     assert "expired_approvals: 0" in again.stdout
     with bootstrap(Settings(backend="sqlite", home=home), create=True) as runtime:

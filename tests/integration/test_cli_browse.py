@@ -256,6 +256,7 @@ def test_cold_root_lists_are_empty_and_create_nothing(
     home = tmp_path / "absent" / "home"
     document = _document(_run(tmp_path, home, *args, "--json"))
     assert document == {
+        "schema_version": 1,
         key: [],
         "count": 0,
         "cold_root": True,

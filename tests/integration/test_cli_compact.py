@@ -54,8 +54,8 @@ def test_compact_rebuilds_the_file_without_free_pages(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     files = {f["path"]: f for f in _document(result)["files"]}  # type: ignore[union-attr]
     main = files[str(database)]
-    assert main["after"] < main["before"]
-    assert files[f"{database}-wal"]["after"] in (None, 0)
+    assert main["after_bytes"] < main["before_bytes"]
+    assert files[f"{database}-wal"]["after_bytes"] in (None, 0)
     assert _pragma(database, "freelist_count") == 0
     connection = sqlite3.connect(database)
     try:

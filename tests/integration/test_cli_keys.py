@@ -155,6 +155,7 @@ def test_keys_list_on_a_fresh_store_shows_one_primary_key(cli: KeyWatch) -> None
     key_id = _init(cli)
     document = _ok(cli.run("keys", "list", "--json"))
     assert document == {
+        "schema_version": 1,
         "keys": [{"key_id": key_id, "role": "primary", "records": 0, "seals": 0}],
         "seal_limit": 2**32,
     }
@@ -242,11 +243,12 @@ def test_keys_retire_waits_until_no_record_uses_the_key(cli: KeyWatch) -> None:
 
     rotated = _ok(cli.run("rotate-key", "--json", FLOWVAULT_SEAL_WARN_AT="1"))
     assert rotated == {
+        "schema_version": 1,
         "primary_key_id": new_id,
         "resealed": 7,
         "changed_meanwhile": 0,
         "remaining": 0,
-        "by_key": {new_id: 7},
+        "by_key": [{"key_id": new_id, "records": 7}],
         "compacted": True,
     }
     warning = cli.outputs[-1]

@@ -38,7 +38,7 @@ def test_runs_recover_takes_over_expired_leases_only(tmp_path: Path) -> None:
 
     result = run_cli(tmp_path, "runs", "recover", "--json", home=home, FLOWVAULT_HOST_ID="ops-1")
     assert result.returncode == 0, result.stderr
-    assert json_document(result) == {"recovered": 1, "host_id": "ops-1"}
+    assert json_document(result) == {"recovered": 1, "host_id": "ops-1", "schema_version": 1}
     with bootstrap(Settings(backend="sqlite", home=home, host_id="reader-1")) as runtime:
         ended = runtime.runs.get_run(dead)
         assert (ended.status, ended.owner) == ("interrupted_non_resumable", "ops-1")
@@ -55,5 +55,5 @@ def test_runs_recover_on_a_cold_root_creates_nothing(tmp_path: Path) -> None:
     home = tmp_path / "cold"
     result = run_cli(tmp_path, "runs", "recover", "--json", home=home)
     assert result.returncode == 0, result.stderr
-    assert json_document(result) == {"recovered": 0, "host_id": None}
+    assert json_document(result) == {"recovered": 0, "host_id": None, "schema_version": 1}
     assert not home.exists()

@@ -120,13 +120,12 @@ def test_status_counts_records_per_namespace_and_key_id(tmp_path: Path) -> None:
     document = _document(result)
     assert document["cold_root"] is False
     assert document["backend"] == "sqlite"
-    assert document["schema_version"] == SCHEMA_VERSION
+    assert document["store_schema_version"] == SCHEMA_VERSION
     assert document["supported_schema_version"] == SCHEMA_VERSION
-    assert document["namespaces"] == {STATE_NAMESPACE: 3}
-    assert document["key_ids"] == {key_id: 3}
-    assert document["durability"] == {"synchronous": "normal", "busy timeout": "30 s"}
-    files = document["files"]
-    assert isinstance(files, dict)
+    assert document["namespaces"] == [{"namespace": STATE_NAMESPACE, "records": 3}]
+    assert document["key_ids"] == [{"key_id": key_id, "records": 3}]
+    assert document["durability"] == {"synchronous": "normal", "busy_timeout_s": 30}
+    files = {str(row["path"]): row["size_bytes"] for row in document["files"]}  # type: ignore[attr-defined]
     database = home / "data" / "flowvault.db"
     assert files[str(database)] == database.stat().st_size
     assert files[str(home / "keys" / "store.key")] == (home / "keys" / "store.key").stat().st_size
@@ -156,7 +155,7 @@ def test_status_needs_no_key_and_creates_none(tmp_path: Path) -> None:
     key_file.unlink()
     result = _run(tmp_path, "status", "--json", home=home)
     assert result.returncode == 0, result.stderr
-    assert _document(result)["namespaces"] == {STATE_NAMESPACE: 1}
+    assert _document(result)["namespaces"] == [{"namespace": STATE_NAMESPACE, "records": 1}]
     assert not key_file.exists()
 
 
@@ -376,9 +375,9 @@ def test_status_on_postgres(tmp_path: Path, postgres_server, pg_schema: str) -> 
     document = _document(result)
     assert document["backend"] == "postgres"
     assert document["location"] == f"postgres schema {pg_schema}"
-    assert document["namespaces"] == {STATE_NAMESPACE: 1}
-    assert document["key_ids"] == {key_id: 1}
-    assert isinstance(document["schema_version"], int)
+    assert document["namespaces"] == [{"namespace": STATE_NAMESPACE, "records": 1}]
+    assert document["key_ids"] == [{"key_id": key_id, "records": 1}]
+    assert isinstance(document["store_schema_version"], int)
 
 
 @pytest.mark.parametrize("verb", [["status"], ["status", "--json"]])

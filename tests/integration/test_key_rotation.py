@@ -434,6 +434,6 @@ def test_a_killed_rotation_leaves_a_consistent_store_and_resumes(tmp_path: Path)
     assert report["primary_key_id"] == new_id
     assert report["remaining"] == 0
     assert report["resealed"] == found[old_id]
-    assert report["by_key"] == {new_id: CRASH_RECORDS}
+    assert report["by_key"] == [{"key_id": new_id, "records": CRASH_RECORDS}]
     with bootstrap(settings, create=True) as runtime:
         assert _counts_by_header(runtime, CRASH_RECORDS) == {new_id: CRASH_RECORDS}

@@ -496,7 +496,7 @@ def test_a_scope_crosses_sqlite_to_postgres_and_back_into_stores_holding_other_d
     manifest = document["manifest"]
     assert isinstance(manifest, dict)
     assert manifest["scope"] == SCOPE
-    assert set(document) == {"archive", "bytes", "signed", "manifest"}
+    assert set(document) == {"schema_version", "archive", "bytes", "signed", "manifest"}
     assert document["signed"] is False
     assert manifest["parts"][RECORDS_PART]["lines"] == 1
 
@@ -511,8 +511,8 @@ def test_a_scope_crosses_sqlite_to_postgres_and_back_into_stores_holding_other_d
     assert imported.returncode == 0, imported.stdout + imported.stderr
     added = json_document(imported)
     assert set(added) == {
-        "archive", "source", "target", "scope", "revision", "records", "events", "streams",
-        "epoch", "seal_counts", "records_digest", "events_digest", "verified",
+        "schema_version", "archive", "source", "target", "scope", "revision", "records",
+        "events", "streams", "epoch", "seal_counts", "records_digest", "events_digest", "verified",
     }  # fmt: skip
     assert (added["scope"], added["verified"], added["records"]) == (SCOPE, True, 1)
     assert added["revision"] == expected[1]
@@ -643,7 +643,8 @@ def test_a_signed_archive_checks_with_the_public_key_alone_and_import_refuses_ot
     assert checked.returncode == 0, checked.stdout + checked.stderr
     document = json_document(checked)
     assert set(document) == {
-        "archive", "mac_checked", "signature_checked", "records", "events", "manifest"
+        "schema_version", "archive", "mac_checked", "signature_checked", "records", "events",
+        "manifest",
     }  # fmt: skip
     assert (document["records"], document["events"]) == (None, None)
     assert (document["mac_checked"], document["signature_checked"]) == (False, True)

@@ -367,6 +367,20 @@ def verbs(home: Home) -> st.SearchStrategy[list[str]]:
         ),
         _verb(_words("ledger", "head", "--stream"), ids.map(lambda v: [v]), json_flag),
         _verb(
+            _words("ledger", "streams"),
+            _option("--limit", number),
+            _option("--cursor", value),
+            _flag("--all"),
+            json_flag,
+        ),
+        _verb(
+            _words("scopes", "list"),
+            _option("--limit", number),
+            _option("--cursor", value),
+            _flag("--all"),
+            json_flag,
+        ),
+        _verb(
             _words("ledger", "vouch", "--stream"),
             ids.map(lambda v: [v]),
             _option("--head-hash", value),
@@ -460,7 +474,7 @@ JUNK_TOKENS = (
     "keys", "add", "retire", "rotate-key", "--batch-size", "check-receipt", "--against",
     "--public-key", "signing-key", "--out", "compact", "accept-restore", "vouch",
     "--head-hash", "recover", "--sign", "--check", "report", "--html", "--workflow",
-    "--reveal",
+    "--reveal", "streams", "scopes", "--cursor",
 )  # fmt: skip
 """Words the parser knows, shuffled into junk argv (never ``demo``, which would run in full)."""
 
