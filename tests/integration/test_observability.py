@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 from cli_helpers import TIMEOUT, json_document, run_cli
+from key_scan import KeyScanner
 from log_capture import capture_logs
 
 from flowvault.application import UnitOfWork
@@ -187,3 +188,23 @@ def test_a_disabled_level_builds_no_event(tmp_path: Path) -> None:
         logger.removeHandler(recorder)
         logger.setLevel(before)
     assert seen == []
+
+
+def test_debug_events_hold_no_payload_key_or_natural_key(tmp_path: Path) -> None:
+    """Every event of a write, read, reseal and audit, at debug, rendered: no secret in any."""
+    payload = "payload-sentinel-4d2a"
+    natural_key = "natural-key-sentinel-61fe"
+    settings = Settings(backend="sqlite", home=tmp_path / "home")
+    scanner = KeyScanner()
+    scanner.register(KEY, "the master key")
+    with capture_logs(logging.DEBUG) as logs, bootstrap(settings, key=KEY, create=True) as vault:
+        vault.state(natural_key).save(WorkflowState(step=1, data={"note": payload}))
+        assert vault.state(natural_key).load().state.data == {"note": payload}
+        assert compact_fully(vault.capabilities) in {True, False}
+        assert vault.audit().run().ok
+    names = {entry["event"] for entry in logs}
+    assert {"unit_committed", "store_synced", "key_used", "ledger_verified"} <= names
+    rendered = "\n".join(repr(entry) for entry in logs)
+    assert payload not in rendered
+    assert natural_key not in rendered
+    assert scanner.leaks(rendered) == []
