@@ -9,11 +9,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from cli_helpers import TIMEOUT, json_document, run_cli
 from key_scan import KeyScanner
 from log_capture import capture_logs
 
-from flowvault.application import UnitOfWork
+from flowvault.application import SecureObjectStore, UnitOfWork
 from flowvault.application._backoff import RetryPolicy
 from flowvault.application._compaction import compact_fully
 from flowvault.application.testing import make_upsert
@@ -144,12 +145,8 @@ def test_a_conflict_and_a_retry_are_logged(tmp_path: Path) -> None:
     settings = Settings(backend="memory")
     with capture_logs(logging.DEBUG) as logs, bootstrap(settings, key=KEY) as vault:
         vault.store.commit(UnitOfWork(upserts=[make_upsert("ns", "k")]))
-        try:
+        with pytest.raises(RevisionConflict):
             vault.store.commit(UnitOfWork(upserts=[make_upsert("ns", "k")]))
-        except RevisionConflict:
-            pass
-        else:
-            raise AssertionError("the second insert should conflict")
         naps: list[float] = []
         retries = RetryPolicy(sleep=naps.append, max_retries=1).start()
         retries.after_lost_race("the thing")
@@ -208,3 +205,22 @@ def test_debug_events_hold_no_payload_key_or_natural_key(tmp_path: Path) -> None
     assert payload not in rendered
     assert natural_key not in rendered
     assert scanner.leaks(rendered) == []
+
+
+def test_every_adapter_logs_its_commits_syncs_and_conflicts(
+    backend_store: SecureObjectStore,
+) -> None:
+    """Memory, SQLite and PostgreSQL each log a commit and a conflict; the durable ones a sync."""
+    kind = type(backend_store).__name__.removesuffix("SecureObjectStore").lower()
+    kind = {"inmemory": "memory"}.get(kind, kind)
+    with capture_logs(logging.DEBUG) as logs:
+        backend_store.commit(UnitOfWork(upserts=[make_upsert("ns", "k")]))
+        with pytest.raises(RevisionConflict):
+            backend_store.commit(UnitOfWork(upserts=[make_upsert("ns", "k")]))
+    by_event = {entry["event"]: entry for entry in logs}
+    assert by_event["unit_committed"]["store"] == kind
+    assert by_event["unit_committed"]["unit_kind"] == "ns"
+    assert by_event["unit_committed"]["records_written"] == 1
+    assert by_event["revision_conflict"]["store"] == kind
+    synced = [entry for entry in logs if entry["event"] == "store_synced"]
+    assert (synced != []) is (kind != "memory")
