@@ -29,8 +29,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Final, Protocol, runtime_checkable
 
-import structlog
-
 from flowvault.application._capabilities import StoreCapabilities
 from flowvault.application._keyed_digester import KeyedDigester
 from flowvault.application._mark_format import (
@@ -45,6 +43,7 @@ from flowvault.application._mark_format import (
     parse_mark,
     replay_log,
 )
+from flowvault.application._observability import EventLog
 from flowvault.application.ports import MAX_HEAD_BATCH, StoreEpoch
 from flowvault.domain import (
     IntegrityFailure,
@@ -56,7 +55,7 @@ from flowvault.domain import (
 COMPACT_SLACK: Final = 64 * 1024
 """Log bytes allowed beyond twice the last compaction's size before compacting again."""
 
-_log = structlog.get_logger("flowvault.high_water")
+_log = EventLog("flowvault.high_water")
 
 
 class _HeadReader(Protocol):

@@ -15,6 +15,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Final, Protocol, TypeVar
 
+from flowvault.application import _observability as observe
 from flowvault.application._anti_rollback import AntiRollback
 from flowvault.application._capabilities import StoreCapabilities
 from flowvault.application._compaction import compact_after_commit
@@ -267,6 +268,19 @@ def list_all_streams(catalog: StreamCatalog | None) -> list[str]:
     return names
 
 
+def _reported(report: AuditReport) -> AuditReport:
+    """Log (and count) a finished audit by its finding codes, never stream names or contents."""
+    findings = {str(failure.defect) for failure in report.failures}
+    if report.unreadable_count:
+        findings.add("unreadable")
+    if report.stale:
+        findings.add("stale")
+    if report.rolled_back is not None:
+        findings.add("rolled_back")
+    observe.ledger_verified(report.ok, len(report.streams), report.events, tuple(sorted(findings)))
+    return report
+
+
 class LedgerAudit:
     """Verifies streams and classifies records; opens records only when given the key.
 
@@ -317,8 +331,10 @@ class LedgerAudit:
         if streams is not None:
             names = list(streams)
             audits = progress(names, total=len(names), label="verifying streams")
-            return AuditReport(
-                tuple(verify_stream(self._store, name, self._repository) for name in audits)
+            return _reported(
+                AuditReport(
+                    tuple(verify_stream(self._store, name, self._repository) for name in audits)
+                )
             )
         names = list_all_streams(self._capabilities.catalog)
         audits = progress(names, total=len(names), label="verifying streams")
@@ -336,8 +352,8 @@ class LedgerAudit:
             if readability is RecordReadability.UNREADABLE:
                 unreadable.append(record)
         listed = tuple(unreadable[:MAX_LISTED_UNREADABLE])
-        return AuditReport(
-            tuple(verified), dict(counts), listed, tuple(stale), self._rolled_back()
+        return _reported(
+            AuditReport(tuple(verified), dict(counts), listed, tuple(stale), self._rolled_back())
         )
 
     def _rolled_back(self) -> str | None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Final, TypeVar
 
+from flowvault.application import _observability as observe
 from flowvault.domain import InvalidInput, RevisionConflict
 
 _Result = TypeVar("_Result")
@@ -96,13 +97,16 @@ class Retries:
         spent = policy.monotonic() - self.started
         capped = policy.max_retries is not None and self.lost > policy.max_retries
         if capped or spent >= policy.time_budget:
+            observe.retries_exhausted(what, self.lost, spent)
             raise RevisionConflict(
                 f"{what} kept changing; gave up after {self.lost} tries in {spent:.1f} s",
                 tries=self.lost,
                 milliseconds=int(spent * 1000),
                 **details,
             )
-        policy.sleep(min(policy.pause(self.lost), policy.time_budget - spent))
+        pause = min(policy.pause(self.lost), policy.time_budget - spent)
+        observe.unit_retried(what, self.lost, pause)
+        policy.sleep(pause)
 
 
 DEFAULT_RETRY: Final = RetryPolicy()

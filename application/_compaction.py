@@ -10,13 +10,12 @@ caller a durable change had not happened, and its retry would conflict.
 
 from __future__ import annotations
 
-import structlog
-
+from flowvault.application import _observability as observe
 from flowvault.application._capabilities import StoreCapabilities
 from flowvault.application.ports import Compactor
 from flowvault.domain import StoreBusy, StoreUnavailable
 
-_log = structlog.get_logger("flowvault.compaction")
+_log = observe.EventLog("flowvault.compaction")
 
 
 def compact_after_commit(compactor: Compactor | None) -> bool:
@@ -24,10 +23,12 @@ def compact_after_commit(compactor: Compactor | None) -> bool:
     if compactor is None:
         return True
     try:
-        return compactor.compact()
+        completed = compactor.compact()
     except (StoreBusy, StoreUnavailable) as exc:
         _log.warning("compaction_deferred", code=exc.code)
         return False
+    observe.compacted(explicit=False, completed=completed)
+    return completed
 
 
 def compact_fully(capabilities: StoreCapabilities) -> bool:
@@ -38,7 +39,10 @@ def compact_fully(capabilities: StoreCapabilities) -> bool:
     should hear that it did not happen.
     """
     if capabilities.vacuumer is not None:
-        return capabilities.vacuumer.vacuum()
-    if capabilities.compactor is not None:
-        return capabilities.compactor.compact()
-    return True
+        completed = capabilities.vacuumer.vacuum()
+    elif capabilities.compactor is not None:
+        completed = capabilities.compactor.compact()
+    else:
+        return True
+    observe.compacted(explicit=True, completed=completed)
+    return completed

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import threading
 
-import structlog
-
+from flowvault.application._observability import EventLog
 from flowvault.application._run_service import RunService
 from flowvault.domain import FlowvaultError, InvalidInput
 
-_log = structlog.get_logger("flowvault.run_leases")
+_log = EventLog("flowvault.run_leases")
 
 
 class LeaseKeeper:

@@ -18,15 +18,14 @@ import threading
 from collections.abc import Mapping
 from typing import Final
 
-import structlog
-
 from flowvault.application._anti_rollback import AntiRollback
+from flowvault.application._observability import EventLog
 from flowvault.domain import FlowvaultError
 
 MARK_LAG_WINDOW: Final = 0.1
 """Seconds between background mark writes: about how far the mark trails the last commit."""
 
-_log = structlog.get_logger("flowvault.high_water")
+_log = EventLog("flowvault.high_water")
 
 
 def advance_or_defer(guard: AntiRollback, sizes: Mapping[str, int] | None = None) -> bool:

@@ -17,8 +17,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import structlog
-
+from flowvault.application._observability import EventLog
 from flowvault.application.ports import SealCounter
 from flowvault.domain import InvalidInput, KeyExhausted
 
@@ -32,7 +31,7 @@ FIRST_SEAL_BLOCK = 64
 """Seals a process reserves first; each further block doubles, up to ``MAX_SEAL_BLOCK``."""
 MAX_SEAL_BLOCK = 65_536
 
-_log = structlog.get_logger("flowvault.keys")
+_log = EventLog("flowvault.keys")
 
 
 @dataclass(slots=True)

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, TypedDict, Unpack
 
+from flowvault.application import _observability as observe
 from flowvault.application._capabilities import StoreCapabilities
 from flowvault.application._records import (
     ExpectedRevision,
@@ -201,6 +202,7 @@ class SealedRepository:
         plaintext = canonical_bytes(body)
         self._budget.charge(header.key_id)
         sealed = self._cipher.seal(header.key_id, plaintext, header.aad())
+        observe.key_used("seal", header.key_id)
         return Upsert(header=header, payload=sealed, expected=expected, labels=labels)
 
     def reseal(self, record: StoredRecord) -> Upsert | None:
@@ -224,6 +226,7 @@ class SealedRepository:
         header = metadata.header.model_copy(update={"key_id": primary})
         self._budget.charge(primary)
         sealed = self._cipher.seal(primary, plaintext, header.aad())
+        observe.key_used("seal", primary)
         return Upsert(
             header=header,
             payload=sealed,
@@ -308,7 +311,9 @@ class SealedRepository:
             raise _tampered("payload length or digest differs from the row", metadata)
         if self._cipher.sealed_key_id(payload) != header.key_id:
             raise _tampered("sealed under another key than the row names", metadata)
-        return self._cipher.open(payload, header.aad())
+        plaintext = self._cipher.open(payload, header.aad())
+        observe.key_used("open", header.key_id)
+        return plaintext
 
     @staticmethod
     def _unwrap(plaintext: bytes, metadata: RecordMetadata) -> JsonValue:

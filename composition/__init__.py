@@ -13,6 +13,7 @@ if _typing.TYPE_CHECKING:
     from flowvault.composition._container import Container, build_container
     from flowvault.composition._logging import configure_logging
     from flowvault.composition._settings import Settings
+    from flowvault.composition._telemetry import configure_telemetry, disable_telemetry
 
 _HOMES = {
     "Container": "_container",
@@ -23,6 +24,8 @@ _HOMES = {
     "bound": "_binding",
     "build_container": "_container",
     "configure_logging": "_logging",
+    "configure_telemetry": "_telemetry",
+    "disable_telemetry": "_telemetry",
 }
 
 __all__ = [
@@ -34,6 +37,8 @@ __all__ = [
     "bound",
     "build_container",
     "configure_logging",
+    "configure_telemetry",
+    "disable_telemetry",
 ]
 
 

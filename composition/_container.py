@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import structlog
 from dependency_injector import containers, providers
 from pydantic import SecretStr
 
@@ -31,14 +30,15 @@ from flowvault.application._anti_rollback import AntiRollback
 from flowvault.application._high_water_store import HighWaterStore
 from flowvault.application._keys import KEY_ENV, KeyRing, check_key_matches, resolve_key_ring
 from flowvault.application._mark_flusher import MarkFlusher
+from flowvault.application._observability import EventLog
 from flowvault.application._seal_budget import SealBudget
 from flowvault.application._sealed import CipherDigester
 from flowvault.application._workflow_records import WorkflowRecords
 from flowvault.composition._settings import Settings
 from flowvault.domain import InvalidInput, KeyRequired, NotFound, StoreUnavailable
 
-_log = structlog.get_logger("flowvault.high_water")
-_store_log = structlog.get_logger("flowvault.store")
+_log = EventLog("flowvault.high_water")
+_store_log = EventLog("flowvault.store")
 
 
 def _backend(settings: Settings) -> str:

@@ -1,14 +1,25 @@
-"""Opt-in structlog configuration for the CLI; the library itself never configures logging."""
+"""Opt-in routing of flowvault's log events to a stream; the library itself configures nothing.
+
+flowvault logs through standard ``logging`` under ``flowvault.*``
+(``flowvault.application._observability``): a host that set up ``logging``
+already receives the events, and one that did not sees nothing.
+``configure_logging`` is what the CLI calls, and what a host calls to
+have flowvault's events on stderr without setting up ``logging`` itself.
+It touches only the ``flowvault`` logger (and quiets the pool's), never
+the root logger or structlog's global configuration.
+"""
 
 from __future__ import annotations
 
+import datetime
 import logging
 import sys
-from typing import Literal, TextIO
+from typing import Any, Literal, TextIO
 
 import structlog
 from structlog.typing import EventDict, WrappedLogger
 
+from flowvault.application._observability import ROOT_LOGGER
 from flowvault.domain._sanitise import REDACTED, is_secret_key
 
 _POOL_LOGGER = "psycopg.pool"
@@ -37,38 +48,60 @@ def redact_secret_keys(_: WrappedLogger, __: str, event_dict: EventDict) -> Even
     return event_dict
 
 
+class _EventFormatter(logging.Formatter):
+    """Render a flowvault event record as one JSON line, or one readable line."""
+
+    def __init__(self, *, use_json: bool) -> None:
+        super().__init__()
+        self._render: Any = (
+            structlog.processors.JSONRenderer(sort_keys=True)
+            if use_json
+            else structlog.dev.ConsoleRenderer(colors=False, pad_event_to=0)
+        )
+
+    def format(self, record: logging.LogRecord) -> str:
+        event_dict: EventDict = {
+            "event": getattr(record, "flowvault_event", record.getMessage()),
+            **getattr(record, "flowvault_fields", {}),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "timestamp": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(),
+        }
+        redact_secret_keys(None, record.levelname.lower(), event_dict)
+        rendered: str = self._render(None, record.levelname.lower(), event_dict)
+        return rendered
+
+
+LogFormat = Literal["auto", "json", "console"]
+
+
+class _FlowvaultHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The one handler ``configure_logging`` puts on the ``flowvault`` logger."""
+
+
 def configure_logging(
     level: Literal["debug", "info", "warning", "error"] = "info",
-    fmt: Literal["auto", "json", "console"] = "auto",
+    fmt: LogFormat = "auto",
     stream: TextIO | None = None,
 ) -> None:
-    """Route structlog to ``stream`` (stderr by default) at ``level``.
+    """Write flowvault's events at ``level`` and above to ``stream`` (stderr by default).
 
     ``auto`` renders JSON lines when the stream is not a terminal (so log
-    shippers get structure) and a readable console format when it is.
-    The connection pool's per-attempt warnings are kept off stderr
+    shippers get structure) and a readable line when it is. Calling it
+    again replaces the earlier handler rather than adding one. The events
+    stop at this handler (they do not also reach the root logger's), and
+    the connection pool's per-attempt warnings are kept off stderr
     (``_quiet_pool_logger``).
     """
     _quiet_pool_logger()
     out = sys.stderr if stream is None else stream
     use_json = fmt == "json" or (fmt == "auto" and not out.isatty())
-    renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer(sort_keys=True)
-        if use_json
-        else structlog.dev.ConsoleRenderer(colors=False)
-    )
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            redact_secret_keys,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping()[level.upper()]
-        ),
-        logger_factory=structlog.PrintLoggerFactory(file=out),
-        cache_logger_on_first_use=False,
-    )
+    logger = logging.getLogger(ROOT_LOGGER)
+    for handler in list(logger.handlers):
+        if isinstance(handler, _FlowvaultHandler):
+            logger.removeHandler(handler)
+    handler = _FlowvaultHandler(out)
+    handler.setFormatter(_EventFormatter(use_json=use_json))
+    logger.addHandler(handler)
+    logger.setLevel(logging.getLevelNamesMapping()[level.upper()])
+    logger.propagate = False

@@ -19,13 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 from key_leak_plugin import (
     pytest_configure,
     pytest_runtest_logreport,
     pytest_sessionfinish,
     pytest_terminal_summary,
 )
+from log_capture import reset_flowvault_logging
 
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
@@ -153,9 +153,6 @@ def _private_data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(autouse=True)
 def _fresh_logging() -> Iterator[None]:
-    """Undo any structlog set-up a test made (e.g. by calling the CLI's ``main`` in-process).
-
-    Otherwise a later test would log into a stream pytest has already closed.
-    """
+    """Undo any logging set-up a test made (e.g. by calling the CLI's ``main`` in-process)."""
     yield
-    structlog.reset_defaults()
+    reset_flowvault_logging()

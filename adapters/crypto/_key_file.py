@@ -19,8 +19,6 @@ import stat
 from pathlib import Path
 from typing import NamedTuple
 
-import structlog
-
 from flowvault.adapters._paths import create_private_directories
 from flowvault.application._keys import (
     MASTER_KEY_BYTES,
@@ -29,9 +27,10 @@ from flowvault.application._keys import (
     format_key_ring,
     parse_key_ring,
 )
+from flowvault.application._observability import EventLog
 from flowvault.domain import InsecurePermissions, InvalidInput, RevisionConflict, StoreUnavailable
 
-_log = structlog.get_logger(__name__)
+_log = EventLog(__name__)
 
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +28,14 @@ from flowvault.application import (
     check_upsert,
     effective_limit,
 )
-from flowvault.domain import InvalidInput, LedgerEvent, StoreNotEmpty, StoreUnavailable
+from flowvault.application import _observability as observe
+from flowvault.domain import (
+    InvalidInput,
+    LedgerEvent,
+    RevisionConflict,
+    StoreNotEmpty,
+    StoreUnavailable,
+)
 from flowvault.domain._envelope import format_instant
 
 _Key = tuple[str, str]
@@ -131,9 +139,14 @@ class InMemorySecureObjectStore:
 
     def commit(self, unit: UnitOfWork) -> None:
         """Check every guard, then apply every write, under one lock; a failed write undoes all."""
+        started = time.perf_counter()
         with self._lock:
             self._check_open()
-            removals = self._check(unit)
+            try:
+                removals = self._check(unit)
+            except RevisionConflict as conflict:
+                observe.revision_conflict("memory", unit, conflict.details.get("guard"))
+                raise
             undo = self._undo_log(unit)
             try:
                 for upsert in unit.upserts:
@@ -149,6 +162,7 @@ class InMemorySecureObjectStore:
                 raise
             if not unit.empty:
                 self._epoch += 1
+                observe.unit_committed("memory", unit, started)
 
     def _undo_log(self, unit: UnitOfWork) -> Callable[[], None]:
         """Return what puts back every record and stream ``unit`` touches, as they are now.

@@ -40,7 +40,8 @@ from flowvault.application import (
     StoreContents,
     UnitOfWork,
 )
-from flowvault.domain import StoreUnavailable
+from flowvault.application import _observability as observe
+from flowvault.domain import RevisionConflict, StoreUnavailable
 
 T = TypeVar("T")
 
@@ -235,8 +236,15 @@ class PostgresSecureObjectStore(SqlStore):
         if unit.empty:
             self._check_usable()
             return
+        started = time.perf_counter()
         prepared = PreparedUnit.build(unit)
-        self._run(prepared.apply, transaction=True)
+        try:
+            self._run(prepared.apply, transaction=True)
+        except RevisionConflict as conflict:
+            observe.revision_conflict("postgres", unit, conflict.details.get("guard"))
+            raise
+        observe.store_synced("postgres", 1)
+        observe.unit_committed("postgres", unit, started)
 
     def fill(self, contents: StoreContents) -> None:
         """Write ``contents`` into this schema in one transaction, if it holds nothing.

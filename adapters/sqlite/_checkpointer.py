@@ -17,15 +17,14 @@ import threading
 from collections.abc import Callable
 from typing import Final
 
-import structlog
-
+from flowvault.application._observability import EventLog
 from flowvault.domain import FlowvaultError
 
 CHECKPOINT_AFTER_UNITS: Final = 100
 """Units committed between background checkpoints: about SQLite's 1,000 pages of a transition."""
 CHECKPOINT_PASSIVE: Final = "PRAGMA wal_checkpoint(PASSIVE)"
 
-_log = structlog.get_logger("flowvault.sqlite")
+_log = EventLog("flowvault.sqlite")
 
 Checkpoint = Callable[[], None]
 """Runs ``CHECKPOINT_PASSIVE`` on the calling thread's own connection."""

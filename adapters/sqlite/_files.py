@@ -12,12 +12,11 @@ import shlex
 import stat
 from pathlib import Path
 
-import structlog
-
 from flowvault.adapters._paths import create_private_directories
+from flowvault.application._observability import EventLog
 from flowvault.domain import InsecurePermissions
 
-log = structlog.get_logger(__name__)
+log = EventLog(__name__)
 
 _DIRECTORY_MODE = 0o700
 _FILE_MODE = 0o600

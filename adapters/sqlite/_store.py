@@ -62,8 +62,10 @@ from flowvault.application import (
     StoreContents,
     UnitOfWork,
 )
+from flowvault.application import _observability as observe
 from flowvault.domain import (
     NotFound,
+    RevisionConflict,
     StoreBusy,
     StoreNotEmpty,
     StoreUnavailable,
@@ -336,12 +338,18 @@ class SQLiteSecureObjectStore(SqlStore):
         self._check_writable()
         if unit.empty:
             return
+        started = time.perf_counter()
         ticket = Ticket(unit, PreparedUnit.build(unit))
         self._queue.put(ticket)
         with self._writer.lock:
             while not ticket.resolved:
                 self._commit_next_group()
-        ticket.settle()
+        try:
+            ticket.settle()
+        except RevisionConflict as conflict:
+            observe.revision_conflict("sqlite", unit, conflict.details.get("guard"))
+            raise
+        observe.unit_committed("sqlite", unit, started)
 
     def _commit_next_group(self) -> None:
         """Commit the queued units (the caller holds the writer lock).
@@ -361,6 +369,7 @@ class SQLiteSecureObjectStore(SqlStore):
                 busy_timeout=self._options.busy_timeout,
             )
             self._counts.add(group)
+            observe.store_synced("sqlite", len(group))
             if self._checkpointer is not None:
                 self._checkpointer.committed(len(group))
         except StoreUnavailable as exc:

@@ -22,9 +22,9 @@ from typing import Any, Literal
 import pytest
 from cli_helpers import json_document as _document
 from cli_helpers import run_cli as _run
+from log_capture import capture_logs
 from mark_lag import settle
 from psycopg import sql
-from structlog.testing import capture_logs
 
 from flowvault.adapters.system import MarkFileStore
 from flowvault.adapters.system._mark_file import LOG_OFFSET, SLOT_BYTES

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from cli_helpers import json_document, run_cli
-from structlog.testing import capture_logs
+from log_capture import capture_logs
 
 from flowvault.adapters.crypto import FileKeyStore
 from flowvault.adapters.crypto._cipher import generate_master_key

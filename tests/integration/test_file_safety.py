@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import json_document, run_cli
-from structlog.testing import capture_logs
+from log_capture import capture_logs
 
 from flowvault.adapters.crypto import FileKeyStore
 from flowvault.adapters.crypto._cipher import derive_integrity_key, generate_master_key

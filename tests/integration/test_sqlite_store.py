@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from log_capture import capture_logs
 from processes import run_together
-from structlog.testing import capture_logs
 
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore, _rows
 from flowvault.adapters.sqlite import _queries as sql

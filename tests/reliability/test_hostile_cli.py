@@ -39,10 +39,10 @@ from typing import Any
 import hostile
 import pytest
 import reliability
-import structlog
 from hypothesis import HealthCheck, find, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
+from log_capture import reset_flowvault_logging
 
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.composition import Settings, bootstrap
@@ -541,7 +541,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Home]:
     try:
         yield _populate(tmp_path / "home", scratch)
     finally:
-        structlog.reset_defaults()
+        reset_flowvault_logging()
 
 
 def _settings(examples: int) -> settings:

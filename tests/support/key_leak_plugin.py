@@ -10,12 +10,14 @@ processes are not seen; the tests that start them scan their output.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from key_scan import KEY_BYTES, KeyScanner
+from log_capture import SESSION_LEVEL
 
 from flowvault.adapters.crypto import Ed25519ReceiptSigner, _cipher
 from flowvault.domain import FlowvaultError
@@ -58,7 +60,13 @@ def _watch_errors() -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Start watching before any test derives a key or raises an error."""
+    """Start watching before any test derives a key or raises an error.
+
+    flowvault's logger is opened to debug, so every event it logs (each
+    unit committed, key used, retry, verification) reaches pytest's log
+    capture and is scanned with the rest of the phase's output.
+    """
+    logging.getLogger("flowvault").setLevel(SESSION_LEVEL)
     _watch_derivations()
     _watch_signers()
     _watch_errors()

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from structlog.testing import capture_logs
+from log_capture import capture_logs
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore

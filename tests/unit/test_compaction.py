@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-import structlog
+from log_capture import capture_logs
 
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.application._compaction import compact_after_commit
@@ -26,7 +26,7 @@ class _FailingCompaction(InMemorySecureObjectStore):
 def test_a_failed_compaction_is_reported_as_false_and_logged() -> None:
     """The log names the error code only, so an operator can see why bytes linger."""
     store = _FailingCompaction()
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         assert compact_after_commit(store) is False
     assert logs == [
         {"event": "compaction_deferred", "code": "STORE_UNAVAILABLE", "log_level": "warning"}

@@ -9,13 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
-import structlog
 from dependency_injector import providers
+from log_capture import reset_flowvault_logging
 
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.system import RandomIdFactory, SystemClock
 from flowvault.application import SecureObjectStore, UnitOfWork
 from flowvault.application._high_water_store import HighWaterStore
+from flowvault.application._observability import EventLog
 from flowvault.application.testing import FrozenClock, SequentialIds, make_upsert
 from flowvault.composition import Settings, bootstrap, build_container, configure_logging
 from flowvault.domain import InvalidInput, StoreUnavailable
@@ -157,11 +158,11 @@ def test_configure_logging_writes_json_when_not_a_tty() -> None:
     stream = io.StringIO()
     try:
         configure_logging("info", "auto", stream)
-        log = structlog.get_logger("test")
+        log = EventLog("flowvault.test")
         log.debug("hidden")
         log.info("shown", revision=3, api_key="hunter2-secret")
     finally:
-        structlog.reset_defaults()
+        reset_flowvault_logging()
     lines = stream.getvalue().splitlines()
     assert len(lines) == 1
     record = json.loads(lines[0])
@@ -175,8 +176,8 @@ def test_configure_logging_console_format() -> None:
     stream = io.StringIO()
     try:
         configure_logging("debug", "console", stream)
-        structlog.get_logger("test").debug("plain words")
+        EventLog("flowvault.test").debug("plain words")
     finally:
-        structlog.reset_defaults()
+        reset_flowvault_logging()
     assert "plain words" in stream.getvalue()
     assert not stream.getvalue().lstrip().startswith("{")

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from structlog.testing import capture_logs
+from log_capture import capture_logs
 
 from flowvault.adapters.crypto import AesGcmCipher, FileKeyStore
 from flowvault.adapters.crypto._cipher import WIRE_VERSION, generate_master_key

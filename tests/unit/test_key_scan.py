@@ -99,3 +99,25 @@ def _pytest_with_the_plugin(test_file: Path) -> subprocess.CompletedProcess[str]
         cwd=test_file.parent,
         timeout=120,
     )
+
+
+def test_debug_events_are_scanned_too(tmp_path: Path) -> None:
+    """Flowvault's debug events reach the scan: a key in one fails the run, as printed ones do."""
+    leaking = tmp_path / "test_debug_leak.py"
+    leaking.write_text(
+        textwrap.dedent(
+            """
+            from flowvault.adapters.crypto import AesGcmCipher
+            from flowvault.application._observability import EventLog
+
+            def test_logs_its_key_at_debug():
+                key = bytes(range(7, 39))
+                AesGcmCipher(key)
+                EventLog("flowvault.careless").debug("key_used", material=key.hex())
+            """
+        )
+    )
+    caught = _pytest_with_the_plugin(leaking)
+    assert caught.returncode == 1, caught.stdout + caught.stderr
+    assert "a master key in" in caught.stdout
+    assert "test_logs_its_key_at_debug" in caught.stdout

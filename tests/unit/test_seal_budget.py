@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from structlog.testing import capture_logs
+from log_capture import capture_logs
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore
