@@ -66,6 +66,7 @@ def run_verb(args: argparse.Namespace) -> int:
     settings: Settings | None = None
     try:
         settings = settings_for(args)
+        io.progress_interval = settings.progress_interval
         configure_logging(settings.log_level, settings.log_format)
         return handler(args, CommandContext(settings), io)
     except FlowvaultError as error:

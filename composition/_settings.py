@@ -83,6 +83,8 @@ class Settings(ValueModel):
     returns (a second sync per write); ``off`` never: no mark is checked or kept."""
     seal_limit: int = Field(default=2**32, ge=1, le=2**32)
     seal_warn_at: int = Field(default=2**31, ge=1, le=2**32)
+    progress_interval: float = Field(default=2.0, ge=0, le=3600)
+    """Least seconds between two plain progress lines the CLI prints off a terminal."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
     postgres_dsn: SecretStr | None = None
