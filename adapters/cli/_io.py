@@ -142,14 +142,18 @@ class CommandIO:
             self.out.flush()
 
     def table(self, title: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
-        """Print a table for a person: rich on a terminal, tab-separated otherwise."""
+        """Print a table for a person: rich on a terminal, tab-separated otherwise.
+
+        On a terminal too narrow for a cell, the cell folds onto more lines
+        instead of being cut, so an id can always be copied whole into ``show``.
+        """
         if self.json_output:
             return
         cells = [[str(cell) for cell in row] for row in rows]
         if self.rich:
             table = Table(title=title)
             for column in columns:
-                table.add_column(column)
+                table.add_column(column, overflow="fold")
             for row in cells:
                 table.add_row(*row)
             Console(file=self.out).print(table)
