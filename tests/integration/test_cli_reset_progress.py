@@ -267,7 +267,7 @@ def test_tty_accepted_confirmation_resets(tmp_path: Path) -> None:
 
 
 def test_tty_absent_scope_says_nothing_was_there(tmp_path: Path) -> None:
-    """On a terminal, a scope with no state is previewed and reported as having nothing to delete."""
+    """On a terminal, a scope with no state is reported as having nothing to delete."""
     home = tmp_path / "home"
     _prepare(home)
     status, shown = _answer_on_tty(tmp_path, home, b"y\n", scope="never-written")
