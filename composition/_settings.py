@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -83,6 +84,8 @@ class Settings(ValueModel):
     returns (a second sync per write); ``off`` never: no mark is checked or kept."""
     seal_limit: int = Field(default=2**32, ge=1, le=2**32)
     seal_warn_at: int = Field(default=2**31, ge=1, le=2**32)
+    progress_interval: float = Field(default=2.0, ge=0, le=3600)
+    """Least seconds between two plain progress lines the CLI prints off a terminal."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
     postgres_dsn: SecretStr | None = None
@@ -93,6 +96,16 @@ class Settings(ValueModel):
     """Seconds one connection attempt may take (libpq counts whole seconds, at least 2),
     and the longest wait for a pooled connection."""
     postgres_schema: str = Field(default="flowvault", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
+
+    @field_validator("home", mode="before")
+    @classmethod
+    def _home_given(cls, home: object) -> object:
+        """Refuse an empty home, which would otherwise mean the current directory."""
+        if isinstance(home, str) and not home.strip():
+            raise ValueError(
+                "must not be empty: unset it for the default home, or name a directory"
+            )
+        return home
 
     if TYPE_CHECKING:
         # What a type checker sees without pydantic's plugin: path-like fields take ``str``
@@ -123,13 +136,22 @@ class Settings(ValueModel):
             postgres_lock_timeout: float = ...,
             postgres_connect_timeout: float = ...,
             postgres_schema: str = ...,
+            progress_interval: float = ...,
         ) -> None: ...
 
     @field_validator("home")
     @classmethod
     def _usable_home(cls, home: Path) -> Path:
-        """Refuse a home no file operation could use."""
-        return check_os_path(home)
+        """Refuse a home no file operation could use, or that is plainly not a directory."""
+        check_os_path(home)
+        if home.is_symlink() and not home.exists():
+            raise ValueError("must not be a symbolic link to nothing: fix or remove the link")
+        if home.exists() and not home.is_dir():
+            raise ValueError(
+                "must name a directory, not a file "
+                "(an absent directory is created by 'flowvault init')"
+            )
+        return home
 
     @field_validator("key_file", "signing_key_file", "high_water_file")
     @classmethod
@@ -222,11 +244,50 @@ class Settings(ValueModel):
         try:
             return cls.model_validate(values)
         except InvalidInput as exc:
-            refused = set(str(exc.details.get("fields", "")).split(",")) & set(cls.model_fields)
-            unknown = set(values) - set(cls.model_fields)
-            fields = sorted(refused | unknown) or ["seal_warn_at"]
             raise InvalidInput(
-                "invalid flowvault settings: " + ", ".join(ENV_PREFIX + f.upper() for f in fields),
+                "invalid flowvault settings: " + "; ".join(_problems(exc, values)),
                 fix="correct or unset the variables named; the Settings table of "
                 "docs/operations.md lists each one and its values",
             ) from None
+
+
+def _variable(word: str) -> str:
+    """Name a setting as its variable; leave any other word as it is."""
+    return ENV_PREFIX + word.upper() if word in Settings.model_fields else word
+
+
+def _allowed(name: str) -> str:
+    """Say which numbers a numeric setting takes, from its declared bounds; else nothing."""
+    bounds = []
+    for rule in Settings.model_fields[name].metadata:
+        for attribute, sign in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
+            limit = getattr(rule, attribute, None)
+            if limit is not None:
+                bounds.append(f"{sign} {limit}")
+    return f" (allowed: {' and '.join(bounds)})" if bounds else ""
+
+
+def _problems(error: InvalidInput, values: Mapping[str, object]) -> list[str]:
+    """Restate a refusal per variable: its ``FLOWVAULT_`` name, the rule it broke, what is allowed.
+
+    The rules come from ``invalid_values``, which never quotes an input, so
+    ``FLOWVAULT_KEY`` or a DSN's password cannot leak into the message.
+    """
+    problems = [
+        f"{ENV_PREFIX}{name.upper()}: unknown setting"
+        for name in sorted(set(values) - set(Settings.model_fields))
+    ]
+    text = error.message.split(": ", 1)[1] if ": " in error.message else error.message
+    for problem in text.split("; "):
+        name, _, rule = problem.partition(": ")
+        if name in Settings.model_fields:
+            problems.append(f"{ENV_PREFIX}{name.upper()}: {rule}{_allowed(name)}")
+        elif name != "(unknown field)":
+            problems.append(
+                re.sub(
+                    r"\b[a-z_]+\b",
+                    lambda word: _variable(word.group()),
+                    problem,
+                )
+            )
+    return problems

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
@@ -105,6 +106,37 @@ FIXES: dict[str, str] = {
 """One-line fixes printed under an error, by code: every code has its own."""
 
 
+class _PlainProgress:
+    """Progress as plain lines on a stream: throttled by time, with a closing line."""
+
+    def __init__(self, stream: TextIO, label: str, total: int | None, interval: float) -> None:
+        self._stream = stream
+        self._label = label
+        self._total = total
+        self._interval = interval
+        self._last = time.monotonic()
+        self.done = 0
+
+    def _write(self, text: str) -> None:
+        self._stream.write(text + "\n")
+        self._stream.flush()
+
+    def _count(self, done: int) -> str:
+        return f"{done}" if self._total is None else f"{done}/{self._total}"
+
+    def update(self, done: int) -> None:
+        """Record ``done`` units; print it if the interval has passed since the last line."""
+        self.done = done
+        now = time.monotonic()
+        if now - self._last >= self._interval:
+            self._last = now
+            self._write(f"{self._label}: {self._count(done)}")
+
+    def finish(self, done: int) -> None:
+        """Print the closing line with the final count."""
+        self._write(f"{self._label}: {self._count(done)} done")
+
+
 @dataclass(slots=True)
 class CommandIO:
     """Where a command writes, whether it may ask questions, and in which format."""
@@ -113,6 +145,8 @@ class CommandIO:
     err: TextIO = field(default_factory=lambda: sys.stderr)
     stdin: TextIO = field(default_factory=lambda: sys.stdin)
     json_output: bool = False
+    progress_interval: float = 2.0
+    """Least seconds between two plain progress lines (``FLOWVAULT_PROGRESS_INTERVAL``)."""
 
     @property
     def interactive(self) -> bool:
@@ -148,14 +182,18 @@ class CommandIO:
             self.out.flush()
 
     def table(self, title: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
-        """Print a table for a person: rich on a terminal, tab-separated otherwise."""
+        """Print a table for a person: rich on a terminal, tab-separated otherwise.
+
+        On a terminal too narrow for a cell, the cell folds onto more lines
+        instead of being cut, so an id can always be copied whole into ``show``.
+        """
         if self.json_output:
             return
         cells = [[str(cell) for cell in row] for row in rows]
         if self.rich:
             table = Table(title=title)
             for column in columns:
-                table.add_column(column)
+                table.add_column(column, overflow="fold")
             for row in cells:
                 table.add_row(*row)
             Console(file=self.out).print(table)
@@ -165,22 +203,38 @@ class CommandIO:
             self.out.write("\t".join(row) + "\n")
 
     def progress(self, items: Iterable[T], *, total: int | None, label: str) -> Iterator[T]:
-        """Yield ``items`` with a progress bar on a terminal, silently otherwise."""
-        if not self.rich:
+        """Yield ``items`` with a bar on a terminal, else periodic plain lines on stderr.
+
+        Off a terminal (a pipe, a log, cron) a line ``label: done/total`` is
+        printed at most once per ``progress_interval`` seconds, and a last
+        ``... done`` line at the end, so a long job shows it is moving
+        without a line per item. ``--json`` keeps stderr quiet.
+        """
+        if self.json_output:
             yield from items
             return
-        with Progress(console=Console(file=self.err), transient=True) as bar:
-            task = bar.add_task(label, total=total)
-            for item in items:
-                yield item
-                bar.advance(task)
+        if self.rich:
+            with Progress(console=Console(file=self.err), transient=True) as bar:
+                task = bar.add_task(label, total=total)
+                for item in items:
+                    yield item
+                    bar.advance(task)
+            return
+        lines = _PlainProgress(self.err, label, total, self.progress_interval)
+        done = 0
+        for item in items:
+            yield item
+            done += 1
+            lines.update(done)
+        lines.finish(done)
 
     @contextmanager
     def tracker(self, *, total: int, label: str) -> Iterator[Callable[[int], None]]:
         """Yield ``update(done)`` for work measured in units: a bar on a terminal.
 
-        Off a terminal each update is one line on stderr, so a long job in a
-        log still shows it is moving; ``--json`` keeps stderr quiet too.
+        Off a terminal updates print as ``progress`` does, at most one line
+        per ``progress_interval`` seconds plus a last one; ``--json`` keeps
+        stderr quiet.
         """
         if self.rich:
             with Progress(console=Console(file=self.err), transient=True) as bar:
@@ -190,12 +244,9 @@ class CommandIO:
         if self.json_output:
             yield lambda done: None
             return
-
-        def line(done: int) -> None:
-            self.err.write(f"{label}: {done}/{total}\n")
-            self.err.flush()
-
-        yield line
+        lines = _PlainProgress(self.err, label, total, self.progress_interval)
+        yield lines.update
+        lines.finish(lines.done)
 
     def fail(self, error: FlowvaultError) -> int:
         """Report a flowvault error with its code and a one-line fix; return exit status 1.

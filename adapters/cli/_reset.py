@@ -13,6 +13,7 @@ from flowvault.adapters.cli._verbs import Verbs, add_verb
 from flowvault.application import StateRepository
 from flowvault.application._state import ResetOutcome, reset_progress
 from flowvault.domain import WorkflowState
+from flowvault.domain._fingerprint import Readability
 
 SOURCE = "flowvault reset-progress"
 
@@ -28,15 +29,22 @@ class ResetRequest:
     yes: bool
 
 
-def _lines(outcome: ResetOutcome) -> list[str]:
-    fingerprint = outcome.fingerprint
+def _verdict(outcome: ResetOutcome, *, preview: bool) -> str:
+    absent = outcome.fingerprint.readability == Readability.ABSENT
     if outcome.cold_root:
-        verdict = "cold root: no store exists, nothing to reset"
-    elif outcome.applied:
-        verdict = "reset: state deleted after recording a workflow_state.reset event"
-    else:
-        verdict = "dry run: nothing deleted"
-    shown = fingerprint.model_dump(mode="json", exclude_none=True)
+        return "cold root: no store exists, nothing to reset"
+    if preview:
+        return "no state in this scope: nothing to delete" if absent else "would delete:"
+    if outcome.applied and absent:
+        return "nothing to delete: the scope had no state (a workflow_state.reset event records it)"
+    if outcome.applied:
+        return "reset: state deleted after recording a workflow_state.reset event"
+    return "dry run: nothing deleted"
+
+
+def _lines(outcome: ResetOutcome, *, preview: bool = False) -> list[str]:
+    shown = outcome.fingerprint.model_dump(mode="json", exclude_none=True)
+    verdict = _verdict(outcome, preview=preview)
     return [verdict, *(f"  {name}: {value}" for name, value in shown.items())]
 
 
@@ -58,7 +66,7 @@ def reset_progress_command(
             state, request.scope, actor=request.actor, source=SOURCE,
             reason_class=request.reason, dry_run=True,
         )  # fmt: skip
-        io.err.write("\n".join(_lines(preview)) + "\n")
+        io.err.write("\n".join(_lines(preview, preview=True)) + "\n")
         if not io.confirm(f"Reset the workflow state of scope {request.scope!r}?"):
             io.err.write("aborted: nothing was reset\n")
             return 1

@@ -147,6 +147,40 @@ def _read_only_options(path: Path, synchronous: Synchronous, busy_timeout: float
     return ConnectOptions(path, synchronous, busy_timeout, read_only=True, immutable=not sidecars)
 
 
+def _refuse_denied_file(path: Path, *, read_only: bool) -> None:
+    """Name the database file this user may not open; SQLite would report only ``CANTOPEN``."""
+    wanted = os.R_OK if read_only else os.R_OK | os.W_OK
+    if path.is_file() and not os.access(path, wanted):
+        raise StoreUnavailable(
+            f"permission denied: {path}",
+            path=str(path),
+            fix=f"run flowvault as the owner of {path}, or give this user access to it "
+            "(chown or chmod)",
+        )
+
+
+def _refuse_empty_file(path: Path) -> None:
+    """Refuse a 0-byte file with no write-ahead log: SQLite would take it for an empty store.
+
+    Opened as a store, such a file would be given a schema (and the caller
+    a new key): a truncated copy or a ``touch`` would silently become a
+    new, empty store in place of the data it stands for.
+    """
+    try:
+        empty = path.stat().st_size == 0
+        log = path.with_name(path.name + "-wal")
+        empty = empty and (not log.exists() or log.stat().st_size == 0)
+    except FileNotFoundError:
+        return
+    if empty:
+        raise StoreUnavailable(
+            f"{path} is an empty file, not a flowvault store",
+            path=str(path),
+            fix="an empty file is not a store: restore the database from a backup, "
+            "or remove the file and run 'flowvault init'",
+        )
+
+
 class SQLiteSecureObjectStore(SqlStore):
     """``SecureObjectStore`` over one SQLite file in WAL mode.
 
@@ -201,7 +235,9 @@ class SQLiteSecureObjectStore(SqlStore):
             InsecurePermissions: the directory or file is open to other users
                 and ``allow_insecure_permissions`` is false.
             SchemaTooNew: a newer flowvault wrote the file; it is left untouched.
-            StoreUnavailable: the file cannot be opened or configured as required.
+            StoreUnavailable: the file cannot be opened or configured as required,
+                this user may not read (or write) it, or (without ``create``) it is
+                empty: 0 bytes and no write-ahead log.
             StoreBusy: another process held the database past ``busy_timeout``.
             NotFound: no file at ``path`` and ``create`` is false (not read-only).
             StoreUnavailable (read-only): the file is missing, or its schema is
@@ -209,6 +245,9 @@ class SQLiteSecureObjectStore(SqlStore):
 
         """
         check_sqlite_version()
+        _refuse_denied_file(Path(path), read_only=read_only)
+        if not create:
+            _refuse_empty_file(Path(path))
         if read_only:
             options = _read_only_options(Path(path), synchronous, busy_timeout)
         else:

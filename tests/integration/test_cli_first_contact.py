@@ -125,7 +125,7 @@ def test_ctrl_c_mid_rotation_ends_in_one_line_and_leaves_a_store_that_verifies(
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         text=True,
-        env=cli_env(tmp_path),
+        env=cli_env(tmp_path, FLOWVAULT_PROGRESS_INTERVAL="0"),
     )
     assert rotation.stderr is not None
     first = rotation.stderr.readline()

@@ -207,12 +207,14 @@ def _drain(fd: int, deadline: float) -> bytes:
     return seen
 
 
-def _answer_on_tty(tmp_path: Path, home: Path, answer: bytes) -> tuple[int, str]:
+def _answer_on_tty(
+    tmp_path: Path, home: Path, answer: bytes, scope: str = "main"
+) -> tuple[int, str]:
     """Run the verb on a pseudo-terminal (stdin, stdout and stderr) and answer its prompt."""
     controller, terminal = os.openpty()
     try:
         process = subprocess.Popen(
-            [str(FLOWVAULT), "--home", str(home), "reset-progress", "--scope", "main"],
+            [str(FLOWVAULT), "--home", str(home), "reset-progress", "--scope", scope],
             stdin=terminal,
             stdout=terminal,
             stderr=terminal,
@@ -243,7 +245,8 @@ def test_tty_declined_confirmation_keeps_the_state(tmp_path: Path) -> None:
     _prepare(home)
     status, shown = _answer_on_tty(tmp_path, home, b"n\n")
     assert status == 1
-    assert "dry run" in shown
+    assert "would delete:" in shown
+    assert "dry run" not in shown
     assert "aborted" in shown
     assert MARKER not in shown
     assert _revision(home) == 1
@@ -261,6 +264,20 @@ def test_tty_accepted_confirmation_resets(tmp_path: Path) -> None:
     assert "aborted" not in shown
     assert _revision(home) is None
     assert _revision(home, "other") == 1
+
+
+def test_tty_absent_scope_says_nothing_was_there(tmp_path: Path) -> None:
+    """On a terminal, a scope with no state is reported as having nothing to delete."""
+    home = tmp_path / "home"
+    _prepare(home)
+    status, shown = _answer_on_tty(tmp_path, home, b"y\n", scope="never-written")
+    assert status == 0, shown
+    before_prompt = shown.split("[y/N]")[0]
+    assert "dry run" not in before_prompt
+    assert "no state in this scope" in before_prompt
+    assert "nothing to delete" in shown.split("[y/N]")[1]
+    assert "state deleted" not in shown
+    assert _revision(home) == 1
 
 
 # -- errors --------------------------------------------------------------------

@@ -395,7 +395,7 @@ def test_a_killed_rotation_leaves_a_consistent_store_and_resumes(tmp_path: Path)
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        env=cli_env(tmp_path),
+        env=cli_env(tmp_path, FLOWVAULT_PROGRESS_INTERVAL="0"),
     )
     watchdog = threading.Timer(TIMEOUT, process.kill)
     watchdog.start()
