@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import cast
 
 from flowvault.adapters.cli._io import CommandIO
-from flowvault.adapters.cli._verbs import Handler, expanded
+from flowvault.adapters.cli._verbs import Handler, expanded, resolve
 from flowvault.composition._cli_context import CommandContext
 from flowvault.composition._logging import LogFormat, configure_logging
 from flowvault.composition._settings import Settings
@@ -72,7 +73,7 @@ def _cli_log_format(fmt: LogFormat) -> LogFormat:
 def run_verb(args: argparse.Namespace) -> int:
     """Run the verb ``args`` chose; return its exit status (0 ok, 1 flowvault error)."""
     io = CommandIO(json_output=getattr(args, "json", False))
-    handler: Handler = args.handler
+    handler = cast("Handler", resolve(args.handler))
     settings: Settings | None = None
     try:
         settings = settings_for(args)

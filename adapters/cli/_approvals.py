@@ -7,14 +7,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext, Services
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._listing import (
-    COLD_NOTE,
     Fields,
     PageRequest,
-    add_paging,
     cold_not_found,
     detail_lines,
     instant,
@@ -22,11 +19,9 @@ from flowvault.adapters.cli._listing import (
     page_rows,
     print_listing,
     read_pages,
-    verb_group,
     with_service,
 )
 from flowvault.adapters.cli._receipts import read_text_file
-from flowvault.adapters.cli._verbs import Verbs, add_verb, file_path
 from flowvault.adapters.crypto import load_public_key
 from flowvault.application import ApprovalService, ReceiptVerifier
 from flowvault.domain import (
@@ -416,120 +411,3 @@ def _approvals_verify_decision(args: argparse.Namespace, context: CliContext, io
     del context
     document = read_text_file(args.statement, io.stdin, "signed decision")
     return verify_decision_command(document, load_public_key(args.public_key), io)
-
-
-REVEAL_HELP = (
-    "print the sealed audience and allowed decisions in clear (and name the allowed "
-    "decisions when one is refused); never an actor or a decision"
-)
-
-
-def register(verbs: Verbs) -> None:
-    group = verb_group(verbs, "approvals", verb_help("approvals"))
-    statuses = [status.value for status in ApprovalStatus]
-    listing = add_verb(
-        group,
-        "list",
-        help="list approvals, of one run or of all, most recently written first",
-        description="List approvals by id, status, times and run, most recently written "
-        "first (a request or a decision writes one). " + COLD_NOTE,
-        handler=_approvals_list,
-    )
-    listing.add_argument("--run", metavar="RUN_ID", help="only this run's approvals")
-    listing.add_argument("--status", choices=statuses, help="only this status")
-    add_paging(listing)
-    show = add_verb(
-        group,
-        "show",
-        help="show one approval: deadline, quorum, digests; --reveal adds audience and decisions",
-        description="Show one approval: status, deadline, quorum (required and votes so "
-        "far), and keyed digests of its prompt, audience, allowed decisions and who decided. "
-        "With --reveal it also prints the audience and the allowed decisions in clear. "
-        "Never prints an actor or a decision in clear; the prompt text is not stored, only "
-        "its digest.",
-        handler=_approvals_show,
-    )
-    show.add_argument("approval_id", help="the approval id")
-    show.add_argument("--reveal", action="store_true", help=REVEAL_HELP)
-    decide = add_verb(
-        group,
-        "decide",
-        help="record a decision and consume the approval's checkpoint",
-        description="Record a decision on a pending approval and consume its checkpoint in "
-        "one unit of work, then print the approval receipt's digests. On a terminal it asks "
-        "first unless --yes is given. Fails with APPROVAL_EXPIRED, APPROVAL_ALREADY_DECIDED "
-        "or APPROVAL_DECISION_NOT_ALLOWED.",
-        handler=_approvals_decide,
-    )
-    decide.add_argument("approval_id", help="the approval id")
-    decide.add_argument("--decision", required=True, help="one of the allowed decisions")
-    decide.add_argument("--actor", required=True, help="who decides (stored sealed, shown keyed)")
-    decide.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    decide.add_argument("--reveal", action="store_true", help=REVEAL_HELP)
-    decide.add_argument(
-        "--signature-file",
-        type=file_path,
-        metavar="FILE",
-        help="the actor's Ed25519 signature of the decision statement (raw or hex); "
-        "required once the actor has a registered key",
-    )
-    _register_signing_verbs(group)
-    add_verb(
-        group,
-        "expire",
-        help="record every overdue approval's expiry and fail the runs left waiting",
-        description="Record the expiry of every pending approval past its deadline (its "
-        "checkpoint is consumed with it), then move each run still awaiting_approval whose "
-        "newest approval expired, with none pending, to failed. Prints the counts; safe to "
-        "repeat. On a cold root it creates nothing.",
-        handler=_approvals_expire,
-    )
-
-
-def _register_signing_verbs(group: Verbs) -> None:
-    statement = add_verb(
-        group,
-        "statement",
-        help="print the exact bytes a decider signs for a decision",
-        description="Print the decision statement (canonical JSON) a decider with a "
-        "registered key signs, e.g. with 'openssl pkeyutl -sign -rawin'.",
-        handler=_approvals_statement,
-    )
-    statement.add_argument("approval_id", help="the approval id")
-    statement.add_argument("--decision", required=True, help="one of the allowed decisions")
-    register = add_verb(
-        group,
-        "register-key",
-        help="register a decider's Ed25519 public key; their decisions must then be signed",
-        description="Register the Ed25519 public key (PEM) of a decider. From then on a "
-        "decision by that actor counts only with --signature-file, and its signed statement "
-        "can be checked by anyone holding the public key.",
-        handler=_approvals_register_key,
-    )
-    register.add_argument("--actor", required=True, help="the decider (stored sealed)")
-    register.add_argument(
-        "public_key", type=file_path, metavar="PUBLIC_KEY", help="the public key file (PEM)"
-    )
-    signed = add_verb(
-        group,
-        "signed",
-        help="print an approval's signed decisions, one JSON line each, for an auditor",
-        description="Print each signed decision of an approval as one JSON line: the "
-        "statement, the signature and the decider's keyed digest. Check a line with "
-        "'approvals verify-decision' and the decider's public key alone.",
-        handler=_approvals_signed,
-    )
-    signed.add_argument("approval_id", help="the approval id")
-    verify = add_verb(
-        group,
-        "verify-decision",
-        help="check a signed decision with the decider's public key alone",
-        description="Check that a line printed by 'approvals signed' was signed by the "
-        "holder of the given key: no store and no store key are needed. Exits 1 "
-        "(INTEGRITY_FAILURE) when the signature is not that key's.",
-        handler=_approvals_verify_decision,
-    )
-    verify.add_argument("statement", metavar="FILE", help="the signed decision ('-' for stdin)")
-    verify.add_argument(
-        "--public-key", type=file_path, metavar="FILE", required=True, help="the public key (PEM)"
-    )

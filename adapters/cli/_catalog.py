@@ -2,13 +2,13 @@
 
 ``flowvault --help``, ``--version`` and a usage error need only names and
 one line each; importing every verb (and with it the services, pydantic
-models and the crypto backend) would make them slow. The parser imports
-the module of the verb given, and only that one.
+models and the crypto backend) would make them slow. The parser builds
+the grammar of the verb given (``_grammar``) and imports no verb module:
+a verb's handler is imported when it runs, so its ``--help`` is quick too.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -113,8 +113,10 @@ def chosen_group(argv: list[str]) -> str | None:
 
 
 def register_group(verbs: Verbs, module: str) -> None:
-    """Import ``flowvault.adapters.cli.<module>`` and add its verbs to ``verbs``."""
-    importlib.import_module(f"flowvault.adapters.cli.{module}").register(verbs)
+    """Add the verbs of ``module``'s group, their arguments and handler names, to ``verbs``."""
+    from flowvault.adapters.cli import _grammar  # noqa: PLC0415 - --help lists verbs without it
+
+    getattr(_grammar, module.lstrip("_"))(verbs)
 
 
 def verb_help(name: str) -> str:

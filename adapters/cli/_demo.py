@@ -18,10 +18,9 @@ from datetime import timedelta
 from pathlib import Path
 
 from flowvault.adapters._paths import check_os_path
-from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext, Services
 from flowvault.adapters.cli._io import CommandIO
-from flowvault.adapters.cli._verbs import Verbs, add_verb, expanded
+from flowvault.adapters.cli._verbs import expanded
 from flowvault.application._state import RESET_EVENT, STATE_WRITTEN_EVENT, reset_progress
 from flowvault.domain import (
     ApprovalAlreadyDecided,
@@ -602,27 +601,3 @@ def _demo(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
         return _run_steps(scenario, narrator, debug=args.debug)
     finally:
         scenario.runtime.close()
-
-
-def register(verbs: Verbs) -> None:
-    """Add this group's verbs to the parser."""
-    demo = add_verb(
-        verbs,
-        "demo",
-        help=verb_help("demo"),
-        description=(
-            "Create a fresh SQLite store (a new temporary directory unless --home names "
-            "a directory that does not exist or is empty) and run a realistic approval "
-            "workflow through it: work order, lifecycle, action result, checkpoint, "
-            "approval, resume, terminal receipt, ledger verification, tamper detection "
-            "on a copy of the database, fingerprint and reset-progress. Exits 0 only if "
-            "every step behaved as expected; otherwise names the step that did not."
-        ),
-        handler=_demo,
-    )
-    demo.add_argument(
-        "--home",
-        dest="demo_home",
-        metavar="DIR",
-        help="where to create the demo store (must not exist, or be empty)",
-    )

@@ -11,12 +11,11 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping, Sequence
 
-from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext, CliSettings
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._keyed import keyed_audit
 from flowvault.adapters.cli._status import opened_store, store_location, store_stats
-from flowvault.adapters.cli._verbs import Verbs, add_verb, for_backend
+from flowvault.adapters.cli._verbs import for_backend
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.crypto._signing import load_signing_key
 from flowvault.adapters.sqlite._connect import ConnectOptions
@@ -263,20 +262,4 @@ def _doctor(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int
         return doctor_command(_no_store(context.settings), io)
     return doctor_command(
         for_backend(context, postgres=_postgres_checks, sqlite=_sqlite_checks), io
-    )
-
-
-def register(verbs: Verbs) -> None:
-    """Add ``doctor`` to the parser."""
-    add_verb(
-        verbs,
-        "doctor",
-        help=verb_help("doctor"),
-        description=(
-            "Check directory and file permissions, read the SQLite pragmas back, and check "
-            "that the key is found, opens every record's key id and is kept apart from the "
-            "data. Exits 0 when no check fails with severity error, 1 otherwise (also on a "
-            "cold root, where it reports 'no store' and creates nothing)."
-        ),
-        handler=_doctor,
     )

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._listing import with_service
-from flowvault.adapters.cli._verbs import Verbs, add_verb
 from flowvault.application import StateRepository
 from flowvault.application._state import cold_fingerprint
 from flowvault.domain import ResetFingerprint, WorkflowState
@@ -45,20 +43,3 @@ def _fingerprint(args: argparse.Namespace, context: CliContext, io: CommandIO) -
         lambda services: services.state(args.scope),
         lambda state: fingerprint_command(state, args.scope, args.reason, io),
     )
-
-
-def register(verbs: Verbs) -> None:
-    """Add ``fingerprint`` to the parser."""
-    fingerprint = add_verb(
-        verbs,
-        "fingerprint",
-        help=verb_help("fingerprint"),
-        description=(
-            "Print what can be said of a scope's workflow state without its content: "
-            "readability, revision, sizes and digests. On a cold root it reports the "
-            "state absent and creates nothing."
-        ),
-        handler=_fingerprint,
-    )
-    fingerprint.add_argument("--scope", required=True, help="the scope (bucket or profile)")
-    fingerprint.add_argument("--reason", help="a reason class such as 'corrupt' (default: derived)")

@@ -11,11 +11,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._status import store_location, store_stats
-from flowvault.adapters.cli._verbs import Verbs, add_verb, for_backend
+from flowvault.adapters.cli._verbs import for_backend
 from flowvault.application._keys import KEY_ENV
 from flowvault.domain import InvalidInput, KeyRequired
 
@@ -132,20 +131,3 @@ def _init(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
             "choose FLOWVAULT_BACKEND=sqlite or postgres"
         )
     return init_command(for_backend(context, postgres=_init_postgres, sqlite=_init_sqlite), io)
-
-
-def register(verbs: Verbs) -> None:
-    """Add ``init`` to the parser."""
-    add_verb(
-        verbs,
-        "init",
-        help=verb_help("init"),
-        description=(
-            "Create a new store and its key with private permissions (0700 directories, "
-            "0600 files) at the configured home, and print where they are and the key id "
-            "(never the key). Refuses, with exit status 1, when a store already exists. "
-            f"With postgres, the key must come from {KEY_ENV} or FLOWVAULT_KEY_FILE; memory "
-            "has nothing to init."
-        ),
-        handler=_init,
-    )

@@ -15,15 +15,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext, Services
 from flowvault.adapters.cli._io import CommandIO, fields_document
 from flowvault.adapters.cli._keyed import existing_ring
-from flowvault.adapters.cli._verbs import Verbs, add_verb, file_path
 from flowvault.adapters.crypto import create_signing_key
 from flowvault.adapters.crypto._cipher import derive_integrity_key, generate_master_key, key_id_of
 from flowvault.application._keys import KEY_ENV, KeyRing, KeyRingStore
-from flowvault.application._rotation import DEFAULT_BATCH, MAX_BATCH, KeyRotation, RotationReport
+from flowvault.application._rotation import MAX_BATCH, KeyRotation, RotationReport
 from flowvault.domain import InvalidInput, KeyRequired, StoreUnavailable
 
 PRIMARY = "primary"
@@ -280,81 +278,3 @@ def _batch_size(text: str) -> int:
     if not 1 <= value <= MAX_BATCH:
         raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_BATCH}")
     return value
-
-
-def register(verbs: Verbs) -> None:
-    """Add this group's verbs to the parser."""
-    group = verbs.add_parser(
-        "keys",
-        help=verb_help("keys"),
-        description="Manage the key ring kept in the key file. Never prints key material.",
-    )
-    leaves = group.add_subparsers(dest="keys_verb", required=True, metavar="VERB")
-    add_verb(
-        leaves,
-        "list",
-        help="show each key id, its role, and the records and seals under it",
-        description=(
-            "Show every key id of the ring (primary first, then open-only keys), the records "
-            "sealed under each, and the seals counted against its nonce budget. Key ids that "
-            "records name but the ring lacks are listed as missing."
-        ),
-        handler=_keys_list,
-    )
-    add_verb(
-        leaves,
-        "add",
-        help="generate a new key and make it the primary key",
-        description=(
-            "Generate a new key and make it primary: the key file is rewritten atomically, "
-            "the previous keys stay to open what they sealed, and processes opening the "
-            "store from now on seal under the new key (restart running ones). Then run "
-            "'flowvault rotate-key'."
-        ),
-        handler=_keys_add,
-    )
-    retire = add_verb(
-        leaves,
-        "retire",
-        help="remove an open-only key that no record uses any more",
-        description=(
-            "Remove an open-only key from the ring. Refused while any record is still "
-            "sealed under it (the message names how many) and for the primary key."
-        ),
-        handler=_keys_retire,
-    )
-    retire.add_argument("key_id", metavar="KEY_ID", help="the key id, as 'keys list' shows it")
-    signing = add_verb(
-        leaves,
-        "signing-key",
-        help="create an Ed25519 key pair for signing ledger head receipts",
-        description=(
-            "Create a new Ed25519 signing key at FILE (0600, PEM) and its public key at "
-            "FILE.pub. Neither is ever overwritten. Point FLOWVAULT_SIGNING_KEY_FILE at FILE "
-            "so 'ledger head' signs receipts, and hand FILE.pub to whoever checks them with "
-            "'ledger check-receipt'. Needs no store."
-        ),
-        handler=_signing_key,
-    )
-    signing.add_argument(
-        "--out", type=file_path, required=True, metavar="FILE", help="where to write the key"
-    )
-    rotate = add_verb(
-        verbs,
-        "rotate-key",
-        help=verb_help("rotate-key"),
-        description=(
-            "Re-seal every record still sealed under an older key with the primary key, in "
-            "batches that each commit as one unit guarded by the revisions read; a record "
-            "changed meanwhile is re-read, never overwritten. Safe beside running writers "
-            "and resumable: after a crash, run it again. Prints the records per key id "
-            "after; exits 1 if any record was left under an older key."
-        ),
-        handler=_rotate_key,
-    )
-    rotate.add_argument(
-        "--batch-size",
-        type=_batch_size,
-        default=DEFAULT_BATCH,
-        help=f"records per unit of work (default {DEFAULT_BATCH}, at most {MAX_BATCH})",
-    )

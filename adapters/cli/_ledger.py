@@ -14,18 +14,17 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 
-from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import FIXES, CommandIO, fields_document
 from flowvault.adapters.cli._keyed import existing_ring, keyed_audit
-from flowvault.adapters.cli._listing import Fields, add_paging, page_request, print_listing
+from flowvault.adapters.cli._listing import Fields, page_request, print_listing
 from flowvault.adapters.cli._receipts import (
     read_any_receipt_file,
     read_text_file,
     terminal_receipt_document,
 )
 from flowvault.adapters.cli._streams import StreamSize, stream_page
-from flowvault.adapters.cli._verbs import Verbs, add_verb, file_path
+from flowvault.adapters.cli._verbs import file_path
 from flowvault.adapters.crypto import load_public_key
 from flowvault.adapters.system import SystemClock
 from flowvault.application import (
@@ -407,120 +406,3 @@ def _ledger_vouch(args: argparse.Namespace, context: CliContext, io: CommandIO) 
 
 def _receipt_path(text: str) -> str:
     return text if text == "-" else str(file_path(text))
-
-
-def register(verbs: Verbs) -> None:
-    """Add the ``ledger`` group to the parser."""
-    group = verbs.add_parser(
-        "ledger",
-        help=verb_help("ledger"),
-        description=(
-            "Audit the tamper-evident ledger. Every verb but 'vouch --head-hash' only reads."
-        ),
-    )
-    leaves = group.add_subparsers(dest="ledger_verb", required=True, metavar="VERB")
-    verify = add_verb(
-        leaves,
-        "verify",
-        help="verify the hash chain of one stream or of every stream",
-        description=(
-            "Verify ledger hash chains from each stream's first retained event to its head. "
-            "With --all, every stream is verified and every record is opened with the key "
-            "and counted readable or unreadable (unverified when no key is available). "
-            "With --against, each receipt is authenticated (its MAC under the store key, "
-            "and its signature when --public-key is given), its stream verified, and the "
-            "stream must still hold the receipt's head at the receipt's index: deleted "
-            "events, a restored older copy and rewritten history all fail. "
-            "The store is opened read-only: on SQLite nothing is created, migrated or "
-            "written, so a copy of a database file can be audited unchanged. Exits 1 "
-            "(INTEGRITY_FAILURE) when any stream fails."
-        ),
-        handler=_ledger_verify,
-    )
-    target = verify.add_mutually_exclusive_group(required=True)
-    target.add_argument("--stream", metavar="NAME", help="verify this stream only")
-    target.add_argument("--all", action="store_true", help="verify every stream and record")
-    target.add_argument(
-        "--against",
-        metavar="RECEIPT",
-        type=_receipt_path,
-        action="append",
-        help="a receipt file from 'ledger head' ('-' for stdin); repeat for several",
-    )
-    verify.add_argument(
-        "--public-key",
-        type=file_path,
-        metavar="FILE",
-        help="also check each receipt's Ed25519 signature with this public key",
-    )
-    head = add_verb(
-        leaves,
-        "head",
-        help="print a stream's head receipt, MAC'd and optionally signed",
-        description=(
-            "Print a head receipt of a stream: its origin line, size, base64 head hash, "
-            "first retained index and time, then a MAC line under the store key and, when "
-            "FLOWVAULT_SIGNING_KEY_FILE is set, an Ed25519 signature line. Keep it outside "
-            "the store and check the store against it later with 'ledger verify --against'. "
-            "Read-only; needs the store key."
-        ),
-        handler=_ledger_head,
-    )
-    head.add_argument("--stream", metavar="NAME", required=True, help="the stream")
-    streams = add_verb(
-        leaves,
-        "streams",
-        help="list the ledger streams: name, kind, size and head index",
-        description=(
-            "List the ledger streams in name order: each stream's name (as 'ledger head "
-            "--stream' and 'ledger verify --stream' take it), its kind (workflow, run, "
-            "scope, a record kind such as checkpoint, or host), its size (the events it "
-            "has had, trimmed ones included) and its head index. Names are what the store "
-            "keeps in the clear: a record stream is named by a keyed digest, never a "
-            "natural key. Reads no event payload and needs no key. On a cold root it "
-            "creates nothing."
-        ),
-        handler=_ledger_streams,
-    )
-    add_paging(streams)
-    vouch = add_verb(
-        leaves,
-        "vouch",
-        help="vouch, under the key, for a stream host code wrote without MACs or cut unrecorded",
-        description=(
-            "A stream host code appended to without the stream writer carries no chain MAC, "
-            "and one whose oldest events host code dropped has no ledger.trimmed "
-            "event: both fail every keyed verifier (unkeyed, truncated), exactly as a "
-            "stream an editor stripped or cut would. Without --head-hash, check the "
-            "stream's plain chain and print its size and head hash, writing nothing; "
-            "compare them with a copy you trust. With --head-hash, append one keyed "
-            "ledger.vouched event after that head (refused if the head is another), and "
-            "the stream verifies from then on. A stream that verifies, or fails in any "
-            "other way (edited, forged, a MAC missing after a keyed event), is refused."
-        ),
-        handler=_ledger_vouch,
-    )
-    vouch.add_argument("--stream", metavar="NAME", required=True, help="the stream")
-    vouch.add_argument(
-        "--head-hash",
-        metavar="HASH",
-        help="the head hash you compared with a trusted copy; without it nothing is written",
-    )
-    check = add_verb(
-        leaves,
-        "check-receipt",
-        help="check a head or terminal receipt's Ed25519 signature with a public key alone",
-        description=(
-            "Check that a receipt (a head receipt from 'ledger head' or a terminal receipt "
-            "from 'runs receipt') was signed by the holder of the signing key, using only "
-            "its public key: no store and no store key are needed. Exits 1 "
-            "(INTEGRITY_FAILURE) when no valid signature by that key is on it."
-        ),
-        handler=_check_receipt,
-    )
-    check.add_argument(
-        "receipt", type=_receipt_path, metavar="RECEIPT", help="the receipt file ('-' for stdin)"
-    )
-    check.add_argument(
-        "--public-key", type=file_path, metavar="FILE", required=True, help="the public key (PEM)"
-    )

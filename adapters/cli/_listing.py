@@ -16,7 +16,6 @@ from typing import TypeVar
 
 from flowvault.adapters.cli._context import CliContext, Services
 from flowvault.adapters.cli._io import CommandIO
-from flowvault.adapters.cli._verbs import Verbs
 from flowvault.application import Page
 from flowvault.domain import JsonValue, LedgerEvent, NotFound
 from flowvault.domain._envelope import format_instant
@@ -26,9 +25,6 @@ T = TypeVar("T")
 S = TypeVar("S")
 
 COLD_ROOT = "cold root: no store exists yet"
-DEFAULT_LIMIT = 50
-EVENT_LIMIT = 200
-COLD_NOTE = "On a cold root it creates nothing."
 
 
 def with_service(
@@ -142,26 +138,6 @@ def attribute_row(item: object, columns: Sequence[str]) -> Fields:
 def event_row(event: LedgerEvent) -> Fields:
     """Return an event's position, type, states, time and hash: never its payload."""
     return attribute_row(event, EVENT_COLUMNS)
-
-
-def verb_group(verbs: Verbs, name: str, help: str) -> Verbs:
-    group = verbs.add_parser(name, help=help, description=help)
-    return group.add_subparsers(dest=f"{name}_verb", required=True, metavar="VERB")
-
-
-def add_paging(parser: argparse.ArgumentParser, default: int = DEFAULT_LIMIT) -> None:
-    parser.add_argument(
-        "--limit",
-        type=int,
-        default=default,
-        help=f"at most this many per page (default {default}, capped at 200)",
-    )
-    parser.add_argument(
-        "--cursor", metavar="TOKEN", help="start at this page: the next_cursor a listing printed"
-    )
-    parser.add_argument(
-        "--all", action="store_true", help="page through every page (from --cursor on, if given)"
-    )
 
 
 def page_request(args: argparse.Namespace) -> PageRequest:

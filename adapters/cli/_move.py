@@ -17,11 +17,10 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._keyed import existing_ring, keyed_audit
-from flowvault.adapters.cli._verbs import Verbs, add_verb, file_path
+from flowvault.adapters.cli._verbs import file_path
 from flowvault.adapters.crypto import AesGcmCipher, load_public_key
 from flowvault.adapters.system import SystemClock
 from flowvault.application import LedgerAudit, SealedRepository, SecureObjectStore, StoreContents
@@ -333,84 +332,3 @@ def target_location(text: str) -> str:
     if text.startswith(POSTGRES_SCHEMES):
         return text
     return str(file_path(text))
-
-
-def _target_options(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
-    parser.add_argument(
-        "--to",
-        required=required,
-        type=target_location,
-        metavar="TARGET",
-        help="a PostgreSQL DSN (postgres://...) or the home directory of a SQLite store",
-    )
-    parser.add_argument(
-        "--to-schema",
-        metavar="NAME",
-        help="the PostgreSQL schema to fill (default: FLOWVAULT_POSTGRES_SCHEMA)",
-    )
-
-
-def register(verbs: Verbs) -> None:
-    """Add ``migrate``, ``export`` and ``import`` to the parser."""
-    migrate = add_verb(
-        verbs,
-        "migrate",
-        help=verb_help("migrate"),
-        description=(
-            "Copy every record (its sealed bytes and header as they are), every ledger event, "
-            "the seal counts and the commit count into an empty target, in one transaction, "
-            "then verify it: it must read back byte for byte as the source, and pass a keyed "
-            "audit (every stream verified, every record opened). The source is only read. "
-            "An interrupted migrate leaves the target empty; run it again. The target opens "
-            "with the source's key (copy the key file, or set FLOWVAULT_KEY)."
-        ),
-        handler=_migrate,
-    )
-    _target_options(migrate)
-    export = add_verb(
-        verbs,
-        "export",
-        help=verb_help("export"),
-        description=(
-            "Write every record, ledger event, seal count and the commit count to a new zip "
-            "archive whose manifest (counts and SHA-256 of each part) is MAC'd under the store "
-            "key. With --scope, only that workflow state scope's state row and history stream "
-            "(and the store's seal counts). With --sign, the manifest is also signed with the "
-            "Ed25519 signing key (FLOWVAULT_SIGNING_KEY_FILE), so anyone with its public key "
-            "can check the archive's origin. The store is only read. Import it with "
-            "'flowvault import'."
-        ),
-        handler=_export,
-    )
-    export.add_argument("--to", required=True, type=file_path, metavar="FILE", help="new file")
-    export.add_argument(
-        "--scope", type=scope_name, metavar="NAME", help="export only this workflow state scope"
-    )
-    export.add_argument(
-        "--sign", action="store_true", help="sign the manifest with the Ed25519 signing key"
-    )
-    imported = add_verb(
-        verbs,
-        "import",
-        help=verb_help("import"),
-        description=(
-            "Verify the archive's manifest under the store key (and its signature, with "
-            "--public-key) and every part against it. A whole-store archive then fills an "
-            "empty target in one transaction, verified as 'migrate' does; a scope archive is "
-            "added to a target that holds none of the scope's rows, verified likewise. An "
-            "archive that fails any check is refused before the target is opened. --check "
-            "verifies only, and with --public-key alone needs no store key."
-        ),
-        handler=_import,
-    )
-    imported.add_argument("archive", type=file_path, metavar="FILE", help="the archive to import")
-    _target_options(imported, required=False)
-    imported.add_argument(
-        "--public-key",
-        type=file_path,
-        metavar="PEM",
-        help="refuse the archive unless its manifest is signed by this Ed25519 public key",
-    )
-    imported.add_argument(
-        "--check", action="store_true", help="verify the archive and write nothing"
-    )

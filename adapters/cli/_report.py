@@ -24,12 +24,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
-from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import FIXES, CommandIO
 from flowvault.adapters.cli._keyed import existing_ring, keyed_audit
 from flowvault.adapters.cli._ledger import _integrity_error
-from flowvault.adapters.cli._verbs import Verbs, add_verb, file_path
+from flowvault.adapters.cli._verbs import file_path
 from flowvault.adapters.system import SystemClock
 from flowvault.application import AuditReport, LedgerAudit, StoreCapabilities, TerminalReceipts
 from flowvault.application._state import history_stream
@@ -429,32 +428,3 @@ def _report(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int
         )
     finally:
         store.close()
-
-
-def register(verbs: Verbs) -> None:
-    """Add the ``report`` verb to the parser."""
-    parser = add_verb(
-        verbs,
-        "report",
-        help=verb_help("report"),
-        description=(
-            "Write one self-contained HTML page (inline CSS; no script, link, font or "
-            "address) of the whole store, or of one workflow, run or scope: the verdict "
-            "'ledger verify' gives (with --all for the whole store, with --stream for "
-            "one subject's stream), each finding highlighted, the timeline of the ledger "
-            "(time, stream, sequence, event type, lifecycle states, actor digest, "
-            "decision) and the terminal receipts of finished runs by digest. Payloads are "
-            "never copied: only digests, ids, types, states and times. The store is opened "
-            "read-only. The page is written in a temporary file and renamed over OUT. "
-            "Exits 0 when everything verified, 1 (INTEGRITY_FAILURE) when there are "
-            "findings, with the page still written."
-        ),
-        handler=_report,
-    )
-    parser.add_argument(
-        "--html", type=_page_path, metavar="OUT", required=True, help="the page to write"
-    )
-    subject = parser.add_mutually_exclusive_group()
-    subject.add_argument("--workflow", metavar="ID", help="only the stream workflow/ID")
-    subject.add_argument("--run", metavar="ID", help="only the stream run/ID")
-    subject.add_argument("--scope", metavar="S", help="only the stream scope/S")

@@ -5,11 +5,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._listing import with_service
-from flowvault.adapters.cli._verbs import Verbs, add_verb
 from flowvault.application import StateRepository
 from flowvault.application._state import ResetOutcome, reset_progress
 from flowvault.domain import WorkflowState
@@ -94,23 +92,3 @@ def _reset_progress(args: argparse.Namespace, context: CliContext, io: CommandIO
         lambda services: services.state(args.scope),
         lambda state: reset_progress_command(state, request, io),
     )
-
-
-def register(verbs: Verbs) -> None:
-    """Add ``reset-progress`` to the parser."""
-    reset = add_verb(
-        verbs,
-        "reset-progress",
-        help=verb_help("reset-progress"),
-        description=(
-            "Record a workflow_state.reset event with a plaintext-free fingerprint of the "
-            "scope's state, then delete only that state row. Works on a cold root, where "
-            "it reports the state as absent and creates nothing."
-        ),
-        handler=_reset_progress,
-    )
-    reset.add_argument("--scope", required=True, help="the scope (bucket or profile) to reset")
-    reset.add_argument("--actor", default="cli", help="who resets, for the audit event")
-    reset.add_argument("--reason", help="a reason class such as 'corrupt' (default: derived)")
-    reset.add_argument("--dry-run", action="store_true", help="print the fingerprint only")
-    reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import CommandIO
-from flowvault.adapters.cli._verbs import Verbs, add_verb
 from flowvault.domain import InvalidInput
 
 
@@ -58,23 +56,3 @@ def _accept_restore(args: argparse.Namespace, context: CliContext, io: CommandIO
             raise InvalidInput("this store keeps no commit count (no StoreEpoch)")
         previous, current = guard.accept()
     return accept_restore_command((previous, current, str(path)), io)
-
-
-def register(verbs: Verbs) -> None:
-    """Add ``accept-restore`` to the parser."""
-    accept = add_verb(
-        verbs,
-        "accept-restore",
-        help=verb_help("accept-restore"),
-        description=(
-            "A store opened below its high-water mark (the highest commit count and the "
-            "size of every ledger stream this host saw, kept beside the key file or at "
-            "FLOWVAULT_HIGH_WATER_FILE) is refused with STORE_ROLLED_BACK, because an older "
-            "copy of the database was put back over it or a stream's newest events were "
-            "deleted. When that restore was deliberate, this restarts the mark from the "
-            "store as it is so it opens again. The commits made since stay lost. "
-            "Asks for confirmation on a terminal; elsewhere needs --yes."
-        ),
-        handler=_accept_restore,
-    )
-    accept.add_argument("--yes", action="store_true", help="do not ask for confirmation")

@@ -7,10 +7,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 
-from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import CommandIO
-from flowvault.adapters.cli._verbs import Verbs, add_verb
 from flowvault.application import RetentionJob, RetentionPolicy, RetentionReport, StoreCapabilities
 from flowvault.application._audit import PurgeOutcome, purge
 from flowvault.application._compaction import compact_fully
@@ -157,56 +155,3 @@ def _days(text: str) -> int:
     if not 0 <= days <= MAX_DAYS:
         raise argparse.ArgumentTypeError(f"days must be within 0..{MAX_DAYS}")
     return days
-
-
-def _register_purge(verbs: Verbs) -> None:
-    purge = add_verb(
-        verbs,
-        "purge",
-        help=verb_help("purge"),
-        description=(
-            "Delete what retention allows, each deletion leaving a digest-only tombstone "
-            "in the ledger: expired action results first, then decided approvals, consumed "
-            "checkpoints, idempotency records and (only if asked) finished runs; then "
-            "compact the store. Prints the count per kind. On a cold root it creates nothing."
-        ),
-        handler=_purge,
-    )
-    purge.add_argument(
-        "--older-than-days",
-        type=_days,
-        metavar="DAYS",
-        help=(
-            "age past which decided approvals, consumed checkpoints and idempotency "
-            "records go (default: 90, 30 and 7 days)"
-        ),
-    )
-    purge.add_argument(
-        "--finished-runs-older-than-days",
-        type=_days,
-        metavar="DAYS",
-        help="also delete runs finished this long ago (default: keep finished runs)",
-    )
-
-
-def _register_compact(verbs: Verbs) -> None:
-    add_verb(
-        verbs,
-        "compact",
-        help=verb_help("compact"),
-        description=(
-            "Rebuild the database file with VACUUM, which rewrites every page and gives "
-            "free pages back to the file system, then checkpoint and truncate the "
-            "write-ahead log. Deletions already zero what they free and truncate the log; "
-            "this also shrinks the file. It rewrites the whole file and blocks writers "
-            "meanwhile: run it when the store is quiet. SQLite only. Prints each file's "
-            "size before and after. On a cold root it creates nothing."
-        ),
-        handler=_compact,
-    )
-
-
-def register(verbs: Verbs) -> None:
-    """Add ``purge`` and ``compact`` to the parser."""
-    _register_purge(verbs)
-    _register_compact(verbs)

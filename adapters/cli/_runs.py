@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext, Services
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._listing import (
-    COLD_NOTE,
     EVENT_COLUMNS,
-    EVENT_LIMIT,
     Fields,
     PageRequest,
-    add_paging,
     attribute_row,
     cold_not_found,
     detail_lines,
@@ -22,14 +18,11 @@ from flowvault.adapters.cli._listing import (
     page_rows,
     print_listing,
     read_pages,
-    verb_group,
     with_service,
 )
 from flowvault.adapters.cli._receipts import terminal_receipt_document
-from flowvault.adapters.cli._verbs import Verbs, add_verb
 from flowvault.application import Page, RunService, TerminalReceipts
 from flowvault.domain import GraphRun, InvalidInput, NotFound, TerminalReceipt
-from flowvault.domain._graph_runs import RUN_LIFECYCLE
 
 RUN_COLUMNS = ("run_id", "definition_id", "status", "started_at", "finished_at", "node_count")
 
@@ -187,62 +180,3 @@ def _runs_events(args: argparse.Namespace, context: CliContext, io: CommandIO) -
 def _runs_recover(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int:
     del args
     return with_service(context, _runs, lambda found: runs_recover_command(found, io))
-
-
-def register(verbs: Verbs) -> None:
-    group = verb_group(verbs, "runs", verb_help("runs"))
-    listing = add_verb(
-        group,
-        "list",
-        help="list graph runs, newest written first",
-        description="List graph runs by id, definition, status and times, newest written "
-        "first. " + COLD_NOTE,
-        handler=_runs_list,
-    )
-    listing.add_argument("--status", choices=sorted(RUN_LIFECYCLE.states), help="only this status")
-    add_paging(listing)
-    show = add_verb(
-        group,
-        "show",
-        help="show one run's metadata, counts and terminal receipt digest",
-        description="Show one graph run: status, times, counts, definition version, the "
-        "number of its events and, once finished, its terminal receipt's digests. Never "
-        "prints its input, budgets or state.",
-        handler=_runs_show,
-    )
-    show.add_argument("run_id", help="the run id")
-    receipt = add_verb(
-        group,
-        "receipt",
-        help="print a finished run's terminal receipt, to keep outside the store",
-        description="Print the terminal receipt of a finished run as one line of canonical "
-        "JSON, after checking it under the store key: digests, status and counts only. "
-        "When the run ended with FLOWVAULT_SIGNING_KEY_FILE set, it carries an Ed25519 "
-        "signature that 'ledger check-receipt' checks with the public key alone.",
-        handler=_runs_receipt,
-    )
-    receipt.add_argument("run_id", help="the run id")
-
-    events = add_verb(
-        group,
-        "events",
-        help="list one run's verified events, oldest first",
-        description="List one run's events by index, type, states, time and hash, oldest "
-        "first, each page verified against the event before it. The cursor is the index of "
-        "the next event. Never prints an event's payload.",
-        handler=_runs_events,
-    )
-    events.add_argument("run_id", help="the run id")
-    add_paging(events, default=EVENT_LIMIT)
-    add_verb(
-        group,
-        "recover",
-        help="end interrupted the runs whose host's lease expired",
-        description="Take over every accepted or running run whose owner's lease expired "
-        "(judged by the database server's clock on PostgreSQL): each ends "
-        "interrupted_non_resumable with its terminal receipt, owned by this host, so the "
-        "host that lost it is refused (RUN_FENCED) if it comes back. Runs whose owner still "
-        "holds its lease, and paused runs, are left alone. Safe to repeat and to run from "
-        "any host; FLOWVAULT_HOST_ID names this host. On a cold root it creates nothing.",
-        handler=_runs_recover,
-    )

@@ -10,18 +10,14 @@ from __future__ import annotations
 
 import argparse
 
-from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._ledger import stream_listing
 from flowvault.adapters.cli._listing import (
     Fields,
-    add_paging,
     page_request,
     print_listing,
-    verb_group,
 )
-from flowvault.adapters.cli._verbs import Verbs, add_verb
 from flowvault.application import Page
 
 SCOPE_PREFIX = "scope/"
@@ -52,22 +48,3 @@ def _scopes_list(args: argparse.Namespace, context: CliContext, io: CommandIO) -
     rows = tuple(_scope_row(row) for row in page.items)
     after = None if page.next_cursor is None else page.next_cursor.removeprefix(SCOPE_PREFIX)
     return print_listing(io, "scopes", SCOPE_COLUMNS, Page(rows, (), after))
-
-
-def register(verbs: Verbs) -> None:
-    """Add the ``scopes`` group to the parser."""
-    leaves = verb_group(verbs, "scopes", verb_help("scopes"))
-    listing = add_verb(
-        leaves,
-        "list",
-        help="list the scopes, in name order, with their history streams",
-        description=(
-            "List every workflow state scope in name order: its name (as 'fingerprint "
-            "--scope', 'reset-progress --scope' and 'export --scope' take it), its history "
-            "stream 'scope/<name>' and that stream's size (the events it has had). A scope "
-            "appears once any state was written to it. Reads no sealed record and needs no "
-            "key. On a cold root it creates nothing."
-        ),
-        handler=_scopes_list,
-    )
-    add_paging(listing)

@@ -16,12 +16,11 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext, CliSettings
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._keyed import existing_ring
 from flowvault.adapters.cli._streams import every_stream
-from flowvault.adapters.cli._verbs import Verbs, add_verb, for_backend
+from flowvault.adapters.cli._verbs import for_backend
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.sqlite._doctor import probe_database
 from flowvault.adapters.sqlite._schema import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
@@ -377,22 +376,4 @@ def _status(args: argparse.Namespace, context: CliContext, io: CommandIO) -> int
         return status_command(cold, io)
     return status_command(
         for_backend(context, postgres=_postgres_status, sqlite=_sqlite_status), io
-    )
-
-
-def register(verbs: Verbs) -> None:
-    """Add ``status`` to the parser."""
-    add_verb(
-        verbs,
-        "status",
-        help=verb_help("status"),
-        description=(
-            "Show the backend, home, schema version, key ids in use, records per namespace, "
-            "file sizes and durability settings; workflows by state, approvals pending, "
-            "expired and decided, the ledger's streams and events, the commit count and how "
-            "far the high-water mark is behind it. Reads no sealed payload; only the mark "
-            "is read with the key, when one exists. "
-            "On a cold root it says so, creates nothing and exits 0."
-        ),
-        handler=_status,
     )

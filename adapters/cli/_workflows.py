@@ -5,16 +5,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from flowvault.adapters.cli._catalog import verb_help
 from flowvault.adapters.cli._context import CliContext, Services
 from flowvault.adapters.cli._io import CommandIO
 from flowvault.adapters.cli._listing import (
-    COLD_NOTE,
     EVENT_COLUMNS,
-    EVENT_LIMIT,
     Fields,
     PageRequest,
-    add_paging,
     cold_not_found,
     detail_lines,
     event_row,
@@ -23,10 +19,8 @@ from flowvault.adapters.cli._listing import (
     page_rows,
     print_listing,
     read_pages,
-    verb_group,
     with_service,
 )
-from flowvault.adapters.cli._verbs import Verbs, add_verb
 from flowvault.application import WorkflowEventService, WorkflowService
 from flowvault.domain import LedgerEvent, WorkflowRecord
 
@@ -134,37 +128,3 @@ def _workflows_events(args: argparse.Namespace, context: CliContext, io: Command
         _workflow_events,
         lambda found: workflows_events_command(found, args.id, page_request(args), io),
     )
-
-
-def register(verbs: Verbs) -> None:
-    group = verb_group(verbs, "workflows", verb_help("workflows"))
-    listing = add_verb(
-        group,
-        "list",
-        help="list workflows, newest written first",
-        description="List workflows by id, kind, state and version, newest written first. "
-        + COLD_NOTE,
-        handler=_workflows_list,
-    )
-    listing.add_argument("--state", help="only workflows in this state, e.g. 'decision'")
-    add_paging(listing)
-    show = add_verb(
-        group,
-        "show",
-        help="show one workflow's metadata, hashes and ledger length",
-        description="Show one workflow: state, version, times, hashes and the length of its "
-        "verified ledger. Never prints the work order's parameters or requester.",
-        handler=_workflows_show,
-    )
-    show.add_argument("id", help="the workflow id")
-    events = add_verb(
-        group,
-        "events",
-        help="list one workflow's verified events, oldest first",
-        description="List one workflow's ledger events by index, type, states, time and hash, "
-        "oldest first, each page verified against the event before it. Never prints an "
-        "event's payload.",
-        handler=_workflows_events,
-    )
-    events.add_argument("id", help="the workflow id")
-    add_paging(events, default=EVENT_LIMIT)

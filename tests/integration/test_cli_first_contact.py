@@ -8,7 +8,6 @@ runs (pydantic models, the services, the crypto backend, the log set-up).
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import signal
 import subprocess
@@ -19,10 +18,15 @@ from pathlib import Path
 import pytest
 from cli_helpers import FLOWVAULT, TIMEOUT, cli_env, json_document, run_cli
 
-from flowvault.adapters.cli._catalog import VERB_GROUPS
+from flowvault.adapters.cli import _grammar
+from flowvault.adapters.cli._catalog import VERB_GROUPS, register_group
+from flowvault.adapters.cli._verbs import DeferredType, resolve
+from flowvault.application._keys import KEY_ENV
+from flowvault.application._rotation import DEFAULT_BATCH, MAX_BATCH
 from flowvault.composition import Settings, bootstrap
-from flowvault.composition._cli import EXIT_INTERRUPTED
-from flowvault.domain import WorkflowState
+from flowvault.composition._cli import EXIT_INTERRUPTED, build_parser
+from flowvault.domain import ApprovalStatus, WorkflowState
+from flowvault.domain._graph_runs import RUN_LIFECYCLE
 
 HEAVY = (
     "pydantic",
@@ -42,13 +46,23 @@ def test_version_names_the_installed_release(tmp_path: Path) -> None:
     assert result.stdout.strip() == f"flowvault {version('flowvault')}"
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [["--help"], ["--version"], ["no-such-verb"], []],
-    ids=["help", "version", "usage", "none"],
-)
-def test_help_version_and_usage_import_no_verb(argv: list[str]) -> None:
-    """The parser lists every verb by name alone; none of the library is imported for it."""
+def _verb_paths() -> list[list[str]]:
+    """Every verb and sub-verb as the words that name it (``["approvals", "list"]``)."""
+    paths: list[list[str]] = []
+
+    def walk(parser: argparse.ArgumentParser, words: list[str]) -> None:
+        groups = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not groups:
+            paths.append(words)
+        for group in groups:
+            for name, sub in group.choices.items():
+                walk(sub, [*words, name])
+
+    walk(build_parser(), [])
+    return paths
+
+
+def _heavy_imports(argv: list[str]) -> list[str]:
     script = (
         "import sys\n"
         "from flowvault.composition._cli import main\n"
@@ -63,7 +77,52 @@ def test_help_version_and_usage_import_no_verb(argv: list[str]) -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=TIMEOUT, check=False
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
+    return list(json.loads(done.stdout.strip().splitlines()[-1].replace("'", '"')))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["--version"], ["no-such-verb"], []],
+    ids=["help", "version", "usage", "none"],
+)
+def test_help_version_and_usage_import_no_verb(argv: list[str]) -> None:
+    """The parser lists every verb by name alone; none of the library is imported for it."""
+    assert _heavy_imports(argv) == []
+
+
+@pytest.mark.parametrize("words", _verb_paths(), ids=" ".join)
+def test_a_verbs_own_help_imports_none_of_what_it_runs(words: list[str]) -> None:
+    """``flowvault VERB [SUB] --help`` needs the grammar alone, not the verb's module."""
+    assert _heavy_imports([*words, "--help"]) == []
+
+
+def test_every_handler_and_argument_type_the_grammar_names_exists() -> None:
+    """A handler or type is named by text in the grammar: each must resolve to a function."""
+    names: list[str] = []
+
+    def walk(parser: argparse.ArgumentParser) -> None:
+        handler = parser.get_default("handler")
+        if handler is not None:
+            names.append(handler)
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    walk(sub)
+            elif isinstance(action.type, DeferredType):
+                names.append(action.type.reference)
+
+    walk(build_parser())
+    assert len(names) >= len(_verb_paths())
+    for name in names:
+        assert callable(resolve(name)), name
+
+
+def test_the_grammars_literals_match_the_library() -> None:
+    """Choices and limits the grammar repeats, so as not to import them, equal their source."""
+    assert tuple(status.value for status in ApprovalStatus) == _grammar.APPROVAL_STATUSES
+    assert tuple(sorted(RUN_LIFECYCLE.states)) == _grammar.RUN_STATUSES
+    assert (_grammar.DEFAULT_BATCH, _grammar.MAX_BATCH) == (DEFAULT_BATCH, MAX_BATCH)
+    assert _grammar.KEY_ENV == KEY_ENV
 
 
 def test_help_lists_every_verb_with_its_line(tmp_path: Path) -> None:
@@ -77,12 +136,12 @@ def test_help_lists_every_verb_with_its_line(tmp_path: Path) -> None:
     assert "130" in result.stdout, "the Ctrl-C exit code is in the epilog"
 
 
-def test_each_verb_module_registers_exactly_its_catalogued_verbs() -> None:
-    """The catalog the parser lists without importing matches what each module adds."""
+def test_each_group_registers_exactly_its_catalogued_verbs() -> None:
+    """The catalog the parser lists without the grammar matches what each group adds."""
     for module, verbs in VERB_GROUPS:
         parser = argparse.ArgumentParser()
         group = parser.add_subparsers()
-        importlib.import_module(f"flowvault.adapters.cli.{module}").register(group)
+        register_group(group, module)
         assert sorted(group.choices) == sorted(name for name, _ in verbs), module
 
 
