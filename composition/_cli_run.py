@@ -33,7 +33,8 @@ def settings_for(args: argparse.Namespace) -> Settings:
     except InvalidInput as error:
         if args.home is None:
             raise
-        raise InvalidInput(error.message.replace("FLOWVAULT_HOME:", "--home:")) from None
+        message = error.message.replace("FLOWVAULT_HOME:", "--home:")
+        raise InvalidInput(message, **error.details) from None
 
 
 def permission_denied(error: PermissionError, settings: Settings | None) -> FlowvaultError:
