@@ -41,11 +41,6 @@ def read_text_file(path: str, stdin: TextIO, what: str = "receipt") -> str:
         raise InvalidInput(f"{what} {path} is not UTF-8 text", path=path) from None
 
 
-def read_receipt_file(path: str, stdin: TextIO) -> HeadReceipt:
-    """Read and parse a receipt file, or ``stdin`` for ``-``; ``InvalidInput`` otherwise."""
-    return parse_receipt(read_text_file(path, stdin))
-
-
 def read_any_receipt_file(path: str, stdin: TextIO) -> HeadReceipt | TerminalReceipt:
     """Read a head receipt or a terminal receipt, told apart by their first character.
 
