@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from flowvault.application._approvals import ApprovalService
 from flowvault.application._checkpoints import CheckpointService
@@ -40,6 +40,8 @@ LONGEST_WAIT = timedelta(days=3650)
 
 class _Request(ValueModel):
     """The caller's side of a request, checked with the domain's own field types before writing."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     audience: PrintableText = Field(min_length=1, max_length=MAX_AUDIENCE)
     prompt: str

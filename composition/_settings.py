@@ -128,6 +128,7 @@ class Settings(ValueModel):
             mark_sync: Literal["lagged", "strict", "off"] = ...,
             seal_limit: int = ...,
             seal_warn_at: int = ...,
+            progress_interval: float = ...,
             log_level: Literal["debug", "info", "warning", "error"] = ...,
             log_format: Literal["auto", "json", "console"] = ...,
             postgres_dsn: SecretStr | str | None = ...,
@@ -136,7 +137,6 @@ class Settings(ValueModel):
             postgres_lock_timeout: float = ...,
             postgres_connect_timeout: float = ...,
             postgres_schema: str = ...,
-            progress_interval: float = ...,
         ) -> None: ...
 
     @field_validator("home")

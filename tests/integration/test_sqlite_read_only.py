@@ -93,7 +93,9 @@ def test_modes_are_neither_checked_nor_changed(database: Path) -> None:
 def test_older_schema_is_refused_without_migrating(tmp_path: Path) -> None:
     """A file below the current schema is ``StoreUnavailable`` and stays as it was."""
     path = tmp_path / "old.db"
-    sqlite3.connect(path).close()
+    with sqlite3.connect(path) as connection:
+        connection.execute("CREATE TABLE before_any_migration (x)")  # user_version 0
+    connection.close()
     before = _fingerprint(path)
     with pytest.raises(StoreUnavailable, match="older than"):
         SQLiteSecureObjectStore.open(path, read_only=True)

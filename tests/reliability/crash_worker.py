@@ -502,7 +502,8 @@ def warm_up() -> None:
     Lazy imports and first-call set-up would otherwise be repeated in every
     forked child; the memory store holds no file or connection to inherit.
     """
-    settings = Settings(backend="memory", home=Path(os.devnull))
+    # a home that cannot be created: the memory store must not touch the disk
+    settings = Settings(backend="memory", home=Path(os.devnull).with_name("flowvault-unused"))
     with bootstrap(settings, key=bytes(32), create=True) as runtime:
         task: Task = {"cycle": 0, "seed": 0, "early": False, "checkpoint_hint": 0}
         workflow_id = runtime.workflows.create(retry_order(0, "warm"))[0].workflow_id
