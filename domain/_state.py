@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
@@ -45,6 +45,10 @@ class WorkflowState(ValueModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="allow")
+
+    if TYPE_CHECKING:
+        # What a type checker sees without pydantic's plugin: any JSON fields by keyword.
+        def __init__(self, **fields: Json) -> None: ...
 
 
 class ResetFingerprint(ValueModel):
