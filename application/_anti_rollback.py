@@ -29,7 +29,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Final, Protocol, runtime_checkable
 
-from flowvault.application._capabilities import StoreCapabilities
+from flowvault.application._capabilities import HeadReader, StoreCapabilities
 from flowvault.application._keyed_digester import KeyedDigester
 from flowvault.application._mark_format import (
     LOG_GENESIS,
@@ -56,10 +56,6 @@ COMPACT_SLACK: Final = 64 * 1024
 """Log bytes allowed beyond twice the last compaction's size before compacting again."""
 
 _log = EventLog("flowvault.high_water")
-
-
-class _HeadReader(Protocol):
-    def ledger_head(self, stream: str) -> LedgerEvent | None: ...
 
 
 @runtime_checkable
@@ -94,7 +90,7 @@ class AntiRollback:
 
     def __init__(
         self,
-        store: _HeadReader,
+        store: HeadReader,
         marks: MarkFile,
         digester: KeyedDigester,
         *,
@@ -105,8 +101,7 @@ class AntiRollback:
         if found.epoch is None:
             raise InvalidInput("this store keeps no commit count (no StoreEpoch)")
         self._epoch = found.epoch
-        self._heads = found.heads
-        self._head_batch = found.head_batch
+        self._capabilities = found
         self._catalog = found.catalog
         self._marks = marks
         self._digester = digester
@@ -279,13 +274,7 @@ class AntiRollback:
             )
 
     def _head_indexes(self, names: Sequence[str]) -> Mapping[str, int]:
-        if self._head_batch is not None:
-            return self._head_batch.ledger_head_indexes(names)
-        if self._heads is not None:
-            indexes = {name: self._heads.ledger_head_index(name) for name in names}
-            return {name: index for name, index in indexes.items() if index is not None}
-        heads = {name: self._store.ledger_head(name) for name in names}
-        return {name: head.index for name, head in heads.items() if head is not None}
+        return self._capabilities.head_indexes(self._store, names)
 
     def _sizes_in_store(self) -> dict[str, int]:
         """Every stream's size as the store holds it now; none if it cannot list them."""

@@ -19,10 +19,12 @@ parts it offers.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Final
+from typing import Final, Protocol
 
 from flowvault.application.ports import (
+    MAX_HEAD_BATCH,
     Compactor,
     RecordLock,
     SealCounter,
@@ -34,6 +36,14 @@ from flowvault.application.ports import (
     StreamHeads,
     Vacuumer,
 )
+from flowvault.domain import LedgerEvent
+
+
+class HeadReader(Protocol):
+    """What every store offers for a stream's head: the fallback of ``head_indexes``."""
+
+    def ledger_head(self, stream: str) -> LedgerEvent | None: ...
+
 
 DURABLE_TIER: Final = "durable store"
 MAINTENANCE_TIER: Final = "maintenance"
@@ -113,6 +123,24 @@ class StoreCapabilities:
             if getattr(self, field) is None:
                 lost[tier] = (*lost.get(tier, ()), without)
         return lost
+
+    def head_indexes(self, store: HeadReader, names: Sequence[str]) -> dict[str, int]:
+        """Return each named stream's head index, by the quickest call ``store`` offers.
+
+        A batch store answers ``MAX_HEAD_BATCH`` names a call; otherwise each
+        name costs one call. Streams with no event are left out.
+        """
+        if self.head_batch is not None:
+            found: dict[str, int] = {}
+            for start in range(0, len(names), MAX_HEAD_BATCH):
+                chunk = names[start : start + MAX_HEAD_BATCH]
+                found.update(self.head_batch.ledger_head_indexes(chunk))
+            return found
+        if self.heads is not None:
+            indexes = {name: self.heads.ledger_head_index(name) for name in names}
+            return {name: index for name, index in indexes.items() if index is not None}
+        heads = {name: store.ledger_head(name) for name in names}
+        return {name: head.index for name, head in heads.items() if head is not None}
 
     def __repr__(self) -> str:
         offered = [part.name for part in fields(self) if getattr(self, part.name) is not None]

@@ -17,10 +17,9 @@ import sys
 from typing import Any, Literal, TextIO
 
 import structlog
-from structlog.typing import EventDict, WrappedLogger
+from structlog.typing import EventDict
 
 from flowvault.application._observability import ROOT_LOGGER
-from flowvault.domain._sanitise import REDACTED, is_secret_key
 
 _POOL_LOGGER = "psycopg.pool"
 """psycopg_pool's logger: it warns once per failed connection attempt, with libpq's text."""
@@ -38,14 +37,6 @@ def _quiet_pool_logger() -> None:
     pool = logging.getLogger(_POOL_LOGGER)
     if not any(isinstance(handler, logging.NullHandler) for handler in pool.handlers):
         pool.addHandler(logging.NullHandler())
-
-
-def redact_secret_keys(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
-    """Blank values bound under secret-looking keys, a net under careless call sites."""
-    for key in event_dict:
-        if key != "event" and is_secret_key(key):
-            event_dict[key] = REDACTED
-    return event_dict
 
 
 class _EventFormatter(logging.Formatter):
@@ -67,7 +58,6 @@ class _EventFormatter(logging.Formatter):
             "logger": record.name,
             "timestamp": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(),
         }
-        redact_secret_keys(None, record.levelname.lower(), event_dict)
         rendered: str = self._render(None, record.levelname.lower(), event_dict)
         return rendered
 

@@ -62,7 +62,8 @@ def _failure(failure: StreamFailure) -> dict[str, object]:
     }
 
 
-def _integrity_error(report: AuditReport) -> IntegrityFailure:
+def integrity_error(report: AuditReport) -> IntegrityFailure:
+    """Return the one error a failed audit reports, its findings counted in the message."""
     broken = len(report.failures)
     findings = [f"{broken} of {len(report.streams)} ledger stream(s) failed verification"]
     if report.unreadable_count:
@@ -96,7 +97,7 @@ def _verify_document(report: AuditReport, *, keyed: bool) -> dict[str, object]:
         "key_available": keyed,
     }
     if not report.ok:
-        error = _integrity_error(report)
+        error = integrity_error(report)
         document["error"] = {
             "code": error.code,
             "message": error.message,
@@ -157,7 +158,7 @@ def ledger_verify_command(
         io.say("no key available: records were counted as unverified, not opened")
     if not audit.keyed:
         io.say("no key available: chain MACs were not checked, only the plain hash chains")
-    return 0 if report.ok else io.fail(_integrity_error(report))
+    return 0 if report.ok else io.fail(integrity_error(report))
 
 
 def _receipt_document(receipt: HeadReceipt) -> dict[str, object]:

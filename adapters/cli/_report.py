@@ -27,7 +27,7 @@ from typing import Final
 from flowvault.adapters.cli._context import CliContext
 from flowvault.adapters.cli._io import FIXES, CommandIO
 from flowvault.adapters.cli._keyed import existing_ring, keyed_audit
-from flowvault.adapters.cli._ledger import _integrity_error
+from flowvault.adapters.cli._ledger import integrity_error
 from flowvault.adapters.cli._verbs import file_path
 from flowvault.adapters.system import SystemClock
 from flowvault.application import AuditReport, LedgerAudit, StoreCapabilities, TerminalReceipts
@@ -381,7 +381,7 @@ def report_command(
     }
     if io.json_output:
         if not report.ok:
-            error = _integrity_error(report)
+            error = integrity_error(report)
             fix = FIXES.get(error.code)
             document["error"] = {"code": error.code, "message": error.message, "fix": fix}
         io.emit(document, [])
@@ -389,7 +389,7 @@ def report_command(
     io.say(f"report: {out}")
     io.say(f"covers: {covers}")
     io.say(f"verdict: {verdict} ({findings} finding(s), {len(events)} event(s))")
-    return 0 if report.ok else io.fail(_integrity_error(report))
+    return 0 if report.ok else io.fail(integrity_error(report))
 
 
 def _outside_the_store(out: Path, context: CliContext) -> None:

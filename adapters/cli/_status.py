@@ -181,14 +181,11 @@ def _activity_document(activity: Activity | None) -> dict[str, object]:
 
 def status_document(status: StoreStatus) -> dict[str, object]:
     """Return the ``--json`` document: field names as keys, data (ids, paths) only as values."""
-    document: dict[str, object] = {
+    return {
         "backend": status.backend,
         "home": status.home,
         "location": status.location,
         "cold_root": status.cold_root,
-    }
-    return {
-        **document,
         "store_schema_version": status.schema_version,
         "supported_schema_version": status.supported_schema_version,
         "key_ids": [{"key_id": key, "records": n} for key, n in status.key_ids.items()],

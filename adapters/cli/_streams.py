@@ -7,7 +7,7 @@ so listing names shows no natural key the store keeps only as a digest.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -22,7 +22,6 @@ from flowvault.application._freshness import (
     WITNESS_KIND,
 )
 from flowvault.application._records import MAX_LIST_LIMIT
-from flowvault.application.ports import MAX_HEAD_BATCH
 from flowvault.domain import StoreUnavailable
 
 OWN_KINDS: Final = ("workflow", "run", "scope")
@@ -64,17 +63,6 @@ class StreamSize:
         return self.head_index + 1
 
 
-def _heads(store: SecureObjectStore, names: Sequence[str]) -> dict[str, int]:
-    batch = StoreCapabilities.of(store).head_batch
-    if batch is not None:
-        found: dict[str, int] = {}
-        for start in range(0, len(names), MAX_HEAD_BATCH):
-            found.update(batch.ledger_head_indexes(names[start : start + MAX_HEAD_BATCH]))
-        return found
-    heads = {name: store.ledger_head(name) for name in names}
-    return {name: head.index for name, head in heads.items() if head is not None}
-
-
 def stream_page(
     store: SecureObjectStore, *, after: str | None, limit: int, prefix: str = ""
 ) -> tuple[list[StreamSize], str | None]:
@@ -92,7 +80,7 @@ def stream_page(
     start = after if after is not None and after > prefix else (prefix or None)
     names = catalog.list_streams(after=start, limit=limit)
     wanted = [name for name in names if name.startswith(prefix)]
-    heads = _heads(store, wanted)
+    heads = StoreCapabilities.of(store).head_indexes(store, wanted)
     sizes = [StreamSize(name, stream_kind(name), heads[name]) for name in wanted if name in heads]
     more = len(names) == min(limit, PAGE_LIMIT) and len(wanted) == len(names)
     return sizes, (names[-1] if more and names else None)
