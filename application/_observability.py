@@ -7,8 +7,9 @@ a host that configured ``logging`` receives them without further set-up.
 Each record's message is ``event key=value ...``; the fields themselves are
 on the record as ``flowvault_event`` and ``flowvault_fields``.
 
-Every event checks its level before building its fields, so a disabled
-level costs one cached ``isEnabledFor``. Fields are counts, codes, store
+The events on the commit path check their level (and whether telemetry
+is on) before computing their fields; a disabled one then costs a cached
+``isEnabledFor``. Fields are counts, codes, store
 kinds, namespaces and key ids: never a payload, key or natural key; values
 under secret-looking names are redacted all the same.
 
