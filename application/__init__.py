@@ -47,7 +47,7 @@ from flowvault.application._scope_transfer import ScopeReport, add_scope_verifie
 from flowvault.application._sealed import SealedDocument, SealedRepository
 from flowvault.application._state import HistoryEvent, StateRepository, StateSnapshot
 from flowvault.application._stream_writer import StreamWriter
-from flowvault.application._streams import trim_unit
+from flowvault.application._streams import chained_event, mac_matches, trim_unit
 from flowvault.application._terminal_receipts import TerminalReceipts
 from flowvault.application._transfer import (
     ContentSummary,
@@ -55,7 +55,7 @@ from flowvault.application._transfer import (
     fill_verified,
     read_contents,
 )
-from flowvault.application._verified import verified_events
+from flowvault.application._verified import verified_events, verified_page
 from flowvault.application._workflow_events import WorkflowEventService
 from flowvault.application._workflows import WorkflowService
 from flowvault.application.ports import (
@@ -148,6 +148,7 @@ __all__ = [
     "WorkflowService",
     "add_scope_verified",
     "authenticate_terminal",
+    "chained_event",
     "check_append",
     "check_delete",
     "check_upsert",
@@ -155,9 +156,11 @@ __all__ = [
     "effective_limit",
     "encode_archive",
     "fill_verified",
+    "mac_matches",
     "read_contents",
     "read_scope",
     "trim_unit",
     "verified_events",
+    "verified_page",
     "verify_signature",
 ]

@@ -10,9 +10,10 @@ from typing import Final
 from flowvault.application._keyed_digester import KeyedDigester
 from flowvault.application._records import LedgerTrim, UnitOfWork
 from flowvault.application.ports import SecureObjectStore
-from flowvault.domain import InvalidInput, LedgerEvent
+from flowvault.domain import InvalidInput, JsonValue, LedgerEvent
 from flowvault.domain._canonical import MAX_SAFE_INTEGER, canonical_bytes, quote_string
 from flowvault.domain._ledger import GENESIS_HASH
+from flowvault.domain._sanitise import sanitise_payload
 
 LEDGER_MAC_TAG: Final = "flowvault.ledger-mac/1"
 """Purpose tag of an event's ``chain_mac``."""
@@ -69,6 +70,39 @@ def mac_matches(event: LedgerEvent, digester: KeyedDigester) -> bool:
     """Return whether ``event`` carries the MAC the integrity key gives it (constant time)."""
     mac = event.chain_mac
     return isinstance(mac, str) and hmac.compare_digest(mac, chain_mac(event, digester))
+
+
+def chained_event(
+    digester: KeyedDigester,
+    stream: str,
+    event_type: str,
+    payload: JsonValue,
+    occurred_at: datetime,
+    *,
+    after: LedgerEvent | None,
+) -> LedgerEvent:
+    """Build the keyed event that follows ``after`` in ``stream`` (``None``: the first event).
+
+    For a host's own kind of record bound to a stream: append the event in
+    the same unit of work as the rows, and put its index in their headers
+    (``ledger_index``), so a row put back from an older copy names an
+    event that a later one supersedes. The payload is sanitised as every
+    ledger payload is. Several events of one unit chain by passing the
+    one before as ``after``; the unit's append guard then fails the whole
+    unit if another writer appended first.
+    """
+    if after is not None and after.stream != stream:
+        raise InvalidInput("an event follows an event of its own stream")
+    index, previous = (0, GENESIS_HASH) if after is None else (after.index + 1, after.event_hash)
+    draft = LedgerEvent.create(
+        stream=stream,
+        index=index,
+        type=event_type,
+        occurred_at=occurred_at,
+        payload=sanitise_payload(payload),
+        previous_hash=previous,
+    )
+    return keyed(draft, digester)
 
 
 def read_stream(store: SecureObjectStore, stream: str) -> Iterator[LedgerEvent]:
