@@ -191,3 +191,26 @@ def test_readme_cli_tour_runs_as_written(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert "receipt: ok, signed" in result.stdout
     assert (tmp_path / "r").read_text().strip()
+
+
+def test_langgraph_guide_examples_run(tmp_path: Path) -> None:
+    """The LangGraph guide's openers run; its graph pauses, then resumes in a new process."""
+    opener, conn_string, graph = _python_blocks("docs/langgraph.md")
+    for block in (opener, conn_string):
+        exec(compile(block, "docs/langgraph.md", "exec"), {})  # noqa: S102 - running our own docs
+    script = tmp_path / "refund.py"
+    script.write_text(graph)
+    env = cli_env(tmp_path, FLOWVAULT_HOME=str(tmp_path / "home"), FLOWVAULT_LOG_LEVEL="warning")
+    runs = [
+        subprocess.run(
+            [sys.executable, str(script), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+        for args in ([], ["resume"])
+    ]
+    assert [run.returncode for run in runs] == [0, 0], [run.stderr for run in runs]
+    assert [run.stdout for run in runs] == ["waiting for approval\n", "refunded\n"]
