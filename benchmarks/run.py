@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Final
 
 from _harness import JsonObject, ScenarioResult, markdown, run_metadata
+from _langgraph import s8_langgraph
 from _peer import PEER_NAME, peer_unavailable, peer_versions
 from _scenarios import (
     FULL,
@@ -70,6 +71,7 @@ SCENARIOS: Final[tuple[tuple[str, str, Scenario], ...]] = (
     ("S5b", "concurrent threads", s5_threads),
     ("S6", "PostgreSQL", s6_postgres),
     ("S7", "several hosts", s7_hosts),
+    ("S8", "LangGraph checkpointer", s8_langgraph),
 )
 """Every scenario, in the order they run and are reported."""
 

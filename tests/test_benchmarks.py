@@ -30,7 +30,7 @@ TABLE_HEADER = (
     "| scenario | ops/s median [min\u2013max] | p50 ms | p99 ms | ratio | peer ratio "
     "| baseline ops/s | peer ops/s median [min\u2013max] | peer p50 / p99 ms | notes |"
 )
-PEER_ROWS = {"S1", "S2", "S5a"}
+PEER_ROWS = {"S1", "S2", "S5a", "S8-pairs", "S8-latest"}
 PEER_MODULES = ("langgraph.checkpoint.sqlite", "langgraph.checkpoint.serde.encrypted", "Crypto")
 
 ROWS = {
@@ -43,6 +43,7 @@ ROWS = {
     "S5b": ["S5b"],
     "S6": ["S6-S1", "S6-S2", "S6-S5a"],
     "S7": [f"S7-{backend}-{hosts}" for backend in ("sqlite", "postgres") for hosts in (1, 2, 4)],
+    "S8": ["S8-pairs", "S8-latest"],
 }
 
 
