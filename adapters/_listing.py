@@ -8,17 +8,20 @@ identical, and so is the order the contract kit checks.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Final, TypeAlias
 
 from flowvault.application import (
     FilterOp,
+    LabelCursor,
     LabelFilter,
     ListCursor,
     Order,
     RecordMetadata,
     RecordPage,
 )
+from flowvault.application._record_reads import label_page
 from flowvault.domain import IntegrityFailure
 from flowvault.domain._envelope import format_instant
 
@@ -128,3 +131,171 @@ def page_of(
     last = items[-1]
     mark = ListCursor(order, last.key_digest, format_instant(last.header.written_at))
     return RecordPage(items=items, next_cursor=mark.encode())
+
+
+# -- list_by_label ----------------------------------------------------------------
+
+_BY_LABEL: Final = (
+    "SELECT r.namespace, r.key_digest, r.revision, r.sensitivity, r.schema_version, r.key_id, "
+    "r.written_at, r.ledger_index, r.labels, r.byte_length, r.payload_digest, "
+    "l.int_value, l.text_value "
+    "FROM record_labels l JOIN records r ON r.id = l.record_id "
+    "WHERE l.namespace = {p} AND l.name = {p}"
+)
+"""One type of the label's values, read in order from its ``(namespace, name, value)`` index.
+
+A comparison with a value selects that value's type on its own; only a
+part without one says ``IS NOT NULL``, so each scan has a single lower bound.
+"""
+
+SegmentShape: TypeAlias = tuple[bool, tuple[FilterOp, ...], bool]
+"""One type's part of a label listing: text (else integers), bounds on the label, after a cursor."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Segment:
+    """The records whose label holds one type of value, bounded by filters on the label itself."""
+
+    text: bool
+    bounds: tuple[LabelFilter, ...]
+    after: LabelCursor | None
+
+    @property
+    def shape(self) -> SegmentShape:
+        return (self.text, tuple(bound.op for bound in self.bounds), self.after is not None)
+
+
+def _segments(
+    label: str, descending: bool, filters: Sequence[LabelFilter], position: LabelCursor | None
+) -> list[_Segment]:
+    """Return the types of value the page may hold, in listing order.
+
+    A filter on the label itself compares one type, so it rules the other
+    type out and bounds its own in the index scan; a cursor rules out the
+    types before its own.
+    """
+    kinds = [True, False] if descending else [False, True]
+    same = [bound for bound in filters if bound.name == label]
+    kinds = [text for text in kinds if all(isinstance(b.value, str) == text for b in same)]
+    if position is not None:
+        at = isinstance(position.value, str)
+        kinds = kinds[kinds.index(at) :] if at in kinds else []
+    return [
+        _Segment(
+            text,
+            tuple(same),
+            position if position is not None and isinstance(position.value, str) == text else None,
+        )
+        for text in kinds
+    ]
+
+
+@lru_cache(maxsize=512)
+def label_query(
+    placeholder: str,
+    descending: bool,
+    segments: tuple[SegmentShape, ...],
+    filters: tuple[FilterShape, ...] = (),
+) -> str:
+    """Return the ``list_by_label`` statement: one ordered, limited scan per segment, in a union.
+
+    Each part reads its type's values in index order up to the limit; the
+    rows are put in their final order in Python, where integers and text
+    need not be compared. After a cursor, the value alone bounds the index
+    scan (a row comparison spanning both tables cannot), and the row
+    comparison then passes over the ties already listed. Parameters bind in
+    the order ``label_statement`` gives them.
+    """
+    direction = " DESC" if descending else ""
+    parts: list[str] = []
+    for text, bounds, after_cursor in segments:
+        column = "l.text_value" if text else "l.int_value"
+        part = [_BY_LABEL]
+        part += [f" AND {column} {_SYMBOLS[op]} {{p}}" for op in bounds]
+        if not bounds and not after_cursor:
+            part.append(f" AND {column} IS NOT NULL")
+        for op, text_filter in filters:
+            value_column = "text_value" if text_filter else "int_value"
+            match = _LABEL_MATCH.replace("{column}", value_column)
+            part.append(match.replace("{symbol}", _SYMBOLS[op]))
+        if after_cursor:
+            past = "<" if descending else ">"
+            part.append(f" AND {column} {past}= {{p}}")
+            part.append(f" AND ({column}, r.key_digest) {past} ({{p}}, {{p}})")
+        part.append(f" ORDER BY {column}{direction}, r.key_digest{direction} LIMIT {{p}}")
+        parts.append("".join(part))
+    if len(parts) == 1:
+        query = parts[0]
+    else:
+        query = " UNION ALL ".join(
+            f"SELECT * FROM ({part}) AS part{n}"  # noqa: S608 - placeholders only
+            for n, part in enumerate(parts)
+        )
+    return query.replace("{p}", placeholder)
+
+
+def label_statement(
+    placeholder: str,
+    namespace: str,
+    label: str,
+    *,
+    descending: bool,
+    filters: Sequence[LabelFilter],
+    position: LabelCursor | None,
+    limit: int,
+) -> tuple[str, tuple[object, ...]] | None:
+    """Return the ``list_by_label`` statement and its parameters; ``None`` when nothing can match.
+
+    Each part binds: namespace and label; its bounds; (namespace, name,
+    value) per other filter; the cursor's value, then its value and key
+    digest; limit + 1.
+    """
+    segments = _segments(label, descending, filters, position)
+    if not segments:
+        return None
+    others = [one for one in filters if one.name != label]
+    params: list[object] = []
+    for segment in segments:
+        params += [namespace, label, *(bound.value for bound in segment.bounds)]
+        for one in others:
+            params += [namespace, one.name, one.value]
+        if segment.after is not None:
+            params += [segment.after.value, segment.after.value, segment.after.key_digest]
+        params.append(limit + 1)
+    shapes = tuple(segment.shape for segment in segments)
+    return label_query(placeholder, descending, shapes, filter_shapes(others)), tuple(params)
+
+
+def label_page_of(
+    rows: Sequence[Sequence[Any]],
+    namespace: str,
+    label: str,
+    *,
+    descending: bool,
+    filters: Sequence[LabelFilter],
+    position: LabelCursor | None,
+    limit: int,
+    decode: Callable[[Sequence[Any]], RecordMetadata],
+) -> RecordPage:
+    """Turn the rows of ``label_statement`` into a page, in order, and the cursor after it.
+
+    As for ``list``, each row's own labels must agree with the label row
+    that selected it and with every filter: an altered index row cannot
+    slip another record into the listing.
+    """
+    found: list[RecordMetadata] = []
+    for row in rows:
+        meta = decode(row[:11])
+        indexed = row[12] if row[11] is None else row[11]
+        held = meta.labels.get(label)
+        if (
+            meta.namespace != namespace
+            or type(held) is not type(indexed)
+            or held != indexed
+            or not all(one.matches(meta.labels) for one in filters)
+        ):
+            raise IntegrityFailure(
+                "the label index disagrees with a listed record's labels", table="record_labels"
+            )
+        found.append(meta)
+    return label_page(found, label, descending=descending, position=position, limit=limit)

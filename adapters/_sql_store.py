@@ -14,7 +14,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Final, Protocol, Self
 
-from flowvault.adapters._listing import FilterShape, filter_shapes, list_params, page_of
+from flowvault.adapters._listing import (
+    FilterShape,
+    filter_shapes,
+    label_page_of,
+    label_statement,
+    list_params,
+    page_of,
+)
 from flowvault.adapters._rows import (
     Row,
     check_stream_page,
@@ -34,7 +41,15 @@ from flowvault.application import (
     StoredRecord,
     effective_limit,
 )
-from flowvault.domain import InvalidInput, LedgerEvent, SchemaTooNew, StoreUnavailable
+from flowvault.application._record_reads import key_digest_names, label_listing_args
+from flowvault.application.ports import MAX_LOAD_BATCH
+from flowvault.domain import (
+    IntegrityFailure,
+    InvalidInput,
+    LedgerEvent,
+    SchemaTooNew,
+    StoreUnavailable,
+)
 from flowvault.domain._canonical import MAX_SAFE_INTEGER
 
 _FORKED: Final = "store opened before fork; open a new one in the child"
@@ -66,6 +81,7 @@ class Statements(Protocol):
     NAMESPACE_COUNTS: str
     KEY_ID_COUNTS: str
     SEAL_COUNTS: str
+    PLACEHOLDER: str
 
     def list_query(
         self, order: Order, after_cursor: bool, filters: tuple[FilterShape, ...] = ()
@@ -164,6 +180,69 @@ class SqlStore(ABC):
         query = statements.list_query(order, position is not None, filter_shapes(filters))
         rows = self._fetch(query, list_params(namespace, filters, order, position, limit))
         return page_of(rows, limit, order, self.dialect.metadata_from_row, filters)
+
+    def list_by_label(
+        self,
+        namespace: str,
+        label: str,
+        *,
+        descending: bool = False,
+        filters: Sequence[LabelFilter] = (),
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> RecordPage:
+        """Return one page of the records carrying ``label``, by its value, in one statement.
+
+        Each type of value is one ordered scan of its ``(namespace, name,
+        value)`` label index, stopping at the page's end.
+        """
+        limit, position = label_listing_args(
+            namespace, label, descending=descending, filters=filters, cursor=cursor, limit=limit
+        )
+        statement = label_statement(
+            self.dialect.statements.PLACEHOLDER,
+            namespace,
+            label,
+            descending=descending,
+            filters=filters,
+            position=position,
+            limit=limit,
+        )
+        if statement is None:
+            self._check_usable()
+            return RecordPage(items=(), next_cursor=None)
+        return label_page_of(
+            self._fetch(*statement),
+            namespace,
+            label,
+            descending=descending,
+            filters=filters,
+            position=position,
+            limit=limit,
+            decode=self.dialect.metadata_from_row,
+        )
+
+    def load_many(self, namespace: str, key_digests: Sequence[str]) -> dict[str, StoredRecord]:
+        """Return the stored records among ``key_digests``, in one statement."""
+        require_text(namespace, "namespace")
+        names = key_digest_names(key_digests, MAX_LOAD_BATCH)
+        if not names:
+            self._check_usable()
+            return {}
+        found: dict[str, StoredRecord] = {}
+        for row in self._fetch(*self._load_many_statement(namespace, names)):
+            record = self.dialect.record_from_row(row)
+            meta = record.metadata
+            if meta.namespace != namespace or meta.key_digest not in names:
+                raise IntegrityFailure("a loaded record is not one asked for", table="records")
+            found[meta.key_digest] = record
+        return found
+
+    @abstractmethod
+    def _load_many_statement(
+        self, namespace: str, names: Sequence[str]
+    ) -> tuple[str, Sequence[object]]:
+        """Return the statement loading ``names`` of ``namespace``, and its parameters."""
 
     def ledger_head(self, stream: str) -> LedgerEvent | None:
         """Return the last event of ``stream`` or ``None``."""

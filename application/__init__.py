@@ -14,7 +14,7 @@ from flowvault.application._audit import AuditReport, LedgerAudit
 from flowvault.application._backoff import RetryPolicy
 from flowvault.application._capabilities import StoreCapabilities
 from flowvault.application._checkpoints import CheckpointService
-from flowvault.application._cursor import ListCursor, effective_limit
+from flowvault.application._cursor import LabelCursor, ListCursor, effective_limit
 from flowvault.application._definitions import DefinitionRegistry
 from flowvault.application._evidence import EvidenceService
 from flowvault.application._guards import check_append, check_delete, check_upsert
@@ -59,11 +59,14 @@ from flowvault.application._verified import verified_events, verified_page
 from flowvault.application._workflow_events import WorkflowEventService
 from flowvault.application._workflows import WorkflowService
 from flowvault.application.ports import (
+    MAX_LOAD_BATCH,
+    BatchLoad,
     Cipher,
     Clock,
     Compactor,
     DecisionSignatures,
     IdFactory,
+    LabelListing,
     RecordLock,
     SealCounter,
     SecureObjectStore,
@@ -78,11 +81,13 @@ from flowvault.application.ports import (
 )
 
 __all__ = [
+    "MAX_LOAD_BATCH",
     "ActionResultService",
     "ApprovalFlow",
     "ApprovalOutcome",
     "ApprovalService",
     "AuditReport",
+    "BatchLoad",
     "CheckpointService",
     "Cipher",
     "Clock",
@@ -101,7 +106,9 @@ __all__ = [
     "IdempotencyService",
     "KeyStore",
     "KeyedDigester",
+    "LabelCursor",
     "LabelFilter",
+    "LabelListing",
     "LeaseKeeper",
     "LedgerAudit",
     "LedgerPage",

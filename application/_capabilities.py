@@ -1,6 +1,6 @@
 """The store's optional capabilities, looked up once when it is opened.
 
-Beyond ``SecureObjectStore`` a store may offer ten small capabilities
+Beyond ``SecureObjectStore`` a store may offer twelve small capabilities
 (``ports``), eight of them in two tiers:
 
 - the durable-store tier, what tells this store from an older or cut-down
@@ -9,8 +9,11 @@ Beyond ``SecureObjectStore`` a store may offer ten small capabilities
 - the maintenance tier, what keys and disks need: ``StoreStats``,
   ``SealCounter`` and ``Compactor``, and ``Vacuumer``, an operator's extra;
 
-and ``RecordLock``, which only makes contended state updates faster, and
-``StoreClock``, the server's time that run leases are judged by.
+``RecordLock``, which only makes contended state updates faster,
+``StoreClock``, the server's time that run leases are judged by, and two
+reads that only save round trips, ``LabelListing`` and ``BatchLoad``: for
+a store without them ``list_by_label`` and ``load_many`` here answer the
+same through ``list`` and ``load``.
 
 Services hold one ``StoreCapabilities`` and call through it, rather than
 asking the store on every call; a store offering part of a tier keeps the
@@ -23,9 +26,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Final, Protocol
 
+from flowvault.application._record_reads import key_digest_names, label_listing_args, label_page
+from flowvault.application._records import (
+    MAX_LIST_LIMIT,
+    FilterOp,
+    LabelFilter,
+    LabelValue,
+    Order,
+    RecordMetadata,
+    RecordPage,
+    StoredRecord,
+)
 from flowvault.application.ports import (
     MAX_HEAD_BATCH,
+    MAX_LOAD_BATCH,
+    BatchLoad,
     Compactor,
+    LabelListing,
     RecordLock,
     SealCounter,
     StoreClock,
@@ -36,13 +53,32 @@ from flowvault.application.ports import (
     StreamHeads,
     Vacuumer,
 )
-from flowvault.domain import LedgerEvent
+from flowvault.domain import InvalidInput, LedgerEvent
+
+_LOWEST: Final[tuple[LabelValue, LabelValue]] = (-(2**63 - 1), "")
+"""The least integer and the least text a label holds: ``GE`` each selects that type's values."""
 
 
 class HeadReader(Protocol):
     """What every store offers for a stream's head: the fallback of ``head_indexes``."""
 
     def ledger_head(self, stream: str) -> LedgerEvent | None: ...
+
+
+class RecordReader(Protocol):
+    """What every store offers to read records: the fallbacks of the two optional reads."""
+
+    def load(self, namespace: str, key_digest: str) -> StoredRecord | None: ...
+
+    def list(
+        self,
+        namespace: str,
+        *,
+        filters: Sequence[LabelFilter] = (),
+        order: Order = Order.KEY,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> RecordPage: ...
 
 
 DURABLE_TIER: Final = "durable store"
@@ -99,6 +135,8 @@ class StoreCapabilities:
     vacuumer: Vacuumer | None = None
     record_lock: RecordLock | None = None
     clock: StoreClock | None = None
+    label_listing: LabelListing | None = None
+    batch_load: BatchLoad | None = None
 
     @classmethod
     def of(cls, store: object) -> StoreCapabilities:
@@ -114,6 +152,8 @@ class StoreCapabilities:
             vacuumer=store if isinstance(store, Vacuumer) else None,
             record_lock=store if isinstance(store, RecordLock) else None,
             clock=store if isinstance(store, StoreClock) else None,
+            label_listing=store if isinstance(store, LabelListing) else None,
+            batch_load=store if isinstance(store, BatchLoad) else None,
         )
 
     def lost(self) -> dict[str, tuple[str, ...]]:
@@ -142,9 +182,84 @@ class StoreCapabilities:
         heads = {name: store.ledger_head(name) for name in names}
         return {name: head.index for name, head in heads.items() if head is not None}
 
+    def list_by_label(
+        self,
+        store: RecordReader,
+        namespace: str,
+        label: str,
+        *,
+        descending: bool = False,
+        filters: Sequence[LabelFilter] = (),
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> RecordPage:
+        """Return one page of ``LabelListing.list_by_label``, from the capability or from ``list``.
+
+        Without the capability every record of the namespace carrying the
+        label (and matching ``filters``) past the cursor is read through
+        ``list``, one type of value at a time, and sorted here: the same
+        page, at a cost that grows with the namespace rather than the page.
+        """
+        if self.label_listing is not None:
+            return self.label_listing.list_by_label(
+                namespace, label, descending=descending, filters=filters, cursor=cursor, limit=limit
+            )
+        limit, position = label_listing_args(
+            namespace, label, descending=descending, filters=filters, cursor=cursor, limit=limit
+        )
+        segments = list(_LOWEST[::-1] if descending else _LOWEST)
+        if position is not None:
+            while isinstance(segments[0], str) != isinstance(position.value, str):
+                segments.pop(0)
+        candidates: list[RecordMetadata] = []
+        for bottom in segments:
+            wanted = [*filters, LabelFilter(label, bottom, FilterOp.GE)]
+            if position is not None and isinstance(position.value, str) == isinstance(bottom, str):
+                op = FilterOp.LE if descending else FilterOp.GE
+                wanted.append(LabelFilter(label, position.value, op))
+            candidates += _every_match(store, namespace, wanted)
+        return label_page(
+            candidates, label, descending=descending, position=position, limit=limit
+        )
+
+    def load_many(
+        self, store: RecordReader, namespace: str, key_digests: Sequence[str]
+    ) -> dict[str, StoredRecord]:
+        """Return the stored records among ``key_digests``, by the quickest call ``store`` offers.
+
+        A batch store answers ``MAX_LOAD_BATCH`` names a call; otherwise each
+        name costs one ``load``. Absent records are left out; any number of
+        names is taken.
+        """
+        if not isinstance(namespace, str):
+            raise InvalidInput("namespace must be text")
+        names = key_digest_names(key_digests)
+        if self.batch_load is not None:
+            found: dict[str, StoredRecord] = {}
+            for start in range(0, len(names), MAX_LOAD_BATCH):
+                chunk = names[start : start + MAX_LOAD_BATCH]
+                found.update(self.batch_load.load_many(namespace, chunk))
+            return found
+        records = {name: store.load(namespace, name) for name in names}
+        return {name: record for name, record in records.items() if record is not None}
+
     def __repr__(self) -> str:
         offered = [part.name for part in fields(self) if getattr(self, part.name) is not None]
         return f"StoreCapabilities({', '.join(offered)})"
+
+
+def _every_match(
+    store: RecordReader, namespace: str, filters: Sequence[LabelFilter]
+) -> list[RecordMetadata]:
+    """Return every record ``list`` finds for ``filters``, page after page."""
+    found: list[RecordMetadata] = []
+    cursor: str | None = None
+    while True:
+        page = store.list(namespace, filters=filters, cursor=cursor, limit=MAX_LIST_LIMIT)
+        found += page.items
+        if page.next_cursor is None:
+            return found
+        cursor = page.next_cursor
 
 
 __all__ = ["DURABLE_TIER", "MAINTENANCE_TIER", "StoreCapabilities"]

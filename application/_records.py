@@ -68,6 +68,13 @@ def _check_labels(labels: Mapping[str, LabelValue]) -> Mapping[str, LabelValue]:
     return MappingProxyType(dict(labels))
 
 
+def check_label(name: object, value: object) -> None:
+    """Refuse a label name or value no record could carry, with ``InvalidInput``."""
+    if not isinstance(name, str):
+        raise InvalidInput("label names are 1..32 of [a-z0-9_], starting with a letter")
+    _check_labels({name: value})  # type: ignore[dict-item]
+
+
 @dataclass(frozen=True, slots=True)
 class RecordMetadata:
     """Everything about a stored record except its payload bytes."""

@@ -166,6 +166,69 @@ class StreamHeadBatch(Protocol):
         ...
 
 
+MAX_LOAD_BATCH: Final = 200
+"""Most key digests one ``load_many`` call takes."""
+
+
+@runtime_checkable
+class LabelListing(Protocol):
+    """Optional, speed: list the records carrying one label, ordered by its value.
+
+    ``list`` orders only by key digest or write time; a host that keeps a
+    sortable text (a time-ordered id, say) in a label and pages newest
+    first would otherwise read every record and sort them itself.
+    ``StoreCapabilities.list_by_label`` falls back to exactly that, so a
+    store without it lists the same pages, only slower.
+    """
+
+    def list_by_label(
+        self,
+        namespace: str,
+        label: str,
+        *,
+        descending: bool = False,
+        filters: Sequence[LabelFilter] = (),
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> RecordPage:
+        """Return one page of the metadata of records carrying ``label``, all filters applied.
+
+        The order is total: integer values before text values, integers
+        numerically, text in code-point (UTF-8 byte) order with no
+        collation, ties on the key digest; ``descending`` reverses the whole
+        key, ties included. Records without the label are left out. The
+        cursor names the last item's place (value and key digest), so paging
+        visits every record present throughout once, in order, while others
+        are written. ``limit`` is capped at ``MAX_LIST_LIMIT``.
+
+        Raises:
+            InvalidInput: a malformed cursor, a cursor issued for another
+                label or direction (or by ``list``), a limit below 1, or
+                a label name that is not one.
+
+        """
+        ...
+
+
+@runtime_checkable
+class BatchLoad(Protocol):
+    """Optional, speed: load many records of one namespace in one round trip.
+
+    ``StoreCapabilities.load_many`` falls back to one ``load`` per name.
+    """
+
+    def load_many(self, namespace: str, key_digests: Sequence[str]) -> dict[str, StoredRecord]:
+        """Return the stored records among ``key_digests``, by key digest.
+
+        Absent records are left out; names may repeat.
+
+        Raises:
+            InvalidInput: a name that is not text, or more than ``MAX_LOAD_BATCH`` names.
+
+        """
+        ...
+
+
 @runtime_checkable
 class StoreStats(Protocol):
     """Optional, maintenance tier: counts an operator (or key policy) needs without payloads."""

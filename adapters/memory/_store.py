@@ -29,6 +29,8 @@ from flowvault.application import (
     effective_limit,
 )
 from flowvault.application import _observability as observe
+from flowvault.application._record_reads import key_digest_names, label_listing_args, label_page
+from flowvault.application.ports import MAX_LOAD_BATCH
 from flowvault.domain import (
     InvalidInput,
     LedgerEvent,
@@ -62,7 +64,7 @@ class InMemorySecureObjectStore:
     """Thread-safe ``SecureObjectStore`` held in dictionaries under one lock.
 
     Also ``StoreStats``, ``StreamCatalog``, ``Compactor``, ``SealCounter``,
-    ``StoreEpoch`` and ``StoreFill``.
+    ``StoreEpoch``, ``StoreFill``, ``LabelListing`` and ``BatchLoad``.
     It is the reference the durable adapters are held to, and the fast
     backend for tests; everything is lost when the process ends, seal
     counts and the epoch included.
@@ -136,6 +138,42 @@ class InMemorySecureObjectStore:
                 order, last.key_digest, format_instant(last.header.written_at)
             ).encode()
         return RecordPage(items=items, next_cursor=next_cursor)
+
+    def list_by_label(
+        self,
+        namespace: str,
+        label: str,
+        *,
+        descending: bool = False,
+        filters: Sequence[LabelFilter] = (),
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> RecordPage:
+        """Return one page of the records carrying ``label``, by its value, then key digest."""
+        limit, position = label_listing_args(
+            namespace, label, descending=descending, filters=filters, cursor=cursor, limit=limit
+        )
+        with self._lock:
+            self._check_open()
+            candidates = [
+                record.metadata
+                for (space, _), record in self._records.items()
+                if space == namespace
+                and label in record.metadata.labels
+                and all(f.matches(record.metadata.labels) for f in filters)
+            ]
+        return label_page(
+            candidates, label, descending=descending, position=position, limit=limit
+        )
+
+    def load_many(self, namespace: str, key_digests: Sequence[str]) -> dict[str, StoredRecord]:
+        """Return the stored records among ``key_digests``, read under one hold of the lock."""
+        require_text(namespace, "namespace")
+        names = key_digest_names(key_digests, MAX_LOAD_BATCH)
+        with self._lock:
+            self._check_open()
+            found = {name: self._records.get((namespace, name)) for name in names}
+        return {name: record for name, record in found.items() if record is not None}
 
     def commit(self, unit: UnitOfWork) -> None:
         """Check every guard, then apply every write, under one lock; a failed write undoes all."""

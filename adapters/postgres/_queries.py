@@ -23,6 +23,8 @@ PEEK_METADATA: Final = (
     "r.written_at, r.ledger_index, r.labels, r.byte_length, r.payload_digest "
     "FROM records r WHERE r.namespace = %s AND r.key_digest = %s"
 )
+LOAD_MANY: Final = LOAD_RECORD.replace("r.key_digest = %s", "r.key_digest = ANY(%s::text[])")
+"""Records of one namespace by a list of key digests (bound as one ``text[]``)."""
 LOCK_RECORD: Final = "SELECT pg_advisory_lock(hashtextextended(%s, 0))"
 """A session lock on a record's name; two names may share a hash, which only makes one wait."""
 UNLOCK_RECORD: Final = "SELECT pg_advisory_unlock(hashtextextended(%s, 0))"
@@ -195,8 +197,10 @@ make a schema hold anything.
 """
 
 FilterShape = listing.FilterShape
+PLACEHOLDER: Final = "%s"
+"""What the shared statement builders put where a parameter binds."""
 
 
 def list_query(order: Order, after_cursor: bool, filters: tuple[FilterShape, ...] = ()) -> str:
     """Return the shared ``list`` statement with this driver's placeholder."""
-    return listing.list_query("%s", order, after_cursor, filters)
+    return listing.list_query(PLACEHOLDER, order, after_cursor, filters)

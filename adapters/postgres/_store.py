@@ -67,7 +67,7 @@ class PostgresSecureObjectStore(SqlStore):
     """``SecureObjectStore`` over one schema of a PostgreSQL database.
 
     Also ``StoreStats``, ``Compactor``, ``SealCounter``, ``StoreEpoch``,
-    ``RecordLock`` and ``StoreFill``.
+    ``RecordLock``, ``StoreFill``, ``LabelListing`` and ``BatchLoad``.
     Several hosts may open the same schema at once: every unit of work is one
     READ COMMITTED transaction whose guards sit in the ``WHERE`` clauses of
     its writes, and ledger appends lock the stream's head row, so no update
@@ -289,6 +289,11 @@ class PostgresSecureObjectStore(SqlStore):
                     connection.close()
 
     # -- ledger ---------------------------------------------------------------
+
+    def _load_many_statement(
+        self, namespace: str, names: Sequence[str]
+    ) -> tuple[str, Sequence[object]]:
+        return sql.LOAD_MANY, (namespace, list(names))
 
     def _head_indexes_statement(self, names: Sequence[str]) -> tuple[str, Sequence[object]]:
         return sql.LEDGER_HEAD_INDEXES, (names,)

@@ -138,6 +138,16 @@ def ledger_head_indexes(count: int) -> str:
     )
 
 
+def load_many(count: int) -> str:
+    """Return the statement loading ``count`` distinct key digests of one namespace.
+
+    Parameters: the namespace, then each key digest; one probe of the
+    ``(namespace, key_digest)`` key per name.
+    """
+    wanted = ", ".join(["?"] * count)
+    return f"{LOAD_RECORD[: LOAD_RECORD.rindex(' AND ')]} AND r.key_digest IN ({wanted})"
+
+
 VACUUM: Final = "VACUUM"
 """Rebuilds the file; outside any transaction, on the writer connection."""
 
@@ -172,11 +182,13 @@ SET_EPOCH: Final = "UPDATE store_epoch SET epoch = MAX(epoch, ?) WHERE id = 1"
 """Only a fill sets the count: to the source's, unless the store's is higher already."""
 
 FilterShape = listing.FilterShape
+PLACEHOLDER: Final = "?"
+"""What the shared statement builders put where a parameter binds."""
 
 
 def list_query(order: Order, after_cursor: bool, filters: tuple[FilterShape, ...] = ()) -> str:
     """Return the shared ``list`` statement with this driver's placeholder."""
-    return listing.list_query("?", order, after_cursor, filters)
+    return listing.list_query(PLACEHOLDER, order, after_cursor, filters)
 
 
 CHECKPOINT_TRUNCATE: Final = "PRAGMA wal_checkpoint(TRUNCATE)"

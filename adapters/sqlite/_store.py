@@ -184,7 +184,8 @@ def _refuse_empty_file(path: Path) -> None:
 class SQLiteSecureObjectStore(SqlStore):
     """``SecureObjectStore`` over one SQLite file in WAL mode.
 
-    Also ``StoreStats``, ``SealCounter``, ``StoreEpoch`` and ``StoreFill``. Commits go
+    Also ``StoreStats``, ``SealCounter``, ``StoreEpoch``, ``StoreFill``,
+    ``LabelListing`` and ``BatchLoad``. Commits go
     through a single writer connection under a lock, and take SQLite's write
     lock with ``BEGIN IMMEDIATE`` so other processes queue up to the busy
     timeout; each thread reads through its own connection, and in WAL mode
@@ -431,6 +432,11 @@ class SQLiteSecureObjectStore(SqlStore):
 
     def _head_indexes_statement(self, names: Sequence[str]) -> tuple[str, Sequence[object]]:
         return sql.ledger_head_indexes(len(names)), names
+
+    def _load_many_statement(
+        self, namespace: str, names: Sequence[str]
+    ) -> tuple[str, Sequence[object]]:
+        return sql.load_many(len(names)), (namespace, *names)
 
     def read_ledger(self, stream: str, *, from_index: int = 0, limit: int = 100) -> LedgerPage:
         """Return retained events from ``from_index`` on, flagging trimmed ones.

@@ -11,7 +11,8 @@ Select the capabilities your adapter implements by the classes you name:
 ``StoreStatsContract`` in place of the base (it includes it), and beside it
 a mixin per capability offered (``StoreEpochContract``,
 ``StreamCatalogContract``, ``SealCounterContract``, ``RecordLockContract``,
-``StoreClockContract``, ``StoreFillContract``)::
+``StoreClockContract``, ``StoreFillContract``, ``LabelListingContract``,
+``BatchLoadContract``)::
 
     class TestMyStore(StoreStatsContract, StoreEpochContract, StreamCatalogContract):
         def make_store(self) -> MyStore: ...
@@ -21,6 +22,7 @@ through your store. docs/adapters.md lists what each proves and what a
 store without it loses.
 """
 
+from flowvault.application.testing._batch_load_contract import BatchLoadContract
 from flowvault.application.testing._catalog_contract import StreamCatalogContract
 from flowvault.application.testing._durability_contract import DurabilityContract
 from flowvault.application.testing._fakes import (
@@ -30,6 +32,7 @@ from flowvault.application.testing._fakes import (
     make_header,
     make_upsert,
 )
+from flowvault.application.testing._label_listing_contract import LabelListingContract
 from flowvault.application.testing._record_lock_contract import RecordLockContract
 from flowvault.application.testing._seal_counter_contract import SealCounterContract
 from flowvault.application.testing._sealed_contract import SealedRepositoryContract
@@ -42,8 +45,10 @@ from flowvault.application.testing._store_epoch_contract import StoreEpochContra
 from flowvault.application.testing._store_fill_contract import StoreFillContract
 
 __all__ = [
+    "BatchLoadContract",
     "DurabilityContract",
     "FrozenClock",
+    "LabelListingContract",
     "RecordLockContract",
     "SealCounterContract",
     "SealedRepositoryContract",

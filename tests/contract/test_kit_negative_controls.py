@@ -17,13 +17,22 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from kit_controls import ListCall, ListDefect, StoreFactory, kit_failure
+from kit_controls import (
+    LabelCall,
+    LabelListingDefect,
+    ListCall,
+    ListDefect,
+    StoreFactory,
+    kit_failure,
+)
 
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.application import (
+    LabelCursor,
     LedgerPage,
     ListCursor,
     Order,
+    RecordMetadata,
     RecordPage,
     StoredRecord,
     UnitOfWork,
@@ -118,6 +127,62 @@ class OffsetCursor(ListDefect):
         more = offset + limit < len(everything)
         after = ListCursor(call.order, str(offset + limit), "").encode() if more else None
         return RecordPage(items=items, next_cursor=after)
+
+
+def _label_rank(meta: RecordMetadata, label: str) -> tuple[int, Any]:
+    value = meta.labels[label]
+    return (1 if isinstance(value, str) else 0, value)
+
+
+class AscendingLabelTiesUnderDesc(LabelListingDefect):
+    """Under ``descending`` lists records tied on the label by key digest ascending."""
+
+    def listed_by_label(self, call: LabelCall) -> RecordPage:
+        page = self.sound_by_label(call)
+        if not call.descending:
+            return page
+        by_key = sorted(page.items, key=lambda meta: meta.key_digest)
+        items = sorted(by_key, key=lambda meta: _label_rank(meta, call.label), reverse=True)
+        return RecordPage(items=tuple(items), next_cursor=page.next_cursor)
+
+
+class FoldedLabelOrder(LabelListingDefect):
+    """Orders text values case-insensitively, as a database collation other than "C" would."""
+
+    def listed_by_label(self, call: LabelCall) -> RecordPage:
+        page = self.sound_by_label(call)
+
+        def folded(meta: RecordMetadata) -> tuple[int, Any, str]:
+            kind, value = _label_rank(meta, call.label)
+            return (kind, value.casefold() if kind else value, meta.key_digest)
+
+        items = sorted(page.items, key=folded, reverse=call.descending)
+        return RecordPage(items=tuple(items), next_cursor=page.next_cursor)
+
+
+class OffsetLabelCursor(LabelListingDefect):
+    """Hands out ``list_by_label`` cursors that count records from the start."""
+
+    def listed_by_label(self, call: LabelCall) -> RecordPage:
+        offset = 0
+        if call.cursor is not None:
+            mark = LabelCursor.decode(call.cursor, call.label, descending=call.descending)
+            offset = int(mark.key_digest)
+        everything: list[Any] = []
+        cursor: str | None = None
+        while True:
+            page = self.sound_by_label(
+                dataclasses.replace(call, cursor=cursor, limit=MAX_LIST_LIMIT)
+            )
+            everything.extend(page.items)
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+        limit = effective_limit(call.limit)
+        items = tuple(everything[offset : offset + limit])
+        more = offset + limit < len(everything)
+        after = LabelCursor(call.label, call.descending, "", str(offset + limit))
+        return RecordPage(items=items, next_cursor=after.encode() if more else None)
 
 
 class UncappedLedger(InMemorySecureObjectStore):
@@ -267,6 +332,27 @@ CONTROLS: list[Any] = [
         id="offset cursor",
     ),
     pytest.param(
+        AscendingLabelTiesUnderDesc,
+        [("test_lists_records_carrying_the_label_in_value_order", {"descending": True})],
+        id="ascending label ties under descending",
+    ),
+    pytest.param(
+        FoldedLabelOrder,
+        [
+            ("test_lists_records_carrying_the_label_in_value_order", {"descending": d})
+            for d in (False, True)
+        ],
+        id="label text ordered by a case-folding collation",
+    ),
+    pytest.param(
+        OffsetLabelCursor,
+        [
+            ("test_paging_neither_repeats_nor_skips_under_writes", {"descending": d})
+            for d in (False, True)
+        ],
+        id="offset label cursor",
+    ),
+    pytest.param(
         UncappedLedger, [("test_ledger_limit_is_capped", {})], id="read_ledger without cap"
     ),
     *(
@@ -326,6 +412,9 @@ def test_every_control_is_sound_but_for_its_defect() -> None:
         RaisesOnSecondClose,
         BlindOverwrite,
         TrimsBeforeAppends,
+        AscendingLabelTiesUnderDesc,
+        FoldedLabelOrder,
+        OffsetLabelCursor,
         lambda: FoldsNames("case", "records"),
         lambda: FoldsNames("trailing spaces", "streams"),
     ):

@@ -19,10 +19,13 @@ import pymysql
 import pymysql.cursors
 import pytest
 from mariadb_store import MariaDBSecureObjectStore
+from port_only_reads import PortOnlyReads
 
 from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.application import SecureObjectStore
 from flowvault.application.testing import (
+    BatchLoadContract,
+    LabelListingContract,
     SealedRepositoryContract,
     StoreEpochContract,
     StoreStatsContract,
@@ -115,6 +118,18 @@ class TestMariaDBSecureObjectStore(StoreStatsContract, StreamCatalogContract, St
 
     def reopen_store(self, store: SecureObjectStore) -> MariaDBSecureObjectStore:
         return _open(self.database)
+
+    def close_store(self, store: SecureObjectStore) -> None:
+        store.close()
+        _drop(self.database)
+
+
+class TestMariaDBReadsThroughTheFallback(LabelListingContract, BatchLoadContract):
+    """Without ``LabelListing`` and ``BatchLoad``, ``StoreCapabilities`` answers both alike."""
+
+    def make_store(self) -> PortOnlyReads:
+        self.database = f"fvtest_{secrets.token_hex(6)}"
+        return PortOnlyReads(_open(self.database))
 
     def close_store(self, store: SecureObjectStore) -> None:
         store.close()

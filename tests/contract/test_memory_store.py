@@ -2,6 +2,8 @@
 
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.application.testing import (
+    BatchLoadContract,
+    LabelListingContract,
     SealCounterContract,
     StoreEpochContract,
     StoreFillContract,
@@ -16,6 +18,8 @@ class TestInMemorySecureObjectStore(
     SealCounterContract,
     StoreEpochContract,
     StoreFillContract,
+    LabelListingContract,
+    BatchLoadContract,
 ):
     """The memory adapter passes the whole store contract."""
 

@@ -5,6 +5,8 @@ import pytest
 from flowvault.adapters.postgres import PostgresSecureObjectStore
 from flowvault.application import SecureObjectStore
 from flowvault.application.testing import (
+    BatchLoadContract,
+    LabelListingContract,
     RecordLockContract,
     SealCounterContract,
     StoreClockContract,
@@ -25,6 +27,8 @@ class TestPostgresSecureObjectStore(
     RecordLockContract,
     StoreClockContract,
     StoreFillContract,
+    LabelListingContract,
+    BatchLoadContract,
 ):
     """The PostgreSQL adapter passes the whole store contract."""
 

@@ -3,6 +3,8 @@
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.application import SecureObjectStore
 from flowvault.application.testing import (
+    BatchLoadContract,
+    LabelListingContract,
     SealCounterContract,
     StoreEpochContract,
     StoreFillContract,
@@ -17,6 +19,8 @@ class TestSQLiteSecureObjectStore(
     SealCounterContract,
     StoreEpochContract,
     StoreFillContract,
+    LabelListingContract,
+    BatchLoadContract,
 ):
     """The SQLite adapter passes the whole store contract."""
 

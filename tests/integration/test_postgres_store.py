@@ -12,9 +12,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from flowvault.adapters import _listing
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.postgres import PostgresSecureObjectStore, _queries
-from flowvault.application import FilterOp, LabelFilter, Order, UnitOfWork
+from flowvault.application import FilterOp, LabelCursor, LabelFilter, Order, UnitOfWork
 from flowvault.application.testing import make_upsert
 from flowvault.application.testing._fakes import EPOCH
 from flowvault.domain import InvalidInput, StoreBusy, StoreUnavailable
@@ -207,6 +208,42 @@ def test_selective_label_filters_use_the_typed_label_indexes(filled, name, value
     plan = _plan(filled, query, (NS, NS, name, value, 5))
     assert f"record_labels_{index}" in plan
     assert "Index Cond" in plan.split(f"record_labels_{index}")[1]
+
+
+@pytest.mark.parametrize("descending", [False, True])
+def test_label_listing_after_a_cursor_starts_its_index_scan_at_the_cursor(
+    filled, descending: bool
+) -> None:
+    """Each type of value is an ordered scan of its typed label index, bounded by the cursor.
+
+    The row comparison with the key digest spans both tables, so it cannot
+    bound the scan; the value's own bound does, and no page starts reading
+    from the first value.
+    """
+    position = LabelCursor("status", descending, "s20", "sha256:")
+    statement = _listing.label_statement(
+        _queries.PLACEHOLDER,
+        NS,
+        "status",
+        descending=descending,
+        filters=(),
+        position=position,
+        limit=5,
+    )
+    assert statement is not None
+    plan = _plan(filled, *statement)
+    text_scan = plan.split("record_labels_by_text")[1].split("\n")[1]
+    assert "Index Cond" in text_scan
+    assert "text_value " + ("<=" if descending else ">=") in text_scan
+    assert "Seq Scan" not in plan
+
+
+def test_load_many_reads_the_identity_index_once(filled) -> None:
+    """``load_many`` is one probe of the (namespace, key_digest) index for every name."""
+    plan = _plan(filled, _queries.LOAD_MANY, (NS, ["a", "b", "c"]))
+    assert "records_identity" in plan
+    assert "ANY" in plan
+    assert "Seq Scan" not in plan
 
 
 # -- values at the edges ---------------------------------------------------------------

@@ -13,9 +13,18 @@ import pytest
 from log_capture import capture_logs
 from processes import run_together
 
+from flowvault.adapters import _listing
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore, _rows
 from flowvault.adapters.sqlite import _queries as sql
-from flowvault.application import FilterOp, Guard, LabelFilter, LedgerTrim, Order, UnitOfWork
+from flowvault.application import (
+    FilterOp,
+    Guard,
+    LabelCursor,
+    LabelFilter,
+    LedgerTrim,
+    Order,
+    UnitOfWork,
+)
 from flowvault.application._records import LabelValue
 from flowvault.application.testing import make_event, make_upsert
 from flowvault.domain import (
@@ -346,6 +355,25 @@ def test_peek_and_list_never_read_the_payload_column(store: SQLiteSecureObjectSt
         store.load(NS, _digest("a"))
 
 
+def _label_statement(
+    *,
+    descending: bool = False,
+    filters: tuple[LabelFilter, ...] = (),
+    position: LabelCursor | None = None,
+) -> tuple[str, tuple[object, ...]]:
+    statement = _listing.label_statement(
+        sql.PLACEHOLDER,
+        NS,
+        "n",
+        descending=descending,
+        filters=filters,
+        position=position,
+        limit=100,
+    )
+    assert statement is not None
+    return statement
+
+
 _QUERIES = {
     "load": (sql.LOAD_RECORD, (NS, "k")),
     "raise epoch": (sql.RAISE_EPOCH, ()),
@@ -386,6 +414,16 @@ _QUERIES = {
         sql.list_query(Order.WRITTEN_AT_DESC, True, ((FilterOp.EQ, True),)),
         (NS, NS, "status", "open", "w", "k", 101),
     ),
+    "list by label": _label_statement(),
+    "list by label, newest first, before a bound": _label_statement(
+        descending=True, filters=(LabelFilter("n", 40, FilterOp.LT),)
+    ),
+    "list by label after a cursor, filtered": _label_statement(
+        descending=True,
+        filters=(LabelFilter("status", "open"),),
+        position=LabelCursor("n", True, 30, "k"),
+    ),
+    "load many": (sql.load_many(3), (NS, "a", "b", "c")),
 }
 
 

@@ -28,7 +28,7 @@ from psycopg import sql
 from wiring import Wired
 
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
-from flowvault.application import Guard, StreamHeadBatch, UnitOfWork
+from flowvault.application import MAX_LOAD_BATCH, BatchLoad, Guard, StreamHeadBatch, UnitOfWork
 from flowvault.application import _records as records_module
 from flowvault.application._record_kinds import MAX_WITNESS_BYTES
 from flowvault.application._records import MAX_LIST_LIMIT, MAX_PAYLOAD_BYTES
@@ -928,6 +928,22 @@ def head_batch(bench: Bench) -> list[Boundary]:
     ]
 
 
+def load_batch(bench: Bench) -> list[Boundary]:
+    """Return the edge of one batch of record loads: 200 key digests at most."""
+    store = bench.runtime.store
+    if not isinstance(store, BatchLoad):
+        return []
+    names = [f"sha256:{i:064x}" for i in range(MAX_LOAD_BATCH + 1)]
+    return [
+        Boundary(
+            "load_many",
+            lambda: store.load_many("limits/batch", names[:MAX_LOAD_BATCH]),
+            lambda: store.load_many("limits/batch", names),
+            INVALID,
+        )
+    ]
+
+
 def pool_size(bench: Bench) -> list[Boundary]:
     """Return the edges of 1 to 100 pooled connections."""
     name = "POSTGRES_POOL_SIZE"
@@ -1022,6 +1038,7 @@ CASES: dict[str, Callable[[Bench], list[Boundary]]] = {
     "pool-size": pool_size,
     "postgres-schema": postgres_schema,
     "head-batch": head_batch,
+    "load-batch": load_batch,
     "page-size": page_size,
 }
 """Every row of ``docs/limits.md``; ``page-size`` last, since it fills the store."""

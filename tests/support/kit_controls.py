@@ -10,6 +10,8 @@ import pytest
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.application import LabelFilter, Order, RecordPage
 from flowvault.application.testing import (
+    BatchLoadContract,
+    LabelListingContract,
     SealCounterContract,
     StoreEpochContract,
     StoreStatsContract,
@@ -20,7 +22,14 @@ StoreFactory = Callable[[], InMemorySecureObjectStore]
 KitFailure = AssertionError | pytest.fail.Exception
 
 
-class _Kit(StoreStatsContract, StreamCatalogContract, StoreEpochContract, SealCounterContract):
+class _Kit(
+    StoreStatsContract,
+    StreamCatalogContract,
+    StoreEpochContract,
+    SealCounterContract,
+    LabelListingContract,
+    BatchLoadContract,
+):
     """The kit bound to one store factory; not collected, its tests are called one by one."""
 
     def __init__(self, factory: StoreFactory) -> None:
@@ -43,6 +52,51 @@ def kit_failure(factory: StoreFactory, test: str, **params: object) -> KitFailur
     except (AssertionError, pytest.fail.Exception) as failure:
         return failure
     return None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LabelCall:
+    """One call of ``list_by_label``, its arguments in one value a defect can rewrite."""
+
+    namespace: str
+    label: str
+    descending: bool = False
+    filters: tuple[LabelFilter, ...] = ()
+    cursor: str | None = None
+    limit: int = 100
+
+
+class LabelListingDefect(InMemorySecureObjectStore):
+    """A control whose defect is in ``list_by_label``: subclasses rewrite ``listed_by_label``."""
+
+    def list_by_label(
+        self,
+        namespace: str,
+        label: str,
+        *,
+        descending: bool = False,
+        filters: Sequence[LabelFilter] = (),
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> RecordPage:
+        call = LabelCall(namespace, label, descending, tuple(filters), cursor, limit)
+        return self.listed_by_label(call)
+
+    def listed_by_label(self, call: LabelCall) -> RecordPage:
+        """Answer ``call``; the sound answer unless a subclass says otherwise."""
+        return self.sound_by_label(call)
+
+    def sound_by_label(self, call: LabelCall) -> RecordPage:
+        """Return the reference adapter's answer to ``call``."""
+        return InMemorySecureObjectStore.list_by_label(
+            self,
+            call.namespace,
+            call.label,
+            descending=call.descending,
+            filters=call.filters,
+            cursor=call.cursor,
+            limit=call.limit,
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from log_capture import capture_logs
@@ -12,6 +13,8 @@ from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.system import MarkFileStore
 from flowvault.application import (
+    MAX_LOAD_BATCH,
+    FilterOp,
     LabelFilter,
     LedgerPage,
     Order,
@@ -28,6 +31,7 @@ from flowvault.application._capabilities import DURABLE_TIER, MAINTENANCE_TIER
 from flowvault.application._high_water_store import HighWaterStore
 from flowvault.application._rotation import KeyRotation
 from flowvault.application._sealed import CipherDigester
+from flowvault.application.testing import make_upsert
 from flowvault.composition import Settings, bootstrap
 from flowvault.domain import InvalidInput, LedgerEvent, StoreUnavailable, WorkOrder
 
@@ -96,7 +100,8 @@ def test_a_bundled_store_offers_every_guarantee() -> None:
     assert capabilities.epoch is capabilities.stats is capabilities.compactor is store
     assert capabilities.lost() == {}
     assert repr(capabilities) == (
-        "StoreCapabilities(epoch, catalog, heads, head_batch, stats, seals, compactor)"
+        "StoreCapabilities(epoch, catalog, heads, head_batch, stats, seals, compactor, "
+        "label_listing, batch_load)"
     )
 
 
@@ -193,3 +198,61 @@ def test_given_capabilities_are_used_as_they_are(lookups: list[object]) -> None:
         assert repository.capabilities is given
         assert not repository.budget.persistent
     assert lookups == []
+
+
+class CountedBatches(InMemorySecureObjectStore):
+    """The memory store, counting its ``load_many`` calls and the names each carried."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[int] = []
+
+    def load_many(self, namespace: str, key_digests: Sequence[str]) -> dict[str, StoredRecord]:
+        self.batches.append(len(key_digests))
+        return super().load_many(namespace, key_digests)
+
+
+def test_load_many_splits_a_long_list_into_batches_of_the_cap() -> None:
+    """Through the capability, 450 distinct names cost three calls; through ``load``, none."""
+    store = CountedBatches()
+    upserts = [make_upsert("ns", f"k{n}") for n in range(5)]
+    store.commit(UnitOfWork(upserts=upserts))
+    names = [u.header.key_digest for u in upserts]
+    names += [f"sha256:{n:064x}" for n in range(2 * MAX_LOAD_BATCH + 50 - len(names))]
+    found = StoreCapabilities.of(store).load_many(store, "ns", [*names, *names])
+    assert store.batches == [MAX_LOAD_BATCH, MAX_LOAD_BATCH, 50]
+    assert set(found) == {u.header.key_digest for u in upserts}
+    assert StoreCapabilities.of(PortOnly()) == StoreCapabilities()
+    assert StoreCapabilities().load_many(store, "ns", names) == found
+    assert store.batches == [MAX_LOAD_BATCH, MAX_LOAD_BATCH, 50]
+
+
+def test_the_label_listing_fallback_reads_only_past_the_cursor() -> None:
+    """Past a text cursor the fallback asks ``list`` for text values from the cursor's on alone."""
+    port = PortOnly()
+    port.commit(
+        UnitOfWork(
+            upserts=[make_upsert("ns", f"k{n}", labels={"cid": f"c{n:02d}"}) for n in range(9)]
+            + [make_upsert("ns", "i", labels={"cid": 4})]
+        )
+    )
+    asked: list[tuple[LabelFilter, ...]] = []
+    real = port.list
+
+    def listing(namespace: str, **kw: Any) -> RecordPage:
+        asked.append(tuple(kw["filters"]))
+        return real(namespace, **kw)
+
+    port.list = listing  # type: ignore[method-assign]
+    fallback = StoreCapabilities()
+    first = fallback.list_by_label(port, "ns", "cid", descending=True, limit=3)
+    assert [meta.labels["cid"] for meta in first.items] == ["c08", "c07", "c06"]
+    asked.clear()
+    rest = fallback.list_by_label(port, "ns", "cid", descending=True, cursor=first.next_cursor)
+    expected: list[object] = [f"c{n:02d}" for n in range(5, -1, -1)]
+    assert [meta.labels["cid"] for meta in rest.items] == [*expected, 4]
+    assert asked[0] == (
+        LabelFilter("cid", "", FilterOp.GE),
+        LabelFilter("cid", "c06", FilterOp.LE),
+    )
+    assert asked[1] == (LabelFilter("cid", -(2**63 - 1), FilterOp.GE),)
