@@ -44,7 +44,7 @@ from flowvault.application._retention_policy import RetentionPolicy
 from flowvault.application._run_service import RunService
 from flowvault.application._runs import ResultRepository
 from flowvault.application._scope_transfer import ScopeReport, add_scope_verified, read_scope
-from flowvault.application._sealed import SealedDocument, SealedRepository
+from flowvault.application._sealed import SealedBytes, SealedDocument, SealedRepository
 from flowvault.application._state import HistoryEvent, StateRepository, StateSnapshot
 from flowvault.application._stream_writer import StreamWriter
 from flowvault.application._streams import trim_unit
@@ -122,6 +122,7 @@ __all__ = [
     "RunService",
     "ScopeReport",
     "SealCounter",
+    "SealedBytes",
     "SealedDocument",
     "SealedRepository",
     "SecureObjectStore",
