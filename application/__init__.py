@@ -12,6 +12,7 @@ from flowvault.application._approvals import ApprovalService
 from flowvault.application._archive import decode_archive, encode_archive, verify_signature
 from flowvault.application._audit import AuditReport, LedgerAudit
 from flowvault.application._backoff import RetryPolicy
+from flowvault.application._blobs import BlobInfo, BlobStore, BlobWrite
 from flowvault.application._capabilities import StoreCapabilities
 from flowvault.application._checkpoints import CheckpointService
 from flowvault.application._cursor import ListCursor, effective_limit
@@ -83,6 +84,9 @@ __all__ = [
     "ApprovalOutcome",
     "ApprovalService",
     "AuditReport",
+    "BlobInfo",
+    "BlobStore",
+    "BlobWrite",
     "CheckpointService",
     "Cipher",
     "Clock",
