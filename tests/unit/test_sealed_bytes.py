@@ -64,7 +64,7 @@ def test_bytes_round_trip_exactly(
     assert opened is not None
     assert (opened.data, opened.revision, dict(opened.metadata.labels)) == (data, 1, {"n": 3})
     assert SECRET_KEY.encode() not in upsert.payload
-    if data:
+    if len(data) >= 16:  # a shorter run can occur by chance in random ciphertext
         assert data not in upsert.payload
     assert repr(data) not in repr(opened)
 
