@@ -12,6 +12,7 @@ from flowvault.application._approvals import ApprovalService
 from flowvault.application._archive import decode_archive, encode_archive, verify_signature
 from flowvault.application._audit import AuditReport, LedgerAudit
 from flowvault.application._backoff import RetryPolicy
+from flowvault.application._blobs import BlobInfo, BlobStore, BlobWrite
 from flowvault.application._capabilities import StoreCapabilities
 from flowvault.application._checkpoints import CheckpointService
 from flowvault.application._cursor import LabelCursor, ListCursor, effective_limit
@@ -44,7 +45,7 @@ from flowvault.application._retention_policy import RetentionPolicy
 from flowvault.application._run_service import RunService
 from flowvault.application._runs import ResultRepository
 from flowvault.application._scope_transfer import ScopeReport, add_scope_verified, read_scope
-from flowvault.application._sealed import SealedDocument, SealedRepository
+from flowvault.application._sealed import SealedBytes, SealedDocument, SealedRepository
 from flowvault.application._state import HistoryEvent, StateRepository, StateSnapshot
 from flowvault.application._stream_writer import StreamWriter
 from flowvault.application._streams import chained_event, mac_matches, trim_unit
@@ -88,6 +89,9 @@ __all__ = [
     "ApprovalService",
     "AuditReport",
     "BatchLoad",
+    "BlobInfo",
+    "BlobStore",
+    "BlobWrite",
     "CheckpointService",
     "Cipher",
     "Clock",
@@ -129,6 +133,7 @@ __all__ = [
     "RunService",
     "ScopeReport",
     "SealCounter",
+    "SealedBytes",
     "SealedDocument",
     "SealedRepository",
     "SecureObjectStore",

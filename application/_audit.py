@@ -468,7 +468,7 @@ class LedgerAudit:
             record = self._store.load(address.namespace, address.key_digest)
             if record is None:
                 return RecordReadability.UNREADABLE
-            self._repository.open(
+            self._repository.verify(
                 record, namespace=address.namespace, key_digest=address.key_digest
             )
         except FlowvaultError:

@@ -25,6 +25,8 @@ from flowvault.domain import InvalidInput, RevisionConflict
 
 DEFAULT_BATCH = 200
 MAX_BATCH = 1000
+MAX_BATCH_BYTES = 32 * 1024 * 1024
+"""Sealed payload (32 MiB) one batch re-seals at most, so a batch of blob chunks stays small."""
 RETRIES = 5
 """Times one record is re-read after a conflict before rotation gives up on it for this run."""
 
@@ -103,22 +105,28 @@ class KeyRotation:
         """Page through ``namespace`` by key digest, yielding batches of rows under older keys.
 
         Metadata only, and a page at a time: memory stays bounded by the
-        batch, not the namespace. Re-sealing changes no key digest, so the
+        batch (``batch_size`` records, ``MAX_BATCH_BYTES`` of payload), not
+        the namespace. Re-sealing changes no key digest, so the
         cursor stays valid while the batches commit.
         """
         primary = self._repo.cipher.primary_key_id
         store = self._repo.store
         batch: list[RecordMetadata] = []
+        size = 0
         cursor: str | None = None
         while True:
             page = store.list(namespace, cursor=cursor, limit=MAX_LIST_LIMIT)
             for metadata in page.items:
                 if metadata.header.key_id == primary:
                     continue
+                if batch and size + metadata.byte_length > MAX_BATCH_BYTES:
+                    yield batch
+                    batch, size = [], 0
                 batch.append(metadata)
+                size += metadata.byte_length
                 if len(batch) == self._batch:
                     yield batch
-                    batch = []
+                    batch, size = [], 0
             if page.next_cursor is None:
                 break
             cursor = page.next_cursor

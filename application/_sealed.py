@@ -1,22 +1,24 @@
-"""Sealed records: JSON documents encrypted above the port, bound to their row.
+"""Sealed records: JSON documents or raw bytes encrypted above the port, bound to their row.
 
 The envelope header is the AEAD associated data, and on read the header the
 payload was sealed under must be the header of the row it came from, so a
 ciphertext moved to another row, revision, schema version, class or key
 fails closed. Labels are sealed alongside the document and compared on read,
-so plaintext labels cannot be altered unnoticed either.
+so plaintext labels cannot be altered unnoticed either. A document body and a
+byte body differ in their first byte, so neither opens as the other.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Final, TypedDict, Unpack
 
 from flowvault.application import _observability as observe
 from flowvault.application._capabilities import StoreCapabilities
 from flowvault.application._records import (
+    MAX_PAYLOAD_BYTES,
     ExpectedRevision,
     Guard,
     LabelValue,
@@ -28,13 +30,28 @@ from flowvault.application._records import (
 )
 from flowvault.application._seal_budget import SealBudget
 from flowvault.application.ports import Cipher, Clock, SecureObjectStore
-from flowvault.domain import EnvelopeHeader, IntegrityFailure, InvalidInput, JsonValue, SchemaTooNew
+from flowvault.domain import (
+    EnvelopeHeader,
+    IntegrityFailure,
+    InvalidInput,
+    JsonValue,
+    PayloadTooLarge,
+    SchemaTooNew,
+)
 from flowvault.domain._canonical import canonical_bytes, digest_bytes
 from flowvault.domain._envelope import Sensitivity
 
 NATURAL_KEY_TAG = "flowvault.key/1"
 SEALED_BODY_VERSION = 1
 """Version of the plaintext layout inside a seal: ``{"v", "labels", "document"}``."""
+BYTES_BODY_PREFIX: Final = b"\x00flowvault.bytes/1\x00"
+"""Start of a sealed byte body: prefix, labels length (4 bytes), canonical labels, the bytes.
+
+Canonical JSON never starts with a NUL byte, so a document body and a byte
+body cannot be taken for one another; the prefix is inside the AEAD
+plaintext, so it is authenticated with the rest.
+"""
+_LABELS_LENGTH = 4
 
 
 class SealOptions(TypedDict, total=False):
@@ -60,6 +77,25 @@ class SealedDocument:
 
     def __repr__(self) -> str:
         return f"SealedDocument(revision={self.revision}, key_digest={self.metadata.key_digest!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class SealedBytes:
+    """Bytes opened and verified, with the metadata of the row they came from."""
+
+    data: bytes = field(repr=False)
+    metadata: RecordMetadata
+
+    @property
+    def revision(self) -> int:
+        """Revision of the row the bytes were read from."""
+        return self.metadata.revision
+
+    def __repr__(self) -> str:
+        return (
+            f"SealedBytes(size={len(self.data)}, revision={self.revision}, "
+            f"key_digest={self.metadata.key_digest!r})"
+        )
 
 
 def _tampered(what: str, metadata: RecordMetadata) -> IntegrityFailure:
@@ -188,6 +224,75 @@ class SealedRepository:
         check_expected_revision(expected)
         key_digest = self.key_digest(namespace, natural_key)
         labels = options.get("labels") or {}
+        body = {"v": SEALED_BODY_VERSION, "labels": dict(labels), "document": document}
+        return self._sealed(namespace, key_digest, expected, options, lambda: canonical_bytes(body))
+
+    def prepare_bytes(
+        self,
+        namespace: str,
+        natural_key: str,
+        data: bytes,
+        *,
+        expected: ExpectedRevision,
+        **options: Unpack[SealOptions],
+    ) -> Upsert:
+        """Seal raw ``data`` into an upsert, without the JSON wrapping (or base64) of a document.
+
+        The body is a byte body (``BYTES_BODY_PREFIX``), which ``open``
+        refuses, as ``open_bytes`` refuses a document. Labels are sealed with
+        it and checked on open, as for documents.
+        """
+        return self.prepare_bytes_at(
+            namespace, self.key_digest(namespace, natural_key), data, expected=expected, **options
+        )
+
+    def prepare_bytes_at(
+        self,
+        namespace: str,
+        key_digest: str,
+        data: bytes,
+        *,
+        expected: ExpectedRevision,
+        **options: Unpack[SealOptions],
+    ) -> Upsert:
+        """Seal raw ``data`` at a row named by its key digest, for rows no natural key names.
+
+        The digest must come from this repository's key (``key_digest`` or
+        ``keyed_digest``); the header binds it, so the sealed bytes open
+        only at that row.
+        """
+        check_expected_revision(expected)
+        if not isinstance(data, bytes):
+            raise InvalidInput("sealed bytes must be bytes")
+        if len(data) > MAX_PAYLOAD_BYTES:
+            raise PayloadTooLarge(
+                f"{len(data)} bytes exceed a record's {MAX_PAYLOAD_BYTES}",
+                size=len(data),
+                limit=MAX_PAYLOAD_BYTES,
+            )
+        labels = options.get("labels") or {}
+
+        def body() -> bytes:
+            encoded = canonical_bytes(dict(labels))
+            size = len(encoded).to_bytes(_LABELS_LENGTH, "big")
+            return b"".join((BYTES_BODY_PREFIX, size, encoded, data))
+
+        return self._sealed(namespace, key_digest, expected, options, body)
+
+    def _sealed(
+        self,
+        namespace: str,
+        key_digest: str,
+        expected: ExpectedRevision,
+        options: SealOptions,
+        plaintext: Callable[[], bytes],
+    ) -> Upsert:
+        """Seal the body ``plaintext`` builds under a new header for the row; charge the budget.
+
+        The body is built after the header is checked, so a bad namespace
+        is refused before a large body is encoded.
+        """
+        labels = options.get("labels") or {}
         header = EnvelopeHeader(
             namespace=namespace,
             key_digest=key_digest,
@@ -198,10 +303,9 @@ class SealedRepository:
             written_at=self._clock.now(),
             ledger_index=options.get("ledger_index"),
         )
-        body = {"v": SEALED_BODY_VERSION, "labels": dict(labels), "document": document}
-        plaintext = canonical_bytes(body)
+        body = plaintext()
         self._budget.charge(header.key_id)
-        sealed = self._cipher.seal(header.key_id, plaintext, header.aad())
+        sealed = self._cipher.seal(header.key_id, body, header.aad())
         observe.key_used("seal", header.key_id)
         return Upsert(header=header, payload=sealed, expected=expected, labels=labels)
 
@@ -222,7 +326,7 @@ class SealedRepository:
         plaintext = self._verified_plaintext(
             record, namespace=metadata.namespace, key_digest=metadata.key_digest
         )
-        self._unwrap(plaintext, metadata)
+        _check_body(plaintext, metadata)
         header = metadata.header.model_copy(update={"key_id": primary})
         self._budget.charge(primary)
         sealed = self._cipher.seal(primary, plaintext, header.aad())
@@ -294,10 +398,38 @@ class SealedRepository:
         return opened
 
     def open(self, record: StoredRecord, *, namespace: str, key_digest: str) -> SealedDocument:
-        """Verify a loaded record against the row it was asked for, then decrypt it."""
+        """Verify a loaded record against the row it was asked for, then decrypt it.
+
+        Raises ``IntegrityFailure`` for a byte body (``prepare_bytes``) too.
+        """
         plaintext = self._verified_plaintext(record, namespace=namespace, key_digest=key_digest)
         metadata = record.metadata
         return SealedDocument(document=self._unwrap(plaintext, metadata), metadata=metadata)
+
+    def open_bytes(self, record: StoredRecord, *, namespace: str, key_digest: str) -> SealedBytes:
+        """Verify a loaded record against the row it was asked for, then decrypt its bytes.
+
+        Raises ``IntegrityFailure`` for a document body (``prepare``) too.
+        """
+        plaintext = self._verified_plaintext(record, namespace=namespace, key_digest=key_digest)
+        metadata = record.metadata
+        return SealedBytes(data=_unwrap_bytes(plaintext, metadata), metadata=metadata)
+
+    def read_bytes(self, namespace: str, natural_key: str) -> SealedBytes | None:
+        """Load, verify and open bytes sealed by ``prepare_bytes``; ``None`` when absent."""
+        key_digest = self.key_digest(namespace, natural_key)
+        record = self._store.load(namespace, key_digest)
+        if record is None:
+            return None
+        return self.open_bytes(record, namespace=namespace, key_digest=key_digest)
+
+    def verify(self, record: StoredRecord, *, namespace: str, key_digest: str) -> None:
+        """Check a loaded record's seal, row binding, body layout and labels, whatever its body.
+
+        For readers that check every row without knowing its kind (an audit).
+        """
+        plaintext = self._verified_plaintext(record, namespace=namespace, key_digest=key_digest)
+        _check_body(plaintext, record.metadata)
 
     def _verified_plaintext(
         self, record: StoredRecord, *, namespace: str, key_digest: str
@@ -324,6 +456,8 @@ class SealedRepository:
         the strict one (a Python hook per object and number) only guards
         text nobody has vouched for.
         """
+        if plaintext.startswith(BYTES_BODY_PREFIX):
+            raise _tampered("sealed body holds bytes, not a document", metadata)
         try:
             body = json.loads(plaintext)
         except (ValueError, RecursionError):
@@ -333,3 +467,28 @@ class SealedRepository:
         if body.get("labels") != dict(metadata.labels):
             raise _tampered("labels differ from the sealed copy", metadata)
         return body.get("document")
+
+
+def _unwrap_bytes(plaintext: bytes, metadata: RecordMetadata) -> bytes:
+    """Split an authenticated byte body into its labels, checked against the row, and its bytes."""
+    if not plaintext.startswith(BYTES_BODY_PREFIX):
+        raise _tampered("sealed body holds a document, not bytes", metadata)
+    start = len(BYTES_BODY_PREFIX) + _LABELS_LENGTH
+    size = int.from_bytes(plaintext[len(BYTES_BODY_PREFIX) : start], "big")
+    if len(plaintext) < start + size:
+        raise _tampered("sealed byte body is cut short", metadata)
+    try:
+        labels = json.loads(plaintext[start : start + size])
+    except (ValueError, RecursionError):
+        raise _tampered("sealed byte body has unreadable labels", metadata) from None
+    if labels != dict(metadata.labels):
+        raise _tampered("labels differ from the sealed copy", metadata)
+    return plaintext[start + size :]
+
+
+def _check_body(plaintext: bytes, metadata: RecordMetadata) -> None:
+    """Check an authenticated body of either layout: its labels must be the row's."""
+    if plaintext.startswith(BYTES_BODY_PREFIX):
+        _unwrap_bytes(plaintext, metadata)
+    else:
+        SealedRepository._unwrap(plaintext, metadata)

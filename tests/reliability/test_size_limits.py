@@ -28,8 +28,16 @@ from psycopg import sql
 from wiring import Wired
 
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
-from flowvault.application import MAX_LOAD_BATCH, BatchLoad, Guard, StreamHeadBatch, UnitOfWork
+from flowvault.application import (
+    MAX_LOAD_BATCH,
+    BatchLoad,
+    BlobStore,
+    Guard,
+    StreamHeadBatch,
+    UnitOfWork,
+)
 from flowvault.application import _records as records_module
+from flowvault.application._blobs import MAX_BLOB_BYTES
 from flowvault.application._record_kinds import MAX_WITNESS_BYTES
 from flowvault.application._records import MAX_LIST_LIMIT, MAX_PAYLOAD_BYTES
 from flowvault.application.ports import MAX_HEAD_BATCH
@@ -314,6 +322,27 @@ def record_payload(bench: Bench) -> list[Boundary]:
         Boundary(
             "StateRepository.save", lambda: save(state_pad), lambda: save(state_pad + 1), TOO_LARGE
         ),
+    ]
+
+
+def blob_size(bench: Bench) -> list[Boundary]:
+    """Return the edges of a blob's 64 MiB, written whole as 65 chunks at the limit."""
+    blobs = BlobStore(bench.runtime.repository)
+    space = "limits.blobs"
+
+    def write(size: int) -> None:
+        key = bench.fresh("b")
+        blobs.write(space, key, bytes(size))
+        info = blobs.info(space, key)
+        _expect(info is not None and (info.size, info.chunks) == (size, 65), "not written whole")
+
+    return [
+        Boundary(
+            "BlobStore.write",
+            lambda: write(MAX_BLOB_BYTES),
+            lambda: write(MAX_BLOB_BYTES + 1),
+            TOO_LARGE,
+        )
     ]
 
 
@@ -1003,6 +1032,7 @@ def _open_pg(bench: Bench, **options: Any) -> None:
 
 CASES: dict[str, Callable[[Bench], list[Boundary]]] = {
     "record-payload": record_payload,
+    "blob-size": blob_size,
     "witness-content": witness_content,
     "json-depth": json_depth,
     "document-depth": document_depth,

@@ -11,6 +11,7 @@ from flowvault.adapters.crypto import AesGcmCipher
 from flowvault.adapters.crypto._cipher import derive_integrity_key, key_id_of
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.application import (
+    BlobStore,
     Guard,
     SealedRepository,
     SecureObjectStore,
@@ -19,7 +20,7 @@ from flowvault.application import (
     Upsert,
 )
 from flowvault.application._keys import KeyRing
-from flowvault.application._rotation import KeyRotation
+from flowvault.application._rotation import MAX_BATCH_BYTES, KeyRotation
 from flowvault.application.testing import FrozenClock, SequentialIds, make_header
 from flowvault.domain import (
     IntegrityFailure,
@@ -237,3 +238,24 @@ def test_stored_record_payload_stays_out_of_reprs() -> None:
     assert upsert is not None
     assert record.payload.hex() not in repr(upsert)
     assert "payload=" not in repr(upsert)
+
+
+def test_a_batch_reseals_at_most_its_byte_budget() -> None:
+    """Large rows (blob chunks) are re-sealed in batches under 32 MiB, however many fit by count."""
+    old = Old(records=3)
+    data = bytes(range(256)) * (40 * 4096)
+    BlobStore(old.before).write("blobs", "large", data)
+    units: list[int] = []
+    commit = old.store.commit
+
+    def counting(unit: UnitOfWork) -> None:
+        units.append(sum(len(upsert.payload) for upsert in unit.upserts))
+        commit(unit)
+
+    old.store.commit = counting  # type: ignore[method-assign]
+    report = KeyRotation(old.after).run()
+    assert report.resealed == 3 + 1 + 41
+    assert len(units) == 4  # the manifest, the 41 chunks in two batches, the three documents
+    assert max(units) <= MAX_BATCH_BYTES
+    assert sum(1 for size in units if size > MAX_BATCH_BYTES // 4) == 2
+    assert BlobStore(old.after).read("blobs", "large") == data
