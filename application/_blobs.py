@@ -298,7 +298,10 @@ class BlobStore:
         Empty when there is no blob. The manifest is verified first, so a
         forged one cannot direct the deletion of other rows.
         """
-        key_digest = self._repo.key_digest(namespace, natural_key)
+        return self.deletes_at(namespace, self._repo.key_digest(namespace, natural_key))
+
+    def deletes_at(self, namespace: str, key_digest: str) -> tuple[Delete, ...]:
+        """Return ``deletes`` for a blob known by its key digest (found by a listing)."""
         manifest = self._manifest(namespace, key_digest)
         if manifest is None:
             return ()

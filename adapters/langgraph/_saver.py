@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import builtins
 import secrets
+import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from functools import partial
@@ -50,6 +52,7 @@ from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.adapters.system import SystemClock
 from flowvault.application import (
+    Guard,
     LabelFilter,
     RecordMetadata,
     RetryPolicy,
@@ -68,6 +71,9 @@ from flowvault.domain import (
 )
 
 _RETRY: Final = RetryPolicy()
+_PAGE: Final = 200
+_KNOWN_CHECKPOINTS: Final = 256
+"""Recent checkpoints whose channels a saver remembers for their children's puts."""
 
 Rows = list[RecordMetadata]
 """Metadata of rows to delete (an alias: ``list`` inside the saver is its method)."""
@@ -138,6 +144,8 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         self._rows = ThreadRows(repository)
         self._store = repository.store
         self._refuse_stale_forks = bool(refuse_stale_forks)
+        self._known: OrderedDict[tuple[str, str, str], dict[str, tuple[str, str]]] = OrderedDict()
+        self._known_lock = threading.Lock()
 
     # -- construction --------------------------------------------------------
 
@@ -203,13 +211,11 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
                 self._refuse_missing(thread, self._rows.checkpoint_digest(thread, ns, cid))
                 return None
             return self._tuple(stored, self._history(thread, [stored]))
-        for row in self._rows.listed(thread, ns):
-            stored = self._rows.open_listed(thread, row)
-            if stored is None:
-                continue
-            history = self._history(thread, [stored])
-            self._refuse_newer_missing(thread, ns, stored, history)
-            return self._tuple(stored, history)
+        for row in self._rows.listed(thread, ns, first_page=1):
+            for stored in self._rows.open_listed(thread, [row]):
+                history = self._history(thread, [stored])
+                self._refuse_newer_missing(thread, ns, stored, history)
+                return self._tuple(stored, history)
         self._refuse_any_missing(thread, ns)
         return None
 
@@ -257,19 +263,21 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         window: builtins.list[StoredCheckpoint] = []
         matches: builtins.list[tuple[StoredCheckpoint, CheckpointMetadata]] = []
         exhausted = True
-        for row in self._rows.listed(thread, ns, before=before):
-            if only is not None and row.labels.get("cid") != only:
-                continue
-            stored = self._rows.open_listed(thread, row)
-            if stored is None:
-                continue
-            window.append(stored)
-            metadata = self.serde.loads_typed(stored.metadata)
-            if _matches(metadata, wanted):
-                matches.append((stored, metadata))
-                if limit is not None and len(matches) >= limit:
-                    exhausted = False
-                    break
+        batch = _PAGE if wanted or limit is None else min(limit, _PAGE)
+        rows = self._rows.listed(thread, ns, before=before, first_page=batch)
+        for page in _batched(
+            (row for row in rows if only is None or row.labels.get("cid") == only), batch
+        ):
+            for stored in self._rows.open_listed(thread, page):
+                window.append(stored)
+                metadata = self.serde.loads_typed(stored.metadata)
+                if _matches(metadata, wanted):
+                    matches.append((stored, metadata))
+                    if limit is not None and len(matches) >= limit:
+                        exhausted = False
+                        break
+            if not exhausted:
+                break
         if not window:
             if only is None:
                 self._refuse_any_missing(thread, ns, before=before)
@@ -315,11 +323,18 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         *,
         from_start: bool = False,
     ) -> ThreadHistory:
-        """Read the thread's events from the oldest row's bound (or from 0), checking each row."""
+        """Read the thread's events from the oldest row's bound (or from 0), checking each row.
+
+        A single row naming the stream's head needs no event read: nothing
+        was written or deleted after it (a tail cut back to it is what the
+        high-water mark catches).
+        """
         bounds = [stored.bound for stored in checkpoints]
         if any(bound is None for bound in bounds):
             raise IntegrityFailure("a checkpoint row is not bound to its thread's ledger")
         start = 0 if from_start else min(bound for bound in bounds if bound is not None)
+        if not from_start and len(checkpoints) == 1 and self._rows.head_is(thread, start):
+            return ThreadHistory(start + 1, (), start)
         history = self._rows.history(thread, start)
         for stored in checkpoints:
             history.check_row(stored.identity, stored.bound, "a checkpoint")
@@ -412,11 +427,11 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata | None = None,
     ) -> CheckpointTuple:
         thread, ns, cid = stored.thread, stored.ns, stored.cid
-        values: dict[str, Any] = {}
-        for channel, (version, digest) in stored.channels.items():
-            value = self._rows.load_blob(thread, ns, channel, version, digest)
-            if value is not None:
-                values[channel] = self.serde.loads_typed(value)
+        values = {
+            channel: self.serde.loads_typed(value)
+            for channel, value in self._rows.load_values(stored).items()
+        }
+        self._remember(stored)
         checkpoint = cast(
             Checkpoint, {**self.serde.loads_typed(stored.checkpoint), "channel_values": values}
         )
@@ -492,20 +507,49 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
                 if versions.get(channel) == new_versions[channel]
             },
         )
+        if draft.parent is not None:
+            draft.known = self._known_channels(thread, ns, draft.parent)
         retries = _RETRY.start()
+        expected: Guard | None = Guard.ABSENT
         while True:
             if self._refuse_stale_forks and draft.parent is not None:
                 self._check_parent_is_newest(thread, ns, draft.parent)
-            unit, _ = self._rows.checkpoint_unit(thread, draft, self._rows.head(thread))
+            unit, _, channels = self._rows.checkpoint_unit(
+                thread, draft, self._rows.head(thread), expected=expected
+            )
             try:
                 self._store.commit(unit)
             except RevisionConflict:
+                expected = None
                 retries.after_lost_race("a LangGraph thread")
                 continue
+            self._remember_channels(thread, ns, draft.cid, channels)
             return _config(thread.thread_id, ns, draft.cid)
 
+    def _remember(self, stored: StoredCheckpoint) -> None:
+        self._remember_channels(stored.thread, stored.ns, stored.cid, stored.channels)
+
+    def _remember_channels(
+        self, thread: Thread, ns: str, cid: str, channels: Mapping[str, tuple[str, str]]
+    ) -> None:
+        """Keep what a checkpoint names, so its child's put looks up no unchanged channel."""
+        with self._known_lock:
+            key = (thread.digest, ns, cid)
+            self._known[key] = dict(channels)
+            self._known.move_to_end(key)
+            while len(self._known) > _KNOWN_CHECKPOINTS:
+                self._known.popitem(last=False)
+
+    def _known_channels(self, thread: Thread, ns: str, cid: str) -> dict[str, tuple[str, str]]:
+        with self._known_lock:
+            return dict(self._known.get((thread.digest, ns, cid), {}))
+
+    def _forget_known(self) -> None:
+        with self._known_lock:
+            self._known.clear()
+
     def _check_parent_is_newest(self, thread: Thread, ns: str, parent: str) -> None:
-        newest = next(iter(self._rows.listed(thread, ns)), None)
+        newest = next(iter(self._rows.listed(thread, ns, first_page=1)), None)
         if newest is not None and newest.labels.get("cid") != parent:
             raise RevisionConflict(
                 "this checkpoint forks its thread from a parent that is no longer the newest: "
@@ -560,6 +604,7 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         plan: Callable[[], DeletionPlan],
     ) -> None:
         """Commit ``plan()``'s deletions with their event, planning again after a lost race."""
+        self._forget_known()
         retries = _RETRY.start()
         while True:
             doomed, kind, payload = plan()
@@ -658,10 +703,7 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
             return [], sorted(keep)
         named: set[str] = set()
         repository = self._rows.repository
-        for row in newest.values():
-            stored = self._rows.open_listed(thread, row)
-            if stored is None:
-                continue
+        for stored in self._rows.open_listed(thread, builtins.list(newest.values())):
             for channel, (version, _digest) in stored.channels.items():
                 key = ThreadRows.blob_key(thread, stored.ns, channel, version)
                 named.add(repository.key_digest(BLOBS, key))
@@ -715,7 +757,7 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
                     channel: self.serde.dumps_typed(value) for channel, value in values.items()
                 },
             )
-            unit, after = self._rows.checkpoint_unit(target, draft, after, pending=pending_blobs)
+            unit, after, _ = self._rows.checkpoint_unit(target, draft, after, pending=pending_blobs)
             upserts.extend(unit.upserts)
             appends.extend(unit.appends)
             if item.pending_writes:
@@ -828,6 +870,18 @@ class AsyncFlowvaultSaver(FlowvaultSaver):
             yield cls(repository, serde=serde, refuse_stale_forks=refuse_stale_forks)
         finally:
             await asyncio.to_thread(repository.store.close)
+
+
+def _batched(rows: Iterator[RecordMetadata], size: int) -> Iterator[Rows]:
+    """Group listed rows so each group is loaded in one batch."""
+    group: Rows = []
+    for row in rows:
+        group.append(row)
+        if len(group) >= size:
+            yield group
+            group = []
+    if group:
+        yield group
 
 
 def _matches(metadata: Mapping[str, Any], wanted: Mapping[str, Any] | None) -> bool:

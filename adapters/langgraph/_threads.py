@@ -24,7 +24,9 @@ from flowvault.adapters.langgraph._ledger import (
     ThreadHistory,
 )
 from flowvault.application import (
+    BlobStore,
     Delete,
+    FilterOp,
     Guard,
     LabelFilter,
     Order,
@@ -36,6 +38,8 @@ from flowvault.application import (
     Upsert,
     chained_event,
 )
+from flowvault.application._blobs import CHUNK_BYTES
+from flowvault.application._records import ExpectedRevision
 from flowvault.domain import IntegrityFailure, InvalidInput, JsonValue, LedgerEvent
 
 CHECKPOINTS: Final = "langgraph.checkpoints"
@@ -49,11 +53,30 @@ BLOB_TAG: Final = "flowvault.langgraph-blob/1"
 
 STREAM_PREFIX: Final = "langgraph/"
 _PAGE: Final = 200
+_REMEMBERED_DIGESTS: Final = 4096
 MAX_EVENT_NAMES: Final = 100
 """Most digests one deletion event names (a ledger list keeps 100 items)."""
 
 Serialized = tuple[str, bytes]
 """A value as the saver's serializer wrote it: a type tag and bytes."""
+
+
+EMPTY: Final = b""
+"""A channel that was empty at its version; a value always holds its type tag, never empty."""
+
+
+def _join(value: Serialized) -> bytes:
+    kind, data = value
+    if not kind or "\x00" in kind:
+        raise InvalidInput("a serializer's type tag is non-empty text without NUL")
+    return kind.encode("utf-8") + b"\x00" + data
+
+
+def _split(data: bytes) -> Serialized:
+    kind, separator, rest = data.partition(b"\x00")
+    if not separator or not kind:
+        raise IntegrityFailure("a sealed channel value has an unexpected shape")
+    return kind.decode("utf-8"), rest
 
 
 def _encode(value: Serialized) -> list[JsonValue]:
@@ -149,6 +172,8 @@ class CheckpointDraft:
     """Every channel the checkpoint holds and its version."""
     new_values: Mapping[str, Serialized | None] = field(default_factory=dict)
     """Channels written at this step (by their new version); ``None``: the channel is empty."""
+    known: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    """Channels' (version text, digest) as the parent checkpoint names them, to skip lookups."""
 
 
 class ThreadRows:
@@ -158,6 +183,9 @@ class ThreadRows:
         self._repo = repository
         self._store = repository.store
         self._capabilities: StoreCapabilities = repository.capabilities
+        self._blobs = BlobStore(repository)
+        self._digests: dict[tuple[str, str], str] = {}
+        self._heads = self._capabilities.heads
 
     @property
     def repository(self) -> SealedRepository:
@@ -168,15 +196,25 @@ class ThreadRows:
         """Name a thread by the keyed digest of its id."""
         if not isinstance(thread_id, str) or not thread_id:
             raise InvalidInput("a thread id is non-empty text")
-        return Thread(thread_id, self._repo.keyed_digest(THREAD_TAG, thread_id))
+        return Thread(thread_id, self._digest(THREAD_TAG, thread_id))
 
     def ns_digest(self, thread: Thread, ns: str) -> str:
         """Label a namespace by a keyed digest of it, so namespaces stay sealed too."""
-        return self._repo.keyed_digest(NS_TAG, json.dumps([thread.thread_id, ns]))
+        return self._digest(NS_TAG, json.dumps([thread.thread_id, ns]))
 
     def run_digest(self, run_id: str) -> str:
         """Label a run by a keyed digest of its id, for ``delete_for_runs``."""
-        return self._repo.keyed_digest(RUN_TAG, run_id)
+        return self._digest(RUN_TAG, run_id)
+
+    def _digest(self, tag: str, text: str) -> str:
+        """Return a keyed digest, remembering recent ones: a thread's are needed on every call."""
+        key = (tag, text)
+        found = self._digests.get(key)
+        if found is None:
+            if len(self._digests) >= _REMEMBERED_DIGESTS:
+                self._digests.clear()
+            found = self._digests[key] = self._repo.keyed_digest(tag, text)
+        return found
 
     @staticmethod
     def _checkpoint_key(thread: Thread, ns: str, cid: str) -> str:
@@ -204,6 +242,14 @@ class ThreadRows:
     def history(self, thread: Thread, start: int) -> ThreadHistory:
         """Return the thread's verified events from ``start`` to the head."""
         return ThreadHistory.read(self._store, self._repo, thread.stream, start)
+
+    def head_is(self, thread: Thread, index: int) -> bool:
+        """Say whether the thread's newest event is ``index``, from the events themselves.
+
+        Only a store offering ``StreamHeads`` answers without decoding an
+        event; without it this says ``False`` and the caller reads on.
+        """
+        return self._heads is not None and self._heads.ledger_head_index(thread.stream) == index
 
     def open_checkpoint(self, thread: Thread, opened: SealedDocument) -> StoredCheckpoint:
         """Check a checkpoint row's sealed identity and return it decoded."""
@@ -266,24 +312,42 @@ class ThreadRows:
         return None if opened is None else self.open_checkpoint(thread, opened)
 
     def listed(
-        self, thread: Thread | None, ns: str | None, *, before: str | None = None
+        self,
+        thread: Thread | None,
+        ns: str | None,
+        *,
+        before: str | None = None,
+        first_page: int = _PAGE,
     ) -> Iterator[RecordMetadata]:
-        """Yield checkpoint rows' metadata, newest checkpoint id first.
+        """Yield checkpoint rows' metadata, newest checkpoint id first, a page at a time.
 
-        ``thread`` ``None`` lists every thread's checkpoints.
+        ``thread`` ``None`` lists every thread's checkpoints. The first page
+        holds ``first_page`` rows, so a caller wanting the newest reads one.
         """
         filters: list[LabelFilter] = []
         if thread is not None:
             filters.append(LabelFilter("thread", thread.digest))
             if ns is not None:
                 filters.append(LabelFilter("ns", self.ns_digest(thread, ns)))
-        rows = list(self.rows_of(CHECKPOINTS, filters))
-        rows = [row for row in rows if isinstance(row.labels.get("cid"), str)]
-        rows.sort(key=lambda row: (str(row.labels["cid"]), row.key_digest), reverse=True)
-        for row in rows:
-            if before is not None and str(row.labels["cid"]) >= before:
-                continue
-            yield row
+        if before is not None:
+            filters.append(LabelFilter("cid", before, FilterOp.LT))
+        cursor: str | None = None
+        limit = first_page
+        while True:
+            page = self._capabilities.list_by_label(
+                self._store,
+                CHECKPOINTS,
+                "cid",
+                descending=True,
+                filters=filters,
+                cursor=cursor,
+                limit=limit,
+            )
+            yield from page.items
+            cursor = page.next_cursor
+            if cursor is None:
+                return
+            limit = _PAGE
 
     def rows_of(self, namespace: str, filters: Sequence[LabelFilter]) -> Iterator[RecordMetadata]:
         """Yield the metadata of every row of ``namespace`` the filters select."""
@@ -297,13 +361,22 @@ class ThreadRows:
             if cursor is None:
                 return
 
-    def open_listed(self, thread: Thread, row: RecordMetadata) -> StoredCheckpoint | None:
-        """Load and open a listed checkpoint row; ``None`` if it went meanwhile."""
-        record = self._store.load(CHECKPOINTS, row.key_digest)
-        if record is None:
-            return None
-        opened = self._repo.open(record, namespace=CHECKPOINTS, key_digest=row.key_digest)
-        return self.open_checkpoint(thread, opened)
+    def open_listed(self, thread: Thread, rows: Sequence[RecordMetadata]) -> list[StoredCheckpoint]:
+        """Load (in one batch where the store can) and open listed checkpoint rows.
+
+        Rows deleted since they were listed are left out.
+        """
+        loaded = self._capabilities.load_many(
+            self._store, CHECKPOINTS, [row.key_digest for row in rows]
+        )
+        opened: list[StoredCheckpoint] = []
+        for row in rows:
+            record = loaded.get(row.key_digest)
+            if record is None:
+                continue
+            document = self._repo.open(record, namespace=CHECKPOINTS, key_digest=row.key_digest)
+            opened.append(self.open_checkpoint(thread, document))
+        return opened
 
     def load_writes(
         self, checkpoint: StoredCheckpoint
@@ -329,29 +402,45 @@ class ThreadRows:
         )
         return _writes_from(document, metadata.key_digest), identity, metadata.header.ledger_index
 
-    def load_blob(
-        self, thread: Thread, ns: str, channel: str, version: str, digest: str
-    ) -> Serialized | None:
-        """Load a channel value, checked against the digest its checkpoint names.
+    def load_values(self, checkpoint: StoredCheckpoint) -> dict[str, Serialized]:
+        """Load a checkpoint's channel values, each checked against the digest it names.
 
-        Returns ``None`` for a channel that was empty at that version.
+        Values are read in one batch where the store can; channels that
+        were empty at their version are left out.
         """
-        opened = self._repo.read(BLOBS, self.blob_key(thread, ns, channel, version))
-        if opened is None:
-            raise IntegrityFailure(
-                "a channel value its checkpoint names is missing: it was deleted outside flowvault",
-                key_digest=self._repo.key_digest(
-                    BLOBS, self.blob_key(thread, ns, channel, version)
-                ),
-            )
-        document = opened.document
-        if not isinstance(document, dict) or document.get("digest") != digest:
-            raise IntegrityFailure(
-                "a channel value differs from the one its checkpoint names",
-                key_digest=opened.metadata.key_digest,
-            )
-        value = document.get("value")
-        return None if value is None else _decode(value, "channel value")
+        thread, ns = checkpoint.thread, checkpoint.ns
+        keys = {
+            channel: self.blob_key(thread, ns, channel, version)
+            for channel, (version, _digest) in checkpoint.channels.items()
+        }
+        digests = {channel: self._repo.key_digest(BLOBS, key) for channel, key in keys.items()}
+        loaded = self._capabilities.load_many(self._store, BLOBS, list(digests.values()))
+        values: dict[str, Serialized] = {}
+        for channel, (_version, digest) in checkpoint.channels.items():
+            key_digest = digests[channel]
+            record = loaded.get(key_digest)
+            if record is None:
+                raise IntegrityFailure(
+                    "a channel value its checkpoint names is missing: it was deleted outside "
+                    "flowvault; restore the store from a backup",
+                    key_digest=key_digest,
+                )
+            if record.metadata.labels.get("chunked") == 1:
+                data = self._blobs.read(BLOBS, keys[channel])
+                if data is None:
+                    raise IntegrityFailure(
+                        "a chunked channel value is missing", key_digest=key_digest
+                    )
+            else:
+                data = self._repo.open_bytes(record, namespace=BLOBS, key_digest=key_digest).data
+            if self._value_digest(data) != digest:
+                raise IntegrityFailure(
+                    "a channel value differs from the one its checkpoint names",
+                    key_digest=key_digest,
+                )
+            if data != EMPTY:
+                values[channel] = _split(data)
+        return values
 
     # -- writing -----------------------------------------------------------
 
@@ -373,14 +462,20 @@ class ThreadRows:
         after: LedgerEvent | None,
         *,
         pending: dict[str, str] | None = None,
-    ) -> tuple[UnitOfWork, LedgerEvent]:
+        expected: ExpectedRevision | None = None,
+    ) -> tuple[UnitOfWork, LedgerEvent, dict[str, tuple[str, str]]]:
         """Build the unit that writes one checkpoint and its new channel values.
 
         A value already stored at its channel and version is not stored
         again. ``pending`` carries the values earlier units of one batch
         will store (natural key to digest), so a batch stores each once.
+        ``expected`` guards the checkpoint row; given, new values are taken
+        to be unstored too (a write that finds otherwise fails as a whole,
+        and is planned again with ``None``: look everything up).
+        Returns the unit, its event and the channels the checkpoint names.
         """
         pending = {} if pending is None else pending
+        optimistic = expected is not None
         ns, cid = draft.ns, draft.cid
         digest = self.checkpoint_digest(thread, ns, cid)
         run = None if draft.run_id is None else self.run_digest(draft.run_id)
@@ -397,31 +492,25 @@ class ThreadRows:
         for channel, version in draft.versions.items():
             text = version_text(version)
             key = self.blob_key(thread, ns, channel, text)
-            blob_digest: str | None = None
+            known = pending.get(key)
+            if known is None and channel in draft.known:
+                version_known, digest_known = draft.known[channel]
+                if version_known == text:
+                    known = digest_known
             if channel in draft.new_values:
                 value = draft.new_values[channel]
-                blob_digest = self._blob_digest(value)
-                stored = pending.get(key) or self._blob_named(key)
+                data = EMPTY if value is None else _join(value)
+                digest = self._value_digest(data)
+                stored = known or (None if optimistic else self._blob_named(key))
                 if stored is None:
-                    pending[key] = blob_digest
-                    upserts.append(
-                        self._repo.prepare(
-                            BLOBS,
-                            key,
-                            {
-                                "digest": blob_digest,
-                                "value": None if value is None else _encode(value),
-                            },
-                            expected=Guard.ABSENT,
-                            labels={**self._labels(thread, ns), "digest": blob_digest},
-                        )
-                    )
+                    upserts.extend(self._value_upserts(thread, ns, key, data, digest))
+                    pending[key] = digest
                 else:
-                    blob_digest = stored
+                    digest = stored
             else:
-                blob_digest = pending.get(key) or self._blob_named(key)
-            if blob_digest is not None:
-                channels[channel] = [text, blob_digest]
+                digest = known or self._blob_named(key) or ""
+            if digest:
+                channels[channel] = [text, digest]
         document: dict[str, JsonValue] = {
             "thread": thread.thread_id,
             "ns": ns,
@@ -432,7 +521,9 @@ class ThreadRows:
             "metadata": _encode(draft.metadata),
             "channels": channels,
         }
-        current = self._store.peek_metadata(CHECKPOINTS, digest)
+        if expected is None:
+            current = self._store.peek_metadata(CHECKPOINTS, digest)
+            expected = Guard.ABSENT if current is None else current.revision
         labels: dict[str, str | int] = {**self._labels(thread, ns), "cid": cid}
         if run is not None:
             labels["run"] = run
@@ -441,12 +532,17 @@ class ThreadRows:
                 CHECKPOINTS,
                 self._checkpoint_key(thread, ns, cid),
                 document,
-                expected=Guard.ABSENT if current is None else current.revision,
+                expected=expected,
                 labels=labels,
                 ledger_index=event.index,
             )
         )
-        return UnitOfWork(upserts=upserts, appends=[event]), event
+        named = {
+            channel: (str(entry[0]), str(entry[1]))
+            for channel, entry in channels.items()
+            if isinstance(entry, list)
+        }
+        return UnitOfWork(upserts=upserts, appends=[event]), event, named
 
     def _blob_named(self, key: str) -> str | None:
         """Return the digest a stored channel value carries, from its row's labels alone.
@@ -464,11 +560,20 @@ class ThreadRows:
             )
         return digest
 
-    def _blob_digest(self, value: Serialized | None) -> str:
-        if value is None:
-            return self._repo.keyed_digest(BLOB_TAG, b"empty")
-        kind, data = value
-        return self._repo.keyed_digest(BLOB_TAG, kind.encode("utf-8") + b"\x00" + data)
+    def _value_digest(self, data: bytes) -> str:
+        return self._repo.keyed_digest(BLOB_TAG, data)
+
+    def _value_upserts(
+        self, thread: Thread, ns: str, key: str, data: bytes, digest: str
+    ) -> list[Upsert]:
+        """Seal a channel value: one row of raw bytes, or a chunked blob above one row's size."""
+        labels: dict[str, str | int] = {**self._labels(thread, ns), "digest": digest}
+        if len(data) <= CHUNK_BYTES:
+            return [
+                self._repo.prepare_bytes(BLOBS, key, data, expected=Guard.ABSENT, labels=labels)
+            ]
+        written = self._blobs.prepare(BLOBS, key, data, labels={**labels, "chunked": 1})
+        return list(written.upserts)
 
     def _labels(self, thread: Thread, ns: str) -> dict[str, str | int]:
         return {"thread": thread.digest, "ns": self.ns_digest(thread, ns)}
@@ -560,7 +665,12 @@ class ThreadRows:
         if kind not in (THREAD_DELETED_EVENT, PRUNED_EVENT, RUNS_DELETED_EVENT):
             raise InvalidInput("not a deletion event")
         event = self._event(thread, self.head(thread), kind, payload)
-        deletes = [Delete(row.namespace, row.key_digest, row.revision) for row in rows]
+        deletes: list[Delete] = []
+        for row in rows:
+            if row.namespace == BLOBS and row.labels.get("chunked") == 1:
+                deletes.extend(self._blobs.deletes_at(BLOBS, row.key_digest))
+            else:
+                deletes.append(Delete(row.namespace, row.key_digest, row.revision))
         return UnitOfWork(deletes=deletes, appends=[event])
 
 

@@ -1,0 +1,176 @@
+"""What FlowvaultSaver promises beyond LangGraph's conformance suite.
+
+Large states, values stored once per version, the stale-fork guard, many
+coroutines writing one thread, and deletions that leave no row behind, on a
+real SQLite file (and PostgreSQL where the store's behaviour differs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langgraph.checkpoint.base import Checkpoint, empty_checkpoint
+
+from flowvault.adapters.langgraph import FlowvaultSaver
+from flowvault.application import StoreCapabilities, verified_events
+from flowvault.domain import RevisionConflict
+
+KEY = secrets.token_bytes(32)
+COUNTED = ("langgraph.checkpoints", "langgraph.writes", "langgraph.blobs", "flowvault.blob-chunks")
+
+
+@pytest.fixture
+def saver(tmp_path: Path) -> Iterator[FlowvaultSaver]:
+    """Provide a saver on a new SQLite file."""
+    with FlowvaultSaver.from_conn_string(str(tmp_path / "graph.db"), key=KEY) as opened:
+        yield opened
+
+
+def _config(thread: str, cid: str | None = None, ns: str = "") -> dict[str, Any]:
+    configurable: dict[str, Any] = {"thread_id": thread, "checkpoint_ns": ns}
+    if cid is not None:
+        configurable["checkpoint_id"] = cid
+    return {"configurable": configurable}
+
+
+def _checkpoint(values: dict[str, Any], versions: dict[str, int]) -> Checkpoint:
+    checkpoint = empty_checkpoint()
+    checkpoint["channel_values"] = values
+    checkpoint["channel_versions"] = versions
+    return checkpoint
+
+
+def _counts(saver: FlowvaultSaver) -> dict[str, int]:
+    store = saver._rows.repository.store
+    stats = StoreCapabilities.of(store).stats
+    assert stats is not None
+    counts = stats.namespace_counts()
+    return {namespace: counts.get(namespace, 0) for namespace in COUNTED}
+
+
+def test_a_ten_mib_state_round_trips_and_unchanged_channels_are_stored_once(
+    saver: FlowvaultSaver,
+) -> None:
+    """A 10 MiB channel is chunked; the next step stores only the channel it changed."""
+    document = secrets.token_bytes(10 * 1024 * 1024)
+    first = _checkpoint({"document": document, "step": 0}, {"document": 1, "step": 1})
+    stored = saver.put(
+        _config("big"), first, {"source": "loop", "step": 0}, {"document": 1, "step": 1}
+    )
+    after_first = _counts(saver)
+    assert after_first["flowvault.blob-chunks"] == 11
+    second = _checkpoint({"document": document, "step": 1}, {"document": 1, "step": 2})
+    newest = saver.put(stored, second, {"source": "loop", "step": 1}, {"step": 2})
+    after_second = _counts(saver)
+    assert after_second["langgraph.blobs"] == after_first["langgraph.blobs"] + 1
+    assert after_second["flowvault.blob-chunks"] == after_first["flowvault.blob-chunks"]
+    for config, step in ((stored, 0), (newest, 1)):
+        found = saver.get_tuple(config)
+        assert found is not None
+        assert found.checkpoint["channel_values"] == {"document": document, "step": step}
+
+
+def test_a_value_of_each_type_round_trips(saver: FlowvaultSaver) -> None:
+    """Bytes, text, numbers, None and containers come back as the serializer alone returns them."""
+    values = {
+        "b": b"\x00\xff",
+        "s": "t\u00e9xt",
+        "i": 2**62,
+        "f": 0.5,
+        "n": None,
+        "l": [1, {"k": (2, 3)}],
+    }
+    versions = dict.fromkeys(values, 1)
+    config = saver.put(_config("types"), _checkpoint(values, versions), {}, versions)
+    found = saver.get_tuple(config)
+    assert found is not None
+    assert found.checkpoint["channel_values"] == {
+        channel: saver.serde.loads_typed(saver.serde.dumps_typed(value))
+        for channel, value in values.items()
+    }
+
+
+def test_the_stale_fork_guard_is_off_by_default_and_refuses_when_on(tmp_path: Path) -> None:
+    """Forking from an older parent is time travel by default, and a lost race with the option."""
+    for refuse in (False, True):
+        path = str(tmp_path / f"fork-{refuse}.db")
+        with FlowvaultSaver.from_conn_string(path, key=KEY, refuse_stale_forks=refuse) as saver:
+            first = saver.put(_config("t"), _checkpoint({}, {}), {}, {})
+            saver.put(first, _checkpoint({}, {}), {}, {})
+            if refuse:
+                with pytest.raises(RevisionConflict, match="no longer the newest"):
+                    saver.put(first, _checkpoint({}, {}), {}, {})
+                assert len(list(saver.list(_config("t")))) == 2
+            else:
+                saver.put(first, _checkpoint({}, {}), {}, {})
+                assert len(list(saver.list(_config("t")))) == 3
+
+
+def test_a_hundred_coroutines_writing_one_thread_all_land_on_an_unforked_ledger(
+    saver: FlowvaultSaver,
+) -> None:
+    """Each ``aput`` and ``aput_writes`` wins its compare-and-swap on the thread's stream."""
+
+    async def one(number: int) -> None:
+        config = await saver.aput(
+            _config("busy"),
+            _checkpoint({"n": number}, {"n": number + 1}),
+            {"step": number},
+            {"n": number + 1},
+        )
+        await saver.aput_writes(config, [("n", number)], task_id=f"task-{number}")
+
+    async def all_of_them() -> None:
+        await asyncio.gather(*(one(number) for number in range(100)))
+
+    asyncio.run(all_of_them())
+    listed = list(saver.list(_config("busy")))
+    assert len(listed) == 100
+    assert all(item.pending_writes and len(item.pending_writes) == 1 for item in listed)
+    store = saver._rows.repository.store
+    events = verified_events(store, saver._rows.thread("busy").stream, saver._rows.repository)
+    assert [event.index for event in events] == list(range(200))
+
+
+def test_deleting_a_thread_leaves_no_row_of_it(saver: FlowvaultSaver) -> None:
+    """Checkpoints, task writes, values and the chunks of a large value all go."""
+    big = secrets.token_bytes(3 * 1024 * 1024)
+    config = saver.put(_config("gone"), _checkpoint({"big": big}, {"big": 1}), {}, {"big": 1})
+    saver.put_writes(config, [("big", b"x")], task_id="task")
+    saver.put(_config("kept"), _checkpoint({"small": 1}, {"small": 1}), {}, {"small": 1})
+    saver.delete_thread("gone")
+    assert saver.get_tuple(_config("gone")) is None
+    assert _counts(saver) == {
+        "langgraph.checkpoints": 1,
+        "langgraph.writes": 0,
+        "langgraph.blobs": 1,
+        "flowvault.blob-chunks": 0,
+    }
+    saver.put(_config("gone"), _checkpoint({"big": b"again"}, {"big": 1}), {}, {"big": 1})
+    found = saver.get_tuple(_config("gone"))
+    assert found is not None
+    assert found.checkpoint["channel_values"] == {"big": b"again"}
+
+
+def test_prune_keeps_each_namespace_newest_and_the_values_it_names(saver: FlowvaultSaver) -> None:
+    """``keep_latest`` deletes older checkpoints, their writes, and values nothing kept names."""
+    parent = _config("p")
+    for step in range(3):
+        parent = saver.put(parent, _checkpoint({"v": step}, {"v": step + 1}), {}, {"v": step + 1})
+        saver.put_writes(parent, [("v", step)], task_id="t")
+    saver.prune(["p"])
+    assert _counts(saver) == {
+        "langgraph.checkpoints": 1,
+        "langgraph.writes": 1,
+        "langgraph.blobs": 1,
+        "flowvault.blob-chunks": 0,
+    }
+    found = saver.get_tuple(_config("p"))
+    assert found is not None
+    assert found.checkpoint["channel_values"] == {"v": 2}
+    assert found.pending_writes == [("t", "v", 2)]
