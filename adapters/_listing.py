@@ -18,21 +18,25 @@ from flowvault.application import (
     LabelFilter,
     ListCursor,
     Order,
+    RecordFilter,
     RecordMetadata,
     RecordPage,
+    TagFilter,
 )
 from flowvault.application._record_reads import label_page
+from flowvault.application._records import split_filters
 from flowvault.domain import IntegrityFailure
 from flowvault.domain._envelope import format_instant
 
 FilterShape: TypeAlias = tuple[FilterOp, bool]
 """A filter's operator and whether it compares text (else integers): all the SQL depends on."""
 
-_HEAD: Final = (
-    "SELECT r.namespace, r.key_digest, r.revision, r.sensitivity, r.schema_version, r.key_id, "
-    "r.written_at, r.ledger_index, r.labels, r.byte_length, r.payload_digest "
-    "FROM records r WHERE r.namespace = {p}"
+METADATA_COLUMNS: Final = (
+    "r.namespace, r.key_digest, r.revision, r.sensitivity, r.schema_version, r.key_id, "
+    "r.written_at, r.ledger_index, r.labels, r.byte_length, r.payload_digest, r.tags"
 )
+"""The twelve metadata columns every record read selects, as ``metadata_from_row`` reads them."""
+_HEAD: Final = f"SELECT {METADATA_COLUMNS} FROM records r WHERE r.namespace = {{p}}"  # noqa: S608 - constant columns
 _SYMBOLS: Final = {
     FilterOp.EQ: "=",
     FilterOp.NE: "<>",
@@ -50,6 +54,10 @@ _LABEL_MATCH: Final = (
 Not correlated with ``r``, so the planner builds the set of matching ids
 once from the ``(namespace, name, value)`` index instead of probing per record.
 """
+_TAG_MATCH: Final = (
+    " AND r.id IN (SELECT t.record_id FROM record_tags t WHERE t.namespace = {p} AND t.tag = {p})"
+)
+"""A tag filter, read from the ``(namespace, tag)`` index as a label filter is from its own."""
 _AFTER_CURSOR: Final = {
     Order.KEY: " AND r.key_digest > {p}",
     Order.WRITTEN_AT: " AND (r.written_at, r.key_digest) > ({p}, {p})",
@@ -64,16 +72,22 @@ _ORDER_BY: Final = {
 
 @lru_cache(maxsize=512)
 def list_query(
-    placeholder: str, order: Order, after_cursor: bool, filters: tuple[FilterShape, ...] = ()
+    placeholder: str,
+    order: Order,
+    after_cursor: bool,
+    filters: tuple[FilterShape, ...] = (),
+    tags: int = 0,
 ) -> str:
     """Return the ``list`` statement for one combination of order, cursor and filters.
 
-    Parameters bind in the order ``list_params`` gives them.
+    ``tags`` counts the tag filters. Parameters bind in the order
+    ``list_params`` gives them.
     """
     parts = [_HEAD]
     for op, text in filters:
         column = "text_value" if text else "int_value"
         parts.append(_LABEL_MATCH.replace("{column}", column).replace("{symbol}", _SYMBOLS[op]))
+    parts += [_TAG_MATCH] * tags
     if after_cursor:
         parts.append(_AFTER_CURSOR[order])
     parts.append(_ORDER_BY[order])
@@ -91,14 +105,19 @@ def list_params(
     order: Order,
     position: ListCursor | None,
     limit: int,
+    *,
+    tags: Sequence[TagFilter] = (),
 ) -> tuple[object, ...]:
-    """Bind values: namespace; (namespace, name, value) per filter; the cursor; limit + 1.
+    """Bind values: namespace; per filter its values; the cursor; limit + 1.
 
-    The one extra row reveals whether there is a next page.
+    A label filter binds (namespace, name, value), then a tag filter
+    (namespace, tag). The one extra row reveals whether there is a next page.
     """
     params: list[object] = [namespace]
     for label in filters:
         params += [namespace, label.name, label.value]
+    for one in tags:
+        params += [namespace, one.tag]
     if position is not None and order is not Order.KEY:
         params.append(position.written_at)
     if position is not None:
@@ -112,20 +131,18 @@ def page_of(
     limit: int,
     order: Order,
     decode: Callable[[Sequence[Any]], RecordMetadata],
-    filters: Sequence[LabelFilter] = (),
+    filters: Sequence[RecordFilter] = (),
 ) -> RecordPage:
     """Turn up to ``limit + 1`` fetched rows into a page and the cursor after it.
 
-    Rows are selected through the label index, but each row's own labels
-    (checked against the sealed copy when it is opened) must match every
-    filter too: an index row that was altered cannot slip another record into
-    a listing, or into a purge.
+    Rows are selected through the label and tag indexes, but each row's own
+    labels and tags (checked against the sealed copy when it is opened) must
+    match every filter too: an index row that was altered cannot slip
+    another record into a listing, or into a purge.
     """
     items = tuple(decode(row) for row in rows[:limit])
-    if any(not label.matches(item.labels) for item in items for label in filters):
-        raise IntegrityFailure(
-            "the label index disagrees with a listed record's labels", table="record_labels"
-        )
+    for item in items:
+        check_indexed(item, filters)
     if len(rows) <= limit:
         return RecordPage(items=items, next_cursor=None)
     last = items[-1]
@@ -133,15 +150,29 @@ def page_of(
     return RecordPage(items=items, next_cursor=mark.encode())
 
 
+def check_indexed(item: RecordMetadata, filters: Sequence[RecordFilter]) -> None:
+    """Refuse a listed record whose own labels or tags fail a filter its index rows passed."""
+    for one in filters:
+        if one.admits(item):
+            continue
+        if isinstance(one, LabelFilter):
+            raise IntegrityFailure(
+                "the label index disagrees with a listed record's labels", table="record_labels"
+            )
+        raise IntegrityFailure(
+            "the tag index disagrees with a listed record's tags", table="record_tags"
+        )
+
+
 # -- list_by_label ----------------------------------------------------------------
 
 _BY_LABEL: Final = (
-    "SELECT r.namespace, r.key_digest, r.revision, r.sensitivity, r.schema_version, r.key_id, "
-    "r.written_at, r.ledger_index, r.labels, r.byte_length, r.payload_digest, "
-    "l.int_value, l.text_value "
+    f"SELECT {METADATA_COLUMNS}, l.int_value, l.text_value "  # noqa: S608 - constant columns
     "FROM record_labels l JOIN records r ON r.id = l.record_id "
     "WHERE l.namespace = {p} AND l.name = {p}"
 )
+_WIDTH: Final = 12
+"""Metadata columns before a label row's two value columns."""
 """One type of the label's values, read in order from its ``(namespace, name, value)`` index.
 
 A comparison with a value selects that value's type on its own; only a
@@ -196,6 +227,7 @@ def label_query(
     descending: bool,
     segments: tuple[SegmentShape, ...],
     filters: tuple[FilterShape, ...] = (),
+    tags: int = 0,
 ) -> str:
     """Return the ``list_by_label`` statement: one ordered, limited scan per segment, in a union.
 
@@ -218,6 +250,7 @@ def label_query(
             value_column = "text_value" if text_filter else "int_value"
             match = _LABEL_MATCH.replace("{column}", value_column)
             part.append(match.replace("{symbol}", _SYMBOLS[op]))
+        part += [_TAG_MATCH] * tags
         if after_cursor:
             past = "<" if descending else ">"
             part.append(f" AND {column} {past}= {{p}}")
@@ -240,30 +273,34 @@ def label_statement(
     label: str,
     *,
     descending: bool,
-    filters: Sequence[LabelFilter],
+    filters: Sequence[RecordFilter],
     position: LabelCursor | None,
     limit: int,
 ) -> tuple[str, tuple[object, ...]] | None:
     """Return the ``list_by_label`` statement and its parameters; ``None`` when nothing can match.
 
     Each part binds: namespace and label; its bounds; (namespace, name,
-    value) per other filter; the cursor's value, then its value and key
-    digest; limit + 1.
+    value) per other label filter; (namespace, tag) per tag filter; the
+    cursor's value, then its value and key digest; limit + 1.
     """
-    segments = _segments(label, descending, filters, position)
+    labels, tags = split_filters(filters)
+    segments = _segments(label, descending, labels, position)
     if not segments:
         return None
-    others = [one for one in filters if one.name != label]
+    others = [one for one in labels if one.name != label]
     params: list[object] = []
     for segment in segments:
         params += [namespace, label, *(bound.value for bound in segment.bounds)]
         for one in others:
             params += [namespace, one.name, one.value]
+        for tag in tags:
+            params += [namespace, tag.tag]
         if segment.after is not None:
             params += [segment.after.value, segment.after.value, segment.after.key_digest]
         params.append(limit + 1)
     shapes = tuple(segment.shape for segment in segments)
-    return label_query(placeholder, descending, shapes, filter_shapes(others)), tuple(params)
+    query = label_query(placeholder, descending, shapes, filter_shapes(others), len(tags))
+    return query, tuple(params)
 
 
 def label_page_of(
@@ -272,7 +309,7 @@ def label_page_of(
     label: str,
     *,
     descending: bool,
-    filters: Sequence[LabelFilter],
+    filters: Sequence[RecordFilter],
     position: LabelCursor | None,
     limit: int,
     decode: Callable[[Sequence[Any]], RecordMetadata],
@@ -280,22 +317,18 @@ def label_page_of(
     """Turn the rows of ``label_statement`` into a page, in order, and the cursor after it.
 
     As for ``list``, each row's own labels must agree with the label row
-    that selected it and with every filter: an altered index row cannot
-    slip another record into the listing.
+    that selected it, and its labels and tags with every filter: an altered
+    index row cannot slip another record into the listing.
     """
     found: list[RecordMetadata] = []
     for row in rows:
-        meta = decode(row[:11])
-        indexed = row[12] if row[11] is None else row[11]
+        meta = decode(row[:_WIDTH])
+        indexed = row[_WIDTH + 1] if row[_WIDTH] is None else row[_WIDTH]
         held = meta.labels.get(label)
-        if (
-            meta.namespace != namespace
-            or type(held) is not type(indexed)
-            or held != indexed
-            or not all(one.matches(meta.labels) for one in filters)
-        ):
+        if meta.namespace != namespace or type(held) is not type(indexed) or held != indexed:
             raise IntegrityFailure(
                 "the label index disagrees with a listed record's labels", table="record_labels"
             )
+        check_indexed(meta, filters)
         found.append(meta)
     return label_page(found, label, descending=descending, position=position, limit=limit)

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from itertools import islice
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 from pydantic import ValidationError
 
 from flowvault.application import RecordMetadata, StoredRecord
-from flowvault.application._records import LabelValue
+from flowvault.application._records import LabelValue, check_tags
 from flowvault.application.ports import MAX_HEAD_BATCH
 from flowvault.domain import EnvelopeHeader, IntegrityFailure, InvalidInput, LedgerEvent
+from flowvault.domain._canonical import canonical_json, parse_json
 from flowvault.domain._envelope import format_instant
 
 Row: TypeAlias = Sequence[Any]
@@ -46,14 +47,39 @@ def _ledger_index(value: object) -> int | None:
     return value
 
 
-def metadata_from_row(row: Row, decode_labels: LabelDecoder) -> RecordMetadata:
-    """Build metadata from the eleven metadata columns, in ``PEEK_METADATA`` order.
+NO_TAGS: Final = "[]"
+"""The ``tags`` column of a record without tags, and of every row written before tags existed."""
 
-    ``ledger_index`` follows ``written_at``; NULL reads as a header without one.
+
+def encode_tags(tags: frozenset[str]) -> str:
+    """Return a record's tags as the ``tags`` column holds them: a sorted canonical JSON list."""
+    return canonical_json(sorted(tags)) if tags else NO_TAGS
+
+
+def decode_tags(stored: object) -> frozenset[str]:
+    """Return the tags of a ``tags`` column: JSON text (SQLite) or a decoded list (jsonb).
+
+    Each must still be a keyed digest, so an edited column reads as a
+    malformed row rather than as tags no write could have made.
+    """
+    if stored in (NO_TAGS, []):
+        return frozenset()
+    if isinstance(stored, str):
+        stored = parse_json(stored)
+    if not isinstance(stored, list):
+        raise TypeError("tags column")
+    return check_tags(stored)
+
+
+def metadata_from_row(row: Row, decode_labels: LabelDecoder) -> RecordMetadata:
+    """Build metadata from the twelve metadata columns, in ``PEEK_METADATA`` order.
+
+    ``ledger_index`` follows ``written_at``; NULL reads as a header without
+    one. ``tags`` comes last.
     """
     try:
         namespace, key_digest, revision, sensitivity, schema, key_id, written = row[:7]
-        ledger_index, labels, byte_length, payload_digest = row[7:11]
+        ledger_index, labels, byte_length, payload_digest, tags = row[7:12]
         header = EnvelopeHeader.model_validate(
             {
                 "namespace": namespace,
@@ -68,7 +94,9 @@ def metadata_from_row(row: Row, decode_labels: LabelDecoder) -> RecordMetadata:
         )
         if not isinstance(byte_length, int) or not isinstance(payload_digest, str):
             raise TypeError("record sizes")
-        return RecordMetadata(header, decode_labels(labels), byte_length, payload_digest)
+        return RecordMetadata(
+            header, decode_labels(labels), byte_length, payload_digest, decode_tags(tags)
+        )
     except MALFORMED:
         raise malformed("records") from None
 
@@ -76,10 +104,10 @@ def metadata_from_row(row: Row, decode_labels: LabelDecoder) -> RecordMetadata:
 def record_from_row(row: Row, decode_labels: LabelDecoder) -> StoredRecord:
     """Build a stored record from ``LOAD_RECORD``'s columns: metadata, then the payload.
 
-    The eleven metadata columns come first, as in ``PEEK_METADATA``; the payload is at index 11.
+    The twelve metadata columns come first, as in ``PEEK_METADATA``; the payload is at index 12.
     """
     metadata = metadata_from_row(row, decode_labels)
-    payload = row[11]
+    payload = row[12]
     if not isinstance(payload, bytes):
         raise malformed("records")
     return StoredRecord(metadata=metadata, payload=payload)

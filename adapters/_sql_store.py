@@ -32,16 +32,17 @@ from flowvault.adapters._rows import (
     require_text,
 )
 from flowvault.application import (
-    LabelFilter,
     LedgerPage,
     ListCursor,
     Order,
+    RecordFilter,
     RecordMetadata,
     RecordPage,
     StoredRecord,
     effective_limit,
 )
 from flowvault.application._record_reads import key_digest_names, label_listing_args
+from flowvault.application._records import check_filters, split_filters
 from flowvault.application.ports import MAX_LOAD_BATCH
 from flowvault.domain import (
     IntegrityFailure,
@@ -84,7 +85,11 @@ class Statements(Protocol):
     PLACEHOLDER: str
 
     def list_query(
-        self, order: Order, after_cursor: bool, filters: tuple[FilterShape, ...] = ()
+        self,
+        order: Order,
+        after_cursor: bool,
+        filters: tuple[FilterShape, ...] = (),
+        tags: int = 0,
     ) -> str: ...
 
 
@@ -167,18 +172,21 @@ class SqlStore(ABC):
         self,
         namespace: str,
         *,
-        filters: Sequence[LabelFilter] = (),
+        filters: Sequence[RecordFilter] = (),
         order: Order = Order.KEY,
         cursor: str | None = None,
         limit: int = 100,
     ) -> RecordPage:
         """Return one page of matching metadata in ``order``, resuming after ``cursor``."""
         require_text(namespace, "namespace")
+        labels, tags = split_filters(check_filters(filters))
         limit = effective_limit(limit)
         position = None if cursor is None else ListCursor.decode(cursor, order)
         statements = self.dialect.statements
-        query = statements.list_query(order, position is not None, filter_shapes(filters))
-        rows = self._fetch(query, list_params(namespace, filters, order, position, limit))
+        query = statements.list_query(
+            order, position is not None, filter_shapes(labels), len(tags)
+        )
+        rows = self._fetch(query, list_params(namespace, labels, order, position, limit, tags=tags))
         return page_of(rows, limit, order, self.dialect.metadata_from_row, filters)
 
     def list_by_label(
@@ -187,7 +195,7 @@ class SqlStore(ABC):
         label: str,
         *,
         descending: bool = False,
-        filters: Sequence[LabelFilter] = (),
+        filters: Sequence[RecordFilter] = (),
         cursor: str | None = None,
         limit: int = 100,
     ) -> RecordPage:

@@ -25,6 +25,7 @@ from flowvault.application._lease_keeper import LeaseKeeper
 from flowvault.application._paging import Page, UnreadableItem
 from flowvault.application._receipts import ReceiptSigner, ReceiptVerifier, authenticate_terminal
 from flowvault.application._records import (
+    MAX_TAGS,
     Delete,
     FilterOp,
     Guard,
@@ -32,10 +33,12 @@ from flowvault.application._records import (
     LedgerPage,
     LedgerTrim,
     Order,
+    RecordFilter,
     RecordMetadata,
     RecordPage,
     StoreContents,
     StoredRecord,
+    TagFilter,
     UnitOfWork,
     Upsert,
 )
@@ -83,6 +86,7 @@ from flowvault.application.ports import (
 
 __all__ = [
     "MAX_LOAD_BATCH",
+    "MAX_TAGS",
     "ActionResultService",
     "ApprovalFlow",
     "ApprovalOutcome",
@@ -122,6 +126,7 @@ __all__ = [
     "Page",
     "ReceiptSigner",
     "ReceiptVerifier",
+    "RecordFilter",
     "RecordLock",
     "RecordMetadata",
     "RecordPage",
@@ -151,6 +156,7 @@ __all__ = [
     "StreamHeadBatch",
     "StreamHeads",
     "StreamWriter",
+    "TagFilter",
     "TerminalReceipts",
     "UnitOfWork",
     "UnreadableItem",

@@ -33,6 +33,7 @@ from flowvault.application._records import (
     LabelFilter,
     LabelValue,
     Order,
+    RecordFilter,
     RecordMetadata,
     RecordPage,
     StoredRecord,
@@ -74,7 +75,7 @@ class RecordReader(Protocol):
         self,
         namespace: str,
         *,
-        filters: Sequence[LabelFilter] = (),
+        filters: Sequence[RecordFilter] = (),
         order: Order = Order.KEY,
         cursor: str | None = None,
         limit: int = 100,
@@ -189,7 +190,7 @@ class StoreCapabilities:
         label: str,
         *,
         descending: bool = False,
-        filters: Sequence[LabelFilter] = (),
+        filters: Sequence[RecordFilter] = (),
         cursor: str | None = None,
         limit: int = 100,
     ) -> RecordPage:
@@ -213,7 +214,7 @@ class StoreCapabilities:
                 segments.pop(0)
         candidates: list[RecordMetadata] = []
         for bottom in segments:
-            wanted = [*filters, LabelFilter(label, bottom, FilterOp.GE)]
+            wanted: list[RecordFilter] = [*filters, LabelFilter(label, bottom, FilterOp.GE)]
             if position is not None and isinstance(position.value, str) == isinstance(bottom, str):
                 op = FilterOp.LE if descending else FilterOp.GE
                 wanted.append(LabelFilter(label, position.value, op))
@@ -249,7 +250,7 @@ class StoreCapabilities:
 
 
 def _every_match(
-    store: RecordReader, namespace: str, filters: Sequence[LabelFilter]
+    store: RecordReader, namespace: str, filters: Sequence[RecordFilter]
 ) -> list[RecordMetadata]:
     """Return every record ``list`` finds for ``filters``, page after page."""
     found: list[RecordMetadata] = []

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from flowvault.application._anti_rollback import AntiRollback
 from flowvault.application._mark_flusher import MarkFlusher, advance_or_defer
 from flowvault.application._records import (
-    LabelFilter,
     LedgerPage,
     Order,
+    RecordFilter,
     RecordMetadata,
     RecordPage,
     StoredRecord,
@@ -55,7 +55,7 @@ class HighWaterStore:
         self,
         namespace: str,
         *,
-        filters: Sequence[LabelFilter] = (),
+        filters: Sequence[RecordFilter] = (),
         order: Order = Order.KEY,
         cursor: str | None = None,
         limit: int = 100,

@@ -13,10 +13,10 @@ from typing import TypeAlias
 
 from flowvault.application._cursor import LabelCursor, effective_limit
 from flowvault.application._records import (
-    LabelFilter,
     LabelValue,
     RecordMetadata,
     RecordPage,
+    check_filters,
     check_label,
 )
 from flowvault.domain import InvalidInput
@@ -47,8 +47,8 @@ def label_listing_args(
     Raises:
         InvalidInput: a namespace that is not text, a label name no record
             could carry, a direction that is not a bool, filters that are not
-            ``LabelFilter`` values, a cursor this listing did not issue, or a
-            limit below 1.
+            ``LabelFilter`` or ``TagFilter`` values, a cursor this listing did
+            not issue, or a limit below 1.
 
     """
     if not isinstance(namespace, str):
@@ -57,10 +57,7 @@ def label_listing_args(
     assert isinstance(label, str)  # noqa: S101 - check_label refused anything else
     if not isinstance(descending, bool):
         raise InvalidInput("descending must be a bool")
-    if isinstance(filters, str) or not isinstance(filters, Sequence):
-        raise InvalidInput("filters must be a sequence of LabelFilter")
-    if not all(isinstance(one, LabelFilter) for one in filters):
-        raise InvalidInput("filters must be a sequence of LabelFilter")
+    check_filters(filters)
     limit = effective_limit(limit)
     if cursor is None:
         return limit, None

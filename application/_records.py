@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
@@ -21,12 +22,15 @@ MAX_PAYLOAD_BYTES: Final = 1024 * 1024
 """Largest sealed payload one record may hold (1 MiB)."""
 
 MAX_LABELS: Final = 8
+MAX_TAGS: Final = 32
+"""Most tags one record carries."""
 MAX_LABEL_TEXT: Final = 256
 MAX_LIST_LIMIT: Final = 200
 """``list`` and ledger reads never return more than this many items at once."""
 
 _LABEL_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _LABEL_INT_BOUND = 2**63 - 1
+_TAG = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 LabelValue: TypeAlias = str | int
 """Labels are small, non-sensitive plaintext used only for filtering and ordering."""
@@ -68,6 +72,26 @@ def _check_labels(labels: Mapping[str, LabelValue]) -> Mapping[str, LabelValue]:
     return MappingProxyType(dict(labels))
 
 
+def check_tag(tag: object) -> str:
+    """Refuse a tag that is not a keyed digest (``sha256:`` and 64 lowercase hex digits)."""
+    if not isinstance(tag, str) or not _TAG.fullmatch(tag):
+        raise InvalidInput("a tag is a keyed digest: sha256: and 64 lowercase hex digits")
+    return tag
+
+
+def check_tags(tags: object) -> frozenset[str]:
+    """Return ``tags`` as a frozen set, refusing more than ``MAX_TAGS`` or a malformed one.
+
+    A bare string is refused rather than read as a set of characters.
+    """
+    if isinstance(tags, str | bytes) or not isinstance(tags, Iterable):
+        raise InvalidInput("tags must be a set of keyed digests")
+    checked = frozenset(check_tag(tag) for tag in tags)
+    if len(checked) > MAX_TAGS:
+        raise InvalidInput(f"at most {MAX_TAGS} tags per record")
+    return checked
+
+
 def check_label(name: object, value: object) -> None:
     """Refuse a label name or value no record could carry, with ``InvalidInput``."""
     if not isinstance(name, str):
@@ -83,6 +107,8 @@ class RecordMetadata:
     labels: Mapping[str, LabelValue]
     byte_length: int
     payload_digest: str
+    tags: frozenset[str] = frozenset()
+    """Keyed digests the record carries, for equality filters; checked when written."""
 
     @property
     def namespace(self) -> str:
@@ -132,6 +158,13 @@ class Upsert:
     deleted content. The payload digest names one seal (its nonce is
     random), so the write lands only on the very row that was read.
     """
+    tags: frozenset[str] = frozenset()
+    """Keyed digests (``sha256:`` + 64 hex) the record carries; at most ``MAX_TAGS``.
+
+    The caller makes each one, typically ``keyed_digest(purpose, canonical
+    [key, value])``, so the store can answer "records carrying these tags"
+    without ever holding the values.
+    """
 
     @property
     def reseal(self) -> bool:
@@ -158,6 +191,7 @@ class Upsert:
         elif isinstance(self.expected, int) and self.header.revision != self.expected + 1:
             raise InvalidInput("an exact guard must write the next revision")
         object.__setattr__(self, "labels", _check_labels(self.labels))
+        object.__setattr__(self, "tags", check_tags(self.tags))
 
     @property
     def metadata(self) -> RecordMetadata:
@@ -167,6 +201,7 @@ class Upsert:
             labels=self.labels,
             byte_length=len(self.payload),
             payload_digest=digest_bytes(self.payload),
+            tags=self.tags,
         )
 
 
@@ -273,6 +308,53 @@ class LabelFilter:
             return False
         return _COMPARE[self.op](stored, self.value)
 
+    def admits(self, metadata: RecordMetadata) -> bool:
+        """Evaluate the filter against one record (reference semantics)."""
+        return self.matches(metadata.labels)
+
+
+@dataclass(frozen=True, slots=True)
+class TagFilter:
+    """Keep records carrying ``tag``; several tag filters keep records carrying them all.
+
+    Only equality: a tag is a keyed digest, so nothing else about it compares.
+    """
+
+    tag: str
+
+    def __post_init__(self) -> None:
+        check_tag(self.tag)
+
+    def matches(self, tags: AbstractSet[str]) -> bool:
+        """Evaluate the filter against one record's tags (reference semantics)."""
+        return self.tag in tags
+
+    def admits(self, metadata: RecordMetadata) -> bool:
+        """Evaluate the filter against one record (reference semantics)."""
+        return self.tag in metadata.tags
+
+
+RecordFilter: TypeAlias = LabelFilter | TagFilter
+"""What ``list`` and ``list_by_label`` take in ``filters``; all of them apply (AND)."""
+
+
+def check_filters(filters: object) -> tuple[RecordFilter, ...]:
+    """Return ``filters`` as a tuple, refusing anything but label and tag filters."""
+    if isinstance(filters, str) or not isinstance(filters, Sequence):
+        raise InvalidInput("filters must be a sequence of LabelFilter or TagFilter")
+    if not all(isinstance(one, LabelFilter | TagFilter) for one in filters):
+        raise InvalidInput("filters must be a sequence of LabelFilter or TagFilter")
+    return tuple(filters)
+
+
+def split_filters(
+    filters: Sequence[RecordFilter],
+) -> tuple[tuple[LabelFilter, ...], tuple[TagFilter, ...]]:
+    """Return the label filters and the tag filters of ``filters``, each in their order."""
+    labels = tuple(one for one in filters if isinstance(one, LabelFilter))
+    tags = tuple(one for one in filters if isinstance(one, TagFilter))
+    return labels, tags
+
 
 _COMPARE: Mapping[FilterOp, Callable[[Any, Any], bool]] = {
     FilterOp.EQ: operator.eq,
@@ -354,7 +436,13 @@ class StoreContents:
         """
         return UnitOfWork(
             upserts=[
-                Upsert(r.metadata.header, r.payload, Guard.ANY, r.metadata.labels)
+                Upsert(
+                    r.metadata.header,
+                    r.payload,
+                    Guard.ANY,
+                    r.metadata.labels,
+                    tags=r.metadata.tags,
+                )
                 for r in self.records
             ],
             appends=self.events,

@@ -3,9 +3,10 @@
 The envelope header is the AEAD associated data, and on read the header the
 payload was sealed under must be the header of the row it came from, so a
 ciphertext moved to another row, revision, schema version, class or key
-fails closed. Labels are sealed alongside the document and compared on read,
-so plaintext labels cannot be altered unnoticed either. A document body and a
-byte body differ in their first byte, so neither opens as the other.
+fails closed. Labels and tags are sealed alongside the document and compared
+on read, so the plaintext labels and tags of a row cannot be altered
+unnoticed either. A document body and a byte body differ in their first
+byte, so neither opens as the other.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from flowvault.application._records import (
     UnitOfWork,
     Upsert,
     check_expected_revision,
+    check_tags,
 )
 from flowvault.application._seal_budget import SealBudget
 from flowvault.application.ports import Cipher, Clock, SecureObjectStore
@@ -43,7 +45,12 @@ from flowvault.domain._envelope import Sensitivity
 
 NATURAL_KEY_TAG = "flowvault.key/1"
 SEALED_BODY_VERSION = 1
-"""Version of the plaintext layout inside a seal: ``{"v", "labels", "document"}``."""
+"""Version of the plaintext layout inside a seal: ``{"v", "labels", "document"}``.
+
+A record with tags adds ``"tags"``, its sorted tag list; a body without the
+field (every body sealed before tags existed) has none, so the version
+stays and older rows open as they did.
+"""
 BYTES_BODY_PREFIX: Final = b"\x00flowvault.bytes/1\x00"
 """Start of a sealed byte body: prefix, labels length (4 bytes), canonical labels, the bytes.
 
@@ -51,6 +58,10 @@ Canonical JSON never starts with a NUL byte, so a document body and a byte
 body cannot be taken for one another; the prefix is inside the AEAD
 plaintext, so it is authenticated with the rest.
 """
+TAGGED_BYTES_PREFIX: Final = b"\x00flowvault.bytes/2\x00"
+"""Start of a sealed byte body with tags: as ``BYTES_BODY_PREFIX``, but the length-prefixed
+part is canonical ``{"labels", "tags"}``. Bytes without tags keep the first layout."""
+_BYTES_FAMILY: Final = b"\x00flowvault.bytes/"
 _LABELS_LENGTH = 4
 
 
@@ -61,6 +72,7 @@ class SealOptions(TypedDict, total=False):
     schema_version: int
     labels: Mapping[str, LabelValue] | None
     ledger_index: int | None
+    tags: frozenset[str] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +236,14 @@ class SealedRepository:
         check_expected_revision(expected)
         key_digest = self.key_digest(namespace, natural_key)
         labels = options.get("labels") or {}
-        body = {"v": SEALED_BODY_VERSION, "labels": dict(labels), "document": document}
+        tags = check_tags(options.get("tags") or ())
+        body: dict[str, object] = {
+            "v": SEALED_BODY_VERSION,
+            "labels": dict(labels),
+            "document": document,
+        }
+        if tags:
+            body["tags"] = sorted(tags)
         return self._sealed(namespace, key_digest, expected, options, lambda: canonical_bytes(body))
 
     def prepare_bytes(
@@ -238,9 +257,10 @@ class SealedRepository:
     ) -> Upsert:
         """Seal raw ``data`` into an upsert, without the JSON wrapping (or base64) of a document.
 
-        The body is a byte body (``BYTES_BODY_PREFIX``), which ``open``
-        refuses, as ``open_bytes`` refuses a document. Labels are sealed with
-        it and checked on open, as for documents.
+        The body is a byte body (``BYTES_BODY_PREFIX``, or
+        ``TAGGED_BYTES_PREFIX`` with tags), which ``open`` refuses, as
+        ``open_bytes`` refuses a document. Labels and tags are sealed with it
+        and checked on open, as for documents.
         """
         return self.prepare_bytes_at(
             namespace, self.key_digest(namespace, natural_key), data, expected=expected, **options
@@ -271,11 +291,16 @@ class SealedRepository:
                 limit=MAX_PAYLOAD_BYTES,
             )
         labels = options.get("labels") or {}
+        tags = check_tags(options.get("tags") or ())
 
         def body() -> bytes:
-            encoded = canonical_bytes(dict(labels))
+            if tags:
+                prefix = TAGGED_BYTES_PREFIX
+                encoded = canonical_bytes({"labels": dict(labels), "tags": sorted(tags)})
+            else:
+                prefix, encoded = BYTES_BODY_PREFIX, canonical_bytes(dict(labels))
             size = len(encoded).to_bytes(_LABELS_LENGTH, "big")
-            return b"".join((BYTES_BODY_PREFIX, size, encoded, data))
+            return b"".join((prefix, size, encoded, data))
 
         return self._sealed(namespace, key_digest, expected, options, body)
 
@@ -293,6 +318,7 @@ class SealedRepository:
         is refused before a large body is encoded.
         """
         labels = options.get("labels") or {}
+        tags = check_tags(options.get("tags") or ())
         header = EnvelopeHeader(
             namespace=namespace,
             key_digest=key_digest,
@@ -307,7 +333,7 @@ class SealedRepository:
         self._budget.charge(header.key_id)
         sealed = self._cipher.seal(header.key_id, body, header.aad())
         observe.key_used("seal", header.key_id)
-        return Upsert(header=header, payload=sealed, expected=expected, labels=labels)
+        return Upsert(header=header, payload=sealed, expected=expected, labels=labels, tags=tags)
 
     def reseal(self, record: StoredRecord) -> Upsert | None:
         """Return an upsert re-sealing ``record`` under the primary key, or ``None`` if it is.
@@ -337,6 +363,7 @@ class SealedRepository:
             expected=metadata.revision,
             labels=metadata.labels,
             replaces=metadata.payload_digest,
+            tags=metadata.tags,
         )
 
     def _next_revision(self, namespace: str, key_digest: str, expected: ExpectedRevision) -> int:
@@ -424,7 +451,7 @@ class SealedRepository:
         return self.open_bytes(record, namespace=namespace, key_digest=key_digest)
 
     def verify(self, record: StoredRecord, *, namespace: str, key_digest: str) -> None:
-        """Check a loaded record's seal, row binding, body layout and labels, whatever its body.
+        """Check a loaded record's seal, row binding, body layout, labels and tags, of any body.
 
         For readers that check every row without knowing its kind (an audit).
         """
@@ -456,7 +483,7 @@ class SealedRepository:
         the strict one (a Python hook per object and number) only guards
         text nobody has vouched for.
         """
-        if plaintext.startswith(BYTES_BODY_PREFIX):
+        if plaintext.startswith(_BYTES_FAMILY):
             raise _tampered("sealed body holds bytes, not a document", metadata)
         try:
             body = json.loads(plaintext)
@@ -466,29 +493,39 @@ class SealedRepository:
             raise _tampered("sealed body has an unknown layout", metadata)
         if body.get("labels") != dict(metadata.labels):
             raise _tampered("labels differ from the sealed copy", metadata)
+        _check_tags(body.get("tags", []), metadata)
         return body.get("document")
 
 
+def _check_tags(sealed: object, metadata: RecordMetadata) -> None:
+    """Refuse a row whose tags are not the sorted list sealed with it (none when absent)."""
+    if sealed != sorted(metadata.tags):
+        raise _tampered("tags differ from the sealed copy", metadata)
+
+
 def _unwrap_bytes(plaintext: bytes, metadata: RecordMetadata) -> bytes:
-    """Split an authenticated byte body into its labels, checked against the row, and its bytes."""
-    if not plaintext.startswith(BYTES_BODY_PREFIX):
+    """Split an authenticated byte body into labels and tags, checked against the row, and bytes."""
+    tagged = plaintext.startswith(TAGGED_BYTES_PREFIX)
+    if not tagged and not plaintext.startswith(BYTES_BODY_PREFIX):
         raise _tampered("sealed body holds a document, not bytes", metadata)
     start = len(BYTES_BODY_PREFIX) + _LABELS_LENGTH
     size = int.from_bytes(plaintext[len(BYTES_BODY_PREFIX) : start], "big")
     if len(plaintext) < start + size:
         raise _tampered("sealed byte body is cut short", metadata)
     try:
-        labels = json.loads(plaintext[start : start + size])
+        head = json.loads(plaintext[start : start + size])
     except (ValueError, RecursionError):
         raise _tampered("sealed byte body has unreadable labels", metadata) from None
+    labels, tags = (head.get("labels"), head.get("tags")) if tagged else (head, [])
     if labels != dict(metadata.labels):
         raise _tampered("labels differ from the sealed copy", metadata)
+    _check_tags(tags, metadata)
     return plaintext[start + size :]
 
 
 def _check_body(plaintext: bytes, metadata: RecordMetadata) -> None:
-    """Check an authenticated body of either layout: its labels must be the row's."""
-    if plaintext.startswith(BYTES_BODY_PREFIX):
+    """Check an authenticated body of either layout: its labels and tags must be the row's."""
+    if plaintext.startswith(_BYTES_FAMILY):
         _unwrap_bytes(plaintext, metadata)
     else:
         SealedRepository._unwrap(plaintext, metadata)

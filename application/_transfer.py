@@ -28,6 +28,7 @@ from flowvault.application._records import (
     RecordMetadata,
     StoreContents,
     StoredRecord,
+    check_tags,
 )
 from flowvault.application.ports import (
     SecureObjectStore,
@@ -77,12 +78,18 @@ def _labels_from(entries: object) -> dict[str, LabelValue]:
 
 
 def record_line(record: StoredRecord) -> bytes:
-    """Return one record as a canonical JSON line: header, labels, sizes and the sealed bytes."""
+    """Return one record as a canonical JSON line: header, labels, tags, sizes, sealed bytes.
+
+    ``tags`` (sorted) is there only for a record carrying some, so the line
+    of a record without tags is the line written before tags existed.
+    """
     meta = record.metadata
     header = meta.header
+    tags = {"tags": sorted(meta.tags)} if meta.tags else {}
     return (
         canonical_bytes(
             {
+                **tags,
                 "namespace": header.namespace,
                 "key_digest": header.key_digest,
                 "revision": header.revision,
@@ -131,9 +138,10 @@ def record_from_line(line: bytes) -> StoredRecord:
         if byte_length != len(payload) or payload_digest != digest_bytes(payload):
             raise ValueError("payload")
         labels = _labels_from(body["labels"])
+        tags = check_tags(body.get("tags", []))
     except _MALFORMED:
         raise IntegrityFailure("a record line is malformed", part=RECORDS_PART) from None
-    metadata = RecordMetadata(header, labels, len(payload), digest_bytes(payload))
+    metadata = RecordMetadata(header, labels, len(payload), digest_bytes(payload), tags)
     return StoredRecord(metadata=metadata, payload=payload)
 
 

@@ -16,9 +16,9 @@ from datetime import datetime
 from typing import Final, Protocol, runtime_checkable
 
 from flowvault.application._records import (
-    LabelFilter,
     LedgerPage,
     Order,
+    RecordFilter,
     RecordMetadata,
     RecordPage,
     StoreContents,
@@ -33,7 +33,8 @@ class SecureObjectStore(Protocol):
     """Sealed records addressed by (namespace, key digest), plus ledger streams.
 
     Payloads are opaque bytes sealed above the port; the adapter never sees
-    a natural key or plaintext, only digests, headers and small labels.
+    a natural key or plaintext, only digests, headers, small labels and
+    tags (keyed digests), which it stores with the record and returns as written.
     """
 
     def load(self, namespace: str, key_digest: str) -> StoredRecord | None:
@@ -54,12 +55,16 @@ class SecureObjectStore(Protocol):
         self,
         namespace: str,
         *,
-        filters: Sequence[LabelFilter] = (),
+        filters: Sequence[RecordFilter] = (),
         order: Order = Order.KEY,
         cursor: str | None = None,
         limit: int = 100,
     ) -> RecordPage:
         """Return one page of metadata in ``order``, all filters applied (AND).
+
+        A ``LabelFilter`` compares one label; a ``TagFilter`` keeps records
+        carrying its tag. Each item's metadata carries the record's labels
+        and tags as written.
 
         The order is total (ties end on the key digest), so paging with the
         returned cursor visits every matching record once, even while others
@@ -187,7 +192,7 @@ class LabelListing(Protocol):
         label: str,
         *,
         descending: bool = False,
-        filters: Sequence[LabelFilter] = (),
+        filters: Sequence[RecordFilter] = (),
         cursor: str | None = None,
         limit: int = 100,
     ) -> RecordPage:

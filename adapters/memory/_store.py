@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from flowvault.adapters._rows import require_seal_count, require_stream_names, require_text
 from flowvault.application import (
     Delete,
-    LabelFilter,
     LedgerPage,
     LedgerTrim,
     ListCursor,
     Order,
+    RecordFilter,
     RecordMetadata,
     RecordPage,
     StoreContents,
@@ -30,6 +30,7 @@ from flowvault.application import (
 )
 from flowvault.application import _observability as observe
 from flowvault.application._record_reads import key_digest_names, label_listing_args, label_page
+from flowvault.application._records import check_filters
 from flowvault.application.ports import MAX_LOAD_BATCH
 from flowvault.domain import (
     InvalidInput,
@@ -104,13 +105,14 @@ class InMemorySecureObjectStore:
         self,
         namespace: str,
         *,
-        filters: Sequence[LabelFilter] = (),
+        filters: Sequence[RecordFilter] = (),
         order: Order = Order.KEY,
         cursor: str | None = None,
         limit: int = 100,
     ) -> RecordPage:
         """Return one page of matching metadata in ``order``."""
         require_text(namespace, "namespace")
+        filters = check_filters(filters)
         limit = effective_limit(limit)
         position = None if cursor is None else ListCursor.decode(cursor, order)
         with self._lock:
@@ -118,7 +120,7 @@ class InMemorySecureObjectStore:
             candidates = [
                 record.metadata
                 for (space, _), record in self._records.items()
-                if space == namespace and all(f.matches(record.metadata.labels) for f in filters)
+                if space == namespace and all(f.admits(record.metadata) for f in filters)
             ]
         sort_key = _sort_key(order)
         descending = order is Order.WRITTEN_AT_DESC
@@ -145,7 +147,7 @@ class InMemorySecureObjectStore:
         label: str,
         *,
         descending: bool = False,
-        filters: Sequence[LabelFilter] = (),
+        filters: Sequence[RecordFilter] = (),
         cursor: str | None = None,
         limit: int = 100,
     ) -> RecordPage:
@@ -160,7 +162,7 @@ class InMemorySecureObjectStore:
                 for (space, _), record in self._records.items()
                 if space == namespace
                 and label in record.metadata.labels
-                and all(f.matches(record.metadata.labels) for f in filters)
+                and all(f.admits(record.metadata) for f in filters)
             ]
         return label_page(
             candidates, label, descending=descending, position=position, limit=limit

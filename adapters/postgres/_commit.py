@@ -20,7 +20,7 @@ from flowvault.adapters._rows import Params, event_params
 from flowvault.adapters._sql_store import INDEX_CEILING
 from flowvault.adapters.postgres import _queries as sql
 from flowvault.adapters.postgres._connect import Connection
-from flowvault.adapters.postgres._rows import label_rows, record_params
+from flowvault.adapters.postgres._rows import label_rows, record_params, tag_rows
 from flowvault.application import (
     Delete,
     Guard,
@@ -76,6 +76,12 @@ class _RecordWrite:
     upsert: Upsert
     params: dict[str, object] = field(repr=False)
     labels: list[Params]
+    tags: list[Params]
+
+    @classmethod
+    def of(cls, upsert: Upsert) -> _RecordWrite:
+        """Encode one upsert."""
+        return cls(upsert, record_params(upsert), label_rows(upsert), tag_rows(upsert))
 
     @property
     def key(self) -> tuple[str, str]:
@@ -97,10 +103,13 @@ class _RecordWrite:
             raise _record_conflict(connection, "upsert", *self.key, expected)
         record_id = row[0]
         if expected is not Guard.ABSENT:
-            connection.execute(sql.CLEAR_LABELS, (record_id,))
+            connection.execute(sql.CLEAR_INDEX_ROWS, {"id": record_id})
         if self.labels:
             with connection.cursor() as cursor:
                 cursor.executemany(sql.INSERT_LABEL, [(record_id, *label) for label in self.labels])
+        if self.tags:
+            with connection.cursor() as cursor:
+                cursor.executemany(sql.INSERT_TAG, [(record_id, *tag) for tag in self.tags])
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +202,7 @@ class PreparedUnit:
     def build(cls, unit: UnitOfWork) -> PreparedUnit:
         """Encode every write of ``unit``, records in key order, streams in name order."""
         records: list[_RecordWrite | _RecordDelete] = [
-            _RecordWrite(upsert, record_params(upsert), label_rows(upsert))
-            for upsert in unit.upserts
+            _RecordWrite.of(upsert) for upsert in unit.upserts
         ]
         records += [_RecordDelete(delete) for delete in unit.deletes]
         records.sort(key=lambda write: write.key)
@@ -212,7 +220,7 @@ class PreparedUnit:
 def _write_rows(connection: Connection, contents: StoreContents) -> None:
     """Write the records, each stream's row at its first retained index and head, and events."""
     for upsert in contents.unit().upserts:
-        _RecordWrite(upsert, record_params(upsert), label_rows(upsert)).apply(connection)
+        _RecordWrite.of(upsert).apply(connection)
     with connection.cursor() as cursor:
         cursor.executemany(
             sql.FILL_STREAM,

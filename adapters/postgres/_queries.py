@@ -14,13 +14,11 @@ from flowvault.adapters import _listing as listing
 from flowvault.application import Order
 
 LOAD_RECORD: Final = (
-    "SELECT r.namespace, r.key_digest, r.revision, r.sensitivity, r.schema_version, r.key_id, "
-    "r.written_at, r.ledger_index, r.labels, r.byte_length, r.payload_digest, r.payload "
+    f"SELECT {listing.METADATA_COLUMNS}, r.payload "  # noqa: S608 - constant columns
     "FROM records r WHERE r.namespace = %s AND r.key_digest = %s"
 )
 PEEK_METADATA: Final = (
-    "SELECT r.namespace, r.key_digest, r.revision, r.sensitivity, r.schema_version, r.key_id, "
-    "r.written_at, r.ledger_index, r.labels, r.byte_length, r.payload_digest "
+    f"SELECT {listing.METADATA_COLUMNS} "  # noqa: S608 - constant columns
     "FROM records r WHERE r.namespace = %s AND r.key_digest = %s"
 )
 LOAD_MANY: Final = LOAD_RECORD.replace("r.key_digest = %s", "r.key_digest = ANY(%s::text[])")
@@ -34,10 +32,10 @@ STORED_REVISION: Final = "SELECT revision FROM records WHERE namespace = %s AND 
 
 CREATE_RECORD: Final = (
     "INSERT INTO records (namespace, key_digest, revision, sensitivity, schema_version, "
-    "key_id, written_at, ledger_index, labels, byte_length, payload_digest, payload) "
+    "key_id, written_at, ledger_index, labels, byte_length, payload_digest, payload, tags) "
     "VALUES (%(namespace)s, %(key_digest)s, %(revision)s, %(sensitivity)s, "
     "%(schema_version)s, %(key_id)s, %(written_at)s, %(ledger_index)s, %(labels)s, "
-    "%(byte_length)s, %(payload_digest)s, %(payload)s) "
+    "%(byte_length)s, %(payload_digest)s, %(payload)s, %(tags)s) "
     "ON CONFLICT (namespace, key_digest) DO NOTHING RETURNING id"
 )
 """``Guard.ABSENT``: no row comes back when the record exists (or a racing insert committed)."""
@@ -45,7 +43,7 @@ REPLACE_RECORD: Final = (
     "UPDATE records SET revision = %(revision)s, sensitivity = %(sensitivity)s, "
     "schema_version = %(schema_version)s, key_id = %(key_id)s, written_at = %(written_at)s, "
     "ledger_index = %(ledger_index)s, labels = %(labels)s, byte_length = %(byte_length)s, "
-    "payload_digest = %(payload_digest)s, payload = %(payload)s "
+    "payload_digest = %(payload_digest)s, payload = %(payload)s, tags = %(tags)s "
     "WHERE namespace = %(namespace)s AND key_digest = %(key_digest)s "
     "AND revision = %(expected)s RETURNING id"
 )
@@ -57,22 +55,27 @@ RESEAL_RECORD: Final = REPLACE_RECORD.replace(
 ADVANCE_RECORD: Final = (
     "INSERT INTO records AS stored (namespace, key_digest, revision, sensitivity, "
     "schema_version, key_id, written_at, ledger_index, labels, byte_length, payload_digest, "
-    "payload) "
+    "payload, tags) "
     "VALUES (%(namespace)s, %(key_digest)s, %(revision)s, %(sensitivity)s, "
     "%(schema_version)s, %(key_id)s, %(written_at)s, %(ledger_index)s, %(labels)s, "
-    "%(byte_length)s, %(payload_digest)s, %(payload)s) "
+    "%(byte_length)s, %(payload_digest)s, %(payload)s, %(tags)s) "
     "ON CONFLICT (namespace, key_digest) DO UPDATE SET "
     "revision = excluded.revision, sensitivity = excluded.sensitivity, "
     "schema_version = excluded.schema_version, key_id = excluded.key_id, "
     "written_at = excluded.written_at, ledger_index = excluded.ledger_index, "
-    "labels = excluded.labels, "
+    "labels = excluded.labels, tags = excluded.tags, "
     "byte_length = excluded.byte_length, payload_digest = excluded.payload_digest, "
     "payload = excluded.payload "
     "WHERE stored.revision < excluded.revision RETURNING stored.id"
 )
 """``Guard.ANY``: insert, or replace only a lower revision, so revisions never move back."""
 
-CLEAR_LABELS: Final = "DELETE FROM record_labels WHERE record_id = %s"
+CLEAR_INDEX_ROWS: Final = (
+    "WITH tags AS (DELETE FROM record_tags WHERE record_id = %(id)s) "
+    "DELETE FROM record_labels WHERE record_id = %(id)s"
+)
+"""Clears a replaced record's label and tag rows in one statement, so one round trip."""
+INSERT_TAG: Final = "INSERT INTO record_tags (record_id, namespace, tag) VALUES (%s, %s, %s)"
 INSERT_LABEL: Final = (
     "INSERT INTO record_labels (record_id, namespace, name, text_value, int_value) "
     "VALUES (%s, %s, %s, %s, %s)"
@@ -80,7 +83,7 @@ INSERT_LABEL: Final = (
 DELETE_RECORD_AT: Final = (
     "DELETE FROM records WHERE namespace = %s AND key_digest = %s AND revision = %s"
 )
-"""Label rows follow through ``ON DELETE CASCADE``."""
+"""Label and tag rows follow through ``ON DELETE CASCADE``."""
 DELETE_RECORD: Final = "DELETE FROM records WHERE namespace = %s AND key_digest = %s"
 """``Guard.ANY``: deleting an absent record is a no-op."""
 
@@ -201,6 +204,8 @@ PLACEHOLDER: Final = "%s"
 """What the shared statement builders put where a parameter binds."""
 
 
-def list_query(order: Order, after_cursor: bool, filters: tuple[FilterShape, ...] = ()) -> str:
+def list_query(
+    order: Order, after_cursor: bool, filters: tuple[FilterShape, ...] = (), tags: int = 0
+) -> str:
     """Return the shared ``list`` statement with this driver's placeholder."""
-    return listing.list_query(PLACEHOLDER, order, after_cursor, filters)
+    return listing.list_query(PLACEHOLDER, order, after_cursor, filters, tags)

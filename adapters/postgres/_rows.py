@@ -27,7 +27,8 @@ def record_params(upsert: Upsert) -> dict[str, object]:
     """Return the named parameters every record write statement draws from.
 
     Labels go in as ``jsonb``: JSON keeps strings and integers apart, and
-    PostgreSQL's numbers hold the whole 64-bit label range.
+    PostgreSQL's numbers hold the whole 64-bit label range. Tags go in as a
+    sorted ``jsonb`` list.
     """
     header, metadata = upsert.header, upsert.metadata
     return {
@@ -43,6 +44,7 @@ def record_params(upsert: Upsert) -> dict[str, object]:
         "byte_length": metadata.byte_length,
         "payload_digest": metadata.payload_digest,
         "payload": upsert.payload,
+        "tags": Jsonb(sorted(upsert.tags)),
         "expected": None if isinstance(upsert.expected, Guard) else upsert.expected,
         "replaces": upsert.replaces,
     }
@@ -55,6 +57,11 @@ def label_rows(upsert: Upsert) -> list[Params]:
         (namespace, name, value, None) if isinstance(value, str) else (namespace, name, None, value)
         for name, value in upsert.labels.items()
     ]
+
+
+def tag_rows(upsert: Upsert) -> list[Params]:
+    """Return ``INSERT_TAG`` parameters after the record id, in tag order."""
+    return [(upsert.header.namespace, tag) for tag in sorted(upsert.tags)]
 
 
 def _label_value(value: object) -> LabelValue:

@@ -1,7 +1,7 @@
 """The tables as forward-only migrations, versioned in a ``schema_version`` table.
 
-Version 1 is the baseline every store is created with. A later version adds
-a step, never edits one: a schema written at an earlier version is brought
+Version 1 is the baseline every store is created with; version 2 adds tags.
+A later version adds a step, never edits one: a schema written at an earlier version is brought
 forward by replaying only the steps it lacks. Steps use unqualified names
 and run with ``search_path`` set to the adapter's schema, so one database
 can hold the stores of several hosts.
@@ -114,7 +114,26 @@ high-water mark kept elsewhere can refuse it. The first ``nextval`` returns
 serialise on it; it is not rolled back, which only over-counts.
 """
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (BASELINE,)
+_RECORD_TAGS = """CREATE TABLE record_tags (
+    record_id bigint NOT NULL REFERENCES records (id) ON DELETE CASCADE,
+    namespace text COLLATE "C" NOT NULL,
+    tag text COLLATE "C" NOT NULL,
+    PRIMARY KEY (record_id, tag)
+)"""
+
+TAGS: Final = (
+    "ALTER TABLE records ADD COLUMN tags jsonb NOT NULL DEFAULT '[]'::jsonb",
+    _RECORD_TAGS,
+    "CREATE INDEX record_tags_by_tag ON record_tags (namespace, tag)",
+)
+"""Version 2: each record's tags (keyed digests), kept as labels are.
+
+``records.tags`` holds the sorted tag list, so reads need no join; every row
+written before it reads ``[]``, no tags (a constant default: adding the
+column rewrites no row). ``record_tags`` repeats each tag, for filtering only.
+"""
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (BASELINE, TAGS)
 """Step ``n`` (0-based) takes a schema from version n to n + 1.
 
 A later schema appends its step here; the steps before it are never edited.

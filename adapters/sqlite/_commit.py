@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from flowvault.adapters._rows import Params, event_params, stream_state
 from flowvault.adapters._sql_store import INDEX_CEILING
 from flowvault.adapters.sqlite import _queries as sql
-from flowvault.adapters.sqlite._rows import LabelWrites, label_writes, record_params
+from flowvault.adapters.sqlite._rows import (
+    LabelWrites,
+    TagWrites,
+    label_writes,
+    record_params,
+    tag_writes,
+)
 from flowvault.application import UnitOfWork, check_append, check_delete, check_upsert
 from flowvault.domain import LedgerEvent
 
@@ -31,6 +37,7 @@ class PreparedUnit:
     records: list[Params]
     key_ids: list[Params]
     labels: list[LabelWrites]
+    tags: list[TagWrites]
     deletes: list[Params]
     events: list[Params]
     heads: list[Params]
@@ -50,6 +57,7 @@ class PreparedUnit:
                 for u in unit.upserts
             ],
             labels=labels,
+            tags=[tag_writes(upsert) for upsert in unit.upserts],
             deletes=[(delete.namespace, delete.key_digest) for delete in unit.deletes],
             events=[event_params(event) for event in unit.appends],
             heads=_head_rows(unit.appends),
@@ -76,10 +84,10 @@ def _stream_head(connection: sqlite3.Connection, stream: str) -> _Head:
     return head_index, head_hash
 
 
-def _stored_row(connection: sqlite3.Connection, address: Params) -> tuple[object, object]:
-    """Return the ``labels`` and ``key_id`` an upsert replaces; ``None`` twice for a new one."""
+def _stored_row(connection: sqlite3.Connection, address: Params) -> tuple[object, object, object]:
+    """Return the ``labels``, ``key_id`` and ``tags`` an upsert replaces; ``None`` for a new one."""
     rows = connection.execute(sql.STORED_ROW, address).fetchall()
-    return (rows[0][0], rows[0][1]) if rows else (None, None)
+    return (rows[0][0], rows[0][1], rows[0][2]) if rows else (None, None, None)
 
 
 def check_guards(connection: sqlite3.Connection, unit: UnitOfWork) -> None:
@@ -123,8 +131,8 @@ def _many(connection: sqlite3.Connection, statement: str, rows: Sequence[Params]
 def apply_writes(connection: sqlite3.Connection, prepared: PreparedUnit) -> None:
     """Write everything, in the reference order: upserts, deletes, appends, trims.
 
-    Label rows are written only where a record's label set changed, judged
-    against the set its row held before this write.
+    Label and tag rows are written only where a record's label or tag set
+    changed, judged against the set its row held before this write.
     """
     stored = [_stored_row(connection, labels.address) for labels in prepared.labels]
     _many(connection, sql.UPSERT_RECORD, prepared.records)
@@ -133,16 +141,21 @@ def apply_writes(connection: sqlite3.Connection, prepared: PreparedUnit) -> None
         sql.SET_KEY_ID,
         [
             key_id
-            for key_id, (_, stored_key_id) in zip(prepared.key_ids, stored, strict=True)
+            for key_id, (_, stored_key_id, _) in zip(prepared.key_ids, stored, strict=True)
             if stored_key_id is not None and stored_key_id != key_id[0]
         ],
     )
-    for labels, (stored_labels, _) in zip(prepared.labels, stored, strict=True):
+    for labels, (stored_labels, _, _) in zip(prepared.labels, stored, strict=True):
         changed = labels.changes(stored_labels)
         if changed is not None:
             _many(connection, changed.prune_sql, changed.prune)
             _many(connection, sql.UPSERT_TEXT_LABEL, changed.text)
             _many(connection, sql.UPSERT_INT_LABEL, changed.integers)
+    for tags, (_, _, stored_tags) in zip(prepared.tags, stored, strict=True):
+        if tags.changed(stored_tags):
+            if stored_tags is not None:
+                connection.execute(sql.CLEAR_TAGS, tags.address)
+            _many(connection, sql.INSERT_TAG, tags.rows)
     _many(connection, sql.DELETE_RECORD, prepared.deletes)
     _many(connection, sql.INSERT_EVENT, prepared.events)
     _many(connection, sql.ADVANCE_HEAD, prepared.heads)

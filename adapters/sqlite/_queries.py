@@ -12,13 +12,11 @@ from flowvault.adapters import _listing as listing
 from flowvault.application import Order
 
 LOAD_RECORD: Final = (
-    "SELECT r.namespace, r.key_digest, r.revision, r.sensitivity, r.schema_version, r.key_id, "
-    "r.written_at, r.ledger_index, r.labels, r.byte_length, r.payload_digest, r.payload "
+    f"SELECT {listing.METADATA_COLUMNS}, r.payload "  # noqa: S608 - constant columns
     "FROM records r WHERE r.namespace = ? AND r.key_digest = ?"
 )
 PEEK_METADATA: Final = (
-    "SELECT r.namespace, r.key_digest, r.revision, r.sensitivity, r.schema_version, r.key_id, "
-    "r.written_at, r.ledger_index, r.labels, r.byte_length, r.payload_digest "
+    f"SELECT {listing.METADATA_COLUMNS} "  # noqa: S608 - constant columns
     "FROM records r WHERE r.namespace = ? AND r.key_digest = ?"
 )
 STORED_REVISION: Final = "SELECT revision FROM records WHERE namespace = ? AND key_digest = ?"
@@ -30,13 +28,13 @@ STORED_VERSION: Final = (
 
 UPSERT_RECORD: Final = (
     "INSERT INTO records (namespace, key_digest, revision, sensitivity, schema_version, "
-    "key_id, written_at, ledger_index, labels, byte_length, payload_digest, payload) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "key_id, written_at, ledger_index, labels, byte_length, payload_digest, payload, tags) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (namespace, key_digest) DO UPDATE SET "
     "revision = excluded.revision, sensitivity = excluded.sensitivity, "
     "schema_version = excluded.schema_version, "
     "written_at = excluded.written_at, ledger_index = excluded.ledger_index, "
-    "labels = excluded.labels, "
+    "labels = excluded.labels, tags = excluded.tags, "
     "byte_length = excluded.byte_length, payload_digest = excluded.payload_digest, "
     "payload = excluded.payload"
 )
@@ -68,8 +66,16 @@ def prune_labels(count: int) -> str:
 
 DELETE_LABEL: Final = f"DELETE FROM record_labels WHERE record_id = {_LABEL_RECORD} AND name = ?"  # noqa: S608
 """Deletes one label of a record, by name."""
-STORED_ROW: Final = "SELECT labels, key_id FROM records WHERE namespace = ? AND key_digest = ?"
-"""What an upsert replaces, read under the write lock: which label rows and key id change."""
+STORED_ROW: Final = (
+    "SELECT labels, key_id, tags FROM records WHERE namespace = ? AND key_digest = ?"
+)
+"""What an upsert replaces, read under the write lock: which index rows and key id change."""
+CLEAR_TAGS: Final = f"DELETE FROM record_tags WHERE record_id = {_LABEL_RECORD}"  # noqa: S608
+INSERT_TAG: Final = (
+    "INSERT INTO record_tags (record_id, namespace, tag) "
+    "SELECT id, namespace, ? FROM records WHERE namespace = ? AND key_digest = ?"
+)
+"""Writes one tag row of a record whose tags changed (its old rows cleared first)."""
 UPSERT_TEXT_LABEL: Final = (
     "INSERT INTO record_labels (record_id, namespace, name, text_value, int_value) "
     "SELECT id, namespace, ?, ?, NULL FROM records WHERE namespace = ? AND key_digest = ? "
@@ -85,7 +91,7 @@ UPSERT_INT_LABEL: Final = (
 )
 """Writes an integer label only if it is new or changed, touching only the integer index."""
 DELETE_RECORD: Final = "DELETE FROM records WHERE namespace = ? AND key_digest = ?"
-"""Label rows follow through ``ON DELETE CASCADE``."""
+"""Label and tag rows follow through ``ON DELETE CASCADE``."""
 
 INSERT_EVENT: Final = (
     "INSERT INTO ledger_events (stream, idx, type, from_state, to_state, occurred_at, "
@@ -186,9 +192,11 @@ PLACEHOLDER: Final = "?"
 """What the shared statement builders put where a parameter binds."""
 
 
-def list_query(order: Order, after_cursor: bool, filters: tuple[FilterShape, ...] = ()) -> str:
+def list_query(
+    order: Order, after_cursor: bool, filters: tuple[FilterShape, ...] = (), tags: int = 0
+) -> str:
     """Return the shared ``list`` statement with this driver's placeholder."""
-    return listing.list_query(PLACEHOLDER, order, after_cursor, filters)
+    return listing.list_query(PLACEHOLDER, order, after_cursor, filters, tags)
 
 
 CHECKPOINT_TRUNCATE: Final = "PRAGMA wal_checkpoint(TRUNCATE)"

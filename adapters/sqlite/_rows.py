@@ -16,6 +16,7 @@ from flowvault.adapters._rows import (
     MALFORMED,
     Params,
     Row,
+    encode_tags,
 )
 from flowvault.adapters._rows import metadata_from_row as shared_metadata
 from flowvault.adapters._rows import record_from_row as shared_record
@@ -164,6 +165,30 @@ def record_params(upsert: Upsert, encoded_labels: str) -> Params:
         metadata.byte_length,
         metadata.payload_digest,
         upsert.payload,
+        encode_tags(upsert.tags),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TagWrites:
+    """One upsert's tag rows: written again only when the record's tag set changed."""
+
+    address: Params
+    encoded: str
+    rows: list[Params]
+
+    def changed(self, stored: object) -> bool:
+        """Whether the ``tags`` column the row held before the write (``None``: new) differs."""
+        return stored != self.encoded and (stored is not None or bool(self.rows))
+
+
+def tag_writes(upsert: Upsert) -> TagWrites:
+    """Return the statements that bring a record's tag rows to ``upsert.tags``."""
+    header = upsert.header
+    return TagWrites(
+        address=(header.namespace, header.key_digest),
+        encoded=encode_tags(upsert.tags),
+        rows=[(tag, header.namespace, header.key_digest) for tag in sorted(upsert.tags)],
     )
 
 

@@ -1,8 +1,8 @@
 """The database schema as forward-only migrations, keyed by ``PRAGMA user_version``.
 
-Version 1 is the baseline every store is created with. A later version adds
-a step, never edits one: a store written at an earlier version is brought
-forward by replaying only the steps it lacks.
+Version 1 is the baseline every store is created with; version 2 adds tags.
+A later version adds a step, never edits one: a store written at an earlier
+version is brought forward by replaying only the steps it lacks.
 """
 
 from __future__ import annotations
@@ -100,7 +100,28 @@ that commits: a restored older copy shows a lower count than the live one
 had, so a high-water mark kept elsewhere can refuse it.
 """
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (BASELINE,)
+_RECORD_TAGS = """CREATE TABLE record_tags (
+    record_id INTEGER NOT NULL REFERENCES records (id) ON DELETE CASCADE,
+    namespace TEXT NOT NULL,
+    tag TEXT NOT NULL,
+    PRIMARY KEY (record_id, tag)
+) WITHOUT ROWID"""
+
+TAGS: Final = (
+    "ALTER TABLE records ADD COLUMN tags TEXT NOT NULL DEFAULT '[]'",
+    _RECORD_TAGS,
+    "CREATE INDEX record_tags_by_tag ON record_tags (namespace, tag)",
+)
+"""Version 2: each record's tags (keyed digests), kept as labels are.
+
+``records.tags`` holds the sorted tag list as canonical JSON, so reads need
+no join; every row written before it reads ``[]``, no tags. ``record_tags``
+repeats each tag, for filtering only; its ``(namespace, tag)`` index also
+holds the record id (the key of a ``WITHOUT ROWID`` table), so a tag filter
+is answered from the index alone.
+"""
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (BASELINE, TAGS)
 """Step ``n`` (0-based) takes a database from ``user_version`` n to n + 1.
 
 A later schema appends its step here; the steps before it are never edited.

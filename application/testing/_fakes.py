@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 
 from flowvault.application import Guard, Upsert
@@ -83,6 +83,7 @@ def make_upsert(
     labels: Mapping[str, LabelValue] | None = None,
     written_at: datetime = EPOCH,
     ledger_index: int | None = None,
+    tags: Iterable[str] = (),
 ) -> Upsert:
     """Build an upsert whose revision follows from ``expected`` unless given."""
     if revision is None:
@@ -90,7 +91,13 @@ def make_upsert(
     header = make_header(
         namespace, key, revision=revision, written_at=written_at, ledger_index=ledger_index
     )
-    return Upsert(header=header, payload=payload, expected=expected, labels=labels or {})
+    return Upsert(
+        header=header,
+        payload=payload,
+        expected=expected,
+        labels=labels or {},
+        tags=frozenset(tags),
+    )
 
 
 def make_event(

@@ -1,7 +1,8 @@
-"""Schema versions on PostgreSQL: a baseline schema migrates to a next version, newer refused.
+"""Schema versions on PostgreSQL: older schemas migrate forward, newer ones are refused.
 
-The baseline is the only version a release has made, so the migration path
-is proven on a synthetic next version, injected in place of the real list.
+A real version-1 schema (the baseline, before tags) migrates to version 2
+and keeps reading; the path from the current version onwards is proven on
+a synthetic next version, injected in place of the real list.
 Migrations take a transaction-level advisory lock, so hosts opening the
 same schema at once migrate it exactly once, and none keeps a lock.
 """
@@ -16,7 +17,7 @@ from schema_contents import assert_baseline_reads_back, baseline_events, fill_ba
 
 from flowvault.adapters.postgres import PostgresSecureObjectStore, _schema
 from flowvault.adapters.postgres._schema import SCHEMA_VERSION
-from flowvault.application import UnitOfWork
+from flowvault.application import TagFilter, UnitOfWork
 from flowvault.application.testing import make_event, make_upsert
 from flowvault.domain import SchemaTooNew, StoreUnavailable
 
@@ -28,6 +29,7 @@ SYNTHETIC_STEP = (
     "ALTER TABLE records ADD COLUMN synthetic_flag integer",
 )
 """A next version as a later release might add it: a new table and a nullable column."""
+NEXT_VERSIONS = [*ALL_VERSIONS, SCHEMA_VERSION + 1]
 
 
 def _with_next_version(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -87,21 +89,114 @@ def versions(server, schema: str) -> list[int]:
         return [row[0] for row in admin.execute(query).fetchall()]
 
 
-# -- the baseline --------------------------------------------------------------
+# -- the current version -------------------------------------------------------
 
 
-def test_fresh_schema_records_the_baseline_version(postgres_server, pg_schema: str) -> None:
-    """A new schema records SCHEMA_VERSION, the baseline 1, and holds its contents."""
+def test_fresh_schema_records_the_current_version(postgres_server, pg_schema: str) -> None:
+    """A new schema records every version up to SCHEMA_VERSION, 2 (tags), and holds its contents."""
     _baseline_store(postgres_server, pg_schema)
-    assert SCHEMA_VERSION == 1
-    assert versions(postgres_server, pg_schema) == [1]
+    assert SCHEMA_VERSION == 2
+    assert versions(postgres_server, pg_schema) == [1, 2]
     with PostgresSecureObjectStore.open(
         postgres_server.dsn, schema=pg_schema, create=True
     ) as store:
         assert_baseline_reads_back(store)
 
 
-# -- a synthetic next version --------------------------------------------------
+# -- version 1 to 2: tags --------------------------------------------------------
+
+_TABLE_COLUMNS = """
+SELECT table_name, string_agg(column_name, ', ' ORDER BY ordinal_position)
+FROM information_schema.columns WHERE table_schema = %s GROUP BY table_name
+"""
+
+
+def _version_1_store(server, schema: str, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Build a version-1 schema (the baseline step alone) holding the baseline contents.
+
+    The contents are written by this code into a current schema, then
+    copied table by table, column by column as version 1 names them, with
+    the epoch: what a release before tags left in the database. Returns the
+    epoch.
+    """
+    source = server.new_schema()
+    try:
+        epoch = _baseline_store(server, source)
+        monkeypatch.setattr(_schema, "MIGRATIONS", _schema.MIGRATIONS[:1])
+        PostgresSecureObjectStore.open(server.dsn, schema=schema, create=True).close()
+        monkeypatch.undo()
+        with server.admin() as admin:
+            tables = admin.execute(_TABLE_COLUMNS, (schema,)).fetchall()
+            for table, columns in sorted(tables, key=lambda found: found[0] != "records"):
+                if table == "schema_version":
+                    continue
+                admin.execute(
+                    sql.SQL(
+                        "INSERT INTO {}.{} ({}) OVERRIDING SYSTEM VALUE SELECT {} FROM {}.{}"
+                    ).format(
+                        sql.Identifier(schema),
+                        sql.Identifier(table),
+                        sql.SQL(columns),
+                        sql.SQL(columns),
+                        sql.Identifier(source),
+                        sql.Identifier(table),
+                    )
+                )
+            admin.execute(
+                sql.SQL("SELECT setval({}, %s, true)").format(
+                    sql.Literal(f"{schema}.store_epoch")
+                ),
+                (epoch,),
+            )
+            admin.execute(
+                sql.SQL(
+                    "SELECT setval(pg_get_serial_sequence({}, 'id'), "
+                    "(SELECT max(id) FROM {}.records))"
+                ).format(sql.Literal(f"{schema}.records"), sql.Identifier(schema))
+            )
+    finally:
+        server.drop_schema(source)
+    return epoch
+
+
+def test_version_1_schema_migrates_to_tags_and_keeps_reading(
+    postgres_server, pg_schema: str, monkeypatch
+) -> None:
+    """A schema written before tags gains them on open: every row reads back, with no tags.
+
+    Afterwards tagged writes land next to the old rows and filter by tag.
+    """
+    epoch = _version_1_store(postgres_server, pg_schema, monkeypatch)
+    assert versions(postgres_server, pg_schema) == [1]
+    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+        assert_baseline_reads_back(store)
+        assert store.epoch() == epoch
+    assert versions(postgres_server, pg_schema) == [1, 2]
+    untagged = "SELECT count(*) FROM records WHERE tags = '[]'::jsonb"
+    assert _raw(postgres_server, pg_schema, untagged) == [(3,)]
+    tag = "sha256:" + "7" * 64
+    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+        store.commit(UnitOfWork(upserts=[make_upsert("tagged", "t-1", tags={tag})]))
+        listed = store.list("tagged", filters=[TagFilter(tag)]).items
+        assert [meta.tags for meta in listed] == [frozenset({tag})]
+    assert _raw(postgres_server, pg_schema, "SELECT count(*) FROM record_tags") == [(1,)]
+
+
+def test_version_1_schema_migrated_matches_a_fresh_one(
+    postgres_server, pg_schema: str, monkeypatch
+) -> None:
+    """Migrating a version-1 schema yields the tables, indexes and storage a new one gets."""
+    _version_1_store(postgres_server, pg_schema, monkeypatch)
+    PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema).close()
+    fresh = postgres_server.new_schema()
+    try:
+        PostgresSecureObjectStore.open(postgres_server.dsn, schema=fresh, create=True).close()
+        assert describe(postgres_server, pg_schema) == describe(postgres_server, fresh)
+    finally:
+        postgres_server.drop_schema(fresh)
+
+
+# -- a synthetic next version, after the current one ----------------------
 
 
 def test_baseline_schema_upgrades_to_a_next_version(
@@ -115,7 +210,7 @@ def test_baseline_schema_upgrades_to_a_next_version(
     ) as store:
         assert_baseline_reads_back(store)
         assert store.epoch() == epoch
-    assert versions(postgres_server, pg_schema) == [1, 2]
+    assert versions(postgres_server, pg_schema) == NEXT_VERSIONS
     assert _raw(postgres_server, pg_schema, "SELECT count(*) FROM synthetic_notes") == [(0,)]
     flags = _raw(postgres_server, pg_schema, "SELECT DISTINCT synthetic_flag FROM records")
     assert flags == [(None,)]
@@ -141,7 +236,7 @@ def test_upgraded_schema_accepts_new_writes(postgres_server, pg_schema: str, mon
         postgres_server.dsn, schema=pg_schema, create=True
     ) as store:
         assert store.epoch() == epoch + 1
-    assert versions(postgres_server, pg_schema) == [1, 2]
+    assert versions(postgres_server, pg_schema) == NEXT_VERSIONS
 
 
 def test_upgraded_schema_matches_a_fresh_one(postgres_server, pg_schema: str, monkeypatch) -> None:
@@ -153,7 +248,7 @@ def test_upgraded_schema_matches_a_fresh_one(postgres_server, pg_schema: str, mo
     try:
         PostgresSecureObjectStore.open(postgres_server.dsn, schema=fresh, create=True).close()
         assert describe(postgres_server, pg_schema) == describe(postgres_server, fresh)
-        assert versions(postgres_server, fresh) == [1, 2]
+        assert versions(postgres_server, fresh) == NEXT_VERSIONS
     finally:
         postgres_server.drop_schema(fresh)
 
@@ -218,7 +313,7 @@ def test_failed_upgrade_leaves_a_baseline_schema_as_it_was(
         postgres_server.dsn, schema=pg_schema, create=True
     ) as store:
         assert_baseline_reads_back(store)
-    assert versions(postgres_server, pg_schema) == [1, 2]
+    assert versions(postgres_server, pg_schema) == NEXT_VERSIONS
 
 
 def test_hosts_opening_at_once_migrate_once(postgres_server, pg_schema: str) -> None:

@@ -1,7 +1,8 @@
-"""Schema versions: a baseline file migrates to a next version, newer ones are refused untouched.
+"""Schema versions: older files migrate forward, newer ones are refused untouched.
 
-The baseline is the only version a release has made, so the migration path
-is proven on a synthetic next version, injected in place of the real list.
+A real version-1 file (the baseline, before tags) migrates to version 2
+and keeps reading; the path from the current version onwards is proven on
+a synthetic next version, injected in place of the real list.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from schema_contents import assert_baseline_reads_back, baseline_events, fill_ba
 
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore, _schema
 from flowvault.adapters.sqlite._schema import SCHEMA_VERSION
-from flowvault.application import UnitOfWork
+from flowvault.application import TagFilter, UnitOfWork
 from flowvault.application.testing import make_event, make_upsert
 from flowvault.domain import SchemaTooNew, StoreUnavailable
 
@@ -25,6 +26,7 @@ SYNTHETIC_STEP = (
     "ALTER TABLE records ADD COLUMN synthetic_flag INTEGER",
 )
 """A next version as a later release might add it: a new table and a nullable column."""
+NEXT = SCHEMA_VERSION + 1
 
 
 def _with_next_version(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,20 +66,93 @@ def _baseline_store(path: Path) -> int:
         return store.epoch()
 
 
-# -- the baseline --------------------------------------------------------------
+def _version_1_store(path: Path) -> int:
+    """Build a version-1 file (the baseline steps alone) holding the baseline contents.
+
+    The contents are written by this code into a current file, then copied
+    table by table, column by column as version 1 names them, into a file
+    made with plain sqlite3 from ``BASELINE``: what a release before tags
+    left on disk. Returns the epoch.
+    """
+    source = path.with_name("source.db")
+    epoch = _baseline_store(source)
+    raw = sqlite3.connect(path, isolation_level=None)
+    try:
+        for statement in _schema.BASELINE:
+            raw.execute(statement)
+        raw.execute("ATTACH DATABASE ? AS source", (str(source),))
+        tables = raw.execute("SELECT name FROM main.sqlite_master WHERE type = 'table'")
+        for (table,) in tables.fetchall():
+            names = [row[1] for row in raw.execute(f"PRAGMA main.table_info({table})")]
+            columns = ", ".join(names)
+            raw.execute(f"DELETE FROM main.{table}")  # noqa: S608 - names from the catalog
+            raw.execute(
+                f"INSERT INTO main.{table} ({columns}) SELECT {columns} FROM source.{table}"  # noqa: S608
+            )
+        raw.execute("DETACH DATABASE source")
+        raw.execute("PRAGMA user_version = 1")
+    finally:
+        raw.close()
+    for leftover in [source, *_sidecars(source)]:
+        leftover.unlink(missing_ok=True)
+    path.chmod(0o600)
+    return epoch
 
 
-def test_fresh_store_records_the_baseline_version(tmp_path: Path) -> None:
-    """A new file is stamped with SCHEMA_VERSION, the baseline 1, and holds its contents."""
+# -- the current version ---------------------------------------------------------
+
+
+def test_fresh_store_records_the_current_version(tmp_path: Path) -> None:
+    """A new file is stamped with SCHEMA_VERSION, 2 (tags), and holds its contents."""
     path = tmp_path / "data" / "store.db"
     _baseline_store(path)
-    assert SCHEMA_VERSION == 1
+    assert SCHEMA_VERSION == 2
     assert _raw(path, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
     with SQLiteSecureObjectStore.open(path, read_only=True) as store:
         assert_baseline_reads_back(store)
 
 
-# -- a synthetic next version --------------------------------------------------
+# -- version 1 to 2: tags --------------------------------------------------------
+
+
+def test_version_1_file_migrates_to_tags_and_keeps_reading(tmp_path: Path) -> None:
+    """A file written before tags gains them on open: every row reads back, with no tags.
+
+    A read-only open refuses it until a read-write open has migrated it;
+    afterwards tagged writes land next to the old rows and filter by tag.
+    """
+    path = tmp_path / "data" / "store.db"
+    epoch = _version_1_store(path)
+    assert _raw(path, "PRAGMA user_version") == [(1,)]
+    with pytest.raises(StoreUnavailable) as caught:
+        SQLiteSecureObjectStore.open(path, read_only=True)
+    assert caught.value.details == {"found": 1, "supported": 2}
+    with SQLiteSecureObjectStore.open(path) as store:
+        assert_baseline_reads_back(store)
+        assert store.epoch() == epoch
+    assert _raw(path, "PRAGMA user_version") == [(2,)]
+    assert _raw(path, "SELECT count(*) FROM records WHERE tags = '[]'") == [(3,)]
+    with SQLiteSecureObjectStore.open(path, read_only=True) as store:
+        assert_baseline_reads_back(store)
+    tag = "sha256:" + "7" * 64
+    with SQLiteSecureObjectStore.open(path) as store:
+        store.commit(UnitOfWork(upserts=[make_upsert("tagged", "t-1", tags={tag})]))
+        listed = store.list("tagged", filters=[TagFilter(tag)]).items
+        assert [meta.tags for meta in listed] == [frozenset({tag})]
+    assert _raw(path, "SELECT count(*) FROM record_tags") == [(1,)]
+
+
+def test_version_1_file_migrated_matches_a_fresh_one(tmp_path: Path) -> None:
+    """Migrating a version-1 file yields exactly the schema a new store gets."""
+    old = tmp_path / "old" / "store.db"
+    _version_1_store(old)
+    SQLiteSecureObjectStore.open(old).close()
+    fresh = tmp_path / "fresh" / "store.db"
+    SQLiteSecureObjectStore.open(fresh, create=True).close()
+    assert _schema_of(old) == _schema_of(fresh)
+
+
+# -- a synthetic next version, after the current one ----------------------
 
 
 def test_baseline_file_upgrades_to_a_next_version(tmp_path: Path, monkeypatch) -> None:
@@ -91,11 +166,11 @@ def test_baseline_file_upgrades_to_a_next_version(tmp_path: Path, monkeypatch) -
     _with_next_version(monkeypatch)
     with pytest.raises(StoreUnavailable) as caught:
         SQLiteSecureObjectStore.open(path, read_only=True)
-    assert caught.value.details == {"found": 1, "supported": 2}
+    assert caught.value.details == {"found": SCHEMA_VERSION, "supported": NEXT}
     with SQLiteSecureObjectStore.open(path, create=True) as store:
         assert_baseline_reads_back(store)
         assert store.epoch() == epoch
-    assert _raw(path, "PRAGMA user_version") == [(2,)]
+    assert _raw(path, "PRAGMA user_version") == [(NEXT,)]
     assert _raw(path, "SELECT count(*) FROM synthetic_notes") == [(0,)]
     assert _raw(path, "SELECT DISTINCT synthetic_flag FROM records") == [(None,)]
     with SQLiteSecureObjectStore.open(path, read_only=True) as store:
@@ -121,7 +196,7 @@ def test_upgraded_file_accepts_new_writes(tmp_path: Path, monkeypatch) -> None:
         assert store.epoch() == epoch + 1
     with SQLiteSecureObjectStore.open(path, create=True) as store:
         assert store.epoch() == epoch + 1
-    assert _raw(path, "PRAGMA user_version") == [(2,)]
+    assert _raw(path, "PRAGMA user_version") == [(NEXT,)]
 
 
 def test_upgraded_file_matches_a_fresh_one(tmp_path: Path, monkeypatch) -> None:
@@ -133,7 +208,7 @@ def test_upgraded_file_matches_a_fresh_one(tmp_path: Path, monkeypatch) -> None:
     fresh = tmp_path / "fresh" / "store.db"
     SQLiteSecureObjectStore.open(fresh, create=True).close()
     assert _schema_of(old) == _schema_of(fresh)
-    assert _raw(fresh, "PRAGMA user_version") == [(2,)]
+    assert _raw(fresh, "PRAGMA user_version") == [(NEXT,)]
 
 
 # -- newer and broken schemas --------------------------------------------------
@@ -191,7 +266,14 @@ def test_failed_migration_changes_nothing(tmp_path: Path, monkeypatch) -> None:
 
 def _snapshot(path: Path) -> tuple[object, ...]:
     """Return the file's schema, version and rows, read with plain sqlite3."""
-    tables = ("records", "record_labels", "ledger_events", "ledger_streams", "seal_counters")
+    tables = (
+        "records",
+        "record_labels",
+        "record_tags",
+        "ledger_events",
+        "ledger_streams",
+        "seal_counters",
+    )
     rows = [_raw(path, f"SELECT * FROM {table} ORDER BY 1, 2") for table in tables]  # noqa: S608
     return (_schema_of(path), _raw(path, "PRAGMA user_version"), *rows)
 
@@ -210,7 +292,7 @@ def test_failed_upgrade_leaves_a_baseline_file_as_it_was(tmp_path: Path, monkeyp
     _with_next_version(monkeypatch)
     with SQLiteSecureObjectStore.open(path, create=True) as store:
         assert_baseline_reads_back(store)
-    assert _raw(path, "PRAGMA user_version") == [(2,)]
+    assert _raw(path, "PRAGMA user_version") == [(NEXT,)]
 
 
 def test_concurrent_first_opens_migrate_once(tmp_path: Path) -> None:

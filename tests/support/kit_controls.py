@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from flowvault.adapters.memory import InMemorySecureObjectStore
-from flowvault.application import LabelFilter, Order, RecordPage
+from flowvault.application import Order, RecordFilter, RecordPage
 from flowvault.application.testing import (
     BatchLoadContract,
     LabelListingContract,
@@ -61,7 +61,7 @@ class LabelCall:
     namespace: str
     label: str
     descending: bool = False
-    filters: tuple[LabelFilter, ...] = ()
+    filters: tuple[RecordFilter, ...] = ()
     cursor: str | None = None
     limit: int = 100
 
@@ -75,7 +75,7 @@ class LabelListingDefect(InMemorySecureObjectStore):
         label: str,
         *,
         descending: bool = False,
-        filters: Sequence[LabelFilter] = (),
+        filters: Sequence[RecordFilter] = (),
         cursor: str | None = None,
         limit: int = 100,
     ) -> RecordPage:
@@ -104,7 +104,7 @@ class ListCall:
     """One call of ``list``, its arguments in one value a defect can rewrite."""
 
     namespace: str
-    filters: tuple[LabelFilter, ...] = ()
+    filters: tuple[RecordFilter, ...] = ()
     order: Order = Order.KEY
     cursor: str | None = None
     limit: int = 100
@@ -117,7 +117,7 @@ class ListDefect(InMemorySecureObjectStore):
         self,
         namespace: str,
         *,
-        filters: Sequence[LabelFilter] = (),
+        filters: Sequence[RecordFilter] = (),
         order: Order = Order.KEY,
         cursor: str | None = None,
         limit: int = 100,

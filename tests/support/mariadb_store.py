@@ -23,10 +23,10 @@ import pymysql
 import pymysql.cursors
 
 from flowvault.application import (
-    LabelFilter,
     LedgerPage,
     ListCursor,
     Order,
+    RecordFilter,
     RecordMetadata,
     RecordPage,
     StoredRecord,
@@ -64,6 +64,7 @@ _SCHEMA = (
         byte_length BIGINT NOT NULL,
         payload_digest VARBINARY(255) NOT NULL,
         payload LONGBLOB NOT NULL,
+        tags LONGBLOB NOT NULL,
         PRIMARY KEY (namespace, key_digest),
         KEY records_written (namespace, written_at, key_digest)
     ) ENGINE=InnoDB""",
@@ -90,7 +91,7 @@ _SCHEMA = (
 
 _RECORD_COLUMNS = (
     "namespace, key_digest, sensitivity, schema_version, key_id, revision, written_at,"
-    " ledger_index, labels, byte_length, payload_digest"
+    " ledger_index, labels, byte_length, payload_digest, tags"
 )
 _EVENT_COLUMNS = (
     "stream, idx, type, from_state, to_state, occurred_at, payload_text,"
@@ -99,7 +100,7 @@ _EVENT_COLUMNS = (
 _MAX_HEAD_BATCH = 500
 _UTC_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 _FILTER_BATCH = 500
-"""Rows read per round while label filters drop rows from a page."""
+"""Rows read per round while label and tag filters drop rows from a page."""
 
 
 def utc_text(moment: datetime) -> str:
@@ -227,7 +228,7 @@ class MariaDBSecureObjectStore:
         self,
         namespace: str,
         *,
-        filters: Sequence[LabelFilter] = (),
+        filters: Sequence[RecordFilter] = (),
         order: Order = Order.KEY,
         cursor: str | None = None,
         limit: int = 100,
@@ -240,7 +241,7 @@ class MariaDBSecureObjectStore:
             rows = self._list_rows(namespace, order, after, _FILTER_BATCH if filters else size + 1)
             for row in rows:
                 meta = _metadata(row)
-                if all(f.matches(meta.labels) for f in filters):
+                if all(f.admits(meta) for f in filters):
                     items.append(meta)
                     if len(items) > size:
                         last = items[size - 1]
@@ -498,7 +499,7 @@ def _write_record(
 ) -> None:
     cursor.execute(
         f"REPLACE INTO records ({_RECORD_COLUMNS}, payload)"  # noqa: S608 - constant columns
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
         (
             header.namespace,
             header.key_digest,
@@ -511,6 +512,7 @@ def _write_record(
             json.dumps(dict(metadata.labels), sort_keys=True),
             metadata.byte_length,
             metadata.payload_digest,
+            json.dumps(sorted(metadata.tags)),
             payload,
         ),
     )
@@ -531,6 +533,7 @@ def _metadata(row: Sequence[object]) -> RecordMetadata:
             labels,
             byte_length,
             payload_digest,
+            tags,
         ) = row
         header = EnvelopeHeader(
             namespace=_text(namespace),
@@ -543,13 +546,20 @@ def _metadata(row: Sequence[object]) -> RecordMetadata:
             ledger_index=_optional_int(ledger_index),
         )
         parsed = json.loads(_text(labels))
-        if not isinstance(parsed, Mapping) or not isinstance(byte_length, int):
+        tag_list = json.loads(_text(tags))
+        if (
+            not isinstance(parsed, Mapping)
+            or not isinstance(byte_length, int)
+            or not isinstance(tag_list, list)
+            or not all(isinstance(tag, str) for tag in tag_list)
+        ):
             raise IntegrityFailure("a stored record is malformed")
         return RecordMetadata(
             header=header,
             labels=dict(parsed),
             byte_length=byte_length,
             payload_digest=_text(payload_digest),
+            tags=frozenset(tag_list),
         )
     except IntegrityFailure:
         raise

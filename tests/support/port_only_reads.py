@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 from flowvault.application import (
     MAX_LOAD_BATCH,
-    LabelFilter,
     LedgerPage,
     Order,
+    RecordFilter,
     RecordMetadata,
     RecordPage,
     SecureObjectStore,
@@ -41,7 +41,7 @@ class PortOnlyReads:
         label: str,
         *,
         descending: bool = False,
-        filters: Sequence[LabelFilter] = (),
+        filters: Sequence[RecordFilter] = (),
         cursor: str | None = None,
         limit: int = 100,
     ) -> RecordPage:
@@ -70,7 +70,7 @@ class PortOnlyReads:
         self,
         namespace: str,
         *,
-        filters: Sequence[LabelFilter] = (),
+        filters: Sequence[RecordFilter] = (),
         order: Order = Order.KEY,
         cursor: str | None = None,
         limit: int = 100,
@@ -103,7 +103,7 @@ class _Port:
         self,
         namespace: str,
         *,
-        filters: Sequence[LabelFilter] = (),
+        filters: Sequence[RecordFilter] = (),
         order: Order = Order.KEY,
         cursor: str | None = None,
         limit: int = 100,

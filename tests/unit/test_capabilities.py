@@ -18,6 +18,7 @@ from flowvault.application import (
     LabelFilter,
     LedgerPage,
     Order,
+    RecordFilter,
     RecordMetadata,
     RecordPage,
     SealedRepository,
@@ -54,7 +55,7 @@ class PortOnly:
         self,
         namespace: str,
         *,
-        filters: Sequence[LabelFilter] = (),
+        filters: Sequence[RecordFilter] = (),
         order: Order = Order.KEY,
         cursor: str | None = None,
         limit: int = 100,
@@ -236,7 +237,7 @@ def test_the_label_listing_fallback_reads_only_past_the_cursor() -> None:
             + [make_upsert("ns", "i", labels={"cid": 4})]
         )
     )
-    asked: list[tuple[LabelFilter, ...]] = []
+    asked: list[tuple[RecordFilter, ...]] = []
     real = port.list
 
     def listing(namespace: str, **kw: Any) -> RecordPage:
