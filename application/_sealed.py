@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Final, TypedDict, Unpack
 
@@ -72,7 +73,8 @@ class SealOptions(TypedDict, total=False):
     schema_version: int
     labels: Mapping[str, LabelValue] | None
     ledger_index: int | None
-    tags: frozenset[str] | None
+    tags: AbstractSet[str] | None
+    """Keyed digests the record carries (``Upsert.tags``), sealed with it and checked on open."""
 
 
 @dataclass(frozen=True, slots=True)

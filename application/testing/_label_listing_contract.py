@@ -17,13 +17,16 @@ from flowvault.application import (
     FilterOp,
     LabelFilter,
     LabelListing,
+    RecordFilter,
     SecureObjectStore,
     StoreCapabilities,
+    TagFilter,
     UnitOfWork,
 )
 from flowvault.application._records import MAX_LIST_LIMIT, LabelValue
 from flowvault.application.testing._fakes import make_upsert
 from flowvault.application.testing._store_contract import StoreHarness
+from flowvault.application.testing._tags_contract import tag
 from flowvault.domain import InvalidInput
 from flowvault.domain._envelope import natural_key_digest
 
@@ -93,7 +96,7 @@ def _walk(
     limit: int,
     *,
     descending: bool = False,
-    filters: Sequence[LabelFilter] = (),
+    filters: Sequence[RecordFilter] = (),
     most: int = 500,
 ) -> list[str]:
     """Page to the end, failing instead of looping once more than ``most`` items came."""
@@ -127,8 +130,58 @@ FILTERS: tuple[tuple[LabelFilter, ...], ...] = (
 """Bounds on the listed label itself (``before`` is ``LT``), filters on others, and both."""
 
 
+TAG_FILTERS: tuple[tuple[RecordFilter, ...], ...] = (
+    (TagFilter(tag(2)),),
+    (TagFilter(tag(2)), TagFilter(tag(3))),
+    (TagFilter(tag(3)), LabelFilter("kind", "odd")),
+    (TagFilter(tag(2)), LabelFilter(LABEL, "a", FilterOp.GE)),
+    (LabelFilter(LABEL, 7, FilterOp.LE), TagFilter(tag(3))),
+    (TagFilter(tag(5)),),
+)
+"""Tags alone, together, with a filter on another label and with bounds on the listed one."""
+
+
+def _write_tagged(store: SecureObjectStore) -> dict[str, tuple[dict[str, LabelValue], set[str]]]:
+    """Store one record per value, tagged ``tag(2)`` and/or ``tag(3)`` by its place."""
+    written: dict[str, tuple[dict[str, LabelValue], set[str]]] = {}
+    upserts = []
+    for n, value in enumerate(VALUES):
+        labels: dict[str, LabelValue] = {LABEL: value, "kind": ("even", "odd")[n % 2]}
+        tags = {tag(d) for d in (2, 3) if n % d == 0}
+        upserts.append(make_upsert(NS, f"v{n:03d}", labels=labels, tags=tags))
+        written[_digest(f"v{n:03d}")] = (labels, tags)
+    upserts.append(make_upsert("elsewhere", "v000", labels={LABEL: "a"}, tags={tag(2)}))
+    store.commit(UnitOfWork(upserts=upserts))
+    return written
+
+
 class LabelListingContract(StoreHarness):
     """What every ``LabelListing`` adapter must do."""
+
+    @pytest.mark.parametrize("descending", [False, True])
+    @pytest.mark.parametrize("filters", TAG_FILTERS)
+    def test_tag_filters_apply_with_the_label_order(
+        self, store: SecureObjectStore, descending: bool, filters: tuple[RecordFilter, ...]
+    ) -> None:
+        """Tag filters AND with label filters in a label listing, in its order, on every page."""
+        written = _write_tagged(store)
+        labels_of = {
+            digest: labels
+            for digest, (labels, tags) in written.items()
+            if all(one.tag in tags for one in filters if isinstance(one, TagFilter))
+        }
+        label_filters = [one for one in filters if isinstance(one, LabelFilter)]
+        expected = _expected(labels_of, descending=descending, filters=label_filters)
+        listed = _listing(store).list_by_label(
+            NS, LABEL, descending=descending, filters=filters, limit=200
+        )
+        assert [meta.key_digest for meta in listed.items] == expected
+        assert all(meta.tags == frozenset(written[meta.key_digest][1]) for meta in listed.items)
+        assert _walk(store, 2, descending=descending, filters=filters) == expected
+        fallback = StoreCapabilities().list_by_label(
+            store, NS, LABEL, descending=descending, filters=filters, limit=200
+        )
+        assert fallback == listed
 
     def test_satisfies_the_label_listing_protocol(self, store: SecureObjectStore) -> None:
         """The adapter is recognised as a ``LabelListing`` at runtime."""

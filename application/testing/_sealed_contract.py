@@ -239,3 +239,44 @@ class SealedRepositoryContract(StoreHarness):
         self._assert_fails_closed(
             lambda: repo.open(forged, namespace=NS, key_digest=record.metadata.key_digest), store
         )
+
+    @pytest.mark.parametrize("kind", ["document", "bytes"])
+    def test_tags_are_sealed_and_rewritten_tags_fail(
+        self, store: SecureObjectStore, kind: str
+    ) -> None:
+        """Tags read back as written; a row whose tags differ from the sealed copy fails closed.
+
+        The forgeries keep the row's header and sealed bytes and change only
+        its tags: one added, one dropped, all dropped, and tags planted
+        through the port on the very row (a write shaped as a re-seal).
+        """
+        repo = self.repository(store)
+        first, second, third = (f"sha256:{n:064x}" for n in (11, 12, 13))
+        if kind == "document":
+            upsert = repo.prepare(NS, "a", {"n": 1}, expected=Guard.ABSENT, tags={first, second})
+        else:
+            upsert = repo.prepare_bytes(NS, "a", b"\x00raw", expected=Guard.ABSENT, tags={first})
+        store.commit(UnitOfWork(upserts=[upsert]))
+        record = self._stored(repo, "a")
+        assert record.metadata.tags == upsert.tags
+        digest = record.metadata.key_digest
+
+        def read(row: StoredRecord) -> Callable[[], object]:
+            if kind == "document":
+                return lambda: repo.open(row, namespace=NS, key_digest=digest)
+            return lambda: repo.open_bytes(row, namespace=NS, key_digest=digest)
+
+        read(record)()
+        repo.verify(record, namespace=NS, key_digest=digest)
+        def verify(row: StoredRecord) -> Callable[[], object]:
+            return lambda: repo.verify(row, namespace=NS, key_digest=digest)
+
+        for tags in (upsert.tags | {third}, upsert.tags - {first}, frozenset()):
+            forged = replace(record, metadata=replace(record.metadata, tags=tags))
+            self._assert_fails_closed(read(forged), store)
+            self._assert_fails_closed(verify(forged), store)
+        planted = replace(
+            upsert, expected=1, replaces=record.metadata.payload_digest, tags=frozenset({third})
+        )
+        store.commit(UnitOfWork(upserts=[planted]))
+        self._assert_fails_closed(read(self._stored(repo, "a")), store)

@@ -41,6 +41,7 @@ from flowvault.application.testing._fakes import (
     make_header,
     make_upsert,
 )
+from flowvault.application.testing._tags_contract import RecordTagsContract
 from flowvault.domain import (
     EnvelopeHeader,
     InvalidInput,
@@ -90,7 +91,7 @@ class StoreHarness(ABC):
             self.close_store(made)
 
 
-class SecureObjectStoreContract(StoreHarness):
+class SecureObjectStoreContract(RecordTagsContract, StoreHarness):
     """Behaviour every ``SecureObjectStore`` adapter must show."""
 
     # -- records and guards -------------------------------------------------

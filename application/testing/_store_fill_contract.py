@@ -18,6 +18,7 @@ from flowvault.application import (
     StoreEpoch,
     StoreFill,
     StoreStats,
+    TagFilter,
     UnitOfWork,
 )
 from flowvault.application.testing._fakes import make_event, make_upsert
@@ -40,13 +41,21 @@ def _chain(stream: str, length: int) -> list[LedgerEvent]:
     return events
 
 
+TAG = "sha256:" + "5a" * 32
+
+
+def _tagged(store: SecureObjectStore) -> list[str]:
+    """Return the key digests ``list`` finds carrying ``TAG``: the filled tag index at work."""
+    return [meta.key_digest for meta in store.list(NS, filters=[TagFilter(TAG)]).items]
+
+
 def _contents() -> StoreContents:
-    """Return records past revision 1 with labels, a whole stream, and one trimmed to start at 3."""
+    """Return records past revision 1 with labels and tags, a whole stream, and a trimmed one."""
     records = [
         StoredRecord(upsert.metadata, upsert.payload)
         for upsert in (
             make_upsert(NS, "a", b"sealed-a", expected=4, labels={"state": "x", "n": 2**40}),
-            make_upsert(NS, "b", b"sealed-b", ledger_index=2),
+            make_upsert(NS, "b", b"sealed-b", ledger_index=2, tags={TAG, "sha256:" + "0" * 64}),
             make_upsert("other", "c", b"sealed-c", expected=1),
         )
     ]
@@ -71,6 +80,7 @@ class StoreFillContract(StoreHarness):
         for record in contents.records:
             meta = record.metadata
             assert store.load(meta.namespace, meta.key_digest) == record
+        assert _tagged(store) == [natural_key_digest(NS, "b")]
         page = store.read_ledger("s/trimmed")
         assert page.gap
         assert page.events == tuple(contents.streams()["s/trimmed"])
@@ -137,6 +147,7 @@ class StoreFillContract(StoreHarness):
         for record in contents.records:
             meta = record.metadata
             assert store.load(meta.namespace, meta.key_digest) == record
+        assert _tagged(store) == [natural_key_digest(NS, "b")]
         assert store.read_ledger("s/trimmed").events == tuple(contents.streams()["s/trimmed"])
         assert store.load(NS, natural_key_digest(NS, "kept")) is not None
         assert store.ledger_head("s/kept") is not None

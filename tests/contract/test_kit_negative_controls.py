@@ -35,6 +35,7 @@ from flowvault.application import (
     RecordMetadata,
     RecordPage,
     StoredRecord,
+    TagFilter,
     UnitOfWork,
     Upsert,
     effective_limit,
@@ -43,6 +44,10 @@ from flowvault.application._records import MAX_LIST_LIMIT
 from flowvault.application.testing import (
     make_upsert,
 )
+from flowvault.application.testing._label_listing_contract import (
+    TAG_FILTERS as LABEL_TAG_FILTERS,
+)
+from flowvault.application.testing._tags_contract import TAG_FILTERS
 from flowvault.domain import StoreUnavailable
 
 # -- the defective adapters ---------------------------------------------------
@@ -291,6 +296,47 @@ class BlindOverwrite(InMemorySecureObjectStore):
         return super()._check(dataclasses.replace(unit, upserts=()))
 
 
+class DropsTags(InMemorySecureObjectStore):
+    """Stores every record without its tags, as an adapter that never learnt of them."""
+
+    def commit(self, unit: UnitOfWork) -> None:
+        upserts = [dataclasses.replace(upsert, tags=frozenset()) for upsert in unit.upserts]
+        super().commit(dataclasses.replace(unit, upserts=upserts))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _AnyTag(TagFilter):
+    """A tag filter matching a record that carries any one of its tags."""
+
+    others: tuple[str, ...] = ()
+
+    def admits(self, metadata: RecordMetadata) -> bool:
+        return bool(metadata.tags & {self.tag, *self.others})
+
+
+class AnyTagFilter(ListDefect):
+    """Keeps records carrying any of a listing's tags rather than all of them."""
+
+    def listed(self, call: ListCall) -> RecordPage:
+        tags = [one.tag for one in call.filters if isinstance(one, TagFilter)]
+        if len(tags) > 1:
+            others = [one for one in call.filters if not isinstance(one, TagFilter)]
+            call = dataclasses.replace(call, filters=(*others, _AnyTag(tags[0], tuple(tags[1:]))))
+        return self.sound(call)
+
+
+class KeepsOldTags(InMemorySecureObjectStore):
+    """Adds a rewrite's tags to those the record held, as an index never pruned would."""
+
+    def commit(self, unit: UnitOfWork) -> None:
+        upserts = []
+        for upsert in unit.upserts:
+            held = self.peek_metadata(upsert.header.namespace, upsert.header.key_digest)
+            kept = frozenset() if held is None else held.tags
+            upserts.append(dataclasses.replace(upsert, tags=upsert.tags | kept))
+        super().commit(dataclasses.replace(unit, upserts=upserts))
+
+
 class TrimsBeforeAppends(InMemorySecureObjectStore):
     """Applies a unit's trims before its appends, so a trim cannot reach the events it adds."""
 
@@ -385,6 +431,31 @@ CONTROLS: list[Any] = [
         [("test_a_trim_counts_the_events_appended_in_its_unit", {})],
         id="trims before appends",
     ),
+    pytest.param(
+        DropsTags,
+        [
+            ("test_tags_round_trip_through_every_read", {}),
+            ("test_tag_filters_keep_records_carrying_every_tag", {"filters": TAG_FILTERS[0]}),
+            (
+                "test_tag_filters_apply_with_the_label_order",
+                {"descending": False, "filters": LABEL_TAG_FILTERS[0]},
+            ),
+        ],
+        id="tags dropped",
+    ),
+    pytest.param(
+        AnyTagFilter,
+        [
+            ("test_tag_filters_keep_records_carrying_every_tag", {"filters": filters})
+            for filters in (TAG_FILTERS[1], TAG_FILTERS[3])
+        ],
+        id="tag filters matched by any, not all",
+    ),
+    pytest.param(
+        KeepsOldTags,
+        [("test_rewrites_and_deletes_move_tag_matches", {})],
+        id="a rewrite keeps the tags it replaced",
+    ),
 ]
 
 
@@ -412,6 +483,9 @@ def test_every_control_is_sound_but_for_its_defect() -> None:
         RaisesOnSecondClose,
         BlindOverwrite,
         TrimsBeforeAppends,
+        DropsTags,
+        AnyTagFilter,
+        KeepsOldTags,
         AscendingLabelTiesUnderDesc,
         FoldedLabelOrder,
         OffsetLabelCursor,
