@@ -31,7 +31,14 @@ from flowvault.adapters.postgres import PostgresSecureObjectStore
 from flowvault.adapters.postgres import _commit as postgres_commit
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.adapters.sqlite import _store as sqlite_store
-from flowvault.application import LedgerAudit, SecureObjectStore, StoreContents, StoreStats
+from flowvault.application import (
+    Guard,
+    LedgerAudit,
+    SecureObjectStore,
+    StoreContents,
+    StoreStats,
+    TagFilter,
+)
 from flowvault.application._archive import MANIFEST, decode_archive, encode_archive
 from flowvault.application._keys import KeyRing
 from flowvault.application._sealed import CipherDigester
@@ -109,12 +116,19 @@ def source(tmp_path: Path) -> tuple[Settings, Written, dict[str, object]]:
         runtime.workflows.create(
             WorkOrder(kind="move.test", parameters={}, requester="t", idempotency_key="late")
         )
+        repository = runtime.repository
+        tags = {repository.keyed_digest("move.tag", f"colour={n}") for n in range(3)}
+        repository.write(TAGGED, "t-1", {"v": 1}, expected=Guard.ABSENT, tags=tags)
         stats = runtime.capabilities.stats
         assert stats is not None
         assert len(stats.key_id_counts()) == 2
         reads = service_reads(runtime, written)
     assert reads["signed"], "the fixture holds a signed decision"
     return settings, written, reads
+
+
+TAGGED = "host.tagged"
+"""A host's namespace holding a record with tags, which every move must carry."""
 
 
 def _raw(store: SecureObjectStore) -> StoreContents:
@@ -129,9 +143,15 @@ def _audit_clean(runtime: Runtime) -> None:
 
 def _same_rows(left: StoreContents, right: StoreContents) -> None:
     assert left.records == right.records
+    assert all(len(tags) == 3 for tags in _tags_in(left))
     assert left.events == right.events
     assert dict(left.seal_counts) == dict(right.seal_counts)
     assert left.epoch == right.epoch
+
+
+def _tags_in(contents: StoreContents) -> list[frozenset[str]]:
+    """Return the tags of the host's tagged records in ``contents``."""
+    return [r.metadata.tags for r in contents.records if r.metadata.namespace == TAGGED]
 
 
 def test_sqlite_to_postgres_and_back_copies_every_row_and_verifies(
@@ -153,6 +173,8 @@ def test_sqlite_to_postgres_and_back_copies_every_row_and_verifies(
     with PostgresSecureObjectStore.open(postgres_server.dsn, schema=schema, create=True) as target:
         fill_verified(contents, target, lambda store: bootstrap(settings, store=store).audit())
         _same_rows(_raw(target), contents)
+        tagged = target.list(TAGGED, filters=[TagFilter(min(_tags_in(contents)[0]))]).items
+        assert [meta.tags for meta in tagged] == _tags_in(contents)
     with bootstrap(pg_settings, create=True) as runtime:
         _audit_clean(runtime)
         assert service_reads(runtime, written) == reads
@@ -346,6 +368,7 @@ def test_export_then_import_into_postgres_and_sqlite(
         SQLiteSecureObjectStore.open(_sqlite(home).database_path, read_only=True) as copied,
     ):
         _same_rows(_raw(copied), _raw(original))
+        assert len(_tags_in(_raw(copied))) == 1
 
 
 def _failing_statement(monkeypatch: pytest.MonkeyPatch, module: object) -> None:

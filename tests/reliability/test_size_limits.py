@@ -437,6 +437,28 @@ def labels_per_record(bench: Bench) -> list[Boundary]:
     ]
 
 
+def tags_per_record(bench: Bench) -> list[Boundary]:
+    """Return the edges of 32 tags per record, at the store port and through the repository."""
+    store = bench.runtime.store
+
+    def tags(count: int) -> frozenset[str]:
+        return frozenset(f"sha256:{n:064x}" for n in range(count))
+
+    def commit(count: int) -> None:
+        upsert = make_upsert("limits.tags", bench.fresh("t"), tags=tags(count))
+        store.commit(UnitOfWork(upserts=[upsert]))
+
+    return [
+        Boundary("store port", lambda: commit(32), lambda: commit(33), INVALID),
+        Boundary(
+            "SealedRepository",
+            _write(bench, 1, tags=tags(32)),
+            _write(bench, 1, tags=tags(33)),
+            INVALID,
+        ),
+    ]
+
+
 def label_name(bench: Bench) -> list[Boundary]:
     """Return the edges of a label name's 32 characters."""
     return [
@@ -1039,6 +1061,7 @@ CASES: dict[str, Callable[[Bench], list[Boundary]]] = {
     "json-integer": json_integer,
     "namespace": namespace,
     "labels-per-record": labels_per_record,
+    "tags-per-record": tags_per_record,
     "label-name": label_name,
     "label-text": label_text,
     "label-integer": label_integer,

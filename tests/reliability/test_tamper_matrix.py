@@ -44,7 +44,14 @@ from listings import refused
 from mark_lag import settle
 from pydantic import BaseModel, SecretStr
 
-from flowvault.application import HistoryEvent, KeyedDigester, LedgerAudit, SecureObjectStore
+from flowvault.application import (
+    Guard,
+    HistoryEvent,
+    KeyedDigester,
+    LedgerAudit,
+    SecureObjectStore,
+    TagFilter,
+)
 from flowvault.application._action_results import ACTION_RESULTS
 from flowvault.application._audit import list_all_streams
 from flowvault.application._graph_namespaces import (
@@ -114,7 +121,8 @@ AUDIT_READER: Final = "ledger verify"
 """Besides every ``record_labels`` column: the key label rows join on."""
 KNOWN_LIMITS: Final = {
     "index": (
-        "label index (record_labels, and records.id it joins on): not authenticated; a "
+        "label and tag indexes (record_labels, record_tags, and records.id they join on): "
+        "not authenticated; a "
         "flip can drop a record from a filtered listing (so latest_checkpoint may name an "
         "older one); an extra row fails the listing, and no value or label ever changes"
     ),
@@ -130,6 +138,7 @@ KNOWN_LIMITS: Final = {
 }
 HARMLESS: Final = {
     "record_labels.*": "an index: read only to select rows for filters, never returned",
+    "record_tags.*": "an index: read only to select rows for tag filters, never returned",
     "records.id": "an internal row id: read only to join the label index",
     "ledger_streams.first_index (PostgreSQL)": "read only by trims, which no service issues",
     "ledger_streams.head_index/head_hash (PostgreSQL)": (
@@ -311,6 +320,35 @@ def _capture(runtime: Runtime) -> Witness:
     )
 
 
+TAGGED: Final = "host.tagged"
+"""A host's namespace of sealed records carrying tags, listed by a tag filter."""
+
+
+def _tag(runtime: Runtime, value: str) -> str:
+    return runtime.repository.keyed_digest("tamper.tag", value)
+
+
+def _populate_tagged(runtime: Runtime) -> None:
+    """Write three tagged records: two share the tag ``red``, one carries ``blue`` alone."""
+    for key, colours in (("t-1", ("red", "round")), ("t-2", ("red",)), ("t-3", ("blue",))):
+        tags = frozenset(_tag(runtime, colour) for colour in colours)
+        runtime.repository.write(TAGGED, key, {"key": key}, expected=Guard.ABSENT, tags=tags)
+
+
+def _tagged_listing(runtime: Runtime, colour: str) -> list[object]:
+    """Open every record a tag-filtered listing names, as a host filtering on a value does."""
+    store, repository = runtime.store, runtime.repository
+    page = store.list(TAGGED, filters=[TagFilter(_tag(runtime, colour))], limit=200)
+    opened: list[object] = []
+    for meta in page.items:
+        record = store.load(meta.namespace, meta.key_digest)
+        if record is None:
+            raise AssertionError("a listed record vanished")
+        sealed = repository.open(record, namespace=meta.namespace, key_digest=meta.key_digest)
+        opened.append([meta, sealed.document])
+    return opened
+
+
 def populate(runtime: Runtime, clock: FrozenClock) -> Catalog:
     """Write one of everything through the services, in a fixed order under a frozen clock.
 
@@ -322,6 +360,7 @@ def populate(runtime: Runtime, clock: FrozenClock) -> Catalog:
     runs, made = _populate_runs(runtime, clock)
     for key, request in REQUESTS:
         runtime.idempotency.remember(key, request, _response(key))
+    _populate_tagged(runtime)
     witness = _capture(runtime)
     clock.advance(EXPIRED_AFTER * 2)
     return Catalog(
@@ -381,6 +420,8 @@ def _default(value: object) -> Any:
         return value.isoformat()
     if isinstance(value, bytes):
         return value.hex()
+    if isinstance(value, frozenset):
+        return sorted(value)
     raise TypeError(type(value).__name__)
 
 
@@ -447,6 +488,14 @@ def audited_receipt(runtime: Runtime, stream: str) -> str:
 
 def _store_readers(runtime: Runtime, streams: Sequence[str]) -> Iterator[Reader]:
     yield Reader("records", lambda: _open_everything(runtime))
+    for colour in ("red", "blue"):
+        yield Reader(
+            f"tagged {colour}",
+            lambda colour=colour: _tagged_listing(runtime, colour),
+            "tagged",
+            filtered=True,
+            family="tag filter",
+        )
     yield Reader(AUDIT_READER, lambda: ledger_verify(runtime))
     for name in streams:
         yield Reader(
@@ -888,7 +937,7 @@ class Flip:
     @property
     def in_index(self) -> bool:
         """Whether the cell belongs to the label index or the id it joins on."""
-        return self.table == "record_labels" or self.cell in INDEX_CELLS
+        return self.table in {"record_labels", "record_tags"} or self.cell in INDEX_CELLS
 
     def describe(self) -> str:
         """Name the cell and the change, for a failure message."""
@@ -898,6 +947,7 @@ class Flip:
 PRIMARY_KEYS: Final = {
     "records": ("id",),
     "record_labels": ("record_id", "name"),
+    "record_tags": ("record_id", "tag"),
     "ledger_events": ("stream", "idx"),
     "ledger_streams": ("stream",),
 }
