@@ -155,6 +155,7 @@ def test_compared_text_columns_are_collated_c(store) -> None:
         "records.key_digest",
         "records.written_at",
         "record_labels.text_value",
+        "record_tags.tag",
         "ledger_events.stream",
         "ledger_streams.stream",
     }
@@ -189,6 +190,20 @@ def test_written_at_orders_read_the_index_in_order(filled, order: Order) -> None
     plan = _plan(filled, _queries.list_query(order, True), (NS, "2026", "sha256:", 5))
     assert "records_by_written_at" in plan
     assert "Sort" not in plan
+
+
+def test_a_tag_filter_reads_the_tag_index(store) -> None:
+    """A selective tag filter finds its records in record_tags_by_tag, not by reading them all.
+
+    (For a tag most records carry, under a small limit, the planner may rather
+    walk the order's index and probe each record's tag key: that stops early.)
+    """
+    red, blue = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    upserts = [make_upsert(NS, f"k{n}", tags={red} if n == 500 else {blue}) for n in range(1000)]
+    store.commit(UnitOfWork(upserts=upserts))
+    store._run(lambda connection: connection.execute("ANALYZE"), transaction=False)
+    plan = _plan(store, _queries.list_query(Order.KEY, False, (), 1), (NS, NS, red, 5))
+    assert "record_tags_by_tag" in plan
 
 
 def test_key_order_reads_the_identity_index(filled) -> None:

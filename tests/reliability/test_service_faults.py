@@ -322,7 +322,14 @@ class SqliteInjector(Injector):
         self.monkeypatch.setattr(sqlite_store, "apply_writes", apply_writes)
 
     def raw(self) -> dict[str, object]:
-        tables = ("records", "record_labels", "ledger_events", "ledger_streams", "store_epoch")
+        tables = (
+            "records",
+            "record_labels",
+            "record_tags",
+            "ledger_events",
+            "ledger_streams",
+            "store_epoch",
+        )
         return {
             table: sorted(self._reader.execute(f"SELECT * FROM {table}").fetchall(), key=repr)  # noqa: S608
             for table in tables
@@ -350,7 +357,7 @@ FAULT_TRIGGER = (
     "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {schema}.fault_at_commit()"
 )
 """Fires at ``COMMIT``, and fails it, only in a transaction that armed it (``set_config``)."""
-PG_TABLES = ("records", "record_labels", "ledger_streams", "ledger_events")
+PG_TABLES = ("records", "record_labels", "record_tags", "ledger_streams", "ledger_events")
 
 
 class _PgCursor:
