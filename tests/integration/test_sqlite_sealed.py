@@ -62,7 +62,12 @@ def test_plaintext_never_lands_on_disk(tmp_path: Path) -> None:
 
 def _write_victim(vault: Runtime, key: str = "victim") -> None:
     vault.repository.write(
-        NS, key, {"note": MARKER}, expected=Guard.ABSENT, labels={"status": "open", "due": 7}
+        NS,
+        key,
+        {"note": MARKER},
+        expected=Guard.ABSENT,
+        labels={"status": "open", "due": 7},
+        tags={"sha256:" + "0" * 64},
     )
 
 
@@ -91,7 +96,7 @@ def test_every_record_column_is_covered(vault: Runtime) -> None:
     """The tamper matrix below knows every column of the records table."""
     known = IDENTITY_COLUMNS | INTERNAL_COLUMNS | {
         "revision", "sensitivity", "schema_version", "key_id", "written_at",
-        "ledger_index", "labels", "byte_length", "payload_digest", "payload",
+        "ledger_index", "labels", "byte_length", "payload_digest", "payload", "tags",
     }  # fmt: skip
     assert set(_record_columns(vault)) == known
 
@@ -109,6 +114,7 @@ def test_every_record_column_is_covered(vault: Runtime) -> None:
         "byte_length",
         "payload_digest",
         "payload",
+        "tags",
     ],
 )
 def test_flipped_byte_in_a_sealed_column_fails_closed(vault: Runtime, column: str) -> None:
@@ -242,7 +248,7 @@ def test_row_codec_refuses_a_ledger_index_a_driver_could_hand_back(stored: objec
     """
     row = (
         NS, "sha256:" + "ab" * 32, 1, "confidential", 1, "k1", "2026-01-01T00:00:00.000000Z",
-        stored, "{}", 0, "sha256:" + "cd" * 32,
+        stored, "{}", 0, "sha256:" + "cd" * 32, "[]",
     )  # fmt: skip
     with pytest.raises(IntegrityFailure):
         metadata_from_row(row)
