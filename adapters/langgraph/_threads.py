@@ -54,6 +54,10 @@ BLOB_TAG: Final = "flowvault.langgraph-blob/1"
 STREAM_PREFIX: Final = "langgraph/"
 _PAGE: Final = 200
 _REMEMBERED_DIGESTS: Final = 4096
+_AFTER_ANY_ID: Final = "\U0010ffff"
+"""Above every checkpoint id: the upper bound of a thread's range of positions."""
+MAX_CHECKPOINT_ID: Final = 100
+"""Longest checkpoint id: its positions, two digests and the id, must fit a 256-character label."""
 MAX_EVENT_NAMES: Final = 100
 """Most digests one deletion event names (a ledger list keeps 100 items)."""
 
@@ -323,21 +327,28 @@ class ThreadRows:
 
         ``thread`` ``None`` lists every thread's checkpoints. The first page
         holds ``first_page`` rows, so a caller wanting the newest reads one.
+        A thread's rows are listed by a label that starts with the thread's
+        (and namespace's) digest, so the store reads only that range of its
+        label index however many other threads it holds.
         """
-        filters: list[LabelFilter] = []
+        label, prefix = "cid", ""
         if thread is not None:
-            filters.append(LabelFilter("thread", thread.digest))
-            if ns is not None:
-                filters.append(LabelFilter("ns", self.ns_digest(thread, ns)))
-        if before is not None:
-            filters.append(LabelFilter("cid", before, FilterOp.LT))
+            label, prefix = (
+                ("tpos", f"{thread.digest}|") if ns is None else ("pos", self._pos(thread, ns))
+            )
+        filters = [
+            LabelFilter(label, prefix, FilterOp.GE),
+            LabelFilter(label, prefix + (before or _AFTER_ANY_ID), FilterOp.LT),
+        ]
+        if not prefix:
+            filters = [] if before is None else [LabelFilter(label, before, FilterOp.LT)]
         cursor: str | None = None
         limit = first_page
         while True:
             page = self._capabilities.list_by_label(
                 self._store,
                 CHECKPOINTS,
-                "cid",
+                label,
                 descending=True,
                 filters=filters,
                 cursor=cursor,
@@ -348,6 +359,9 @@ class ThreadRows:
             if cursor is None:
                 return
             limit = _PAGE
+
+    def _pos(self, thread: Thread, ns: str) -> str:
+        return f"{thread.digest}|{self.ns_digest(thread, ns)}|"
 
     def rows_of(self, namespace: str, filters: Sequence[LabelFilter]) -> Iterator[RecordMetadata]:
         """Yield the metadata of every row of ``namespace`` the filters select."""
@@ -477,6 +491,11 @@ class ThreadRows:
         pending = {} if pending is None else pending
         optimistic = expected is not None
         ns, cid = draft.ns, draft.cid
+        if not isinstance(cid, str) or not cid or len(cid) > MAX_CHECKPOINT_ID:
+            raise InvalidInput(
+                f"a checkpoint id is 1 to {MAX_CHECKPOINT_ID} characters of text "
+                "(LangGraph's own are 36)"
+            )
         digest = self.checkpoint_digest(thread, ns, cid)
         run = None if draft.run_id is None else self.run_digest(draft.run_id)
         payload: dict[str, JsonValue] = {
@@ -524,7 +543,12 @@ class ThreadRows:
         if expected is None:
             current = self._store.peek_metadata(CHECKPOINTS, digest)
             expected = Guard.ABSENT if current is None else current.revision
-        labels: dict[str, str | int] = {**self._labels(thread, ns), "cid": cid}
+        labels: dict[str, str | int] = {
+            **self._labels(thread, ns),
+            "cid": cid,
+            "pos": self._pos(thread, ns) + cid,
+            "tpos": f"{thread.digest}|{cid}",
+        }
         if run is not None:
             labels["run"] = run
         upserts.append(
