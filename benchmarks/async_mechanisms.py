@@ -367,6 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         args.repeat, args.coroutines, args.writes = 1, 8, 2
     configure_logging("warning")
+    load_before = os.getloadavg()
     sizes = {"repeat": args.repeat, "coroutines": args.coroutines, "writes": args.writes}
     rows: list[Row] = []
     key = secrets.token_bytes(32)
@@ -378,7 +379,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows += measure("sqlite", rt, mechanisms, **sizes)
         if not args.no_postgres:
             rows += _postgres(Path(work), args.postgres_dsn, key, sizes)
-    print(f"{os.cpu_count()} CPUs; sizes {sizes}\n")
+    load = f"load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after"
+    print(f"{os.cpu_count()} CPUs; {load}; sizes {sizes}\n")
     print(table([r for r in rows if "psycopg" not in r.backend], "to_thread"))
     print()
     print(table([r for r in rows if "psycopg" in r.backend], f"pool-{PG_POOL} + sync pool"))

@@ -7,6 +7,7 @@ SQLite file, and the PostgreSQL server in a throwaway schema.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import inspect
 import secrets
@@ -102,6 +103,7 @@ class _ThreadLog:
     def __init__(self, store: SecureObjectStore) -> None:
         self._store = store
         self.threads: set[int] = set()
+        self.names: list[str] = []
         self.calls = 0
 
     def __getattr__(self, name: str) -> Any:
@@ -111,6 +113,7 @@ class _ThreadLog:
 
         def recorded(*args: Any, **kwargs: Any) -> Any:
             self.threads.add(threading.get_ident())
+            self.names.append(name)
             self.calls += 1
             return value(*args, **kwargs)
 
@@ -313,3 +316,54 @@ def test_close_waits_for_in_flight_work_then_refuses_as_the_sync_runtime_does(
     asyncio.run(main())
     with bootstrap(settings, key=KEY) as reopened:
         assert reopened.state("busy").load().revision == 1
+
+
+REQUEST = contextvars.ContextVar[str]("REQUEST", default="none")
+
+
+def test_a_call_runs_in_its_coroutine_s_context(tmp_path: Path) -> None:
+    """Context variables (log context, tracing spans) travel with each call to its thread."""
+    seen: dict[str, str] = {}
+
+    def record(name: str) -> Callable[[WorkflowState], WorkflowState]:
+        def step(state: WorkflowState) -> WorkflowState:
+            seen[name] = REQUEST.get()
+            return _bump(state)
+
+        return step
+
+    async def one(rt: AsyncRuntime, name: str) -> None:
+        REQUEST.set(name)
+        await rt.state(name).update(record(name))
+
+    async def main() -> None:
+        settings = Settings(backend="sqlite", home=tmp_path)
+        async with await async_bootstrap(settings, key=KEY, create=True) as rt:
+            await asyncio.gather(*(one(rt, f"r{n}") for n in range(8)))
+
+    asyncio.run(main())
+    assert seen == {f"r{n}": f"r{n}" for n in range(8)}
+
+
+def test_a_cancelled_bootstrap_closes_the_runtime_it_opened(tmp_path: Path) -> None:
+    """The open finishes on its thread; the runtime no coroutine will get is closed, not leaked."""
+    real = SQLiteSecureObjectStore.open(tmp_path / "store.db", create=True)
+    log = _ThreadLog(real)
+
+    async def main() -> None:
+        store: Any = log
+        settings = Settings(backend="sqlite", home=tmp_path)
+        opening = asyncio.create_task(async_bootstrap(settings, key=KEY, store=store))
+        await asyncio.sleep(0)
+        opening.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await opening
+        for _ in range(500):
+            if "close" in log.names:
+                return
+            await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    assert "close" in log.names
+    with pytest.raises(StoreUnavailable):
+        real.ledger_head("any")
