@@ -32,7 +32,14 @@ def _python_blocks(name: str) -> list[str]:
 
 @pytest.mark.parametrize(
     "name",
-    ["README.md", "docs/workflows.md", "docs/state.md", "docs/approvals.md", "docs/domain.md"],
+    [
+        "README.md",
+        "docs/workflows.md",
+        "docs/state.md",
+        "docs/approvals.md",
+        "docs/domain.md",
+        "docs/async.md",
+    ],
 )
 def test_usage_examples_run(name: str) -> None:
     """The Python examples of the README and the workflow guide execute without error."""
