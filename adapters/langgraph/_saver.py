@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextvars
 import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, Final, Protocol, cast
+from typing import Any, Final, Protocol, TypeVar, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -71,6 +73,9 @@ from flowvault.domain import (
 )
 
 _RETRY: Final = RetryPolicy()
+DEFAULT_THREADS: Final = 4
+"""Worker threads of the async methods: what ``AsyncRuntime`` uses on SQLite (docs/async.md)."""
+R = TypeVar("R")
 _PAGE: Final = 200
 _KNOWN_CHECKPOINTS: Final = 256
 """Recent checkpoints whose channels a saver remembers for their children's puts."""
@@ -137,6 +142,7 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         *,
         serde: SerializerProtocol | None = None,
         refuse_stale_forks: bool = False,
+        threads: int = DEFAULT_THREADS,
     ) -> None:
         super().__init__(serde=serde)
         if not isinstance(repository, SealedRepository):
@@ -146,6 +152,11 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         self._refuse_stale_forks = bool(refuse_stale_forks)
         self._known: OrderedDict[tuple[str, str, str], dict[str, tuple[str, str]]] = OrderedDict()
         self._known_lock = threading.Lock()
+        if type(threads) is not int or threads < 1:
+            raise InvalidInput("threads is a whole number, 1 or more")
+        self._threads = threads
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
 
     # -- construction --------------------------------------------------------
 
@@ -156,13 +167,19 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         *,
         serde: SerializerProtocol | None = None,
         refuse_stale_forks: bool = False,
+        threads: int = DEFAULT_THREADS,
     ) -> FlowvaultSaver:
         """Return a saver over a flowvault runtime's store (``bootstrap(...)``).
 
         The runtime keeps the store's high-water mark, where one is kept;
         closing the runtime closes the store.
         """
-        return cls(runtime.repository, serde=serde, refuse_stale_forks=refuse_stale_forks)
+        return cls(
+            runtime.repository,
+            serde=serde,
+            refuse_stale_forks=refuse_stale_forks,
+            threads=threads,
+        )
 
     @classmethod
     @contextmanager
@@ -174,6 +191,7 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         postgres_schema: str = "flowvault",
         serde: SerializerProtocol | None = None,
         refuse_stale_forks: bool = False,
+        threads: int = DEFAULT_THREADS,
     ) -> Iterator[FlowvaultSaver]:
         """Open a saver on a SQLite file, a PostgreSQL DSN or ``":memory:"``, as LangGraph's do.
 
@@ -183,9 +201,11 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         use ``from_runtime`` over ``bootstrap(...)`` to have one.
         """
         repository = open_repository(conn_string, key=key, postgres_schema=postgres_schema)
+        saver = cls(repository, serde=serde, refuse_stale_forks=refuse_stale_forks, threads=threads)
         try:
-            yield cls(repository, serde=serde, refuse_stale_forks=refuse_stale_forks)
+            yield saver
         finally:
+            saver.close()
             repository.store.close()
 
     def setup(self) -> None:
@@ -792,9 +812,37 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
 
     # -- async twins ---------------------------------------------------------
 
+    async def _off_loop(self, call: Callable[[], R]) -> R:
+        """Run ``call`` on the saver's own bounded pool, in the caller's context.
+
+        A bounded pool, not the loop's default executor (which grows with
+        the machine's cores): many threads racing one thread's stream lose
+        most of their compare-and-swaps (docs/async.md has the figures).
+        A cancelled caller withdraws a call not yet started; one that has
+        started runs to its end, so a write may still land.
+        """
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=self._threads, thread_name_prefix="flowvault-langgraph"
+                )
+            future = self._pool.submit(contextvars.copy_context().run, call)
+        return await asyncio.wrap_future(future)
+
+    def close(self) -> None:
+        """Wait for the async calls in flight, then stop the saver's worker threads.
+
+        The store stays open: it is the runtime's, or ``from_conn_string``'s
+        to close. Calling an async method again starts the workers again.
+        """
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """``get_tuple`` on a worker thread."""
-        return await asyncio.to_thread(self.get_tuple, config)
+        return await self._off_loop(partial(self.get_tuple, config))
 
     async def alist(
         self,
@@ -805,7 +853,7 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
         """``list`` on a worker thread; the window is read and checked before the first item."""
-        items = await asyncio.to_thread(
+        items = await self._off_loop(
             lambda: builtins.list(self.list(config, filter=filter, before=before, limit=limit))
         )
         for item in items:
@@ -819,7 +867,7 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         """``put`` on a worker thread."""
-        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+        return await self._off_loop(partial(self.put, config, checkpoint, metadata, new_versions))
 
     async def aput_writes(
         self,
@@ -829,23 +877,23 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         task_path: str = "",
     ) -> None:
         """``put_writes`` on a worker thread."""
-        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+        await self._off_loop(partial(self.put_writes, config, writes, task_id, task_path))
 
     async def adelete_thread(self, thread_id: str) -> None:
         """``delete_thread`` on a worker thread."""
-        await asyncio.to_thread(self.delete_thread, thread_id)
+        await self._off_loop(partial(self.delete_thread, thread_id))
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """``delete_for_runs`` on a worker thread."""
-        await asyncio.to_thread(self.delete_for_runs, run_ids)
+        await self._off_loop(partial(self.delete_for_runs, run_ids))
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """``copy_thread`` on a worker thread."""
-        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+        await self._off_loop(partial(self.copy_thread, source_thread_id, target_thread_id))
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``prune`` on a worker thread."""
-        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+        await self._off_loop(partial(self.prune, thread_ids, strategy=strategy))
 
 
 class AsyncFlowvaultSaver(FlowvaultSaver):
@@ -861,14 +909,17 @@ class AsyncFlowvaultSaver(FlowvaultSaver):
         postgres_schema: str = "flowvault",
         serde: SerializerProtocol | None = None,
         refuse_stale_forks: bool = False,
+        threads: int = DEFAULT_THREADS,
     ) -> AsyncIterator[AsyncFlowvaultSaver]:
         """Open a saver as ``FlowvaultSaver.from_conn_string`` does, off the event loop."""
         repository = await asyncio.to_thread(
             open_repository, conn_string, key=key, postgres_schema=postgres_schema
         )
+        saver = cls(repository, serde=serde, refuse_stale_forks=refuse_stale_forks, threads=threads)
         try:
-            yield cls(repository, serde=serde, refuse_stale_forks=refuse_stale_forks)
+            yield saver
         finally:
+            await asyncio.to_thread(saver.close)
             await asyncio.to_thread(repository.store.close)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from langgraph.checkpoint.base import Checkpoint, empty_checkpoint
 
 from flowvault.adapters.langgraph import FlowvaultSaver
 from flowvault.application import StoreCapabilities, verified_events
+from flowvault.composition import Settings, bootstrap
 from flowvault.domain import RevisionConflict
 
 KEY = secrets.token_bytes(32)
@@ -174,3 +176,51 @@ def test_prune_keeps_each_namespace_newest_and_the_values_it_names(saver: Flowva
     assert found is not None
     assert found.checkpoint["channel_values"] == {"v": 2}
     assert found.pending_writes == [("t", "v", 2)]
+
+
+class _ThreadRecordingStore:
+    """A memory store that notes the thread of every call, to show none runs on the loop."""
+
+    def __init__(self) -> None:
+        from flowvault.adapters.memory import InMemorySecureObjectStore  # noqa: PLC0415
+
+        self._inner = InMemorySecureObjectStore()
+        self.threads: set[int] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._inner, name)
+        if not callable(found):
+            return found
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            self.threads.add(threading.get_ident())
+            return found(*args, **kwargs)
+
+        return recorded
+
+
+def test_async_methods_never_touch_the_store_on_the_event_loop() -> None:
+    """Every ``a...`` method reaches the store from the saver's worker threads only."""
+    store = _ThreadRecordingStore()
+    with bootstrap(Settings(backend="memory"), key=KEY, store=store) as runtime:  # type: ignore[arg-type]
+        saver = FlowvaultSaver.from_runtime(runtime, threads=2)
+        store.threads.clear()
+
+        async def scenario() -> int:
+            loop_thread = threading.get_ident()
+            config = await saver.aput(_config("a"), _checkpoint({"v": 1}, {"v": 1}), {}, {"v": 1})
+            await saver.aput_writes(config, [("v", 2)], task_id="t")
+            assert await saver.aget_tuple(config) is not None
+            assert len([item async for item in saver.alist(_config("a"))]) == 1
+            await saver.acopy_thread("a", "b")
+            await saver.aprune(["b"])
+            await saver.adelete_for_runs(["none"])
+            await saver.adelete_thread("a")
+            return loop_thread
+
+        loop_thread = asyncio.run(scenario())
+        used = set(store.threads)
+        saver.close()
+    assert used
+    assert loop_thread not in used
+    assert len(used) <= 2
