@@ -12,8 +12,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from functools import partial
-from pathlib import Path
-from typing import Any, Final, Protocol, TypeVar, cast
+from typing import Any, Final, TypeVar, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -25,49 +24,34 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
     get_checkpoint_id,
     get_checkpoint_metadata,
-    writes_sort_key,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from flowvault.adapters.crypto import AesGcmCipher
+from flowvault.adapters.langgraph._checks import ThreadChecks
+from flowvault.adapters.langgraph._deletions import ThreadDeletions
 from flowvault.adapters.langgraph._ledger import (
-    CHECKPOINT_EVENT,
-    PRUNED_EVENT,
-    RUNS_DELETED_EVENT,
-    THREAD_DELETED_EVENT,
-    WRITES_EVENT,
     ThreadHistory,
 )
+from flowvault.adapters.langgraph._open import HasRepository, open_repository
 from flowvault.adapters.langgraph._threads import (
-    BLOBS,
     CHECKPOINTS,
-    MAX_EVENT_NAMES,
-    STREAM_PREFIX,
-    WRITES,
     CheckpointDraft,
     StoredCheckpoint,
     StoredWrite,
     Thread,
     ThreadRows,
 )
-from flowvault.adapters.memory import InMemorySecureObjectStore
-from flowvault.adapters.sqlite import SQLiteSecureObjectStore
-from flowvault.adapters.system import SystemClock
 from flowvault.application import (
     Guard,
-    LabelFilter,
     RecordMetadata,
     RetryPolicy,
     SealedRepository,
-    StoreCapabilities,
     UnitOfWork,
     Upsert,
 )
-from flowvault.application._keys import KeyRing, check_key_matches
 from flowvault.domain import (
     IntegrityFailure,
     InvalidInput,
-    JsonValue,
     LedgerEvent,
     RevisionConflict,
 )
@@ -81,16 +65,7 @@ _KNOWN_CHECKPOINTS: Final = 256
 """Recent checkpoints whose channels a saver remembers for their children's puts."""
 
 Rows = list[RecordMetadata]
-"""Metadata of rows to delete (an alias: ``list`` inside the saver is its method)."""
-DeletionPlan = tuple[Rows, str, dict[str, JsonValue]]
-"""Rows to delete, the event kind that deletes them and its payload."""
-
-
-class HasRepository(Protocol):
-    """What ``from_runtime`` needs of a flowvault runtime: its sealed repository."""
-
-    @property
-    def repository(self) -> SealedRepository: ...
+"""Listed rows (an alias: ``list`` inside the saver is its method)."""
 
 
 def _configurable(config: RunnableConfig) -> Mapping[str, Any]:
@@ -109,15 +84,6 @@ def _ns(configurable: Mapping[str, Any]) -> str:
 
 def _config(thread_id: str, ns: str, cid: str) -> RunnableConfig:
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": cid}}
-
-
-def _missing(what: str, thread: Thread, **details: str | int) -> IntegrityFailure:
-    return IntegrityFailure(
-        f"{what} that the thread's ledger records is missing: it was deleted outside "
-        "flowvault; restore the store from a backup",
-        stream=thread.stream,
-        **details,
-    )
 
 
 class FlowvaultSaver(BaseCheckpointSaver[str]):
@@ -148,6 +114,8 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         if not isinstance(repository, SealedRepository):
             raise InvalidInput("FlowvaultSaver takes a SealedRepository (runtime.repository)")
         self._rows = ThreadRows(repository)
+        self._checks = ThreadChecks(self._rows)
+        self._deletions = ThreadDeletions(self._rows)
         self._store = repository.store
         self._refuse_stale_forks = bool(refuse_stale_forks)
         self._known: OrderedDict[tuple[str, str, str], dict[str, tuple[str, str]]] = OrderedDict()
@@ -228,15 +196,15 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         if cid:
             stored = self._rows.load_checkpoint(thread, ns, cid)
             if stored is None:
-                self._refuse_missing(thread, self._rows.checkpoint_digest(thread, ns, cid))
+                self._checks.refuse_missing(thread, self._rows.checkpoint_digest(thread, ns, cid))
                 return None
-            return self._tuple(stored, self._history(thread, [stored]))
+            return self._tuple(stored, self._checks.history(thread, [stored]))
         for row in self._rows.listed(thread, ns, first_page=1):
             for stored in self._rows.open_listed(thread, [row]):
-                history = self._history(thread, [stored])
-                self._refuse_newer_missing(thread, ns, stored, history)
+                history = self._checks.history(thread, [stored])
+                self._checks.refuse_newer_missing(thread, ns, stored, history)
                 return self._tuple(stored, history)
-        self._refuse_any_missing(thread, ns)
+        self._checks.refuse_any_missing(thread, ns)
         return None
 
     def list(
@@ -300,12 +268,14 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
                 break
         if not window:
             if only is None:
-                self._refuse_any_missing(thread, ns, before=before)
+                self._checks.refuse_any_missing(thread, ns, before=before)
             return
-        history = self._history(thread, window, from_start=exhausted and only is None)
+        history = self._checks.history(thread, window, from_start=exhausted and only is None)
         if only is None:
             lowest = None if exhausted else min(stored.cid for stored in window)
-            self._refuse_window_gaps(thread, ns, window, history, lowest=lowest, before=before)
+            self._checks.refuse_window_gaps(
+                thread, ns, window, history, lowest=lowest, before=before
+            )
         for stored, metadata in matches:
             yield self._tuple(stored, history, metadata=metadata)
 
@@ -331,113 +301,10 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
             metadata = self.serde.loads_typed(stored.metadata)
             if not _matches(metadata, wanted):
                 continue
-            yield self._tuple(stored, self._history(thread, [stored]), metadata=metadata)
+            yield self._tuple(stored, self._checks.history(thread, [stored]), metadata=metadata)
             found += 1
             if limit is not None and found >= limit:
                 return
-
-    def _history(
-        self,
-        thread: Thread,
-        checkpoints: Sequence[StoredCheckpoint],
-        *,
-        from_start: bool = False,
-    ) -> ThreadHistory:
-        """Read the thread's events from the oldest row's bound (or from 0), checking each row.
-
-        A single row naming the stream's head needs no event read: nothing
-        was written or deleted after it (a tail cut back to it is what the
-        high-water mark catches).
-        """
-        bounds = [stored.bound for stored in checkpoints]
-        if any(bound is None for bound in bounds):
-            raise IntegrityFailure("a checkpoint row is not bound to its thread's ledger")
-        start = 0 if from_start else min(bound for bound in bounds if bound is not None)
-        if not from_start and len(checkpoints) == 1 and self._rows.head_is(thread, start):
-            return ThreadHistory(start + 1, (), start)
-        history = self._rows.history(thread, start)
-        for stored in checkpoints:
-            history.check_row(stored.identity, stored.bound, "a checkpoint")
-        return history
-
-    def _refuse_missing(self, thread: Thread, key_digest: str) -> None:
-        if self._store.ledger_head(thread.stream) is None:
-            return
-        for entry in self._rows.history(thread, 0).live_writes():
-            if entry.row.key_digest == key_digest:
-                raise _missing(
-                    "a checkpoint", thread, key_digest=key_digest, ledger_index=entry.event.index
-                )
-
-    def _refuse_any_missing(
-        self, thread: Thread, ns: str | None, *, before: str | None = None
-    ) -> None:
-        if self._store.ledger_head(thread.stream) is None:
-            return
-        ns_digest = None if ns is None else self._rows.ns_digest(thread, ns)
-        for entry in self._rows.history(thread, 0).live_writes():
-            if entry.event.type != CHECKPOINT_EVENT:
-                continue
-            if ns_digest is not None and entry.ns != ns_digest:
-                continue
-            if before is not None and entry.cid >= before:
-                continue
-            raise _missing(
-                "a checkpoint",
-                thread,
-                key_digest=entry.row.key_digest,
-                ledger_index=entry.event.index,
-            )
-
-    def _refuse_newer_missing(
-        self, thread: Thread, ns: str, stored: StoredCheckpoint, history: ThreadHistory
-    ) -> None:
-        ns_digest = self._rows.ns_digest(thread, ns)
-        for entry in history.live_writes():
-            if (
-                entry.event.type == CHECKPOINT_EVENT
-                and entry.ns == ns_digest
-                and entry.cid > stored.cid
-            ):
-                raise _missing(
-                    "a newer checkpoint",
-                    thread,
-                    key_digest=entry.row.key_digest,
-                    ledger_index=entry.event.index,
-                )
-
-    def _refuse_window_gaps(
-        self,
-        thread: Thread,
-        ns: str | None,
-        window: Sequence[StoredCheckpoint],
-        history: ThreadHistory,
-        *,
-        lowest: str | None,
-        before: str | None,
-    ) -> None:
-        """Refuse a listing that lacks a checkpoint the ledger wrote inside the window read.
-
-        The window runs from ``lowest`` (``None``: the listing read to the
-        end) up to ``before``.
-        """
-        listed = {stored.identity.key_digest for stored in window}
-        ns_digest = None if ns is None else self._rows.ns_digest(thread, ns)
-        for entry in history.live_writes():
-            if entry.event.type != CHECKPOINT_EVENT or entry.row.key_digest in listed:
-                continue
-            if ns_digest is not None and entry.ns != ns_digest:
-                continue
-            if (lowest is not None and entry.cid < lowest) or (
-                before is not None and entry.cid >= before
-            ):
-                continue
-            raise _missing(
-                "a checkpoint",
-                thread,
-                key_digest=entry.row.key_digest,
-                ledger_index=entry.event.index,
-            )
 
     def _tuple(
         self,
@@ -462,30 +329,11 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
             parent_config=None
             if stored.parent is None
             else _config(thread.thread_id, ns, stored.parent),
-            pending_writes=self._pending_writes(stored, history),
+            pending_writes=[
+                (write.task_id, write.channel, self.serde.loads_typed(write.value))
+                for write in self._checks.pending_writes(stored, history)
+            ],
         )
-
-    def _pending_writes(
-        self, stored: StoredCheckpoint, history: ThreadHistory
-    ) -> builtins.list[tuple[str, str, Any]]:
-        loaded = self._rows.load_writes(stored)
-        writes_digest = self._rows.writes_digest(stored.thread, stored.ns, stored.cid)
-        if loaded is None:
-            for entry in history.live_writes():
-                if entry.row.key_digest == writes_digest:
-                    raise _missing(
-                        "a checkpoint's task writes",
-                        stored.thread,
-                        key_digest=writes_digest,
-                        ledger_index=entry.event.index,
-                    )
-            return []
-        writes, identity, bound = loaded
-        if bound is not None and bound < history.start:
-            history = self._rows.history(stored.thread, bound)
-        history.check_row(identity, bound, "a checkpoint's task writes")
-        ordered = sorted(writes, key=lambda w: writes_sort_key(w.task_path, w.task_id, w.idx))
-        return [(w.task_id, w.channel, self.serde.loads_typed(w.value)) for w in ordered]
 
     # -- writing -------------------------------------------------------------
 
@@ -616,66 +464,15 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, write and value of a thread, under one ledger event."""
         thread = self._rows.thread(thread_id)
-        self._delete(thread, lambda: (self._rows.thread_rows(thread), THREAD_DELETED_EVENT, {}))
-
-    def _delete(
-        self,
-        thread: Thread,
-        plan: Callable[[], DeletionPlan],
-    ) -> None:
-        """Commit ``plan()``'s deletions with their event, planning again after a lost race."""
         self._forget_known()
-        retries = _RETRY.start()
-        while True:
-            doomed, kind, payload = plan()
-            if not doomed:
-                return
-            unit = self._rows.deletion_unit(thread, doomed, kind, payload)
-            try:
-                self._store.commit(unit)
-            except RevisionConflict:
-                retries.after_lost_race("a LangGraph thread")
-                continue
-            return
+        self._deletions.delete_thread(thread)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) that the named runs made, in every thread."""
-        digests = sorted({self._rows.run_digest(run) for run in run_ids if isinstance(run, str)})
-        for start in range(0, len(digests), MAX_EVENT_NAMES):
-            chunk = digests[start : start + MAX_EVENT_NAMES]
-            threads: set[str] = set()
-            for run in chunk:
-                for row in self._rows.rows_of(CHECKPOINTS, [LabelFilter("run", run)]):
-                    label = row.labels.get("thread")
-                    if isinstance(label, str):
-                        threads.add(label)
-            for label in sorted(threads):
-                thread = Thread.from_digest(label)
-                self._delete(thread, partial(self._runs_plan, thread, chunk))
-
-    def _runs_plan(self, thread: Thread, runs: Sequence[str]) -> DeletionPlan:
-        listed: builtins.list[JsonValue] = builtins.list(runs)
-        return self._run_rows(thread, runs), RUNS_DELETED_EVENT, {"runs": listed}
-
-    def _run_rows(self, thread: Thread, runs: Sequence[str]) -> Rows:
-        doomed: Rows = []
-        for run in runs:
-            filters = [LabelFilter("thread", thread.digest), LabelFilter("run", run)]
-            for row in self._rows.rows_of(CHECKPOINTS, filters):
-                doomed.append(row)
-                doomed.extend(self._writes_rows(thread, row))
-        return doomed
-
-    def _writes_rows(self, thread: Thread, checkpoint: RecordMetadata) -> Rows:
-        ns, cid = checkpoint.labels.get("ns"), checkpoint.labels.get("cid")
-        if not isinstance(ns, str) or not isinstance(cid, str):
-            return []
-        filters = [
-            LabelFilter("thread", thread.digest),
-            LabelFilter("ns", ns),
-            LabelFilter("cid", cid),
-        ]
-        return builtins.list(self._rows.rows_of(WRITES, filters))
+        self._forget_known()
+        self._deletions.delete_runs(
+            [self._rows.run_digest(run) for run in run_ids if isinstance(run, str)]
+        )
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Keep only each namespace's newest checkpoint (``"keep_latest"``), or delete all.
@@ -685,52 +482,13 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         """
         if strategy not in ("keep_latest", "delete"):
             raise InvalidInput("prune's strategy is 'keep_latest' or 'delete'")
+        self._forget_known()
         for thread_id in thread_ids:
-            if strategy == "delete":
-                self.delete_thread(thread_id)
-                continue
             thread = self._rows.thread(thread_id)
-            self._delete(thread, partial(self._prune_plan, thread))
-
-    def _prune_plan(self, thread: Thread) -> DeletionPlan:
-        doomed, kept = self._pruned_rows(thread)
-        if len(kept) > MAX_EVENT_NAMES:
-            raise InvalidInput(
-                f"prune keeps at most {MAX_EVENT_NAMES} namespaces of a thread; "
-                "delete the thread's subgraph namespaces first"
-            )
-        kept_list: builtins.list[JsonValue] = builtins.list(kept)
-        return doomed, PRUNED_EVENT, {"kept": kept_list}
-
-    def _pruned_rows(self, thread: Thread) -> tuple[Rows, builtins.list[str]]:
-        """Return what ``keep_latest`` deletes, and the key digests of the checkpoints it keeps."""
-        newest: dict[str, RecordMetadata] = {}
-        checkpoints = builtins.list(
-            self._rows.rows_of(CHECKPOINTS, [LabelFilter("thread", thread.digest)])
-        )
-        for row in checkpoints:
-            ns, cid = row.labels.get("ns"), row.labels.get("cid")
-            if not isinstance(ns, str) or not isinstance(cid, str):
-                continue
-            best = newest.get(ns)
-            if best is None or str(best.labels.get("cid")) < cid:
-                newest[ns] = row
-        keep = {row.key_digest for row in newest.values()}
-        doomed = [row for row in checkpoints if row.key_digest not in keep]
-        for row in builtins.list(doomed):
-            doomed.extend(self._writes_rows(thread, row))
-        if not doomed:
-            return [], sorted(keep)
-        named: set[str] = set()
-        repository = self._rows.repository
-        for stored in self._rows.open_listed(thread, builtins.list(newest.values())):
-            for channel, (version, _digest) in stored.channels.items():
-                key = ThreadRows.blob_key(thread, stored.ns, channel, version)
-                named.add(repository.key_digest(BLOBS, key))
-        for row in self._rows.rows_of(BLOBS, [LabelFilter("thread", thread.digest)]):
-            if row.key_digest not in named:
-                doomed.append(row)
-        return doomed, sorted(keep)
+            if strategy == "delete":
+                self._deletions.delete_thread(thread)
+            else:
+                self._deletions.prune(thread)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, write and value of one thread to another, in one unit of work."""
@@ -941,36 +699,4 @@ def _matches(metadata: Mapping[str, Any], wanted: Mapping[str, Any] | None) -> b
     return all(key in metadata and metadata[key] == value for key, value in wanted.items())
 
 
-def open_repository(conn_string: str, *, key: bytes, postgres_schema: str) -> SealedRepository:
-    """Open (creating where needed) the store ``conn_string`` names, sealed under ``key``."""
-    if not isinstance(conn_string, str) or not conn_string:
-        raise InvalidInput("a connection string is a SQLite path, a PostgreSQL DSN or ':memory:'")
-    cipher = AesGcmCipher.from_ring(KeyRing(primary=key))
-    store: Any
-    if conn_string == ":memory:":
-        store = InMemorySecureObjectStore()
-    elif conn_string.startswith(("postgresql://", "postgres://")):
-        from flowvault.adapters.postgres import (  # noqa: PLC0415 - an optional extra
-            PostgresSecureObjectStore,
-        )
-
-        store = PostgresSecureObjectStore.open(conn_string, schema=postgres_schema, create=True)
-    else:
-        store = SQLiteSecureObjectStore.open(Path(conn_string), create=True)
-    try:
-        capabilities = StoreCapabilities.of(store)
-        if capabilities.stats is not None:
-            check_key_matches(capabilities.stats.key_id_counts(), cipher.key_ids())
-    except BaseException:
-        store.close()
-        raise
-    return SealedRepository(store, cipher, SystemClock(), capabilities=capabilities)
-
-
-__all__ = [
-    "STREAM_PREFIX",
-    "WRITES_EVENT",
-    "AsyncFlowvaultSaver",
-    "FlowvaultSaver",
-    "HasRepository",
-]
+__all__ = ["AsyncFlowvaultSaver", "FlowvaultSaver", "HasRepository"]

@@ -109,14 +109,6 @@ def version_text(version: str | int | float) -> str:
     return json.dumps(version)
 
 
-def version_value(text: str) -> str | int | float:
-    """Return the channel version ``version_text`` wrote."""
-    value = json.loads(text)
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise IntegrityFailure("a sealed channel version has an unexpected type")
-    return value
-
-
 @dataclass(frozen=True, slots=True)
 class Thread:
     """One thread's digests: its label, its stream; the thread id itself stays sealed."""
