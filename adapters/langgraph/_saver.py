@@ -696,7 +696,7 @@ def _batched(rows: Iterator[RecordMetadata], size: int) -> Iterator[Rows]:
 def _matches(metadata: Mapping[str, Any], wanted: Mapping[str, Any] | None) -> bool:
     if not wanted:
         return True
-    return all(key in metadata and metadata[key] == value for key, value in wanted.items())
+    return all(metadata.get(key) == value for key, value in wanted.items())
 
 
 __all__ = ["AsyncFlowvaultSaver", "FlowvaultSaver", "HasRepository"]

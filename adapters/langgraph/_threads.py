@@ -511,17 +511,17 @@ class ThreadRows:
             if channel in draft.new_values:
                 value = draft.new_values[channel]
                 data = EMPTY if value is None else _join(value)
-                digest = self._value_digest(data)
+                named_digest = self._value_digest(data)
                 stored = known or (None if optimistic else self._blob_named(key))
                 if stored is None:
-                    upserts.extend(self._value_upserts(thread, ns, key, data, digest))
-                    pending[key] = digest
+                    upserts.extend(self._value_upserts(thread, ns, key, data, named_digest))
+                    pending[key] = named_digest
                 else:
-                    digest = stored
+                    named_digest = stored
             else:
-                digest = known or self._blob_named(key) or ""
-            if digest:
-                channels[channel] = [text, digest]
+                named_digest = known or self._blob_named(key) or ""
+            if named_digest:
+                channels[channel] = [text, named_digest]
         document: dict[str, JsonValue] = {
             "thread": thread.thread_id,
             "ns": ns,
@@ -611,11 +611,16 @@ class ThreadRows:
         (an error, an interrupt) replaces the one stored. Returns ``None``
         when nothing would change. ``copy_of_run`` builds the row of a
         checkpoint copied in the same unit (so not stored yet), made by
-        that run.
+        that run: it replaces any writes row the target holds.
         """
         key = self._writes_key(thread, ns, cid)
         checkpoint = self.checkpoint_digest(thread, ns, cid)
         opened = None if copy_of_run is not None else self._repo.read(WRITES, key)
+        replaced = (
+            opened.metadata
+            if opened is not None
+            else self._store.peek_metadata(WRITES, self.writes_digest(thread, ns, cid))
+        )
         stored: dict[tuple[str, int], StoredWrite] = {}
         if opened is not None:
             for write in _writes_from(opened.document, opened.metadata.key_digest):
@@ -657,7 +662,7 @@ class ThreadRows:
             WRITES,
             key,
             document,
-            expected=Guard.ABSENT if opened is None else opened.metadata.revision,
+            expected=Guard.ABSENT if replaced is None else replaced.revision,
             labels={**self._labels(thread, ns), "cid": cid},
             ledger_index=event.index,
         )

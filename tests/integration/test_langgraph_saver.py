@@ -224,3 +224,29 @@ def test_async_methods_never_touch_the_store_on_the_event_loop() -> None:
     assert used
     assert loop_thread not in used
     assert len(used) <= 2
+
+
+def test_copying_a_thread_twice_replaces_the_copy(saver: FlowvaultSaver) -> None:
+    """A second copy over the first lands, and the target shows the source as it now is."""
+    config = saver.put(_config("src"), _checkpoint({"v": 1}, {"v": 1}), {}, {"v": 1})
+    saver.put_writes(config, [("v", "first")], task_id="t")
+    saver.copy_thread("src", "dst")
+    saver.put_writes(config, [("v", "second")], task_id="u")
+    saver.copy_thread("src", "dst")
+    copied = saver.get_tuple(_config("dst"))
+    assert copied is not None
+    assert sorted(copied.pending_writes or []) == [("t", "v", "first"), ("u", "v", "second")]
+
+
+def test_putting_a_checkpoint_id_again_replaces_it(saver: FlowvaultSaver) -> None:
+    """A second ``put`` of the same id is a compare-and-swap on the row, not a failure."""
+    first = _checkpoint({"v": 1}, {"v": 1})
+    config = saver.put(_config("again"), first, {"step": 1}, {"v": 1})
+    second = _checkpoint({"v": 2}, {"v": 2})
+    second["id"] = first["id"]
+    assert saver.put(_config("again"), second, {"step": 2}, {"v": 2}) == config
+    found = saver.get_tuple(config)
+    assert found is not None
+    assert found.checkpoint["channel_values"] == {"v": 2}
+    assert found.metadata["step"] == 2
+    assert len(list(saver.list(_config("again")))) == 1
