@@ -202,8 +202,8 @@ def test_readme_cli_tour_runs_as_written(tmp_path: Path) -> None:
 
 def test_langgraph_guide_examples_run(tmp_path: Path) -> None:
     """The LangGraph guide's openers run; its graph pauses, then resumes in a new process."""
-    opener, conn_string, graph = _python_blocks("docs/langgraph.md")
-    for block in (opener, conn_string):
+    opener, conn_string, graph, approvals = _python_blocks("docs/langgraph.md")
+    for block in (opener, conn_string, approvals):
         exec(compile(block, "docs/langgraph.md", "exec"), {})  # noqa: S102 - running our own docs
     script = tmp_path / "refund.py"
     script.write_text(graph)
