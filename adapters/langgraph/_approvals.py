@@ -156,7 +156,9 @@ class GraphApprovals:
 
 
 def _pause(config: RunnableConfig) -> tuple[str, str]:
-    configurable: Mapping[str, Any] = config.get("configurable") or {}
+    configurable = config.get("configurable") if isinstance(config, Mapping) else None
+    if not isinstance(configurable, Mapping):
+        configurable = {}
     thread, checkpoint_id = configurable.get("thread_id"), configurable.get("checkpoint_id")
     if not (
         isinstance(thread, str) and thread and isinstance(checkpoint_id, str) and checkpoint_id

@@ -22,7 +22,6 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
-    get_checkpoint_id,
     get_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
@@ -40,6 +39,7 @@ from flowvault.adapters.langgraph._threads import (
     StoredWrite,
     Thread,
     ThreadRows,
+    checked_text,
 )
 from flowvault.application import (
     Guard,
@@ -62,24 +62,39 @@ DEFAULT_THREADS: Final = 4
 R = TypeVar("R")
 _PAGE: Final = 200
 _KNOWN_CHECKPOINTS: Final = 256
+_LONGEST_COUNTER: Final = 32
 """Recent checkpoints whose channels a saver remembers for their children's puts."""
 
 Rows = list[RecordMetadata]
 """Listed rows (an alias: ``list`` inside the saver is its method)."""
 
 
-def _configurable(config: RunnableConfig) -> Mapping[str, Any]:
-    configurable = config.get("configurable")
+def _configurable(config: object) -> Mapping[str, Any]:
+    configurable = config.get("configurable") if isinstance(config, Mapping) else None
     if not isinstance(configurable, Mapping):
         raise InvalidInput("a LangGraph config needs a 'configurable' mapping with a thread_id")
     return configurable
 
 
 def _ns(configurable: Mapping[str, Any]) -> str:
-    ns = configurable.get("checkpoint_ns", "")
-    if not isinstance(ns, str):
-        raise InvalidInput("checkpoint_ns is text")
-    return ns
+    return checked_text(configurable.get("checkpoint_ns", ""), "checkpoint_ns", empty=True)
+
+
+def _optional_id(configurable: Mapping[str, Any]) -> str | None:
+    cid = configurable.get("checkpoint_id")
+    return None if cid is None or cid == "" else checked_text(cid, "checkpoint_id")
+
+
+def _mapping(value: object, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
+        raise InvalidInput(f"{what} is a mapping with text keys")
+    return value
+
+
+def _texts(values: object, what: str) -> builtins.list[str]:
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+        raise InvalidInput(f"{what} is a sequence of text")
+    return [checked_text(value, what) for value in values]
 
 
 def _config(thread_id: str, ns: str, cid: str) -> RunnableConfig:
@@ -192,7 +207,7 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         configurable = _configurable(config)
         thread = self._rows.thread(configurable.get("thread_id"))
         ns = _ns(configurable)
-        cid = get_checkpoint_id(config)
+        cid = _optional_id(configurable)
         if cid:
             stored = self._rows.load_checkpoint(thread, ns, cid)
             if stored is None:
@@ -222,18 +237,20 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         The whole window read is checked against each thread's ledger
         before anything is yielded.
         """
+        if limit is not None and (type(limit) is not int):
+            raise InvalidInput("limit is a whole number or None")
+        if filter is not None:
+            _mapping(filter, "filter")
+        before_id = None if before is None else _optional_id(_configurable(before))
         if limit is not None and limit <= 0:
             return
-        before_id = get_checkpoint_id(before) if before else None
         if config is None:
             yield from self._list_all(filter, before_id, limit)
             return
         configurable = _configurable(config)
         thread = self._rows.thread(configurable.get("thread_id"))
-        ns = configurable.get("checkpoint_ns")
-        if ns is not None and not isinstance(ns, str):
-            raise InvalidInput("checkpoint_ns is text")
-        only = get_checkpoint_id(config)
+        ns = None if configurable.get("checkpoint_ns") is None else _ns(configurable)
+        only = _optional_id(configurable)
         yield from self._list_thread(
             thread, ns=ns, only=only, wanted=filter, before=before_id, limit=limit
         )
@@ -355,24 +372,26 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         configurable = _configurable(config)
         thread = self._rows.thread(configurable.get("thread_id"))
         ns = _ns(configurable)
-        parent = configurable.get("checkpoint_id")
-        body: dict[str, Any] = dict(checkpoint)
-        values: dict[str, Any] = body.pop("channel_values", {})
+        parent = _optional_id(configurable)
+        body: dict[str, Any] = dict(_mapping(checkpoint, "a checkpoint"))
+        values = dict(_mapping(body.pop("channel_values", {}), "channel_values"))
+        versions = dict(_mapping(body.get("channel_versions"), "channel_versions"))
+        new = _mapping(new_versions, "new_versions")
+        _mapping(metadata, "metadata")
         full_metadata = get_checkpoint_metadata(config, metadata)
         run_id = full_metadata.get("run_id")
-        versions = dict(checkpoint["channel_versions"])
         draft = CheckpointDraft(
             ns=ns,
-            cid=checkpoint["id"],
+            cid=checked_text(body.get("id"), "a checkpoint's id"),
             parent=parent if isinstance(parent, str) and parent else None,
             run_id=run_id if isinstance(run_id, str) and run_id else None,
-            checkpoint=self.serde.dumps_typed(body),
-            metadata=self.serde.dumps_typed(full_metadata),
+            checkpoint=self._dumps(body),
+            metadata=self._dumps(full_metadata),
             versions=versions,
             new_values={
-                channel: self.serde.dumps_typed(values[channel]) if channel in values else None
-                for channel in new_versions
-                if versions.get(channel) == new_versions[channel]
+                channel: self._dumps(values[channel]) if channel in values else None
+                for channel in new
+                if versions.get(channel) == new[channel]
             },
         )
         if draft.parent is not None:
@@ -393,6 +412,15 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
                 continue
             self._remember_channels(thread, ns, draft.cid, channels)
             return _config(thread.thread_id, ns, draft.cid)
+
+    def _dumps(self, value: object) -> tuple[str, bytes]:
+        """Serialise ``value``; one the serializer refuses is the caller's ``InvalidInput``."""
+        try:
+            return self.serde.dumps_typed(value)
+        except (TypeError, ValueError, OverflowError, RecursionError) as refused:
+            raise InvalidInput(
+                f"the serializer cannot encode a value ({type(refused).__name__})"
+            ) from None
 
     def _remember(self, stored: StoredCheckpoint) -> None:
         self._remember_channels(stored.thread, stored.ns, stored.cid, stored.channels)
@@ -436,19 +464,27 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         configurable = _configurable(config)
         thread = self._rows.thread(configurable.get("thread_id"))
         ns = _ns(configurable)
-        cid = configurable.get("checkpoint_id")
-        if not isinstance(cid, str) or not cid:
+        cid = _optional_id(configurable)
+        if cid is None:
             raise InvalidInput("put_writes needs the checkpoint_id its writes belong to")
-        stored = [
-            StoredWrite(
-                task_id=task_id,
-                idx=WRITES_IDX_MAP.get(channel, idx),
-                channel=channel,
-                value=self.serde.dumps_typed(value),
-                task_path=task_path,
+        checked_text(task_id, "a task id")
+        checked_text(task_path, "a task path", empty=True)
+        if isinstance(writes, str | bytes) or not isinstance(writes, Sequence):
+            raise InvalidInput("writes are a sequence of (channel, value) pairs")
+        stored = []
+        for idx, write in enumerate(writes):
+            if isinstance(write, str | bytes) or not isinstance(write, Sequence) or len(write) != 2:
+                raise InvalidInput("writes are a sequence of (channel, value) pairs")
+            channel = checked_text(write[0], "a write's channel")
+            stored.append(
+                StoredWrite(
+                    task_id=task_id,
+                    idx=WRITES_IDX_MAP.get(channel, idx),
+                    channel=channel,
+                    value=self._dumps(write[1]),
+                    task_path=task_path,
+                )
             )
-            for idx, (channel, value) in enumerate(writes)
-        ]
         retries = _RETRY.start()
         while True:
             unit = self._rows.writes_unit(thread, ns, cid, stored, self._rows.head(thread))
@@ -469,10 +505,9 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) that the named runs made, in every thread."""
+        runs = _texts(run_ids, "run ids")
         self._forget_known()
-        self._deletions.delete_runs(
-            [self._rows.run_digest(run) for run in run_ids if isinstance(run, str)]
-        )
+        self._deletions.delete_runs([self._rows.run_digest(run) for run in runs])
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Keep only each namespace's newest checkpoint (``"keep_latest"``), or delete all.
@@ -480,10 +515,11 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         Channel values no kept checkpoint names go too. Raises
         ``InvalidInput`` for another strategy.
         """
-        if strategy not in ("keep_latest", "delete"):
+        if not isinstance(strategy, str) or strategy not in ("keep_latest", "delete"):
             raise InvalidInput("prune's strategy is 'keep_latest' or 'delete'")
+        threads = _texts(thread_ids, "thread ids")
         self._forget_known()
-        for thread_id in thread_ids:
+        for thread_id in threads:
             thread = self._rows.thread(thread_id)
             if strategy == "delete":
                 self._deletions.delete_thread(thread)
@@ -562,10 +598,15 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         """Return the version after ``current``: a padded counter and a random tail."""
         if current is None:
             number = 0
-        elif isinstance(current, int):
+        elif isinstance(current, int) and not isinstance(current, bool):
+            if not 0 <= current < 10**_LONGEST_COUNTER - 1:
+                raise InvalidInput("a channel version to follow is a counter below 10**32 - 1")
             number = current
         else:
-            number = int(str(current).split(".")[0])
+            head = current.split(".")[0] if isinstance(current, str) else ""
+            if not head.isascii() or not head.isdigit() or len(head) > _LONGEST_COUNTER:
+                raise InvalidInput("a channel version to follow is a number or a counter text")
+            number = int(head)
         return f"{number + 1:032}.{secrets.randbelow(10**16):016}"
 
     # -- async twins ---------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -58,6 +59,8 @@ _AFTER_ANY_ID: Final = "\U0010ffff"
 """Above every checkpoint id: the upper bound of a thread's range of positions."""
 MAX_CHECKPOINT_ID: Final = 100
 """Longest checkpoint id: its positions, two digests and the id, must fit a 256-character label."""
+MAX_VERSION: Final = 128
+"""Longest channel version text (LangGraph's are 49 characters)."""
 MAX_EVENT_NAMES: Final = 100
 """Most digests one deletion event names (a ledger list keeps 100 items)."""
 
@@ -102,10 +105,29 @@ def _decode(value: JsonValue, what: str) -> Serialized:
     raise IntegrityFailure(f"a sealed {what} has an unexpected shape")
 
 
+def checked_text(
+    value: object, what: str, *, longest: int | None = None, empty: bool = False
+) -> str:
+    """Return ``value`` if it is text that UTF-8 can hold, of the allowed length."""
+    if not isinstance(value, str) or (not value and not empty):
+        raise InvalidInput(f"{what} is {'' if empty else 'non-empty '}text")
+    if longest is not None and len(value) > longest:
+        raise InvalidInput(f"{what} is at most {longest} characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{what} holds a lone surrogate, which UTF-8 cannot store") from None
+    return value
+
+
 def version_text(version: str | int | float) -> str:
     """Return a channel version as text that round-trips its type."""
     if isinstance(version, bool) or not isinstance(version, str | int | float):
         raise InvalidInput("a channel version is text, an integer or a float")
+    if isinstance(version, float) and not math.isfinite(version):
+        raise InvalidInput("a channel version is a finite number")
+    if isinstance(version, str):
+        checked_text(version, "a channel version", longest=MAX_VERSION, empty=True)
     return json.dumps(version)
 
 
@@ -190,9 +212,8 @@ class ThreadRows:
 
     def thread(self, thread_id: object) -> Thread:
         """Name a thread by the keyed digest of its id."""
-        if not isinstance(thread_id, str) or not thread_id:
-            raise InvalidInput("a thread id is non-empty text")
-        return Thread(thread_id, self._digest(THREAD_TAG, thread_id))
+        checked = checked_text(thread_id, "a thread id")
+        return Thread(checked, self._digest(THREAD_TAG, checked))
 
     def ns_digest(self, thread: Thread, ns: str) -> str:
         """Label a namespace by a keyed digest of it, so namespaces stay sealed too."""
@@ -483,11 +504,9 @@ class ThreadRows:
         pending = {} if pending is None else pending
         optimistic = expected is not None
         ns, cid = draft.ns, draft.cid
-        if not isinstance(cid, str) or not cid or len(cid) > MAX_CHECKPOINT_ID:
-            raise InvalidInput(
-                f"a checkpoint id is 1 to {MAX_CHECKPOINT_ID} characters of text "
-                "(LangGraph's own are 36)"
-            )
+        checked_text(
+            cid, "a checkpoint id (LangGraph's are 36 characters)", longest=MAX_CHECKPOINT_ID
+        )
         digest = self.checkpoint_digest(thread, ns, cid)
         run = None if draft.run_id is None else self.run_digest(draft.run_id)
         payload: dict[str, JsonValue] = {
