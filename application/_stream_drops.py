@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Final, Protocol
+from typing import Final, Protocol, runtime_checkable
 
 from flowvault.application._keyed_digester import KeyedDigester
 from flowvault.application._records import Delete, LedgerDrop, LedgerPage, UnitOfWork, Upsert
@@ -37,6 +37,7 @@ _REASON: Final = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 _PAGE: Final = 200
 
 
+@runtime_checkable
 class LedgerReader(Protocol):
     """What ``proven_drops`` reads: one stream, a page at a time."""
 
