@@ -61,9 +61,11 @@ def drop_unit(
     ``ledger.dropped`` event per stream is appended to ``DROP_REGISTRY``.
     ``upserts`` and ``deletes`` (the records the streams belonged to, say)
     commit in the same unit, so the streams and their records go together
-    or not at all. Commit the unit as it is: an event appended meanwhile to
-    a dropped stream, or another drop recorded first, makes it fail with
-    ``RevisionConflict`` and nothing is dropped; build it again to retry.
+    or not at all; a record whose header names an event of a dropped
+    stream no longer reads as current, so delete it here. Commit the unit
+    as it is: an event appended meanwhile to a dropped stream, or another
+    drop recorded first, makes it fail with ``RevisionConflict`` and
+    nothing is dropped; build it again to retry.
     ``reason`` is a short token (``thread_deleted``), never free text: it
     is written to the ledger in plaintext.
 
