@@ -7,6 +7,8 @@ Capabilities a store may lack (``StreamCatalog``, ``StreamHeadBatch``,
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from flowvault.application import (
@@ -150,6 +152,59 @@ class LedgerDropContract:
             assert store.list_streams() == ["s"]
         store.commit(UnitOfWork(drops=[LedgerDrop("s", 0)]))
         _gone(store, "s")
+
+    def test_racing_drops_and_appends_have_one_winner(self, store: SecureObjectStore) -> None:
+        """Two drops and two appends built on one head, committed at once: exactly one lands.
+
+        A barrier lines every round up, so all four read the same head and
+        commit together; the stream is then either gone or one event longer.
+        """
+        workers, rounds = 4, 10
+        heads = {n: _chain(store, f"race/{n}", 2)[-1] for n in range(rounds)}
+        winners: dict[int, list[int]] = {n: [] for n in range(rounds)}
+        lock = threading.Lock()
+        barrier = threading.Barrier(workers, timeout=120)
+        errors: list[BaseException] = []
+
+        def racer(worker: int) -> None:
+            try:
+                for n in range(rounds):
+                    barrier.wait()
+                    head = store.ledger_head(f"race/{n}")
+                    assert head == heads[n]
+                    barrier.wait()
+                    if worker % 2:
+                        unit = UnitOfWork(drops=[LedgerDrop(head.stream, head.index)])
+                    else:
+                        added = make_event(head.stream, head.index + 1, head, payload=worker)
+                        unit = UnitOfWork(appends=[added])
+                    try:
+                        store.commit(unit)
+                    except RevisionConflict:
+                        continue
+                    with lock:
+                        winners[n].append(worker)
+            except threading.BrokenBarrierError:
+                return
+            except BaseException as exc:  # surfaced in the main thread
+                errors.append(exc)
+                barrier.abort()
+
+        threads = [threading.Thread(target=racer, args=(n,)) for n in range(workers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == []
+        for n, won in winners.items():
+            assert len(won) == 1, (n, won)
+            head = store.ledger_head(f"race/{n}")
+            if won[0] % 2:
+                _gone(store, f"race/{n}")
+            else:
+                assert head is not None
+                assert (head.index, head.payload) == (2, won[0])
+                assert len(store.read_ledger(f"race/{n}").events) == 3
 
     def test_a_drop_counts_as_a_commit(self, store: SecureObjectStore) -> None:
         """A unit that only drops raises the commit count; a refused one does not."""
