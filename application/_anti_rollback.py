@@ -424,9 +424,10 @@ class AntiRollback:
     def _outgrown(self, mark: HighWaterMark, state: MarkState, forgets: int) -> bool:
         """Whether the log is due for compaction before ``forgets`` more bytes of drops.
 
-        It is past twice its compacted size; or, since every byte a drop
-        writes stands for about as many remembered before, the bytes of
-        drops outweigh half the log.
+        It is past twice its compacted size; or it would be mostly dead:
+        each drop entry cancels an entry about as long written before, so
+        the drops this process wrote since it last compacted, counted
+        twice, outweigh half the log (plus the slack).
         """
         if mark.records == 0 or state.log_size > 2 * mark.base + COMPACT_SLACK:
             return True
