@@ -14,7 +14,13 @@ from flowvault.adapters._rows import Params, event_params, stream_state
 from flowvault.adapters._sql_store import INDEX_CEILING
 from flowvault.adapters.sqlite import _queries as sql
 from flowvault.adapters.sqlite._rows import LabelWrites, label_writes, record_params
-from flowvault.application import UnitOfWork, check_append, check_delete, check_upsert
+from flowvault.application import (
+    UnitOfWork,
+    check_append,
+    check_delete,
+    check_drop,
+    check_upsert,
+)
 from flowvault.domain import LedgerEvent
 
 _Head = tuple[int | None, str | None]
@@ -35,6 +41,7 @@ class PreparedUnit:
     events: list[Params]
     heads: list[Params]
     trims: list[tuple[int, str]]
+    drops: list[tuple[str]]
 
     @classmethod
     def build(cls, unit: UnitOfWork) -> PreparedUnit:
@@ -54,6 +61,7 @@ class PreparedUnit:
             events=[event_params(event) for event in unit.appends],
             heads=_head_rows(unit.appends),
             trims=[(min(trim.before_index, INDEX_CEILING), trim.stream) for trim in unit.trims],
+            drops=[(drop.stream,) for drop in unit.drops],
         )
 
 
@@ -112,6 +120,8 @@ def check_guards(connection: sqlite3.Connection, unit: UnitOfWork) -> None:
             heads[event.stream] = _stream_head(connection, event.stream)
         check_append(event, *heads[event.stream])
         heads[event.stream] = (event.index, event.event_hash)
+    for drop in unit.drops:
+        check_drop(drop.stream, drop.head_index, _stream_head(connection, drop.stream)[0])
 
 
 def _many(connection: sqlite3.Connection, statement: str, rows: Sequence[Params]) -> None:
@@ -121,7 +131,7 @@ def _many(connection: sqlite3.Connection, statement: str, rows: Sequence[Params]
 
 
 def apply_writes(connection: sqlite3.Connection, prepared: PreparedUnit) -> None:
-    """Write everything, in the reference order: upserts, deletes, appends, trims.
+    """Write everything, in the reference order: upserts, deletes, appends, trims, drops.
 
     Label rows are written only where a record's label set changed, judged
     against the set its row held before this write.
@@ -149,3 +159,5 @@ def apply_writes(connection: sqlite3.Connection, prepared: PreparedUnit) -> None
     for before_index, stream in prepared.trims:
         connection.execute(sql.TRIM_STREAM, (before_index, stream))
         connection.execute(sql.TRIM_EVENTS, (stream, stream))
+    _many(connection, sql.DROP_EVENTS, prepared.drops)
+    _many(connection, sql.DROP_STREAM, prepared.drops)
