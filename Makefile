@@ -52,10 +52,12 @@ install-bench: install-dev
 	rm -rf build flowvault.egg-info
 
 # The benchmark suite (minutes; never part of `make test`, which runs only its
-# --quick smoke test). BENCH_ARGS passes options, e.g. BENCH_ARGS="--only S1,S2".
+# --quick smoke test). BENCH_ARGS passes options, e.g. BENCH_ARGS="--only S1,S2";
+# ASYNC_BENCH_ARGS those of the async mechanisms' comparison (docs/async.md).
 BENCH_OUT ?= bench-results.json
 bench: install-bench
 	$(BIN)/python benchmarks/run.py --out $(BENCH_OUT) $(BENCH_ARGS)
+	$(BIN)/python benchmarks/async_mechanisms.py $(ASYNC_BENCH_ARGS)
 
 # The main job: install flowvault and run an approval workflow end to end in a
 # fresh SQLite home (a new temporary directory; DEMO_ARGS="--home DIR" to choose).

@@ -18,7 +18,7 @@ from flowvault.application._checkpoints import CheckpointService
 from flowvault.application._cursor import LabelCursor, ListCursor, effective_limit
 from flowvault.application._definitions import DefinitionRegistry
 from flowvault.application._evidence import EvidenceService
-from flowvault.application._guards import check_append, check_delete, check_upsert
+from flowvault.application._guards import check_append, check_delete, check_drop, check_upsert
 from flowvault.application._keyed_digester import KeyedDigester
 from flowvault.application._keys import KeyStore
 from flowvault.application._lease_keeper import LeaseKeeper
@@ -30,6 +30,7 @@ from flowvault.application._records import (
     FilterOp,
     Guard,
     LabelFilter,
+    LedgerDrop,
     LedgerPage,
     LedgerTrim,
     Order,
@@ -50,6 +51,7 @@ from flowvault.application._runs import ResultRepository
 from flowvault.application._scope_transfer import ScopeReport, add_scope_verified, read_scope
 from flowvault.application._sealed import SealedBytes, SealedDocument, SealedRepository
 from flowvault.application._state import HistoryEvent, StateRepository, StateSnapshot
+from flowvault.application._stream_drops import DROP_REGISTRY, drop_unit
 from flowvault.application._stream_writer import StreamWriter
 from flowvault.application._streams import chained_event, mac_matches, trim_unit
 from flowvault.application._terminal_receipts import TerminalReceipts
@@ -85,6 +87,7 @@ from flowvault.application.ports import (
 )
 
 __all__ = [
+    "DROP_REGISTRY",
     "MAX_LOAD_BATCH",
     "MAX_TAGS",
     "ActionResultService",
@@ -119,6 +122,7 @@ __all__ = [
     "LabelListing",
     "LeaseKeeper",
     "LedgerAudit",
+    "LedgerDrop",
     "LedgerPage",
     "LedgerTrim",
     "ListCursor",
@@ -169,8 +173,10 @@ __all__ = [
     "chained_event",
     "check_append",
     "check_delete",
+    "check_drop",
     "check_upsert",
     "decode_archive",
+    "drop_unit",
     "effective_limit",
     "encode_archive",
     "fill_verified",

@@ -10,8 +10,13 @@ below either is refused with ``STORE_ROLLED_BACK``.
 
 The sizes live in an append-only log beside the mark's head
 (``_mark_format``): each flush appends one line naming the streams its
-commits grew. The log is compacted into one line of every stream's size
-once it has grown to twice its size after the last compaction. The mark is
+commits grew or dropped. The log is compacted into one line of every
+stream's size once it has grown to twice its size after the last
+compaction, or once the streams it forgot outweigh those it remembers.
+A stream gone from the store, or shorter than the mark remembers, is
+accepted on open only when a keyed ``ledger.dropped`` event proves a key
+holder dropped it at or past the size remembered (``_stream_drops``); it
+is then forgotten. The mark is
 advanced after commits, never before the database holds what it names:
 at once in the strict mode, a bounded window behind in the default one
 (``_mark_flusher``).
@@ -25,7 +30,7 @@ falls back to, as it is after a crash: the mark is written after its commit.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Final, Protocol, runtime_checkable
 
@@ -37,6 +42,7 @@ from flowvault.application._mark_format import (
     MarkFile,
     MarkState,
     MarkWrite,
+    apply_line,
     format_mark,
     log_line,
     log_link,
@@ -44,6 +50,7 @@ from flowvault.application._mark_format import (
     replay_log,
 )
 from flowvault.application._observability import EventLog
+from flowvault.application._stream_drops import LedgerReader, proven_drops
 from flowvault.application.ports import MAX_HEAD_BATCH, StoreEpoch
 from flowvault.domain import (
     IntegrityFailure,
@@ -109,8 +116,12 @@ class AntiRollback:
         self._lock = threading.Lock()
         self._pending_lock = threading.Lock()
         self._pending: dict[str, int] = {}
+        """What the next write appends, as one log line reads (``apply_line``)."""
         self._asked = 0
         self._flushed = 0
+        self._forgotten = 0
+        """Bytes of drop entries this process wrote since it last compacted the log."""
+        self._compact_next = False
 
     @property
     def location(self) -> str:
@@ -141,10 +152,16 @@ class AntiRollback:
                 _log.warning("high_water_mark_started", location=self.location, epoch=current)
             self._restart(current)
             return 0
-        mark = self._compared(state, current)
+        mark, excused, sizes = self._compared(state, current)
+        if excused:
+            _log.warning(
+                "high_water_mark_drops_accepted", location=self.location, streams=len(excused)
+            )
+            self.note({name: size for name, size in excused.items() if size}, dropped=excused)
         if state.passed_over or mark.records == 0:
             self._restart(current)
         else:
+            self._compact_next = state.log_size > 2 * len(log_line(sizes)) + COMPACT_SLACK
             self.advance()
         return mark.epoch
 
@@ -163,10 +180,17 @@ class AntiRollback:
         current = self._epoch.epoch()
         if state is None or (state.empty and not current):
             return None
-        return self._compared(state, current).epoch
+        return self._compared(state, current)[0].epoch
 
-    def _compared(self, state: MarkState, current: int) -> HighWaterMark:
-        """Verify the mark and refuse a store below it; return the mark."""
+    def _compared(
+        self, state: MarkState, current: int
+    ) -> tuple[HighWaterMark, dict[str, int], dict[str, int]]:
+        """Verify the mark and refuse a store below it.
+
+        Returns the mark, the streams found short whose drop is proven
+        (with their size in the store now, 0 when gone) and the sizes the
+        mark remembers.
+        """
         if state.empty:
             raise IntegrityFailure(
                 f"the high-water mark at {self.location} is empty but the store holds "
@@ -180,10 +204,10 @@ class AntiRollback:
         sizes = replay_log(mark, state.log(), self._digester, self.location)
         if current < mark.epoch:
             raise self._rolled_back(current, mark.epoch)
-        self._compare(sizes)
+        excused = self._compare(sizes)
         if state.passed_over:
             self._check_passed_over(state.passed_over, mark, sizes, current)
-        return mark
+        return mark, excused, sizes
 
     def _rolled_back(self, current: int, seen: int) -> StoreRolledBack:
         return StoreRolledBack(
@@ -251,7 +275,8 @@ class AntiRollback:
             return True
         return any(size > sizes.get(name, 0) for name, size in self._sizes_in_store().items())
 
-    def _compare(self, sizes: Mapping[str, int]) -> None:
+    def _compare(self, sizes: Mapping[str, int]) -> dict[str, int]:
+        """Refuse a stream shorter than remembered unless proven dropped; return those proven."""
         short: list[tuple[str, int, int]] = []
         for names in _batches(sorted(sizes)):
             heads = self._head_indexes(names)
@@ -260,6 +285,11 @@ class AntiRollback:
                 for name in names
                 if heads.get(name, -1) + 1 < sizes[name]
             ]
+        proven = self._proven_drops() if short else {}
+        excused = {
+            name: size for name, size, seen in short if proven.get(name, -1) >= seen - 1
+        }
+        short = [entry for entry in short if entry[0] not in excused]
         if short:
             stream, size, seen = short[0]
             others = f" (and {len(short) - 1} more streams)" if len(short) > 1 else ""
@@ -272,6 +302,13 @@ class AntiRollback:
                 high_water=seen,
                 streams=len(short),
             )
+        return excused
+
+    def _proven_drops(self) -> Mapping[str, int]:
+        """Return the streams the registry proves dropped; none if the store reads no ledger."""
+        if not isinstance(self._store, LedgerReader):
+            return {}
+        return proven_drops(self._store, self._digester)
 
     def _head_indexes(self, names: Sequence[str]) -> Mapping[str, int]:
         return self._capabilities.head_indexes(self._store, names)
@@ -305,7 +342,9 @@ class AntiRollback:
             self._marks.update(restarted)
             self._written = max(self._written, current)
 
-    def _fresh(self, epoch: int, sizes: Mapping[str, int]) -> MarkWrite:
+    def _fresh(self, epoch: int, entry: Mapping[str, int]) -> MarkWrite:
+        sizes: dict[str, int] = {}
+        apply_line(sizes, entry)
         if not sizes:
             return MarkWrite(format_mark(HighWaterMark(epoch), self._digester), replace_log=True)
         line = log_line(sizes)
@@ -313,13 +352,22 @@ class AntiRollback:
         mark = HighWaterMark(epoch, 1, chain, len(line))
         return MarkWrite(format_mark(mark, self._digester), line, replace_log=True)
 
-    def note(self, sizes: Mapping[str, int]) -> None:
-        """Remember stream sizes a commit reached, for the next ``advance`` to write."""
-        with self._pending_lock:
-            _raise_sizes(self._pending, sizes)
+    def note(self, sizes: Mapping[str, int], dropped: Collection[str] = ()) -> None:
+        """Remember what a commit did, for the next ``advance`` to write.
 
-    def advance(self, sizes: Mapping[str, int] | None = None) -> None:
-        """Raise the mark to the store's count and to ``sizes``, where higher; never lower it.
+        ``dropped`` are the streams it dropped (forgotten first), ``sizes``
+        the sizes the streams it appended to reached.
+        """
+        with self._pending_lock:
+            _merge(self._pending, _entry(sizes, dropped))
+
+    def advance(
+        self, sizes: Mapping[str, int] | None = None, dropped: Collection[str] = ()
+    ) -> None:
+        """Raise the mark to the store's count and to ``sizes``; forget ``dropped`` streams.
+
+        The count and a stream's size are never lowered; a dropped stream
+        is forgotten, and its size counts afresh from its next event.
 
         The file is shared by every process of this host, so the new mark
         is the higher of the one found and what this process saw. Threads
@@ -327,7 +375,7 @@ class AntiRollback:
         pending, so the units of one group commit write the mark once.
         """
         with self._pending_lock:
-            _raise_sizes(self._pending, sizes or {})
+            _merge(self._pending, _entry(sizes or {}, dropped))
             self._asked += 1
             ticket = self._asked
         with self._lock:
@@ -340,25 +388,31 @@ class AntiRollback:
                 self._write(batch, self._epoch.epoch())
             except BaseException:
                 with self._pending_lock:
-                    _raise_sizes(self._pending, batch)
+                    _merge(batch, self._pending)
+                    self._pending = batch
                 raise
             self._flushed = asked
 
     def _write(self, batch: Mapping[str, int], current: int) -> None:
-        if not batch and current <= self._written:
+        compact, self._compact_next = self._compact_next, False
+        if not batch and current <= self._written and not compact:
             return
+        forgets = sum(len(log_line({name: size})) for name, size in batch.items() if size <= 0)
 
         def raised(state: MarkState | None) -> MarkWrite | None:
             mark = self._readable(state)
             if mark is None or state is None:
+                self._forgotten = 0
                 return self._fresh(current, batch)
             epoch = max(mark.epoch, current)
-            if not batch:
+            if not batch and not compact:
                 if mark.epoch >= current:
                     return None
                 return MarkWrite(format_mark(replace(mark, epoch=epoch), self._digester))
-            if mark.records == 0 or state.log_size > 2 * mark.base + COMPACT_SLACK:
+            if compact or self._outgrown(mark, state, forgets):
+                self._forgotten = 0
                 return self._compacted(mark, state, epoch, batch)
+            self._forgotten += forgets
             line = log_line(batch)
             chain = log_link(self._digester, mark.chain, line[:-1])
             grown = HighWaterMark(epoch, mark.records + 1, chain, mark.base)
@@ -366,6 +420,19 @@ class AntiRollback:
 
         self._marks.update(raised)
         self._written = max(self._written, current)
+
+    def _outgrown(self, mark: HighWaterMark, state: MarkState, forgets: int) -> bool:
+        """Whether the log is due for compaction before ``forgets`` more bytes of drops.
+
+        It is past twice its compacted size; or it would be mostly dead:
+        each drop entry cancels an entry about as long written before, so
+        the drops this process wrote since it last compacted, counted
+        twice, outweigh half the log (plus the slack).
+        """
+        if mark.records == 0 or state.log_size > 2 * mark.base + COMPACT_SLACK:
+            return True
+        dropped = self._forgotten + forgets
+        return bool(forgets) and 4 * dropped > state.log_size + COMPACT_SLACK
 
     def _readable(self, state: MarkState | None) -> HighWaterMark | None:
         if state is None:
@@ -384,7 +451,7 @@ class AntiRollback:
         except IntegrityFailure:
             _log.warning("high_water_mark_replaced", location=self.location)
             sizes = {}
-        _raise_sizes(sizes, batch)
+        apply_line(sizes, batch)
         return self._fresh(epoch, sizes)
 
     def accept(self) -> tuple[int | None, int]:
@@ -402,11 +469,28 @@ class AntiRollback:
         return previous, current
 
 
-def _raise_sizes(sizes: dict[str, int], more: Mapping[str, int]) -> None:
-    """Merge ``more`` into ``sizes`` keeping the higher of each: a stream's size never shrinks."""
-    for stream, size in more.items():
-        if size > sizes.get(stream, 0):
-            sizes[stream] = size
+def _entry(sizes: Mapping[str, int], dropped: Collection[str]) -> dict[str, int]:
+    """One commit's writes as a log line reads them: drops forgotten first, then sizes."""
+    entry = dict.fromkeys(dropped, 0)
+    _merge(entry, sizes)
+    return entry
+
+
+def _merge(pending: dict[str, int], later: Mapping[str, int]) -> None:
+    """Fold ``later`` (entries of a log line, ``apply_line``) into ``pending``, written before it.
+
+    The result reads, as one line, as the two lines one after the other: a
+    drop in ``later`` forgets what ``pending`` said; a size after a drop
+    stays a size after a drop (negative); sizes keep the higher.
+    """
+    for stream, size in later.items():
+        before = pending.get(stream)
+        if size <= 0 or before is None:
+            pending[stream] = size
+        elif before <= 0:
+            pending[stream] = -max(-before, size)
+        else:
+            pending[stream] = max(before, size)
 
 
 __all__ = ["COMPACT_SLACK", "AntiRollback", "MarkedStore"]

@@ -81,3 +81,15 @@ def check_append(event: LedgerEvent, head_index: int | None, head_hash: str | No
             index=event.index,
             head_index=head_index,
         )
+
+
+def check_drop(stream: str, expected_head: int, head_index: int | None) -> None:
+    """Raise ``RevisionConflict`` unless the stream's head is the one the drop names."""
+    if head_index != expected_head:
+        raise RevisionConflict(
+            "ledger drop does not name the stream head",
+            guard="drop",
+            stream=stream,
+            expected=expected_head,
+            head_index=head_index,
+        )

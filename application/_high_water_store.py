@@ -70,15 +70,17 @@ class HighWaterStore:
         written then is logged (``high_water_mark_deferred``) rather than
         raised, since an error would tell the caller the commit failed and
         its retry would conflict. A later write or ``close`` writes it.
+        Streams the unit dropped are forgotten by the mark.
         """
         self._store.commit(unit)
         if unit.empty:
             return
         sizes = {event.stream: event.index + 1 for event in unit.appends}
+        dropped = [drop.stream for drop in unit.drops]
         if self._flusher is not None:
-            self._flusher.note(sizes)
+            self._flusher.note(sizes, dropped)
         else:
-            advance_or_defer(self._guard, sizes)
+            advance_or_defer(self._guard, sizes, dropped)
 
     def ledger_head(self, stream: str) -> LedgerEvent | None:
         """Forward to the store."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import atexit
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Final
 
 from flowvault.application._anti_rollback import AntiRollback
@@ -28,7 +28,9 @@ MARK_LAG_WINDOW: Final = 0.1
 _log = EventLog("flowvault.high_water")
 
 
-def advance_or_defer(guard: AntiRollback, sizes: Mapping[str, int] | None = None) -> bool:
+def advance_or_defer(
+    guard: AntiRollback, sizes: Mapping[str, int] | None = None, dropped: Collection[str] = ()
+) -> bool:
     """Advance the mark; on failure log ``high_water_mark_deferred`` and return ``False``.
 
     The commits it would name are durable already: an error here must not
@@ -36,7 +38,7 @@ def advance_or_defer(guard: AntiRollback, sizes: Mapping[str, int] | None = None
     the next write.
     """
     try:
-        guard.advance(sizes)
+        guard.advance(sizes, dropped)
     except Exception as exc:  # the commit stands; the mark catches up later
         code = exc.code if isinstance(exc, FlowvaultError) else type(exc).__name__
         _log.warning("high_water_mark_deferred", code=code, location=guard.location)
@@ -55,9 +57,9 @@ class MarkFlusher:
         self._start_lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def note(self, sizes: Mapping[str, int]) -> None:
-        """Take a commit's stream sizes; the thread writes them within the window."""
-        self._guard.note(sizes)
+    def note(self, sizes: Mapping[str, int], dropped: Collection[str] = ()) -> None:
+        """Take a commit's stream sizes and drops; the thread writes them within the window."""
+        self._guard.note(sizes, dropped)
         if self._thread is None:
             self._start()
         self._due.set()

@@ -2,7 +2,8 @@
 
 A head names the store's commit count and summarises the log (its line
 count, chain value and size after the last compaction) under one MAC; each
-log line names the sizes of the streams some commits grew, and the head's
+log line names the sizes of the streams some commits grew, or the streams
+they dropped (``apply_line`` says how a line is read), and the head's
 chain value is a MAC chain over every line. So the whole mark is one record
 under the integrity key, and a reader can take the head alone or check the
 log too. What the mark means, and when it is written, is ``_anti_rollback``'s.
@@ -173,10 +174,32 @@ def log_line(sizes: Mapping[str, int]) -> bytes:
     return canonical_bytes(dict(sizes)) + b"\n"
 
 
+def apply_line(sizes: dict[str, int], line: Mapping[str, object]) -> None:
+    """Apply one log line to ``sizes``, the size of every stream remembered.
+
+    A positive size raises the stream's, never lowers it. ``0`` forgets the
+    stream: it was dropped. ``-n`` forgets it and then remembers ``n``: it
+    was dropped and started again within the commits the line covers. A
+    flowvault that predates drops skips sizes below 1 and so keeps
+    remembering a dropped stream: it refuses the store rather than missing
+    a cut.
+    """
+    for stream, size in line.items():
+        if not isinstance(stream, str) or type(size) is not int:
+            continue
+        if size > 0:
+            if size > sizes.get(stream, 0):
+                sizes[stream] = size
+            continue
+        sizes.pop(stream, None)
+        if size < 0:
+            sizes[stream] = -size
+
+
 def replay_log(
     mark: HighWaterMark, log: bytes, digester: KeyedDigester, location: str
 ) -> dict[str, int]:
-    """Return the largest size of every stream the log names, once its chain matches the head.
+    """Return every remembered stream's size, as the log's lines leave it, once its chain matches.
 
     Raises:
         IntegrityFailure: the log is not the one the head's MAC chain covers.
@@ -196,9 +219,7 @@ def replay_log(
         )
     sizes: dict[str, int] = {}
     for line in lines[:-1]:
-        for stream, size in json.loads(line).items():
-            if isinstance(stream, str) and type(size) is int and size > sizes.get(stream, 0):
-                sizes[stream] = size
+        apply_line(sizes, json.loads(line))
     return sizes
 
 
@@ -211,6 +232,7 @@ __all__ = [
     "MarkFile",
     "MarkState",
     "MarkWrite",
+    "apply_line",
     "format_mark",
     "log_line",
     "log_link",

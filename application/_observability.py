@@ -137,21 +137,24 @@ _compaction_log: Final = EventLog("flowvault.compaction")
 _verify_log: Final = EventLog("flowvault.verify")
 
 
-def unit_kind(namespaces: tuple[str, ...], appends: int, trims: int) -> str:
-    """Name a unit by what it touches: its record namespaces, ``ledger`` and ``trim``."""
+def unit_kind(namespaces: tuple[str, ...], appends: int, trims: int, drops: int = 0) -> str:
+    """Name a unit by what it touches: its record namespaces, ``ledger``, ``trim`` and ``drop``."""
     parts = sorted(set(namespaces))
     if appends:
         parts.append("ledger")
     if trims:
         parts.append("trim")
+    if drops:
+        parts.append("drop")
     return "+".join(parts) or "empty"
 
 
 def _shape(unit: UnitOfWork) -> tuple[str, int]:
     namespaces = tuple(u.header.namespace for u in unit.upserts)
     namespaces += tuple(d.namespace for d in unit.deletes)
-    kind = unit_kind(namespaces, len(unit.appends), len(unit.trims))
-    return kind, len(unit.upserts) + len(unit.deletes) + len(unit.appends) + len(unit.trims)
+    kind = unit_kind(namespaces, len(unit.appends), len(unit.trims), len(unit.drops))
+    writes = len(unit.upserts) + len(unit.deletes) + len(unit.appends) + len(unit.trims)
+    return kind, writes + len(unit.drops)
 
 
 def unit_committed(store: str, unit: UnitOfWork, started: float) -> None:

@@ -240,22 +240,47 @@ class LedgerTrim:
 
 
 @dataclass(frozen=True, slots=True)
+class LedgerDrop:
+    """Delete every event of ``stream`` and the stream itself, if its head is at ``head_index``.
+
+    The guard names the head the caller read, so an event appended since
+    makes the whole unit fail rather than vanish unseen. Nothing stays
+    behind: the stream reads as never written, and can be started again
+    at index 0. A drop on the record (``drop_unit``) pairs it with a keyed
+    event in another stream, which is what proves the drop was meant.
+    """
+
+    stream: str
+    head_index: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.stream, str):
+            raise InvalidInput("a drop names its stream as text")
+        if type(self.head_index) is not int or self.head_index < 0:
+            raise InvalidInput("head_index must be a non-negative integer")
+
+
+@dataclass(frozen=True, slots=True)
 class UnitOfWork:
     """Writes that commit together or not at all.
 
     Ledger appends are guarded by their own ``index`` and ``previous_hash``:
     index ``0`` needs an empty stream and the genesis hash, index ``n`` needs
     the stream head at ``n - 1`` with exactly that hash. Several appends to
-    one stream in a unit must be consecutive.
+    one stream in a unit must be consecutive. A stream a unit drops it
+    neither appends to nor trims: the writes apply in one order (upserts,
+    deletes, appends, trims, drops), and a stream both extended and dropped
+    by one unit would read as an error either way.
     """
 
     upserts: Sequence[Upsert] = ()
     deletes: Sequence[Delete] = ()
     appends: Sequence[LedgerEvent] = ()
     trims: Sequence[LedgerTrim] = ()
+    drops: Sequence[LedgerDrop] = ()
 
     def __post_init__(self) -> None:
-        for name in ("upserts", "deletes", "appends", "trims"):
+        for name in ("upserts", "deletes", "appends", "trims", "drops"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         targets = [(u.header.namespace, u.header.key_digest) for u in self.upserts]
         targets += [(d.namespace, d.key_digest) for d in self.deletes]
@@ -264,11 +289,17 @@ class UnitOfWork:
         events = [(event.stream, event.index) for event in self.appends]
         if len(set(events)) != len(events):
             raise InvalidInput("a unit of work appends each ledger index at most once")
+        dropped = [drop.stream for drop in self.drops]
+        if len(set(dropped)) != len(dropped):
+            raise InvalidInput("a unit of work drops each stream at most once")
+        extended = {stream for stream, _ in events} | {trim.stream for trim in self.trims}
+        if not extended.isdisjoint(dropped):
+            raise InvalidInput("a unit of work may not append to or trim a stream it drops")
 
     @property
     def empty(self) -> bool:
         """True when committing would change nothing."""
-        return not (self.upserts or self.deletes or self.appends or self.trims)
+        return not (self.upserts or self.deletes or self.appends or self.trims or self.drops)
 
 
 class FilterOp(Enum):

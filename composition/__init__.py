@@ -8,6 +8,7 @@ import importlib as _importlib
 import typing as _typing
 
 if _typing.TYPE_CHECKING:
+    from flowvault.composition._async import AsyncRuntime, async_bootstrap
     from flowvault.composition._binding import bind, bound
     from flowvault.composition._bootstrap import Runtime, bootstrap
     from flowvault.composition._container import Container, build_container
@@ -16,9 +17,11 @@ if _typing.TYPE_CHECKING:
     from flowvault.composition._telemetry import configure_telemetry, disable_telemetry
 
 _HOMES = {
+    "AsyncRuntime": "_async",
     "Container": "_container",
     "Runtime": "_bootstrap",
     "Settings": "_settings",
+    "async_bootstrap": "_async",
     "bind": "_binding",
     "bootstrap": "_bootstrap",
     "bound": "_binding",
@@ -29,9 +32,11 @@ _HOMES = {
 }
 
 __all__ = [
+    "AsyncRuntime",
     "Container",
     "Runtime",
     "Settings",
+    "async_bootstrap",
     "bind",
     "bootstrap",
     "bound",

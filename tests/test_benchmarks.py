@@ -279,3 +279,51 @@ def test_the_summary_reads_several_runs_as_medians_and_ranges(tmp_path: Path) ->
     )
     assert usage.returncode == 2
     assert "usage" in usage.stderr
+
+
+ASYNC_MECHANISMS = {
+    "sqlite": ["inline", "to_thread", "pool-2", "pool-4", "pool-8", "pool-16", "writer"],
+    "postgres": ["inline", "to_thread", "pool-4", "pool-16", "writer"],
+}
+ASYNC_WORKLOADS = ["own scope (state save)", "one stream (append)", "one record (CAS increment)"]
+
+
+@pytest.mark.postgres
+def test_the_async_mechanisms_comparison_reports_every_row(postgres_server) -> None:
+    """``async_mechanisms.py --quick`` prints a row per backend, workload and mechanism."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("FLOWVAULT_")}
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "async_mechanisms.py"), "--quick"],
+        cwd=ROOT,
+        env={**env, DSN_ENV: postgres_server.dsn},
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    rows = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in completed.stdout.splitlines()
+        if line.startswith("| sqlite") or line.startswith("| postgres")
+    ]
+    expected = [
+        (backend, workload, mechanism)
+        for backend, mechanisms in ASYNC_MECHANISMS.items()
+        for workload in ASYNC_WORKLOADS
+        for mechanism in mechanisms
+    ]
+    expected += [
+        ("postgres (psycopg only)", "INSERT + COMMIT", "pool-4 + sync pool"),
+        ("postgres (psycopg only)", "INSERT + COMMIT", "AsyncConnectionPool"),
+    ]
+    assert [tuple(row[:3]) for row in rows] == expected
+    for row in rows:
+        rate, ratio, p50, p99, _lag, errors, per_sync = row[3:]
+        assert float(rate) > 0, row
+        assert 0 <= float(p50) <= float(p99), row
+        assert errors == "0", row
+        if row[2] in {"to_thread", "pool-4 + sync pool"}:
+            assert ratio == "1.00", row
+        if row[0] == "sqlite":
+            assert float(per_sync) >= 1, row

@@ -6,6 +6,7 @@ sealed, with thread ids and namespaces only as keyed digests, and checks
 every read against the thread's ledger stream.
 """
 
+from flowvault.adapters.langgraph._approvals import GraphApprovals, GraphDecision
 from flowvault.adapters.langgraph._saver import AsyncFlowvaultSaver, FlowvaultSaver
 
-__all__ = ["AsyncFlowvaultSaver", "FlowvaultSaver"]
+__all__ = ["AsyncFlowvaultSaver", "FlowvaultSaver", "GraphApprovals", "GraphDecision"]

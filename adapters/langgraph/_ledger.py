@@ -39,10 +39,6 @@ PRUNED_EVENT: Final = "langgraph.pruned"
 RUNS_DELETED_EVENT: Final = "langgraph.runs_deleted"
 """Every checkpoint of the ``runs`` named (and its writes) written before this event is gone."""
 
-THREAD_EVENTS: Final = frozenset(
-    {CHECKPOINT_EVENT, WRITES_EVENT, THREAD_DELETED_EVENT, PRUNED_EVENT, RUNS_DELETED_EVENT}
-)
-
 _PAGE: Final = 200
 
 

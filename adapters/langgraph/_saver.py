@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextvars
 import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from functools import partial
-from pathlib import Path
-from typing import Any, Final, Protocol, cast
+from typing import Any, Final, TypeVar, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -21,98 +22,83 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
-    get_checkpoint_id,
     get_checkpoint_metadata,
-    writes_sort_key,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from flowvault.adapters.crypto import AesGcmCipher
+from flowvault.adapters.langgraph._checks import ThreadChecks
+from flowvault.adapters.langgraph._deletions import ThreadDeletions
 from flowvault.adapters.langgraph._ledger import (
-    CHECKPOINT_EVENT,
-    PRUNED_EVENT,
-    RUNS_DELETED_EVENT,
-    THREAD_DELETED_EVENT,
-    WRITES_EVENT,
     ThreadHistory,
 )
+from flowvault.adapters.langgraph._open import HasRepository, open_repository
 from flowvault.adapters.langgraph._threads import (
-    BLOBS,
     CHECKPOINTS,
-    MAX_EVENT_NAMES,
-    STREAM_PREFIX,
-    WRITES,
     CheckpointDraft,
     StoredCheckpoint,
     StoredWrite,
     Thread,
     ThreadRows,
+    checked_text,
 )
-from flowvault.adapters.memory import InMemorySecureObjectStore
-from flowvault.adapters.sqlite import SQLiteSecureObjectStore
-from flowvault.adapters.system import SystemClock
 from flowvault.application import (
     Guard,
-    LabelFilter,
     RecordMetadata,
     RetryPolicy,
     SealedRepository,
-    StoreCapabilities,
     UnitOfWork,
     Upsert,
 )
-from flowvault.application._keys import KeyRing, check_key_matches
 from flowvault.domain import (
     IntegrityFailure,
     InvalidInput,
-    JsonValue,
     LedgerEvent,
     RevisionConflict,
 )
 
 _RETRY: Final = RetryPolicy()
+DEFAULT_THREADS: Final = 4
+"""Worker threads of the async methods: what ``AsyncRuntime`` uses on SQLite (docs/async.md)."""
+R = TypeVar("R")
 _PAGE: Final = 200
 _KNOWN_CHECKPOINTS: Final = 256
+_LONGEST_COUNTER: Final = 32
 """Recent checkpoints whose channels a saver remembers for their children's puts."""
 
 Rows = list[RecordMetadata]
-"""Metadata of rows to delete (an alias: ``list`` inside the saver is its method)."""
-DeletionPlan = tuple[Rows, str, dict[str, JsonValue]]
-"""Rows to delete, the event kind that deletes them and its payload."""
+"""Listed rows (an alias: ``list`` inside the saver is its method)."""
 
 
-class HasRepository(Protocol):
-    """What ``from_runtime`` needs of a flowvault runtime: its sealed repository."""
-
-    @property
-    def repository(self) -> SealedRepository: ...
-
-
-def _configurable(config: RunnableConfig) -> Mapping[str, Any]:
-    configurable = config.get("configurable")
+def _configurable(config: object) -> Mapping[str, Any]:
+    configurable = config.get("configurable") if isinstance(config, Mapping) else None
     if not isinstance(configurable, Mapping):
         raise InvalidInput("a LangGraph config needs a 'configurable' mapping with a thread_id")
     return configurable
 
 
 def _ns(configurable: Mapping[str, Any]) -> str:
-    ns = configurable.get("checkpoint_ns", "")
-    if not isinstance(ns, str):
-        raise InvalidInput("checkpoint_ns is text")
-    return ns
+    return checked_text(configurable.get("checkpoint_ns", ""), "checkpoint_ns", empty=True)
+
+
+def _optional_id(configurable: Mapping[str, Any]) -> str | None:
+    cid = configurable.get("checkpoint_id")
+    return None if cid is None or cid == "" else checked_text(cid, "checkpoint_id")
+
+
+def _mapping(value: object, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
+        raise InvalidInput(f"{what} is a mapping with text keys")
+    return value
+
+
+def _texts(values: object, what: str) -> builtins.list[str]:
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+        raise InvalidInput(f"{what} is a sequence of text")
+    return [checked_text(value, what) for value in values]
 
 
 def _config(thread_id: str, ns: str, cid: str) -> RunnableConfig:
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": cid}}
-
-
-def _missing(what: str, thread: Thread, **details: str | int) -> IntegrityFailure:
-    return IntegrityFailure(
-        f"{what} that the thread's ledger records is missing: it was deleted outside "
-        "flowvault; restore the store from a backup",
-        stream=thread.stream,
-        **details,
-    )
 
 
 class FlowvaultSaver(BaseCheckpointSaver[str]):
@@ -137,15 +123,23 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         *,
         serde: SerializerProtocol | None = None,
         refuse_stale_forks: bool = False,
+        threads: int = DEFAULT_THREADS,
     ) -> None:
         super().__init__(serde=serde)
         if not isinstance(repository, SealedRepository):
             raise InvalidInput("FlowvaultSaver takes a SealedRepository (runtime.repository)")
         self._rows = ThreadRows(repository)
+        self._checks = ThreadChecks(self._rows)
+        self._deletions = ThreadDeletions(self._rows)
         self._store = repository.store
         self._refuse_stale_forks = bool(refuse_stale_forks)
         self._known: OrderedDict[tuple[str, str, str], dict[str, tuple[str, str]]] = OrderedDict()
         self._known_lock = threading.Lock()
+        if type(threads) is not int or threads < 1:
+            raise InvalidInput("threads is a whole number, 1 or more")
+        self._threads = threads
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
 
     # -- construction --------------------------------------------------------
 
@@ -156,13 +150,19 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         *,
         serde: SerializerProtocol | None = None,
         refuse_stale_forks: bool = False,
+        threads: int = DEFAULT_THREADS,
     ) -> FlowvaultSaver:
         """Return a saver over a flowvault runtime's store (``bootstrap(...)``).
 
         The runtime keeps the store's high-water mark, where one is kept;
         closing the runtime closes the store.
         """
-        return cls(runtime.repository, serde=serde, refuse_stale_forks=refuse_stale_forks)
+        return cls(
+            runtime.repository,
+            serde=serde,
+            refuse_stale_forks=refuse_stale_forks,
+            threads=threads,
+        )
 
     @classmethod
     @contextmanager
@@ -174,6 +174,7 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         postgres_schema: str = "flowvault",
         serde: SerializerProtocol | None = None,
         refuse_stale_forks: bool = False,
+        threads: int = DEFAULT_THREADS,
     ) -> Iterator[FlowvaultSaver]:
         """Open a saver on a SQLite file, a PostgreSQL DSN or ``":memory:"``, as LangGraph's do.
 
@@ -183,9 +184,11 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         use ``from_runtime`` over ``bootstrap(...)`` to have one.
         """
         repository = open_repository(conn_string, key=key, postgres_schema=postgres_schema)
+        saver = cls(repository, serde=serde, refuse_stale_forks=refuse_stale_forks, threads=threads)
         try:
-            yield cls(repository, serde=serde, refuse_stale_forks=refuse_stale_forks)
+            yield saver
         finally:
+            saver.close()
             repository.store.close()
 
     def setup(self) -> None:
@@ -204,19 +207,19 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         configurable = _configurable(config)
         thread = self._rows.thread(configurable.get("thread_id"))
         ns = _ns(configurable)
-        cid = get_checkpoint_id(config)
+        cid = _optional_id(configurable)
         if cid:
             stored = self._rows.load_checkpoint(thread, ns, cid)
             if stored is None:
-                self._refuse_missing(thread, self._rows.checkpoint_digest(thread, ns, cid))
+                self._checks.refuse_missing(thread, self._rows.checkpoint_digest(thread, ns, cid))
                 return None
-            return self._tuple(stored, self._history(thread, [stored]))
+            return self._tuple(stored, self._checks.history(thread, [stored]))
         for row in self._rows.listed(thread, ns, first_page=1):
             for stored in self._rows.open_listed(thread, [row]):
-                history = self._history(thread, [stored])
-                self._refuse_newer_missing(thread, ns, stored, history)
+                history = self._checks.history(thread, [stored])
+                self._checks.refuse_newer_missing(thread, ns, stored, history)
                 return self._tuple(stored, history)
-        self._refuse_any_missing(thread, ns)
+        self._checks.refuse_any_missing(thread, ns)
         return None
 
     def list(
@@ -234,18 +237,20 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         The whole window read is checked against each thread's ledger
         before anything is yielded.
         """
+        if limit is not None and (type(limit) is not int):
+            raise InvalidInput("limit is a whole number or None")
+        if filter is not None:
+            _mapping(filter, "filter")
+        before_id = None if before is None else _optional_id(_configurable(before))
         if limit is not None and limit <= 0:
             return
-        before_id = get_checkpoint_id(before) if before else None
         if config is None:
             yield from self._list_all(filter, before_id, limit)
             return
         configurable = _configurable(config)
         thread = self._rows.thread(configurable.get("thread_id"))
-        ns = configurable.get("checkpoint_ns")
-        if ns is not None and not isinstance(ns, str):
-            raise InvalidInput("checkpoint_ns is text")
-        only = get_checkpoint_id(config)
+        ns = None if configurable.get("checkpoint_ns") is None else _ns(configurable)
+        only = _optional_id(configurable)
         yield from self._list_thread(
             thread, ns=ns, only=only, wanted=filter, before=before_id, limit=limit
         )
@@ -280,12 +285,14 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
                 break
         if not window:
             if only is None:
-                self._refuse_any_missing(thread, ns, before=before)
+                self._checks.refuse_any_missing(thread, ns, before=before)
             return
-        history = self._history(thread, window, from_start=exhausted and only is None)
+        history = self._checks.history(thread, window, from_start=exhausted and only is None)
         if only is None:
             lowest = None if exhausted else min(stored.cid for stored in window)
-            self._refuse_window_gaps(thread, ns, window, history, lowest=lowest, before=before)
+            self._checks.refuse_window_gaps(
+                thread, ns, window, history, lowest=lowest, before=before
+            )
         for stored, metadata in matches:
             yield self._tuple(stored, history, metadata=metadata)
 
@@ -311,113 +318,10 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
             metadata = self.serde.loads_typed(stored.metadata)
             if not _matches(metadata, wanted):
                 continue
-            yield self._tuple(stored, self._history(thread, [stored]), metadata=metadata)
+            yield self._tuple(stored, self._checks.history(thread, [stored]), metadata=metadata)
             found += 1
             if limit is not None and found >= limit:
                 return
-
-    def _history(
-        self,
-        thread: Thread,
-        checkpoints: Sequence[StoredCheckpoint],
-        *,
-        from_start: bool = False,
-    ) -> ThreadHistory:
-        """Read the thread's events from the oldest row's bound (or from 0), checking each row.
-
-        A single row naming the stream's head needs no event read: nothing
-        was written or deleted after it (a tail cut back to it is what the
-        high-water mark catches).
-        """
-        bounds = [stored.bound for stored in checkpoints]
-        if any(bound is None for bound in bounds):
-            raise IntegrityFailure("a checkpoint row is not bound to its thread's ledger")
-        start = 0 if from_start else min(bound for bound in bounds if bound is not None)
-        if not from_start and len(checkpoints) == 1 and self._rows.head_is(thread, start):
-            return ThreadHistory(start + 1, (), start)
-        history = self._rows.history(thread, start)
-        for stored in checkpoints:
-            history.check_row(stored.identity, stored.bound, "a checkpoint")
-        return history
-
-    def _refuse_missing(self, thread: Thread, key_digest: str) -> None:
-        if self._store.ledger_head(thread.stream) is None:
-            return
-        for entry in self._rows.history(thread, 0).live_writes():
-            if entry.row.key_digest == key_digest:
-                raise _missing(
-                    "a checkpoint", thread, key_digest=key_digest, ledger_index=entry.event.index
-                )
-
-    def _refuse_any_missing(
-        self, thread: Thread, ns: str | None, *, before: str | None = None
-    ) -> None:
-        if self._store.ledger_head(thread.stream) is None:
-            return
-        ns_digest = None if ns is None else self._rows.ns_digest(thread, ns)
-        for entry in self._rows.history(thread, 0).live_writes():
-            if entry.event.type != CHECKPOINT_EVENT:
-                continue
-            if ns_digest is not None and entry.ns != ns_digest:
-                continue
-            if before is not None and entry.cid >= before:
-                continue
-            raise _missing(
-                "a checkpoint",
-                thread,
-                key_digest=entry.row.key_digest,
-                ledger_index=entry.event.index,
-            )
-
-    def _refuse_newer_missing(
-        self, thread: Thread, ns: str, stored: StoredCheckpoint, history: ThreadHistory
-    ) -> None:
-        ns_digest = self._rows.ns_digest(thread, ns)
-        for entry in history.live_writes():
-            if (
-                entry.event.type == CHECKPOINT_EVENT
-                and entry.ns == ns_digest
-                and entry.cid > stored.cid
-            ):
-                raise _missing(
-                    "a newer checkpoint",
-                    thread,
-                    key_digest=entry.row.key_digest,
-                    ledger_index=entry.event.index,
-                )
-
-    def _refuse_window_gaps(
-        self,
-        thread: Thread,
-        ns: str | None,
-        window: Sequence[StoredCheckpoint],
-        history: ThreadHistory,
-        *,
-        lowest: str | None,
-        before: str | None,
-    ) -> None:
-        """Refuse a listing that lacks a checkpoint the ledger wrote inside the window read.
-
-        The window runs from ``lowest`` (``None``: the listing read to the
-        end) up to ``before``.
-        """
-        listed = {stored.identity.key_digest for stored in window}
-        ns_digest = None if ns is None else self._rows.ns_digest(thread, ns)
-        for entry in history.live_writes():
-            if entry.event.type != CHECKPOINT_EVENT or entry.row.key_digest in listed:
-                continue
-            if ns_digest is not None and entry.ns != ns_digest:
-                continue
-            if (lowest is not None and entry.cid < lowest) or (
-                before is not None and entry.cid >= before
-            ):
-                continue
-            raise _missing(
-                "a checkpoint",
-                thread,
-                key_digest=entry.row.key_digest,
-                ledger_index=entry.event.index,
-            )
 
     def _tuple(
         self,
@@ -442,30 +346,11 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
             parent_config=None
             if stored.parent is None
             else _config(thread.thread_id, ns, stored.parent),
-            pending_writes=self._pending_writes(stored, history),
+            pending_writes=[
+                (write.task_id, write.channel, self.serde.loads_typed(write.value))
+                for write in self._checks.pending_writes(stored, history)
+            ],
         )
-
-    def _pending_writes(
-        self, stored: StoredCheckpoint, history: ThreadHistory
-    ) -> builtins.list[tuple[str, str, Any]]:
-        loaded = self._rows.load_writes(stored)
-        writes_digest = self._rows.writes_digest(stored.thread, stored.ns, stored.cid)
-        if loaded is None:
-            for entry in history.live_writes():
-                if entry.row.key_digest == writes_digest:
-                    raise _missing(
-                        "a checkpoint's task writes",
-                        stored.thread,
-                        key_digest=writes_digest,
-                        ledger_index=entry.event.index,
-                    )
-            return []
-        writes, identity, bound = loaded
-        if bound is not None and bound < history.start:
-            history = self._rows.history(stored.thread, bound)
-        history.check_row(identity, bound, "a checkpoint's task writes")
-        ordered = sorted(writes, key=lambda w: writes_sort_key(w.task_path, w.task_id, w.idx))
-        return [(w.task_id, w.channel, self.serde.loads_typed(w.value)) for w in ordered]
 
     # -- writing -------------------------------------------------------------
 
@@ -487,24 +372,26 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         configurable = _configurable(config)
         thread = self._rows.thread(configurable.get("thread_id"))
         ns = _ns(configurable)
-        parent = configurable.get("checkpoint_id")
-        body: dict[str, Any] = dict(checkpoint)
-        values: dict[str, Any] = body.pop("channel_values", {})
+        parent = _optional_id(configurable)
+        body: dict[str, Any] = dict(_mapping(checkpoint, "a checkpoint"))
+        values = dict(_mapping(body.pop("channel_values", {}), "channel_values"))
+        versions = dict(_mapping(body.get("channel_versions"), "channel_versions"))
+        new = _mapping(new_versions, "new_versions")
+        _mapping(metadata, "metadata")
         full_metadata = get_checkpoint_metadata(config, metadata)
         run_id = full_metadata.get("run_id")
-        versions = dict(checkpoint["channel_versions"])
         draft = CheckpointDraft(
             ns=ns,
-            cid=checkpoint["id"],
+            cid=checked_text(body.get("id"), "a checkpoint's id"),
             parent=parent if isinstance(parent, str) and parent else None,
             run_id=run_id if isinstance(run_id, str) and run_id else None,
-            checkpoint=self.serde.dumps_typed(body),
-            metadata=self.serde.dumps_typed(full_metadata),
+            checkpoint=self._dumps(body),
+            metadata=self._dumps(full_metadata),
             versions=versions,
             new_values={
-                channel: self.serde.dumps_typed(values[channel]) if channel in values else None
-                for channel in new_versions
-                if versions.get(channel) == new_versions[channel]
+                channel: self._dumps(values[channel]) if channel in values else None
+                for channel in new
+                if versions.get(channel) == new[channel]
             },
         )
         if draft.parent is not None:
@@ -525,6 +412,15 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
                 continue
             self._remember_channels(thread, ns, draft.cid, channels)
             return _config(thread.thread_id, ns, draft.cid)
+
+    def _dumps(self, value: object) -> tuple[str, bytes]:
+        """Serialise ``value``; one the serializer refuses is the caller's ``InvalidInput``."""
+        try:
+            return self.serde.dumps_typed(value)
+        except (TypeError, ValueError, OverflowError, RecursionError) as refused:
+            raise InvalidInput(
+                f"the serializer cannot encode a value ({type(refused).__name__})"
+            ) from None
 
     def _remember(self, stored: StoredCheckpoint) -> None:
         self._remember_channels(stored.thread, stored.ns, stored.cid, stored.channels)
@@ -568,19 +464,27 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         configurable = _configurable(config)
         thread = self._rows.thread(configurable.get("thread_id"))
         ns = _ns(configurable)
-        cid = configurable.get("checkpoint_id")
-        if not isinstance(cid, str) or not cid:
+        cid = _optional_id(configurable)
+        if cid is None:
             raise InvalidInput("put_writes needs the checkpoint_id its writes belong to")
-        stored = [
-            StoredWrite(
-                task_id=task_id,
-                idx=WRITES_IDX_MAP.get(channel, idx),
-                channel=channel,
-                value=self.serde.dumps_typed(value),
-                task_path=task_path,
+        checked_text(task_id, "a task id")
+        checked_text(task_path, "a task path", empty=True)
+        if isinstance(writes, str | bytes) or not isinstance(writes, Sequence):
+            raise InvalidInput("writes are a sequence of (channel, value) pairs")
+        stored = []
+        for idx, write in enumerate(writes):
+            if isinstance(write, str | bytes) or not isinstance(write, Sequence) or len(write) != 2:
+                raise InvalidInput("writes are a sequence of (channel, value) pairs")
+            channel = checked_text(write[0], "a write's channel")
+            stored.append(
+                StoredWrite(
+                    task_id=task_id,
+                    idx=WRITES_IDX_MAP.get(channel, idx),
+                    channel=channel,
+                    value=self._dumps(write[1]),
+                    task_path=task_path,
+                )
             )
-            for idx, (channel, value) in enumerate(writes)
-        ]
         retries = _RETRY.start()
         while True:
             unit = self._rows.writes_unit(thread, ns, cid, stored, self._rows.head(thread))
@@ -596,66 +500,14 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, write and value of a thread, under one ledger event."""
         thread = self._rows.thread(thread_id)
-        self._delete(thread, lambda: (self._rows.thread_rows(thread), THREAD_DELETED_EVENT, {}))
-
-    def _delete(
-        self,
-        thread: Thread,
-        plan: Callable[[], DeletionPlan],
-    ) -> None:
-        """Commit ``plan()``'s deletions with their event, planning again after a lost race."""
         self._forget_known()
-        retries = _RETRY.start()
-        while True:
-            doomed, kind, payload = plan()
-            if not doomed:
-                return
-            unit = self._rows.deletion_unit(thread, doomed, kind, payload)
-            try:
-                self._store.commit(unit)
-            except RevisionConflict:
-                retries.after_lost_race("a LangGraph thread")
-                continue
-            return
+        self._deletions.delete_thread(thread)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) that the named runs made, in every thread."""
-        digests = sorted({self._rows.run_digest(run) for run in run_ids if isinstance(run, str)})
-        for start in range(0, len(digests), MAX_EVENT_NAMES):
-            chunk = digests[start : start + MAX_EVENT_NAMES]
-            threads: set[str] = set()
-            for run in chunk:
-                for row in self._rows.rows_of(CHECKPOINTS, [LabelFilter("run", run)]):
-                    label = row.labels.get("thread")
-                    if isinstance(label, str):
-                        threads.add(label)
-            for label in sorted(threads):
-                thread = Thread.from_digest(label)
-                self._delete(thread, partial(self._runs_plan, thread, chunk))
-
-    def _runs_plan(self, thread: Thread, runs: Sequence[str]) -> DeletionPlan:
-        listed: builtins.list[JsonValue] = builtins.list(runs)
-        return self._run_rows(thread, runs), RUNS_DELETED_EVENT, {"runs": listed}
-
-    def _run_rows(self, thread: Thread, runs: Sequence[str]) -> Rows:
-        doomed: Rows = []
-        for run in runs:
-            filters = [LabelFilter("thread", thread.digest), LabelFilter("run", run)]
-            for row in self._rows.rows_of(CHECKPOINTS, filters):
-                doomed.append(row)
-                doomed.extend(self._writes_rows(thread, row))
-        return doomed
-
-    def _writes_rows(self, thread: Thread, checkpoint: RecordMetadata) -> Rows:
-        ns, cid = checkpoint.labels.get("ns"), checkpoint.labels.get("cid")
-        if not isinstance(ns, str) or not isinstance(cid, str):
-            return []
-        filters = [
-            LabelFilter("thread", thread.digest),
-            LabelFilter("ns", ns),
-            LabelFilter("cid", cid),
-        ]
-        return builtins.list(self._rows.rows_of(WRITES, filters))
+        runs = _texts(run_ids, "run ids")
+        self._forget_known()
+        self._deletions.delete_runs([self._rows.run_digest(run) for run in runs])
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Keep only each namespace's newest checkpoint (``"keep_latest"``), or delete all.
@@ -663,54 +515,16 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         Channel values no kept checkpoint names go too. Raises
         ``InvalidInput`` for another strategy.
         """
-        if strategy not in ("keep_latest", "delete"):
+        if not isinstance(strategy, str) or strategy not in ("keep_latest", "delete"):
             raise InvalidInput("prune's strategy is 'keep_latest' or 'delete'")
-        for thread_id in thread_ids:
-            if strategy == "delete":
-                self.delete_thread(thread_id)
-                continue
+        threads = _texts(thread_ids, "thread ids")
+        self._forget_known()
+        for thread_id in threads:
             thread = self._rows.thread(thread_id)
-            self._delete(thread, partial(self._prune_plan, thread))
-
-    def _prune_plan(self, thread: Thread) -> DeletionPlan:
-        doomed, kept = self._pruned_rows(thread)
-        if len(kept) > MAX_EVENT_NAMES:
-            raise InvalidInput(
-                f"prune keeps at most {MAX_EVENT_NAMES} namespaces of a thread; "
-                "delete the thread's subgraph namespaces first"
-            )
-        kept_list: builtins.list[JsonValue] = builtins.list(kept)
-        return doomed, PRUNED_EVENT, {"kept": kept_list}
-
-    def _pruned_rows(self, thread: Thread) -> tuple[Rows, builtins.list[str]]:
-        """Return what ``keep_latest`` deletes, and the key digests of the checkpoints it keeps."""
-        newest: dict[str, RecordMetadata] = {}
-        checkpoints = builtins.list(
-            self._rows.rows_of(CHECKPOINTS, [LabelFilter("thread", thread.digest)])
-        )
-        for row in checkpoints:
-            ns, cid = row.labels.get("ns"), row.labels.get("cid")
-            if not isinstance(ns, str) or not isinstance(cid, str):
-                continue
-            best = newest.get(ns)
-            if best is None or str(best.labels.get("cid")) < cid:
-                newest[ns] = row
-        keep = {row.key_digest for row in newest.values()}
-        doomed = [row for row in checkpoints if row.key_digest not in keep]
-        for row in builtins.list(doomed):
-            doomed.extend(self._writes_rows(thread, row))
-        if not doomed:
-            return [], sorted(keep)
-        named: set[str] = set()
-        repository = self._rows.repository
-        for stored in self._rows.open_listed(thread, builtins.list(newest.values())):
-            for channel, (version, _digest) in stored.channels.items():
-                key = ThreadRows.blob_key(thread, stored.ns, channel, version)
-                named.add(repository.key_digest(BLOBS, key))
-        for row in self._rows.rows_of(BLOBS, [LabelFilter("thread", thread.digest)]):
-            if row.key_digest not in named:
-                doomed.append(row)
-        return doomed, sorted(keep)
+            if strategy == "delete":
+                self._deletions.delete_thread(thread)
+            else:
+                self._deletions.prune(thread)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, write and value of one thread to another, in one unit of work."""
@@ -784,17 +598,50 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         """Return the version after ``current``: a padded counter and a random tail."""
         if current is None:
             number = 0
-        elif isinstance(current, int):
+        elif isinstance(current, int) and not isinstance(current, bool):
+            if not 0 <= current < 10**_LONGEST_COUNTER - 1:
+                raise InvalidInput("a channel version to follow is a counter below 10**32 - 1")
             number = current
         else:
-            number = int(str(current).split(".")[0])
+            head = current.split(".")[0] if isinstance(current, str) else ""
+            if not head.isascii() or not head.isdigit() or len(head) > _LONGEST_COUNTER:
+                raise InvalidInput("a channel version to follow is a number or a counter text")
+            number = int(head)
         return f"{number + 1:032}.{secrets.randbelow(10**16):016}"
 
     # -- async twins ---------------------------------------------------------
 
+    async def _off_loop(self, call: Callable[[], R]) -> R:
+        """Run ``call`` on the saver's own bounded pool, in the caller's context.
+
+        A bounded pool, not the loop's default executor (which grows with
+        the machine's cores): many threads racing one thread's stream lose
+        most of their compare-and-swaps (docs/async.md has the figures).
+        A cancelled caller withdraws a call not yet started; one that has
+        started runs to its end, so a write may still land.
+        """
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=self._threads, thread_name_prefix="flowvault-langgraph"
+                )
+            future = self._pool.submit(contextvars.copy_context().run, call)
+        return await asyncio.wrap_future(future)
+
+    def close(self) -> None:
+        """Wait for the async calls in flight, then stop the saver's worker threads.
+
+        The store stays open: it is the runtime's, or ``from_conn_string``'s
+        to close. Calling an async method again starts the workers again.
+        """
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """``get_tuple`` on a worker thread."""
-        return await asyncio.to_thread(self.get_tuple, config)
+        return await self._off_loop(partial(self.get_tuple, config))
 
     async def alist(
         self,
@@ -805,7 +652,7 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
         """``list`` on a worker thread; the window is read and checked before the first item."""
-        items = await asyncio.to_thread(
+        items = await self._off_loop(
             lambda: builtins.list(self.list(config, filter=filter, before=before, limit=limit))
         )
         for item in items:
@@ -819,7 +666,7 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         """``put`` on a worker thread."""
-        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+        return await self._off_loop(partial(self.put, config, checkpoint, metadata, new_versions))
 
     async def aput_writes(
         self,
@@ -829,23 +676,23 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         task_path: str = "",
     ) -> None:
         """``put_writes`` on a worker thread."""
-        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+        await self._off_loop(partial(self.put_writes, config, writes, task_id, task_path))
 
     async def adelete_thread(self, thread_id: str) -> None:
         """``delete_thread`` on a worker thread."""
-        await asyncio.to_thread(self.delete_thread, thread_id)
+        await self._off_loop(partial(self.delete_thread, thread_id))
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """``delete_for_runs`` on a worker thread."""
-        await asyncio.to_thread(self.delete_for_runs, run_ids)
+        await self._off_loop(partial(self.delete_for_runs, run_ids))
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """``copy_thread`` on a worker thread."""
-        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+        await self._off_loop(partial(self.copy_thread, source_thread_id, target_thread_id))
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``prune`` on a worker thread."""
-        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+        await self._off_loop(partial(self.prune, thread_ids, strategy=strategy))
 
 
 class AsyncFlowvaultSaver(FlowvaultSaver):
@@ -861,14 +708,17 @@ class AsyncFlowvaultSaver(FlowvaultSaver):
         postgres_schema: str = "flowvault",
         serde: SerializerProtocol | None = None,
         refuse_stale_forks: bool = False,
+        threads: int = DEFAULT_THREADS,
     ) -> AsyncIterator[AsyncFlowvaultSaver]:
         """Open a saver as ``FlowvaultSaver.from_conn_string`` does, off the event loop."""
         repository = await asyncio.to_thread(
             open_repository, conn_string, key=key, postgres_schema=postgres_schema
         )
+        saver = cls(repository, serde=serde, refuse_stale_forks=refuse_stale_forks, threads=threads)
         try:
-            yield cls(repository, serde=serde, refuse_stale_forks=refuse_stale_forks)
+            yield saver
         finally:
+            await asyncio.to_thread(saver.close)
             await asyncio.to_thread(repository.store.close)
 
 
@@ -887,39 +737,7 @@ def _batched(rows: Iterator[RecordMetadata], size: int) -> Iterator[Rows]:
 def _matches(metadata: Mapping[str, Any], wanted: Mapping[str, Any] | None) -> bool:
     if not wanted:
         return True
-    return all(key in metadata and metadata[key] == value for key, value in wanted.items())
+    return all(metadata.get(key) == value for key, value in wanted.items())
 
 
-def open_repository(conn_string: str, *, key: bytes, postgres_schema: str) -> SealedRepository:
-    """Open (creating where needed) the store ``conn_string`` names, sealed under ``key``."""
-    if not isinstance(conn_string, str) or not conn_string:
-        raise InvalidInput("a connection string is a SQLite path, a PostgreSQL DSN or ':memory:'")
-    cipher = AesGcmCipher.from_ring(KeyRing(primary=key))
-    store: Any
-    if conn_string == ":memory:":
-        store = InMemorySecureObjectStore()
-    elif conn_string.startswith(("postgresql://", "postgres://")):
-        from flowvault.adapters.postgres import (  # noqa: PLC0415 - an optional extra
-            PostgresSecureObjectStore,
-        )
-
-        store = PostgresSecureObjectStore.open(conn_string, schema=postgres_schema, create=True)
-    else:
-        store = SQLiteSecureObjectStore.open(Path(conn_string), create=True)
-    try:
-        capabilities = StoreCapabilities.of(store)
-        if capabilities.stats is not None:
-            check_key_matches(capabilities.stats.key_id_counts(), cipher.key_ids())
-    except BaseException:
-        store.close()
-        raise
-    return SealedRepository(store, cipher, SystemClock(), capabilities=capabilities)
-
-
-__all__ = [
-    "STREAM_PREFIX",
-    "WRITES_EVENT",
-    "AsyncFlowvaultSaver",
-    "FlowvaultSaver",
-    "HasRepository",
-]
+__all__ = ["AsyncFlowvaultSaver", "FlowvaultSaver", "HasRepository"]

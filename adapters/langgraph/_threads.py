@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -54,6 +55,12 @@ BLOB_TAG: Final = "flowvault.langgraph-blob/1"
 STREAM_PREFIX: Final = "langgraph/"
 _PAGE: Final = 200
 _REMEMBERED_DIGESTS: Final = 4096
+_AFTER_ANY_ID: Final = "\U0010ffff"
+"""Above every checkpoint id: the upper bound of a thread's range of positions."""
+MAX_CHECKPOINT_ID: Final = 100
+"""Longest checkpoint id: its positions, two digests and the id, must fit a 256-character label."""
+MAX_VERSION: Final = 128
+"""Longest channel version text (LangGraph's are 49 characters)."""
 MAX_EVENT_NAMES: Final = 100
 """Most digests one deletion event names (a ledger list keeps 100 items)."""
 
@@ -98,19 +105,30 @@ def _decode(value: JsonValue, what: str) -> Serialized:
     raise IntegrityFailure(f"a sealed {what} has an unexpected shape")
 
 
+def checked_text(
+    value: object, what: str, *, longest: int | None = None, empty: bool = False
+) -> str:
+    """Return ``value`` if it is text that UTF-8 can hold, of the allowed length."""
+    if not isinstance(value, str) or (not value and not empty):
+        raise InvalidInput(f"{what} is {'' if empty else 'non-empty '}text")
+    if longest is not None and len(value) > longest:
+        raise InvalidInput(f"{what} is at most {longest} characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{what} holds a lone surrogate, which UTF-8 cannot store") from None
+    return value
+
+
 def version_text(version: str | int | float) -> str:
     """Return a channel version as text that round-trips its type."""
     if isinstance(version, bool) or not isinstance(version, str | int | float):
         raise InvalidInput("a channel version is text, an integer or a float")
+    if isinstance(version, float) and not math.isfinite(version):
+        raise InvalidInput("a channel version is a finite number")
+    if isinstance(version, str):
+        checked_text(version, "a channel version", longest=MAX_VERSION, empty=True)
     return json.dumps(version)
-
-
-def version_value(text: str) -> str | int | float:
-    """Return the channel version ``version_text`` wrote."""
-    value = json.loads(text)
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise IntegrityFailure("a sealed channel version has an unexpected type")
-    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,9 +212,8 @@ class ThreadRows:
 
     def thread(self, thread_id: object) -> Thread:
         """Name a thread by the keyed digest of its id."""
-        if not isinstance(thread_id, str) or not thread_id:
-            raise InvalidInput("a thread id is non-empty text")
-        return Thread(thread_id, self._digest(THREAD_TAG, thread_id))
+        checked = checked_text(thread_id, "a thread id")
+        return Thread(checked, self._digest(THREAD_TAG, checked))
 
     def ns_digest(self, thread: Thread, ns: str) -> str:
         """Label a namespace by a keyed digest of it, so namespaces stay sealed too."""
@@ -323,21 +340,28 @@ class ThreadRows:
 
         ``thread`` ``None`` lists every thread's checkpoints. The first page
         holds ``first_page`` rows, so a caller wanting the newest reads one.
+        A thread's rows are listed by a label that starts with the thread's
+        (and namespace's) digest, so the store reads only that range of its
+        label index however many other threads it holds.
         """
-        filters: list[LabelFilter] = []
+        label, prefix = "cid", ""
         if thread is not None:
-            filters.append(LabelFilter("thread", thread.digest))
-            if ns is not None:
-                filters.append(LabelFilter("ns", self.ns_digest(thread, ns)))
-        if before is not None:
-            filters.append(LabelFilter("cid", before, FilterOp.LT))
+            label, prefix = (
+                ("tpos", f"{thread.digest}|") if ns is None else ("pos", self._pos(thread, ns))
+            )
+        filters = [
+            LabelFilter(label, prefix, FilterOp.GE),
+            LabelFilter(label, prefix + (before or _AFTER_ANY_ID), FilterOp.LT),
+        ]
+        if not prefix:
+            filters = [] if before is None else [LabelFilter(label, before, FilterOp.LT)]
         cursor: str | None = None
         limit = first_page
         while True:
             page = self._capabilities.list_by_label(
                 self._store,
                 CHECKPOINTS,
-                "cid",
+                label,
                 descending=True,
                 filters=filters,
                 cursor=cursor,
@@ -348,6 +372,9 @@ class ThreadRows:
             if cursor is None:
                 return
             limit = _PAGE
+
+    def _pos(self, thread: Thread, ns: str) -> str:
+        return f"{thread.digest}|{self.ns_digest(thread, ns)}|"
 
     def rows_of(self, namespace: str, filters: Sequence[LabelFilter]) -> Iterator[RecordMetadata]:
         """Yield the metadata of every row of ``namespace`` the filters select."""
@@ -477,6 +504,9 @@ class ThreadRows:
         pending = {} if pending is None else pending
         optimistic = expected is not None
         ns, cid = draft.ns, draft.cid
+        checked_text(
+            cid, "a checkpoint id (LangGraph's are 36 characters)", longest=MAX_CHECKPOINT_ID
+        )
         digest = self.checkpoint_digest(thread, ns, cid)
         run = None if draft.run_id is None else self.run_digest(draft.run_id)
         payload: dict[str, JsonValue] = {
@@ -500,17 +530,17 @@ class ThreadRows:
             if channel in draft.new_values:
                 value = draft.new_values[channel]
                 data = EMPTY if value is None else _join(value)
-                digest = self._value_digest(data)
+                named_digest = self._value_digest(data)
                 stored = known or (None if optimistic else self._blob_named(key))
                 if stored is None:
-                    upserts.extend(self._value_upserts(thread, ns, key, data, digest))
-                    pending[key] = digest
+                    upserts.extend(self._value_upserts(thread, ns, key, data, named_digest))
+                    pending[key] = named_digest
                 else:
-                    digest = stored
+                    named_digest = stored
             else:
-                digest = known or self._blob_named(key) or ""
-            if digest:
-                channels[channel] = [text, digest]
+                named_digest = known or self._blob_named(key) or ""
+            if named_digest:
+                channels[channel] = [text, named_digest]
         document: dict[str, JsonValue] = {
             "thread": thread.thread_id,
             "ns": ns,
@@ -524,7 +554,12 @@ class ThreadRows:
         if expected is None:
             current = self._store.peek_metadata(CHECKPOINTS, digest)
             expected = Guard.ABSENT if current is None else current.revision
-        labels: dict[str, str | int] = {**self._labels(thread, ns), "cid": cid}
+        labels: dict[str, str | int] = {
+            **self._labels(thread, ns),
+            "cid": cid,
+            "pos": self._pos(thread, ns) + cid,
+            "tpos": f"{thread.digest}|{cid}",
+        }
         if run is not None:
             labels["run"] = run
         upserts.append(
@@ -595,11 +630,16 @@ class ThreadRows:
         (an error, an interrupt) replaces the one stored. Returns ``None``
         when nothing would change. ``copy_of_run`` builds the row of a
         checkpoint copied in the same unit (so not stored yet), made by
-        that run.
+        that run: it replaces any writes row the target holds.
         """
         key = self._writes_key(thread, ns, cid)
         checkpoint = self.checkpoint_digest(thread, ns, cid)
         opened = None if copy_of_run is not None else self._repo.read(WRITES, key)
+        replaced = (
+            opened.metadata
+            if opened is not None
+            else self._store.peek_metadata(WRITES, self.writes_digest(thread, ns, cid))
+        )
         stored: dict[tuple[str, int], StoredWrite] = {}
         if opened is not None:
             for write in _writes_from(opened.document, opened.metadata.key_digest):
@@ -641,7 +681,7 @@ class ThreadRows:
             WRITES,
             key,
             document,
-            expected=Guard.ABSENT if opened is None else opened.metadata.revision,
+            expected=Guard.ABSENT if replaced is None else replaced.revision,
             labels={**self._labels(thread, ns), "cid": cid},
             ledger_index=event.index,
         )

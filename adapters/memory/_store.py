@@ -25,6 +25,7 @@ from flowvault.application import (
     Upsert,
     check_append,
     check_delete,
+    check_drop,
     check_upsert,
     effective_limit,
 )
@@ -197,6 +198,8 @@ class InMemorySecureObjectStore:
                     self._apply_append(event)
                 for trim in unit.trims:
                     self._apply_trim(trim)
+                for drop in unit.drops:
+                    self._streams.pop(drop.stream, None)
             except BaseException:
                 undo()
                 raise
@@ -207,13 +210,15 @@ class InMemorySecureObjectStore:
     def _undo_log(self, unit: UnitOfWork) -> Callable[[], None]:
         """Return what puts back every record and stream ``unit`` touches, as they are now.
 
-        Costs O(writes): appends only grow a stream's list and trims replace
-        it, so keeping the list and its length is enough to restore it.
+        Costs O(writes): appends only grow a stream's list, trims replace it
+        and drops unlink the stream, so keeping the list and its length is
+        enough to restore it.
         """
         keys = [(u.header.namespace, u.header.key_digest) for u in unit.upserts]
         keys += [(d.namespace, d.key_digest) for d in unit.deletes]
         records = {key: self._records.get(key) for key in keys}
         names = {event.stream for event in unit.appends} | {trim.stream for trim in unit.trims}
+        names |= {drop.stream for drop in unit.drops}
         streams = {name: self._streams.get(name) for name in names}
         marks = {
             name: (stream.first_index, stream.events, len(stream.events))
@@ -261,6 +266,9 @@ class InMemorySecureObjectStore:
                 )
             check_append(event, *heads[event.stream])
             heads[event.stream] = (event.index, event.event_hash)
+        for drop in unit.drops:
+            head = self._streams.get(drop.stream, _Stream()).head
+            check_drop(drop.stream, drop.head_index, None if head is None else head.index)
         return removals
 
     def _check_delete(self, delete: Delete) -> _Key | None:

@@ -24,11 +24,13 @@ from flowvault.adapters.postgres._rows import label_rows, record_params, tag_row
 from flowvault.application import (
     Delete,
     Guard,
+    LedgerDrop,
     LedgerTrim,
     StoreContents,
     UnitOfWork,
     Upsert,
     check_append,
+    check_drop,
 )
 from flowvault.application._records import ExpectedRevision
 from flowvault.domain import LedgerEvent, RevisionConflict, StoreNotEmpty
@@ -134,11 +136,13 @@ class _RecordDelete:
 
 @dataclass(frozen=True, slots=True)
 class _StreamWrite:
-    """A stream's appends (consecutive, checked when built) and then its trims."""
+    """A stream's appends (consecutive, checked when built) and then its trims; or its drop."""
 
     stream: str
     events: list[LedgerEvent] = field(default_factory=list)
     trims: list[int] = field(default_factory=list)
+    drop: int | None = None
+    """The head index a drop names; a unit that drops a stream neither appends nor trims it."""
 
     def apply(self, connection: Connection) -> None:
         if self.events:
@@ -147,6 +151,13 @@ class _StreamWrite:
             row = connection.execute(sql.TRIM_STREAM, (before_index, self.stream)).fetchone()
             if row is not None:
                 connection.execute(sql.TRIM_EVENTS, (self.stream, row[0]))
+        if self.drop is not None:
+            if not _changed(connection, sql.DROP_STREAM, (self.stream, self.drop)):
+                row = connection.execute(sql.HEAD_INDEX, (self.stream,)).fetchone()
+                head = None if row is None else int(row[0])
+                # the row was not deleted, so the guard failed whatever the head reads now
+                check_drop(self.stream, self.drop, None if head == self.drop else head)
+            connection.execute(sql.DROP_EVENTS, (self.stream,))
 
     def _append(self, connection: Connection) -> None:
         first, last = self.events[0], self.events[-1]
@@ -167,8 +178,10 @@ def _changed(connection: Connection, statement: str, params: Params) -> bool:
     return connection.execute(statement, params).rowcount == 1
 
 
-def _streams(appends: Sequence[LedgerEvent], trims: Sequence[LedgerTrim]) -> list[_StreamWrite]:
-    """Group appends and trims by stream, in stream order; chain each stream's appends.
+def _streams(
+    appends: Sequence[LedgerEvent], trims: Sequence[LedgerTrim], drops: Sequence[LedgerDrop]
+) -> list[_StreamWrite]:
+    """Group appends, trims and drops by stream, in stream order; chain each stream's appends.
 
     Appends after a stream's first one extend the unit's own events, so
     whether they chain is known before any row is read.
@@ -183,6 +196,8 @@ def _streams(appends: Sequence[LedgerEvent], trims: Sequence[LedgerTrim]) -> lis
     for trim in trims:
         group = streams.setdefault(trim.stream, _StreamWrite(trim.stream))
         group.trims.append(min(trim.before_index, INDEX_CEILING))
+    for drop in drops:
+        streams[drop.stream] = _StreamWrite(drop.stream, drop=drop.head_index)
     return [streams[name] for name in sorted(streams)]
 
 
@@ -206,7 +221,7 @@ class PreparedUnit:
         ]
         records += [_RecordDelete(delete) for delete in unit.deletes]
         records.sort(key=lambda write: write.key)
-        return cls(records=records, streams=_streams(unit.appends, unit.trims))
+        return cls(records=records, streams=_streams(unit.appends, unit.trims, unit.drops))
 
     def apply(self, connection: Connection) -> None:
         """Run every guarded write, then raise the epoch; the caller's transaction commits all."""

@@ -114,6 +114,10 @@ TRIM_STREAM: Final = (
 """Moves the first retained index forward, never past the head, never back."""
 TRIM_EVENTS: Final = "DELETE FROM ledger_events WHERE stream = %s AND idx < %s"
 
+DROP_STREAM: Final = "DELETE FROM ledger_streams WHERE stream = %s AND head_index = %s"
+"""A drop: the head must be the one it names; the row lock it takes is held to the commit."""
+DROP_EVENTS: Final = "DELETE FROM ledger_events WHERE stream = %s"
+
 LEDGER_HEAD: Final = (
     "SELECT stream, idx, type, from_state, to_state, occurred_at, payload, "
     "previous_hash, event_hash, event_key, chain_mac "

@@ -20,7 +20,13 @@ from flowvault.adapters.sqlite._rows import (
     record_params,
     tag_writes,
 )
-from flowvault.application import UnitOfWork, check_append, check_delete, check_upsert
+from flowvault.application import (
+    UnitOfWork,
+    check_append,
+    check_delete,
+    check_drop,
+    check_upsert,
+)
 from flowvault.domain import LedgerEvent
 
 _Head = tuple[int | None, str | None]
@@ -42,6 +48,7 @@ class PreparedUnit:
     events: list[Params]
     heads: list[Params]
     trims: list[tuple[int, str]]
+    drops: list[tuple[str]]
 
     @classmethod
     def build(cls, unit: UnitOfWork) -> PreparedUnit:
@@ -62,6 +69,7 @@ class PreparedUnit:
             events=[event_params(event) for event in unit.appends],
             heads=_head_rows(unit.appends),
             trims=[(min(trim.before_index, INDEX_CEILING), trim.stream) for trim in unit.trims],
+            drops=[(drop.stream,) for drop in unit.drops],
         )
 
 
@@ -120,6 +128,8 @@ def check_guards(connection: sqlite3.Connection, unit: UnitOfWork) -> None:
             heads[event.stream] = _stream_head(connection, event.stream)
         check_append(event, *heads[event.stream])
         heads[event.stream] = (event.index, event.event_hash)
+    for drop in unit.drops:
+        check_drop(drop.stream, drop.head_index, _stream_head(connection, drop.stream)[0])
 
 
 def _many(connection: sqlite3.Connection, statement: str, rows: Sequence[Params]) -> None:
@@ -129,7 +139,7 @@ def _many(connection: sqlite3.Connection, statement: str, rows: Sequence[Params]
 
 
 def apply_writes(connection: sqlite3.Connection, prepared: PreparedUnit) -> None:
-    """Write everything, in the reference order: upserts, deletes, appends, trims.
+    """Write everything, in the reference order: upserts, deletes, appends, trims, drops.
 
     Label and tag rows are written only where a record's label or tag set
     changed, judged against the set its row held before this write.
@@ -162,3 +172,5 @@ def apply_writes(connection: sqlite3.Connection, prepared: PreparedUnit) -> None
     for before_index, stream in prepared.trims:
         connection.execute(sql.TRIM_STREAM, (before_index, stream))
         connection.execute(sql.TRIM_EVENTS, (stream, stream))
+    _many(connection, sql.DROP_EVENTS, prepared.drops)
+    _many(connection, sql.DROP_STREAM, prepared.drops)

@@ -114,6 +114,8 @@ TRIM_EVENTS: Final = (
     "DELETE FROM ledger_events WHERE stream = ? AND idx < "
     "(SELECT first_index FROM ledger_streams WHERE stream = ?)"
 )
+DROP_EVENTS: Final = "DELETE FROM ledger_events WHERE stream = ?"
+DROP_STREAM: Final = "DELETE FROM ledger_streams WHERE stream = ?"
 LEDGER_HEAD: Final = (
     "SELECT stream, idx, type, from_state, to_state, occurred_at, payload, "
     "previous_hash, event_hash, event_key, chain_mac "

@@ -35,6 +35,7 @@ from flowvault.application import (
 )
 from flowvault.application._records import MAX_LIST_LIMIT, MAX_PAYLOAD_BYTES
 from flowvault.application.ports import MAX_HEAD_BATCH
+from flowvault.application.testing._drop_contract import LedgerDropContract
 from flowvault.application.testing._fakes import (
     EPOCH,
     make_event,
@@ -91,7 +92,7 @@ class StoreHarness(ABC):
             self.close_store(made)
 
 
-class SecureObjectStoreContract(RecordTagsContract, StoreHarness):
+class SecureObjectStoreContract(RecordTagsContract, StoreHarness, LedgerDropContract):
     """Behaviour every ``SecureObjectStore`` adapter must show."""
 
     # -- records and guards -------------------------------------------------

@@ -32,7 +32,14 @@ def _python_blocks(name: str) -> list[str]:
 
 @pytest.mark.parametrize(
     "name",
-    ["README.md", "docs/workflows.md", "docs/state.md", "docs/approvals.md", "docs/domain.md"],
+    [
+        "README.md",
+        "docs/workflows.md",
+        "docs/state.md",
+        "docs/approvals.md",
+        "docs/domain.md",
+        "docs/async.md",
+    ],
 )
 def test_usage_examples_run(name: str) -> None:
     """The Python examples of the README and the workflow guide execute without error."""
@@ -195,8 +202,8 @@ def test_readme_cli_tour_runs_as_written(tmp_path: Path) -> None:
 
 def test_langgraph_guide_examples_run(tmp_path: Path) -> None:
     """The LangGraph guide's openers run; its graph pauses, then resumes in a new process."""
-    opener, conn_string, graph = _python_blocks("docs/langgraph.md")
-    for block in (opener, conn_string):
+    opener, conn_string, graph, approvals = _python_blocks("docs/langgraph.md")
+    for block in (opener, conn_string, approvals):
         exec(compile(block, "docs/langgraph.md", "exec"), {})  # noqa: S102 - running our own docs
     script = tmp_path / "refund.py"
     script.write_text(graph)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from langgraph.checkpoint.base import Checkpoint, empty_checkpoint
 
 from flowvault.adapters.langgraph import FlowvaultSaver
 from flowvault.application import StoreCapabilities, verified_events
+from flowvault.composition import Settings, bootstrap
 from flowvault.domain import RevisionConflict
 
 KEY = secrets.token_bytes(32)
@@ -174,3 +176,77 @@ def test_prune_keeps_each_namespace_newest_and_the_values_it_names(saver: Flowva
     assert found is not None
     assert found.checkpoint["channel_values"] == {"v": 2}
     assert found.pending_writes == [("t", "v", 2)]
+
+
+class _ThreadRecordingStore:
+    """A memory store that notes the thread of every call, to show none runs on the loop."""
+
+    def __init__(self) -> None:
+        from flowvault.adapters.memory import InMemorySecureObjectStore  # noqa: PLC0415
+
+        self._inner = InMemorySecureObjectStore()
+        self.threads: set[int] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._inner, name)
+        if not callable(found):
+            return found
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            self.threads.add(threading.get_ident())
+            return found(*args, **kwargs)
+
+        return recorded
+
+
+def test_async_methods_never_touch_the_store_on_the_event_loop() -> None:
+    """Every ``a...`` method reaches the store from the saver's worker threads only."""
+    store = _ThreadRecordingStore()
+    with bootstrap(Settings(backend="memory"), key=KEY, store=store) as runtime:  # type: ignore[arg-type]
+        saver = FlowvaultSaver.from_runtime(runtime, threads=2)
+        store.threads.clear()
+
+        async def scenario() -> int:
+            loop_thread = threading.get_ident()
+            config = await saver.aput(_config("a"), _checkpoint({"v": 1}, {"v": 1}), {}, {"v": 1})
+            await saver.aput_writes(config, [("v", 2)], task_id="t")
+            assert await saver.aget_tuple(config) is not None
+            assert len([item async for item in saver.alist(_config("a"))]) == 1
+            await saver.acopy_thread("a", "b")
+            await saver.aprune(["b"])
+            await saver.adelete_for_runs(["none"])
+            await saver.adelete_thread("a")
+            return loop_thread
+
+        loop_thread = asyncio.run(scenario())
+        used = set(store.threads)
+        saver.close()
+    assert used
+    assert loop_thread not in used
+    assert len(used) <= 2
+
+
+def test_copying_a_thread_twice_replaces_the_copy(saver: FlowvaultSaver) -> None:
+    """A second copy over the first lands, and the target shows the source as it now is."""
+    config = saver.put(_config("src"), _checkpoint({"v": 1}, {"v": 1}), {}, {"v": 1})
+    saver.put_writes(config, [("v", "first")], task_id="t")
+    saver.copy_thread("src", "dst")
+    saver.put_writes(config, [("v", "second")], task_id="u")
+    saver.copy_thread("src", "dst")
+    copied = saver.get_tuple(_config("dst"))
+    assert copied is not None
+    assert sorted(copied.pending_writes or []) == [("t", "v", "first"), ("u", "v", "second")]
+
+
+def test_putting_a_checkpoint_id_again_replaces_it(saver: FlowvaultSaver) -> None:
+    """A second ``put`` of the same id is a compare-and-swap on the row, not a failure."""
+    first = _checkpoint({"v": 1}, {"v": 1})
+    config = saver.put(_config("again"), first, {"step": 1}, {"v": 1})
+    second = _checkpoint({"v": 2}, {"v": 2})
+    second["id"] = first["id"]
+    assert saver.put(_config("again"), second, {"step": 2}, {"v": 2}) == config
+    found = saver.get_tuple(config)
+    assert found is not None
+    assert found.checkpoint["channel_values"] == {"v": 2}
+    assert found.metadata["step"] == 2
+    assert len(list(saver.list(_config("again")))) == 1

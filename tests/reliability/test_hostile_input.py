@@ -54,6 +54,7 @@ from flowvault.application import (
     ActionResultService,
     ApprovalFlow,
     ApprovalService,
+    BlobStore,
     CheckpointService,
     DefinitionRegistry,
     Delete,
@@ -1536,6 +1537,66 @@ def _audit_rows() -> list[EntryPoint]:
     ]
 
 
+def _bytes_args(k: Known) -> st.SearchStrategy[Arguments]:
+    return args(
+        namespace=_seal_namespaces(k),
+        natural_key=text(k.workflow_id, k.scope, "main"),
+        data=st.one_of(hostile.hostile_bytes(), JSON),
+        expected=expected_revisions(),
+        labels=labels_(),
+    )
+
+
+def _blob_rows() -> list[EntryPoint]:
+    def blobs(w: World) -> BlobStore:
+        return BlobStore(_repo(w))
+
+    def named(k: Known) -> st.SearchStrategy[Arguments]:
+        return args(namespace=_seal_namespaces(k), natural_key=text(k.workflow_id, k.scope))
+
+    return [
+        EntryPoint(
+            "BlobStore.prepare",
+            _bytes_args,
+            lambda w, a: blobs(w).prepare(
+                a["namespace"],
+                a["natural_key"],
+                a["data"],
+                expected=a["expected"],
+                **_options(a, "labels"),
+            ),
+            sqlite=True,
+        ),
+        EntryPoint(
+            "BlobStore.write",
+            _bytes_args,
+            lambda w, a: blobs(w).write(
+                a["namespace"],
+                a["natural_key"],
+                a["data"],
+                expected=a["expected"],
+                **_options(a, "labels"),
+            ),
+            sqlite=True,
+        ),
+        EntryPoint("BlobStore.read", named, lambda w, a: blobs(w).read(**a), sqlite=True),
+        EntryPoint("BlobStore.info", named, lambda w, a: blobs(w).info(**a), sqlite=True),
+        EntryPoint("BlobStore.exists", named, lambda w, a: blobs(w).exists(**a), sqlite=True),
+        EntryPoint("BlobStore.deletes", named, lambda w, a: blobs(w).deletes(**a), sqlite=True),
+        EntryPoint(
+            "BlobStore.deletes_at",
+            lambda k: args(namespace=_seal_namespaces(k), key_digest=digests(k)),
+            lambda w, a: blobs(w).deletes_at(a["namespace"], a["key_digest"]),
+            sqlite=True,
+        ),
+        EntryPoint(
+            "BlobStore.content_digest",
+            lambda k: args(data=st.one_of(hostile.hostile_bytes(), JSON)),
+            lambda w, a: blobs(w).content_digest(a["data"]),
+        ),
+    ]
+
+
 def _sealed_rows() -> list[EntryPoint]:
     def sealed(method: str) -> Call:
         def call(w: World, a: Arguments) -> object:
@@ -1583,6 +1644,57 @@ def _sealed_rows() -> list[EntryPoint]:
             lambda k: args(namespace=_seal_namespaces(k), key_digest=digests(k)),
             _open,
         ),
+        EntryPoint(
+            "SealedRepository.prepare_bytes",
+            _bytes_args,
+            lambda w, a: _repo(w).prepare_bytes(
+                a["namespace"],
+                a["natural_key"],
+                a["data"],
+                expected=a["expected"],
+                **_options(a, "labels"),
+            ),
+            sqlite=True,
+        ),
+        EntryPoint(
+            "SealedRepository.prepare_bytes_at",
+            lambda k: args(
+                namespace=_seal_namespaces(k),
+                key_digest=digests(k),
+                data=st.one_of(hostile.hostile_bytes(), JSON),
+                expected=expected_revisions(),
+                labels=labels_(),
+            ),
+            lambda w, a: _repo(w).prepare_bytes_at(
+                a["namespace"],
+                a["key_digest"],
+                a["data"],
+                expected=a["expected"],
+                **_options(a, "labels"),
+            ),
+            sqlite=True,
+        ),
+        EntryPoint(
+            "SealedRepository.read_bytes",
+            lambda k: args(namespace=_seal_namespaces(k), natural_key=text(k.workflow_id, k.scope)),
+            lambda w, a: _repo(w).read_bytes(a["namespace"], a["natural_key"]),
+            sqlite=True,
+        ),
+        EntryPoint(
+            "SealedRepository.open_bytes",
+            lambda k: args(namespace=_seal_namespaces(k), key_digest=digests(k)),
+            lambda w, a: _repo(w).open_bytes(
+                w.known.record, namespace=a["namespace"], key_digest=a["key_digest"]
+            ),
+        ),
+        EntryPoint(
+            "SealedRepository.verify",
+            lambda k: args(namespace=_seal_namespaces(k), key_digest=digests(k)),
+            lambda w, a: _repo(w).verify(
+                w.known.record, namespace=a["namespace"], key_digest=a["key_digest"]
+            ),
+        ),
+        *_blob_rows(),
         EntryPoint(
             "SealedRepository.reseal",
             lambda k: args(stored=st.booleans(), junk=JSON),
@@ -2408,6 +2520,7 @@ def test_table_covers_every_public_method() -> None:
         ("IdempotencyService", IdempotencyService),
         ("EvidenceService", EvidenceService),
         ("SealedRepository", SealedRepository),
+        ("BlobStore", BlobStore),
         ("RetentionJob", RetentionJob),
         ("LedgerAudit", LedgerAudit),
         ("KeyRotation", KeyRotation),

@@ -35,6 +35,8 @@ from flowvault.application import (
     Guard,
     StreamHeadBatch,
     UnitOfWork,
+    chained_event,
+    drop_unit,
 )
 from flowvault.application import _records as records_module
 from flowvault.application._blobs import MAX_BLOB_BYTES
@@ -609,6 +611,27 @@ def events_per_call(bench: Bench) -> list[Boundary]:
     return [Boundary("append_run_events", lambda: append(200), lambda: append(201), INVALID)]
 
 
+def drops_per_unit(bench: Bench) -> list[Boundary]:
+    """Return the edges of 200 streams dropped by one ``drop_unit``."""
+    runtime, now = bench.runtime, bench.clock.now()
+    sets = {count: [f"{bench.fresh('dropped')}/{n}" for n in range(count)] for count in (200, 201)}
+    events = [
+        chained_event(runtime.repository, name, "step.done", None, now, after=None)
+        for names in sets.values()
+        for name in names
+    ]
+    runtime.store.commit(UnitOfWork(appends=events))
+
+    def drop(count: int) -> None:
+        unit = drop_unit(
+            runtime.store, runtime.repository, *sets[count], occurred_at=now, reason="limits"
+        )
+        runtime.store.commit(unit)
+        _expect(all(runtime.store.ledger_head(name) is None for name in sets[count]), "kept")
+
+    return [Boundary("drop_unit", lambda: drop(200), lambda: drop(201), INVALID)]
+
+
 def actor(bench: Bench) -> list[Boundary]:
     """Return the edges of a decider's 1 to 256 characters."""
     first, second = (bench.requesting(bench.checkpoint())() for _ in range(2))
@@ -1072,6 +1095,7 @@ CASES: dict[str, Callable[[Bench], list[Boundary]]] = {
     "request-idempotency-key": request_idempotency_key,
     "event-type": event_type,
     "events-per-call": events_per_call,
+    "drops-per-unit": drops_per_unit,
     "actor": actor,
     "audience": audience,
     "allowed-decisions": allowed_decisions,

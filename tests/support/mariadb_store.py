@@ -33,6 +33,7 @@ from flowvault.application import (
     UnitOfWork,
     check_append,
     check_delete,
+    check_drop,
     check_upsert,
     effective_limit,
 )
@@ -457,6 +458,14 @@ class MariaDBSecureObjectStore:
             head_index, head_hash = heads[event.stream]
             check_append(event, head_index, head_hash)
             heads[event.stream] = (event.index, event.event_hash)
+        for drop in unit.drops:
+            cursor.execute(
+                "SELECT idx FROM ledger_events WHERE stream = %s"
+                " ORDER BY idx DESC LIMIT 1 FOR UPDATE",
+                (drop.stream,),
+            )
+            row = cursor.fetchone()
+            check_drop(drop.stream, drop.head_index, None if row is None else _optional_int(row[0]))
 
         for upsert in unit.upserts:
             _write_record(cursor, upsert.header, upsert.metadata, upsert.payload)
@@ -492,6 +501,8 @@ class MariaDBSecureObjectStore:
                 "DELETE FROM ledger_events WHERE stream = %s AND idx < %s",
                 (trim.stream, min(trim.before_index, int(row[0]))),
             )
+        for drop in unit.drops:
+            cursor.execute("DELETE FROM ledger_events WHERE stream = %s", (drop.stream,))
 
 
 def _write_record(

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -614,12 +614,14 @@ class RecordingGuard(AntiRollback):
         self.failures = failures
         self.wrote = threading.Event()
 
-    def advance(self, sizes: Mapping[str, int] | None = None) -> None:
+    def advance(
+        self, sizes: Mapping[str, int] | None = None, dropped: Collection[str] = ()
+    ) -> None:
         """Fail while ``failures`` last, else write; count each write and signal it."""
         if self.failures:
             self.failures -= 1
             raise StoreUnavailable("injected: the mark's disk is full")
-        super().advance(sizes)
+        super().advance(sizes, dropped)
         self.writes += 1
         self.wrote.set()
 
