@@ -268,8 +268,9 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         window: builtins.list[StoredCheckpoint] = []
         matches: builtins.list[tuple[StoredCheckpoint, CheckpointMetadata]] = []
         exhausted = True
+        tags = self._filter_tags(thread, wanted)
         batch = _PAGE if wanted or limit is None else min(limit, _PAGE)
-        rows = self._rows.listed(thread, ns, before=before, first_page=batch)
+        rows = self._rows.listed(thread, ns, before=before, first_page=batch, tags=tags)
         for page in _batched(
             (row for row in rows if only is None or row.labels.get("cid") == only), batch
         ):
@@ -283,18 +284,30 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
                         break
             if not exhausted:
                 break
+        whole = only is None and not tags
         if not window:
-            if only is None:
+            if whole:
                 self._checks.refuse_any_missing(thread, ns, before=before)
             return
-        history = self._checks.history(thread, window, from_start=exhausted and only is None)
-        if only is None:
+        history = self._checks.history(thread, window, from_start=exhausted and whole)
+        if whole:
             lowest = None if exhausted else min(stored.cid for stored in window)
             self._checks.refuse_window_gaps(
                 thread, ns, window, history, lowest=lowest, before=before
             )
         for stored, metadata in matches:
             yield self._tuple(stored, history, metadata=metadata)
+
+    def _filter_tags(self, thread: Thread, wanted: Mapping[str, Any] | None) -> builtins.list[str]:
+        """Return the tags the store can select a filter's text values by, or none.
+
+        None while any checkpoint of the thread has more text metadata than
+        tags: the store could not select it, so every checkpoint is opened.
+        """
+        texts = {key: value for key, value in (wanted or {}).items() if isinstance(value, str)}
+        if not texts or self._rows.has_partial_tags(thread):
+            return []
+        return [self._rows.metadata_tag(thread, key, value) for key, value in texts.items()]
 
     def _list_all(
         self, wanted: Mapping[str, Any] | None, before: str | None, limit: int | None
@@ -380,6 +393,7 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         _mapping(metadata, "metadata")
         full_metadata = get_checkpoint_metadata(config, metadata)
         run_id = full_metadata.get("run_id")
+        metadata_values: Mapping[str, object] = full_metadata
         draft = CheckpointDraft(
             ns=ns,
             cid=checked_text(body.get("id"), "a checkpoint's id"),
@@ -388,6 +402,7 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
             checkpoint=self._dumps(body),
             metadata=self._dumps(full_metadata),
             versions=versions,
+            metadata_values=metadata_values,
             new_values={
                 channel: self._dumps(values[channel]) if channel in values else None
                 for channel in new
@@ -566,6 +581,7 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
                 run_id=run_id if isinstance(run_id, str) and run_id else None,
                 checkpoint=self.serde.dumps_typed(body),
                 metadata=self.serde.dumps_typed(item.metadata),
+                metadata_values=item.metadata,
                 versions=dict(item.checkpoint["channel_versions"]),
                 new_values={
                     channel: self.serde.dumps_typed(value) for channel, value in values.items()

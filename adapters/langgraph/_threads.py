@@ -35,12 +35,13 @@ from flowvault.application import (
     SealedDocument,
     SealedRepository,
     StoreCapabilities,
+    TagFilter,
     UnitOfWork,
     Upsert,
     chained_event,
 )
 from flowvault.application._blobs import CHUNK_BYTES
-from flowvault.application._records import ExpectedRevision
+from flowvault.application._records import MAX_TAGS, ExpectedRevision, RecordFilter
 from flowvault.domain import IntegrityFailure, InvalidInput, JsonValue, LedgerEvent
 
 CHECKPOINTS: Final = "langgraph.checkpoints"
@@ -50,6 +51,7 @@ BLOBS: Final = "langgraph.blobs"
 THREAD_TAG: Final = "flowvault.langgraph-thread/1"
 NS_TAG: Final = "flowvault.langgraph-ns/1"
 RUN_TAG: Final = "flowvault.langgraph-run/1"
+METADATA_TAG: Final = "flowvault.langgraph-metadata/1"
 BLOB_TAG: Final = "flowvault.langgraph-blob/1"
 
 STREAM_PREFIX: Final = "langgraph/"
@@ -192,6 +194,8 @@ class CheckpointDraft:
     """Channels written at this step (by their new version); ``None``: the channel is empty."""
     known: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     """Channels' (version text, digest) as the parent checkpoint names them, to skip lookups."""
+    metadata_values: Mapping[str, object] = field(default_factory=dict)
+    """The checkpoint's metadata, whose text values become tags a filtered listing selects by."""
 
 
 class ThreadRows:
@@ -335,6 +339,7 @@ class ThreadRows:
         *,
         before: str | None = None,
         first_page: int = _PAGE,
+        tags: Sequence[str] = (),
     ) -> Iterator[RecordMetadata]:
         """Yield checkpoint rows' metadata, newest checkpoint id first, a page at a time.
 
@@ -355,6 +360,7 @@ class ThreadRows:
         ]
         if not prefix:
             filters = [] if before is None else [LabelFilter(label, before, FilterOp.LT)]
+        selected: list[RecordFilter] = [*filters, *(TagFilter(tag) for tag in tags)]
         cursor: str | None = None
         limit = first_page
         while True:
@@ -363,7 +369,7 @@ class ThreadRows:
                 CHECKPOINTS,
                 label,
                 descending=True,
-                filters=filters,
+                filters=selected,
                 cursor=cursor,
                 limit=limit,
             )
@@ -372,6 +378,47 @@ class ThreadRows:
             if cursor is None:
                 return
             limit = _PAGE
+
+    def metadata_tag(self, thread: Thread, key: str, value: str) -> str:
+        """Return the tag of one text metadata value: a keyed digest of thread, key and value.
+
+        The thread is in the digest, so equal values in two threads give
+        unequal tags and the store shows no link between threads.
+        """
+        return self._digest(METADATA_TAG, json.dumps([thread.digest, key, value]))
+
+    def metadata_tags(
+        self, thread: Thread, metadata: Mapping[str, object]
+    ) -> tuple[frozenset[str], bool]:
+        """Return a checkpoint's tags, one per text metadata value, and whether some lack one.
+
+        Only text values are tagged: text equals only text, so a listing
+        filtered by a text value's tag selects exactly the checkpoints a
+        comparison of the values would. Beyond ``MAX_TAGS`` values none is
+        tagged and the row is labelled ``partial_tags``.
+        """
+        texts = {key: value for key, value in metadata.items() if isinstance(value, str)}
+        if len(texts) > MAX_TAGS:
+            return frozenset(), True
+        return frozenset(
+            self.metadata_tag(thread, key, value) for key, value in texts.items()
+        ), False
+
+    def has_partial_tags(self, thread: Thread) -> bool:
+        """Say whether any checkpoint of ``thread`` holds more text metadata than it has tags."""
+        prefix = f"{thread.digest}|"
+        page = self._capabilities.list_by_label(
+            self._store,
+            CHECKPOINTS,
+            "tpos",
+            filters=[
+                LabelFilter("tpos", prefix, FilterOp.GE),
+                LabelFilter("tpos", prefix + _AFTER_ANY_ID, FilterOp.LT),
+                LabelFilter("partial_tags", 1),
+            ],
+            limit=1,
+        )
+        return bool(page.items)
 
     def _pos(self, thread: Thread, ns: str) -> str:
         return f"{thread.digest}|{self.ns_digest(thread, ns)}|"
@@ -562,6 +609,9 @@ class ThreadRows:
         }
         if run is not None:
             labels["run"] = run
+        tags, partial = self.metadata_tags(thread, draft.metadata_values)
+        if partial:
+            labels["partial_tags"] = 1
         upserts.append(
             self._repo.prepare(
                 CHECKPOINTS,
@@ -570,6 +620,7 @@ class ThreadRows:
                 expected=expected,
                 labels=labels,
                 ledger_index=event.index,
+                tags=tags,
             )
         )
         named = {

@@ -250,3 +250,33 @@ def test_putting_a_checkpoint_id_again_replaces_it(saver: FlowvaultSaver) -> Non
     assert found.checkpoint["channel_values"] == {"v": 2}
     assert found.metadata["step"] == 2
     assert len(list(saver.list(_config("again")))) == 1
+
+
+def test_a_text_metadata_filter_is_answered_by_tags_and_stays_exact(saver: FlowvaultSaver) -> None:
+    """Text values are tags the store selects by; other values, and untagged rows, are compared."""
+    parent = _config("tagged")
+    for step in range(6):
+        metadata = {"source": "input" if step % 3 == 0 else "loop", "step": step}
+        parent = saver.put(
+            parent, _checkpoint({"v": step}, {"v": step + 1}), metadata, {"v": step + 1}
+        )
+    store = saver._rows.repository.store
+    stored = store.peek_metadata(
+        "langgraph.checkpoints",
+        saver._rows.checkpoint_digest(
+            saver._rows.thread("tagged"), "", parent["configurable"]["checkpoint_id"]
+        ),
+    )
+    assert stored is not None
+    assert len(stored.tags) == 1  # "source" is text; "step" is a number
+    steps = [
+        item.metadata["step"] for item in saver.list(_config("tagged"), filter={"source": "input"})
+    ]
+    assert steps == [3, 0]
+    both = saver.list(_config("tagged"), filter={"source": "loop", "step": 4})
+    assert [item.metadata["step"] for item in both] == [4]
+    crowded = {f"key_{number:02d}": "text" for number in range(40)}
+    saver.put(parent, _checkpoint({}, {}), {**crowded, "source": "input", "step": 9}, {})
+    assert [
+        item.metadata["step"] for item in saver.list(_config("tagged"), filter={"source": "input"})
+    ] == [9, 3, 0]
