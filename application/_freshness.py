@@ -34,9 +34,8 @@ from flowvault.application._keyed_digester import KeyedDigester
 from flowvault.application._records import RecordMetadata
 from flowvault.application._sealed import SealedRepository
 from flowvault.application._streams import (
-    keyed,
+    chained_event,
     mac_matches,
-    next_position,
     read_stream,
 )
 from flowvault.application._tombstones import RETENTION_TOMBSTONE
@@ -48,7 +47,6 @@ from flowvault.domain import (
     LedgerEvent,
     RevisionConflict,
 )
-from flowvault.domain._sanitise import sanitise_payload
 
 FRESH_READ_TRIES: Final = 16
 """Reads of a row that keeps being rewritten between its load and its stream's head."""
@@ -335,16 +333,8 @@ def record_event(
     Its index goes into the header of every row the unit writes; a writer
     racing for the same position loses at commit, and its retry re-reads.
     """
-    index, previous = next_position(repository.store, stream)
-    draft = LedgerEvent.create(
-        stream=stream,
-        index=index,
-        type=event_type,
-        occurred_at=occurred_at,
-        payload=sanitise_payload(payload),
-        previous_hash=previous,
-    )
-    return keyed(draft, repository)
+    head = repository.store.ledger_head(stream)
+    return chained_event(repository, stream, event_type, payload, occurred_at, after=head)
 
 
 def _named(payload: dict[str, JsonValue], field: str) -> frozenset[str]:
