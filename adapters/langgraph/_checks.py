@@ -78,38 +78,15 @@ class ThreadChecks:
         """Refuse an empty listing of a namespace the ledger says holds checkpoints."""
         if self._store.ledger_head(thread.stream) is None:
             return
-        ns_digest = None if ns is None else self._rows.ns_digest(thread, ns)
-        for entry in self._rows.history(thread, 0).live_writes():
-            if entry.event.type != CHECKPOINT_EVENT:
-                continue
-            if ns_digest is not None and entry.ns != ns_digest:
-                continue
-            if before is not None and entry.cid >= before:
-                continue
-            raise missing(
-                "a checkpoint",
-                thread,
-                key_digest=entry.row.key_digest,
-                ledger_index=entry.event.index,
-            )
+        self._refuse_unlisted(
+            thread, self._rows.history(thread, 0), ns, "a checkpoint", below=before
+        )
 
     def refuse_newer_missing(
         self, thread: Thread, ns: str, stored: StoredCheckpoint, history: ThreadHistory
     ) -> None:
         """Refuse a newest checkpoint when the ledger wrote a newer one, not deleted since."""
-        ns_digest = self._rows.ns_digest(thread, ns)
-        for entry in history.live_writes():
-            if (
-                entry.event.type == CHECKPOINT_EVENT
-                and entry.ns == ns_digest
-                and entry.cid > stored.cid
-            ):
-                raise missing(
-                    "a newer checkpoint",
-                    thread,
-                    key_digest=entry.row.key_digest,
-                    ledger_index=entry.event.index,
-                )
+        self._refuse_unlisted(thread, history, ns, "a newer checkpoint", above=stored.cid)
 
     def refuse_window_gaps(
         self,
@@ -126,22 +103,38 @@ class ThreadChecks:
         The window runs from ``lowest`` (``None``: the listing read to the
         end) up to ``before``.
         """
-        listed = {stored.identity.key_digest for stored in window}
+        listed = frozenset(stored.identity.key_digest for stored in window)
+        self._refuse_unlisted(
+            thread, history, ns, "a checkpoint", at_least=lowest, below=before, listed=listed
+        )
+
+    def _refuse_unlisted(
+        self,
+        thread: Thread,
+        history: ThreadHistory,
+        ns: str | None,
+        what: str,
+        *,
+        above: str | None = None,
+        at_least: str | None = None,
+        below: str | None = None,
+        listed: frozenset[str] = frozenset(),
+    ) -> None:
+        """Refuse when ``history`` holds a standing checkpoint of ``ns`` in range but unlisted."""
         ns_digest = None if ns is None else self._rows.ns_digest(thread, ns)
         for entry in history.live_writes():
-            if entry.event.type != CHECKPOINT_EVENT or entry.row.key_digest in listed:
-                continue
-            if ns_digest is not None and entry.ns != ns_digest:
-                continue
-            if (lowest is not None and entry.cid < lowest) or (
-                before is not None and entry.cid >= before
+            cid = entry.cid
+            if (
+                entry.event.type != CHECKPOINT_EVENT
+                or entry.row.key_digest in listed
+                or (ns_digest is not None and entry.ns != ns_digest)
+                or (above is not None and cid <= above)
+                or (at_least is not None and cid < at_least)
+                or (below is not None and cid >= below)
             ):
                 continue
             raise missing(
-                "a checkpoint",
-                thread,
-                key_digest=entry.row.key_digest,
-                ledger_index=entry.event.index,
+                what, thread, key_digest=entry.row.key_digest, ledger_index=entry.event.index
             )
 
     def pending_writes(self, stored: StoredCheckpoint, history: ThreadHistory) -> list[StoredWrite]:
