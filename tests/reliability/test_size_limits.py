@@ -24,9 +24,11 @@ from typing import Any
 
 import pytest
 import reliability
+from langgraph.checkpoint.base import empty_checkpoint
 from psycopg import sql
 from wiring import Wired
 
+from flowvault.adapters.langgraph import FlowvaultSaver
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.application import (
     MAX_LOAD_BATCH,
@@ -632,6 +634,65 @@ def drops_per_unit(bench: Bench) -> list[Boundary]:
     return [Boundary("drop_unit", lambda: drop(200), lambda: drop(201), INVALID)]
 
 
+def _saver(bench: Bench) -> FlowvaultSaver:
+    return FlowvaultSaver.from_runtime(bench.runtime)
+
+
+def _lg_checkpoint(cid: str | None = None, version: str | int = 1) -> Any:
+    checkpoint = empty_checkpoint()
+    if cid is not None:
+        checkpoint["id"] = cid
+    checkpoint["channel_values"] = {"v": 1}
+    checkpoint["channel_versions"] = {"v": version}
+    return checkpoint
+
+
+def langgraph_checkpoint_id(bench: Bench) -> list[Boundary]:
+    """Return the edges of a checkpoint id's 100 characters."""
+    saver = _saver(bench)
+
+    def put(length: int) -> None:
+        config = {"configurable": {"thread_id": bench.fresh("lg"), "checkpoint_ns": ""}}
+        saver.put(config, _lg_checkpoint("c" * length), {}, {"v": 1})
+
+    return [Boundary("put", lambda: put(100), lambda: put(101), INVALID)]
+
+
+def langgraph_channel_version(bench: Bench) -> list[Boundary]:
+    """Return the edges of a text channel version's 128 characters."""
+    saver = _saver(bench)
+
+    def put(length: int) -> None:
+        config = {"configurable": {"thread_id": bench.fresh("lg"), "checkpoint_ns": ""}}
+        version = "9" * length
+        saver.put(config, _lg_checkpoint(version=version), {}, {"v": version})
+
+    return [Boundary("put", lambda: put(128), lambda: put(129), INVALID)]
+
+
+def langgraph_prune_namespaces(bench: Bench) -> list[Boundary]:
+    """Return the edges of 100 namespaces kept by one prune."""
+    saver = _saver(bench)
+
+    def thread(namespaces: int) -> str:
+        thread_id = bench.fresh("lg")
+        for ns in range(namespaces):
+            config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": f"n{ns}"}}
+            for _ in range(2):
+                config = saver.put(config, _lg_checkpoint(), {}, {"v": 1})
+        return thread_id
+
+    at_limit, beyond = thread(100), thread(101)
+    return [
+        Boundary(
+            "prune",
+            lambda: saver.prune([at_limit]),
+            lambda: saver.prune([beyond]),
+            INVALID,
+        )
+    ]
+
+
 def actor(bench: Bench) -> list[Boundary]:
     """Return the edges of a decider's 1 to 256 characters."""
     first, second = (bench.requesting(bench.checkpoint())() for _ in range(2))
@@ -1116,6 +1177,9 @@ CASES: dict[str, Callable[[Bench], list[Boundary]]] = {
     "postgres-schema": postgres_schema,
     "head-batch": head_batch,
     "load-batch": load_batch,
+    "langgraph-checkpoint-id": langgraph_checkpoint_id,
+    "langgraph-channel-version": langgraph_channel_version,
+    "langgraph-prune-namespaces": langgraph_prune_namespaces,
     "page-size": page_size,
 }
 """Every row of ``docs/limits.md``; ``page-size`` last, since it fills the store."""
