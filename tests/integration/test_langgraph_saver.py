@@ -18,9 +18,9 @@ import pytest
 from langgraph.checkpoint.base import Checkpoint, empty_checkpoint
 
 from flowvault.adapters.langgraph import FlowvaultSaver
-from flowvault.application import StoreCapabilities, verified_events
+from flowvault.application import Delete, StoreCapabilities, UnitOfWork, verified_events
 from flowvault.composition import Settings, bootstrap
-from flowvault.domain import RevisionConflict
+from flowvault.domain import IntegrityFailure, RevisionConflict
 
 KEY = secrets.token_bytes(32)
 COUNTED = ("langgraph.checkpoints", "langgraph.writes", "langgraph.blobs", "flowvault.blob-chunks")
@@ -280,3 +280,33 @@ def test_a_text_metadata_filter_is_answered_by_tags_and_stays_exact(saver: Flowv
     assert [
         item.metadata["step"] for item in saver.list(_config("tagged"), filter={"source": "input"})
     ] == [9, 3, 0]
+
+
+def test_a_store_sealed_under_another_key_is_refused_at_open(tmp_path: Path) -> None:
+    """``from_conn_string`` with the wrong key fails at once, before any read or write."""
+    path = str(tmp_path / "keyed.db")
+    with FlowvaultSaver.from_conn_string(path, key=KEY) as saver:
+        saver.put(_config("k"), _checkpoint({"v": 1}, {"v": 1}), {}, {"v": 1})
+    with (
+        pytest.raises(IntegrityFailure, match="key does not match"),
+        FlowvaultSaver.from_conn_string(path, key=secrets.token_bytes(32)),
+    ):
+        pass
+
+
+def test_a_limited_listing_refuses_a_gap_inside_the_window_it_read(saver: FlowvaultSaver) -> None:
+    """A checkpoint deleted outside flowvault in the window read is refused; further back, not."""
+    config = _config("window")
+    ids = []
+    for step in range(5):
+        config = saver.put(config, _checkpoint({"v": step}, {"v": step + 1}), {}, {"v": step + 1})
+        ids.append(config["configurable"]["checkpoint_id"])
+    rows = saver._rows
+    store = rows.repository.store
+    digest = rows.checkpoint_digest(rows.thread("window"), "", ids[2])
+    stored = store.peek_metadata("langgraph.checkpoints", digest)
+    assert stored is not None
+    store.commit(UnitOfWork(deletes=[Delete("langgraph.checkpoints", digest, stored.revision)]))
+    assert len(list(saver.list(_config("window"), limit=2))) == 2
+    with pytest.raises(IntegrityFailure, match="missing"):
+        list(saver.list(_config("window"), limit=3))
