@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.types import Command
 
 from flowvault.application import (
     ApprovalFlow,
@@ -28,6 +27,9 @@ from flowvault.application import (
 )
 from flowvault.domain import Approval, ApprovalStatus, InvalidInput, JsonValue, TerminalReceipt
 from flowvault.domain._graph_runs import RUN_LIFECYCLE
+
+if TYPE_CHECKING:
+    from langgraph.types import Command
 
 DEFINITION_ID: Final = "langgraph.interrupt"
 """The definition every interrupt's run follows: a pause for one decision."""
@@ -67,6 +69,8 @@ class GraphDecision:
     @property
     def command(self) -> Command[Any] | None:
         """``Command(resume=decision)`` once the approval is settled; ``None`` before."""
+        from langgraph.types import Command  # noqa: PLC0415 - the graph package, not the saver's
+
         approval = self.outcome.approval
         if approval.status is not ApprovalStatus.DECIDED:
             return None

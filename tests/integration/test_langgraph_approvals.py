@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import secrets
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +66,18 @@ def test_a_config_without_a_checkpoint_is_refused() -> None:
         GraphApprovals(runtime).request(
             {"configurable": {"thread_id": "t"}}, audience="a", prompt="p"
         )
+
+
+def test_the_saver_imports_without_the_graph_package() -> None:
+    """``flowvault[langgraph]`` brings langgraph-checkpoint only; the saver must not need more."""
+    blocked = (
+        "import sys; sys.modules['langgraph.types'] = None; sys.modules['langgraph.graph'] = None\n"
+    )
+    script = (
+        blocked
+        + "from flowvault.adapters.langgraph import FlowvaultSaver, GraphApprovals\nprint('ok')"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+    )
+    assert (ran.returncode, ran.stdout.strip()) == (0, "ok"), ran.stderr
