@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Final
 
 from flowvault.adapters.langgraph._ledger import (
     PRUNED_EVENT,
@@ -24,10 +23,8 @@ from flowvault.adapters.langgraph._threads import (
     Thread,
     ThreadRows,
 )
-from flowvault.application import LabelFilter, RecordMetadata, RetryPolicy
-from flowvault.domain import InvalidInput, JsonValue, RevisionConflict
-
-_RETRY: Final = RetryPolicy()
+from flowvault.application import LabelFilter, RecordMetadata, UnitOfWork
+from flowvault.domain import InvalidInput, JsonValue
 
 DeletionPlan = tuple[list[RecordMetadata], str, dict[str, JsonValue]]
 """Rows to delete, the event kind that deletes them and its payload."""
@@ -65,18 +62,12 @@ class ThreadDeletions:
 
     def _commit(self, thread: Thread, plan: Callable[[], DeletionPlan]) -> None:
         """Commit ``plan()``'s deletions with their event, planning again after a lost race."""
-        retries = _RETRY.start()
-        while True:
+
+        def build() -> UnitOfWork | None:
             doomed, kind, payload = plan()
-            if not doomed:
-                return
-            unit = self._rows.deletion_unit(thread, doomed, kind, payload)
-            try:
-                self._store.commit(unit)
-            except RevisionConflict:
-                retries.after_lost_race("a LangGraph thread")
-                continue
-            return
+            return self._rows.deletion_unit(thread, doomed, kind, payload) if doomed else None
+
+        self._rows.commit(build)
 
     def _runs_plan(self, thread: Thread, runs: Sequence[str]) -> DeletionPlan:
         doomed: list[RecordMetadata] = []

@@ -44,7 +44,6 @@ from flowvault.adapters.langgraph._threads import (
 from flowvault.application import (
     Guard,
     RecordMetadata,
-    RetryPolicy,
     SealedRepository,
     UnitOfWork,
     Upsert,
@@ -56,7 +55,6 @@ from flowvault.domain import (
     RevisionConflict,
 )
 
-_RETRY: Final = RetryPolicy()
 DEFAULT_THREADS: Final = 4
 """Worker threads of the async methods: what ``AsyncRuntime`` uses on SQLite (docs/async.md)."""
 R = TypeVar("R")
@@ -411,22 +409,26 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         )
         if draft.parent is not None:
             draft.known = self._known_channels(thread, ns, draft.parent)
-        retries = _RETRY.start()
-        expected: Guard | None = Guard.ABSENT
-        while True:
+        # The first build takes the checkpoint and its values to be new; a rebuild looks.
+        optimistic: list[Guard | None] = [Guard.ABSENT]
+        written: dict[str, tuple[str, str]] = {}
+
+        def build() -> UnitOfWork:
             if self._refuse_stale_forks and draft.parent is not None:
                 self._check_parent_is_newest(thread, ns, draft.parent)
             unit, _, channels = self._rows.checkpoint_unit(
-                thread, draft, self._rows.head(thread), expected=expected
+                thread,
+                draft,
+                self._rows.head(thread),
+                expected=optimistic.pop() if optimistic else None,
             )
-            try:
-                self._store.commit(unit)
-            except RevisionConflict:
-                expected = None
-                retries.after_lost_race("a LangGraph thread")
-                continue
-            self._remember_channels(thread, ns, draft.cid, channels)
-            return _config(thread.thread_id, ns, draft.cid)
+            written.clear()
+            written.update(channels)
+            return unit
+
+        self._rows.commit(build)
+        self._remember_channels(thread, ns, draft.cid, written)
+        return _config(thread.thread_id, ns, draft.cid)
 
     def _dumps(self, value: object) -> tuple[str, bytes]:
         """Serialise ``value``; one the serializer refuses is the caller's ``InvalidInput``."""
@@ -500,17 +502,9 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
                     task_path=task_path,
                 )
             )
-        retries = _RETRY.start()
-        while True:
-            unit = self._rows.writes_unit(thread, ns, cid, stored, self._rows.head(thread))
-            if unit is None:
-                return
-            try:
-                self._store.commit(unit)
-            except RevisionConflict:
-                retries.after_lost_race("a LangGraph thread")
-                continue
-            return
+        self._rows.commit(
+            lambda: self._rows.writes_unit(thread, ns, cid, stored, self._rows.head(thread))
+        )
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, write and value of a thread, under one ledger event."""
@@ -545,20 +539,14 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         """Copy every checkpoint, write and value of one thread to another, in one unit of work."""
         source = self._rows.thread(source_thread_id)
         target = self._rows.thread(target_thread_id)
-        retries = _RETRY.start()
-        while True:
+
+        def build() -> UnitOfWork | None:
             tuples = builtins.list(
                 self._list_thread(source, ns=None, only=None, wanted=None, before=None, limit=None)
             )
-            if not tuples:
-                return
-            unit = self._copy_unit(target, tuples)
-            try:
-                self._store.commit(unit)
-            except RevisionConflict:
-                retries.after_lost_race("a LangGraph thread")
-                continue
-            return
+            return self._copy_unit(target, tuples) if tuples else None
+
+        self._rows.commit(build)
 
     def _copy_unit(self, target: Thread, tuples: Sequence[CheckpointTuple]) -> UnitOfWork:
         upserts: builtins.list[Upsert] = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -40,9 +40,16 @@ from flowvault.application import (
     Upsert,
     chained_event,
 )
+from flowvault.application._backoff import LOST, Lost, settle
 from flowvault.application._blobs import CHUNK_BYTES
 from flowvault.application._records import MAX_TAGS, ExpectedRevision, RecordFilter
-from flowvault.domain import IntegrityFailure, InvalidInput, JsonValue, LedgerEvent
+from flowvault.domain import (
+    IntegrityFailure,
+    InvalidInput,
+    JsonValue,
+    LedgerEvent,
+    RevisionConflict,
+)
 
 CHECKPOINTS: Final = "langgraph.checkpoints"
 WRITES: Final = "langgraph.writes"
@@ -524,6 +531,26 @@ class ThreadRows:
         return chained_event(
             self._repo, thread.stream, kind, payload, self._repo.clock.now(), after=after
         )
+
+    def commit(self, build: Callable[[], UnitOfWork | None]) -> bool:
+        """Commit the unit ``build()`` makes, building it again from fresh reads after a lost race.
+
+        Every write of a thread appends to its stream, so two writers race
+        there; the loser re-reads and rebuilds, under the services' own
+        retry policy. Returns ``False`` when ``build()`` found nothing to do.
+        """
+
+        def attempt() -> bool | Lost:
+            unit = build()
+            if unit is None:
+                return False
+            try:
+                self._store.commit(unit)
+            except RevisionConflict:
+                return LOST
+            return True
+
+        return settle(attempt, "a LangGraph thread")
 
     def head(self, thread: Thread) -> LedgerEvent | None:
         """Return the thread's newest event, which the next write chains onto."""
