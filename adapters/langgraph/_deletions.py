@@ -49,8 +49,8 @@ class ThreadDeletions:
             threads: set[str] = set()
             for run in chunk:
                 for row in self._rows.rows_of(CHECKPOINTS, [LabelFilter("run", run)]):
-                    label = row.labels.get("thread")
-                    if isinstance(label, str):
+                    label = ThreadRows.thread_of(row)
+                    if label:
                         threads.add(label)
             for label in sorted(threads):
                 thread = Thread.from_digest(label)
@@ -72,31 +72,28 @@ class ThreadDeletions:
     def _runs_plan(self, thread: Thread, runs: Sequence[str]) -> DeletionPlan:
         doomed: list[RecordMetadata] = []
         for run in runs:
-            filters = [LabelFilter("thread", thread.digest), LabelFilter("run", run)]
+            filters = [*ThreadRows.of_thread("tpos", thread), LabelFilter("run", run)]
             for row in self._rows.rows_of(CHECKPOINTS, filters):
                 doomed.append(row)
-                doomed.extend(self._writes_rows(thread, row))
+                doomed.extend(self._writes_rows(row))
         listed: list[JsonValue] = list(runs)
         return doomed, RUNS_DELETED_EVENT, {"runs": listed}
 
-    def _writes_rows(self, thread: Thread, checkpoint: RecordMetadata) -> list[RecordMetadata]:
-        ns, cid = checkpoint.labels.get("ns"), checkpoint.labels.get("cid")
-        if not isinstance(ns, str) or not isinstance(cid, str):
+    def _writes_rows(self, checkpoint: RecordMetadata) -> list[RecordMetadata]:
+        """Return the task writes row of a checkpoint: it carries the checkpoint's position."""
+        position = checkpoint.labels.get("pos")
+        if not isinstance(position, str):
             return []
-        filters = [
-            LabelFilter("thread", thread.digest),
-            LabelFilter("ns", ns),
-            LabelFilter("cid", cid),
-        ]
-        return list(self._rows.rows_of(WRITES, filters))
+        return list(self._rows.rows_of(WRITES, [LabelFilter("pos", position)]))
 
     def _prune_plan(self, thread: Thread) -> DeletionPlan:
         newest: dict[str, RecordMetadata] = {}
-        checkpoints = list(self._rows.rows_of(CHECKPOINTS, [LabelFilter("thread", thread.digest)]))
+        checkpoints = list(self._rows.rows_of(CHECKPOINTS, ThreadRows.of_thread("tpos", thread)))
         for row in checkpoints:
-            ns, cid = row.labels.get("ns"), row.labels.get("cid")
-            if not isinstance(ns, str) or not isinstance(cid, str):
+            position, cid = row.labels.get("pos"), row.labels.get("cid")
+            if not isinstance(position, str) or not isinstance(cid, str):
                 continue
+            ns = position.rpartition("|")[0]
             best = newest.get(ns)
             if best is None or str(best.labels.get("cid")) < cid:
                 newest[ns] = row
@@ -108,7 +105,7 @@ class ThreadDeletions:
         kept = sorted(row.key_digest for row in newest.values())
         doomed = [row for row in checkpoints if row.key_digest not in kept]
         for row in list(doomed):
-            doomed.extend(self._writes_rows(thread, row))
+            doomed.extend(self._writes_rows(row))
         if doomed:
             doomed.extend(self._unnamed_values(thread, list(newest.values())))
         kept_list: list[JsonValue] = list(kept)
@@ -124,6 +121,6 @@ class ThreadDeletions:
                 named.add(repository.key_digest(BLOBS, key))
         return [
             row
-            for row in self._rows.rows_of(BLOBS, [LabelFilter("thread", thread.digest)])
+            for row in self._rows.rows_of(BLOBS, ThreadRows.of_thread("pos", thread))
             if row.key_digest not in named
         ]

@@ -35,6 +35,7 @@ from flowvault.adapters.langgraph._open import HasRepository, open_repository
 from flowvault.adapters.langgraph._threads import (
     CHECKPOINTS,
     CheckpointDraft,
+    KnownValue,
     StoredCheckpoint,
     StoredWrite,
     Thread,
@@ -131,7 +132,7 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         self._deletions = ThreadDeletions(self._rows)
         self._store = repository.store
         self._refuse_stale_forks = bool(refuse_stale_forks)
-        self._known: OrderedDict[tuple[str, str, str], dict[str, tuple[str, str]]] = OrderedDict()
+        self._known: OrderedDict[tuple[str, str, str], dict[str, KnownValue]] = OrderedDict()
         self._known_lock = threading.Lock()
         if type(threads) is not int or threads < 1:
             raise InvalidInput("threads is a whole number, 1 or more")
@@ -321,7 +322,7 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
             document = opened.document
             thread_id = document.get("thread") if isinstance(document, dict) else None
             thread = self._rows.thread(thread_id)
-            if thread.digest != row.labels.get("thread"):
+            if thread.digest != ThreadRows.thread_of(row):
                 raise IntegrityFailure(
                     "a checkpoint row is labelled with another thread", key_digest=row.key_digest
                 )
@@ -406,12 +407,13 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
                 for channel in new
                 if versions.get(channel) == new[channel]
             },
+            serialize=lambda channel: self._dumps(values[channel]) if channel in values else None,
         )
         if draft.parent is not None:
             draft.known = self._known_channels(thread, ns, draft.parent)
         # The first build takes the checkpoint and its values to be new; a rebuild looks.
         optimistic: list[Guard | None] = [Guard.ABSENT]
-        written: dict[str, tuple[str, str]] = {}
+        written: dict[str, KnownValue] = {}
 
         def build() -> UnitOfWork:
             if self._refuse_stale_forks and draft.parent is not None:
@@ -440,10 +442,11 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
             ) from None
 
     def _remember(self, stored: StoredCheckpoint) -> None:
-        self._remember_channels(stored.thread, stored.ns, stored.cid, stored.channels)
+        channels: dict[str, KnownValue] = {**stored.channels, **stored.inline}
+        self._remember_channels(stored.thread, stored.ns, stored.cid, channels)
 
     def _remember_channels(
-        self, thread: Thread, ns: str, cid: str, channels: Mapping[str, tuple[str, str]]
+        self, thread: Thread, ns: str, cid: str, channels: Mapping[str, KnownValue]
     ) -> None:
         """Keep what a checkpoint names, so its child's put looks up no unchanged channel."""
         with self._known_lock:
@@ -453,7 +456,7 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
             while len(self._known) > _KNOWN_CHECKPOINTS:
                 self._known.popitem(last=False)
 
-    def _known_channels(self, thread: Thread, ns: str, cid: str) -> dict[str, tuple[str, str]]:
+    def _known_channels(self, thread: Thread, ns: str, cid: str) -> dict[str, KnownValue]:
         with self._known_lock:
             return dict(self._known.get((thread.digest, ns, cid), {}))
 

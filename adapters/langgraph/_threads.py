@@ -72,6 +72,10 @@ MAX_VERSION: Final = 128
 """Longest channel version text (LangGraph's are 49 characters)."""
 MAX_EVENT_NAMES: Final = 100
 """Most digests one deletion event names (a ledger list keeps 100 items)."""
+INLINE_BYTES: Final = 4096
+"""Largest channel value kept inside its checkpoint's row rather than in a row of its own."""
+INLINE_TOTAL: Final = 65536
+"""Most bytes of values one checkpoint's row keeps inside it; the rest get rows of their own."""
 
 Serialized = tuple[str, bytes]
 """A value as the saver's serializer wrote it: a type tag and bytes."""
@@ -79,6 +83,9 @@ Serialized = tuple[str, bytes]
 
 EMPTY: Final = b""
 """A channel that was empty at its version; a value always holds its type tag, never empty."""
+
+KnownValue = tuple[str, str | bytes]
+"""A channel's version text and where its value is: a row's value digest, or the value itself."""
 
 
 def _join(value: Serialized) -> bytes:
@@ -95,22 +102,23 @@ def _split(data: bytes) -> Serialized:
     return kind.decode("utf-8"), rest
 
 
+def _decode_bytes(value: JsonValue, what: str) -> bytes:
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except ValueError:
+            pass
+    raise IntegrityFailure(f"a sealed {what} has an unexpected shape")
+
+
 def _encode(value: Serialized) -> list[JsonValue]:
     kind, data = value
     return [kind, base64.b64encode(data).decode("ascii")]
 
 
 def _decode(value: JsonValue, what: str) -> Serialized:
-    if (
-        isinstance(value, list)
-        and len(value) == 2
-        and isinstance(value[0], str)
-        and isinstance(value[1], str)
-    ):
-        try:
-            return value[0], base64.b64decode(value[1], validate=True)
-        except ValueError:
-            pass
+    if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str):
+        return value[0], _decode_bytes(value[1], what)
     raise IntegrityFailure(f"a sealed {what} has an unexpected shape")
 
 
@@ -169,7 +177,9 @@ class StoredCheckpoint:
     checkpoint: Serialized
     metadata: Serialized
     channels: Mapping[str, tuple[str, str]]
-    """Channel name to (version text, blob digest) of the values it holds."""
+    """Channel name to (version text, value digest) of the values kept in rows of their own."""
+    inline: Mapping[str, tuple[str, bytes]]
+    """Channel name to (version text, value) of the values kept inside the checkpoint's row."""
     identity: RowIdentity
     bound: int | None
 
@@ -199,10 +209,32 @@ class CheckpointDraft:
     """Every channel the checkpoint holds and its version."""
     new_values: Mapping[str, Serialized | None] = field(default_factory=dict)
     """Channels written at this step (by their new version); ``None``: the channel is empty."""
-    known: Mapping[str, tuple[str, str]] = field(default_factory=dict)
-    """Channels' (version text, digest) as the parent checkpoint names them, to skip lookups."""
+    known: Mapping[str, KnownValue] = field(default_factory=dict)
+    """Channels as the parent checkpoint holds them, to skip lookups and serialising."""
     metadata_values: Mapping[str, object] = field(default_factory=dict)
     """The checkpoint's metadata, whose text values become tags a filtered listing selects by."""
+    serialize: Callable[[str], Serialized | None] = lambda _channel: None
+    """Serialise an unchanged channel's value (``None``: empty), to keep a small one inline."""
+
+
+@dataclass(slots=True)
+class _PlacedValues:
+    """A checkpoint's channel values as placed: rows to write, and what its document names."""
+
+    upserts: list[Upsert] = field(default_factory=list)
+    rows: dict[str, JsonValue] = field(default_factory=dict)
+    """Channel to ``[version, value digest]`` of a value in a row of its own."""
+    inline: dict[str, JsonValue] = field(default_factory=dict)
+    """Channel to ``[version, value in base64]`` of a value kept inside the checkpoint."""
+    named: dict[str, KnownValue] = field(default_factory=dict)
+
+    def row(self, channel: str, version: str, digest: str) -> None:
+        self.rows[channel] = [version, digest]
+        self.named[channel] = (version, digest)
+
+    def keep_inline(self, channel: str, version: str, data: bytes) -> None:
+        self.inline[channel] = [version, base64.b64encode(data).decode("ascii")]
+        self.named[channel] = (version, data)
 
 
 class ThreadRows:
@@ -289,12 +321,14 @@ class ThreadRows:
             )
         ns, cid, parent = document.get("ns"), document.get("id"), document.get("parent")
         run, channels = document.get("run"), document.get("channels")
+        inline = document.get("inline")
         if not (
             isinstance(ns, str)
             and isinstance(cid, str)
             and (parent is None or isinstance(parent, str))
             and (run is None or isinstance(run, str))
             and isinstance(channels, dict)
+            and isinstance(inline, dict)
         ):
             raise IntegrityFailure(
                 "a sealed checkpoint has an unexpected shape", key_digest=metadata.key_digest
@@ -317,6 +351,14 @@ class ThreadRows:
                     key_digest=metadata.key_digest,
                 )
             decoded[channel] = (entry[0], entry[1])
+        values: dict[str, tuple[str, bytes]] = {}
+        for channel, entry in inline.items():
+            if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)):
+                raise IntegrityFailure(
+                    "a sealed checkpoint holds a channel value oddly",
+                    key_digest=metadata.key_digest,
+                )
+            values[channel] = (entry[0], _decode_bytes(entry[1], "checkpoint"))
         identity = RowIdentity(
             key_digest=metadata.key_digest,
             checkpoint=metadata.key_digest,
@@ -330,6 +372,7 @@ class ThreadRows:
             checkpoint=_decode(document.get("checkpoint"), "checkpoint"),
             metadata=_decode(document.get("metadata"), "checkpoint"),
             channels=decoded,
+            inline=values,
             identity=identity,
             bound=metadata.header.ledger_index,
         )
@@ -413,16 +456,11 @@ class ThreadRows:
 
     def has_partial_tags(self, thread: Thread) -> bool:
         """Say whether any checkpoint of ``thread`` holds more text metadata than it has tags."""
-        prefix = f"{thread.digest}|"
         page = self._capabilities.list_by_label(
             self._store,
             CHECKPOINTS,
             "tpos",
-            filters=[
-                LabelFilter("tpos", prefix, FilterOp.GE),
-                LabelFilter("tpos", prefix + _AFTER_ANY_ID, FilterOp.LT),
-                LabelFilter("partial_tags", 1),
-            ],
+            filters=[*self.of_thread("tpos", thread), LabelFilter("partial_tags", 1)],
             limit=1,
         )
         return bool(page.items)
@@ -486,9 +524,15 @@ class ThreadRows:
     def load_values(self, checkpoint: StoredCheckpoint) -> dict[str, Serialized]:
         """Load a checkpoint's channel values, each checked against the digest it names.
 
-        Values are read in one batch where the store can; channels that
-        were empty at their version are left out.
+        Values kept inside the checkpoint's row need no read; the others are
+        read in one batch where the store can. Channels that were empty at
+        their version are left out.
         """
+        values: dict[str, Serialized] = {
+            channel: _split(data) for channel, (_version, data) in checkpoint.inline.items() if data
+        }
+        if not checkpoint.channels:
+            return values
         thread, ns = checkpoint.thread, checkpoint.ns
         keys = {
             channel: self.blob_key(thread, ns, channel, version)
@@ -496,7 +540,6 @@ class ThreadRows:
         }
         digests = {channel: self._repo.key_digest(BLOBS, key) for channel, key in keys.items()}
         loaded = self._capabilities.load_many(self._store, BLOBS, list(digests.values()))
-        values: dict[str, Serialized] = {}
         for channel, (_version, digest) in checkpoint.channels.items():
             key_digest = digests[channel]
             record = loaded.get(key_digest)
@@ -564,16 +607,19 @@ class ThreadRows:
         *,
         pending: dict[str, str] | None = None,
         expected: ExpectedRevision | None = None,
-    ) -> tuple[UnitOfWork, LedgerEvent, dict[str, tuple[str, str]]]:
+    ) -> tuple[UnitOfWork, LedgerEvent, dict[str, KnownValue]]:
         """Build the unit that writes one checkpoint and its new channel values.
 
-        A value already stored at its channel and version is not stored
-        again. ``pending`` carries the values earlier units of one batch
+        A value of at most ``INLINE_BYTES`` is kept inside the checkpoint's
+        row, within ``INLINE_TOTAL`` for the row, as LangGraph's own savers
+        keep a checkpoint whole. A larger one gets a row of its own, keyed
+        by channel and version, and is not stored again while a row holds
+        it. ``pending`` carries the values earlier units of one batch
         will store (natural key to digest), so a batch stores each once.
         ``expected`` guards the checkpoint row; given, new values are taken
         to be unstored too (a write that finds otherwise fails as a whole,
         and is planned again with ``None``: look everything up).
-        Returns the unit, its event and the channels the checkpoint names.
+        Returns the unit, its event and where each channel's value is.
         """
         pending = {} if pending is None else pending
         optimistic = expected is not None
@@ -591,30 +637,7 @@ class ThreadRows:
         if run is not None:
             payload["run"] = run
         event = self._event(thread, after, CHECKPOINT_EVENT, payload)
-        upserts: list[Upsert] = []
-        channels: dict[str, JsonValue] = {}
-        for channel, version in draft.versions.items():
-            text = version_text(version)
-            key = self.blob_key(thread, ns, channel, text)
-            known = pending.get(key)
-            if known is None and channel in draft.known:
-                version_known, digest_known = draft.known[channel]
-                if version_known == text:
-                    known = digest_known
-            if channel in draft.new_values:
-                value = draft.new_values[channel]
-                data = EMPTY if value is None else _join(value)
-                named_digest = self._value_digest(data)
-                stored = known or (None if optimistic else self._blob_named(key))
-                if stored is None:
-                    upserts.extend(self._value_upserts(thread, ns, key, data, named_digest))
-                    pending[key] = named_digest
-                else:
-                    named_digest = stored
-            else:
-                named_digest = known or self._blob_named(key) or ""
-            if named_digest:
-                channels[channel] = [text, named_digest]
+        placed = self._place_values(thread, draft, pending, optimistic=optimistic)
         document: dict[str, JsonValue] = {
             "thread": thread.thread_id,
             "ns": ns,
@@ -623,13 +646,13 @@ class ThreadRows:
             "run": draft.run_id,
             "checkpoint": _encode(draft.checkpoint),
             "metadata": _encode(draft.metadata),
-            "channels": channels,
+            "channels": placed.rows,
+            "inline": placed.inline,
         }
         if expected is None:
             current = self._store.peek_metadata(CHECKPOINTS, digest)
             expected = Guard.ABSENT if current is None else current.revision
         labels: dict[str, str | int] = {
-            **self._labels(thread, ns),
             "cid": cid,
             "pos": self._pos(thread, ns) + cid,
             "tpos": f"{thread.digest}|{cid}",
@@ -639,6 +662,7 @@ class ThreadRows:
         tags, partial = self.metadata_tags(thread, draft.metadata_values)
         if partial:
             labels["partial_tags"] = 1
+        upserts = list(placed.upserts)
         upserts.append(
             self._repo.prepare(
                 CHECKPOINTS,
@@ -650,12 +674,66 @@ class ThreadRows:
                 tags=tags,
             )
         )
-        named = {
-            channel: (str(entry[0]), str(entry[1]))
-            for channel, entry in channels.items()
-            if isinstance(entry, list)
-        }
-        return UnitOfWork(upserts=upserts, appends=[event]), event, named
+        return UnitOfWork(upserts=upserts, appends=[event]), event, placed.named
+
+    def _place_values(
+        self,
+        thread: Thread,
+        draft: CheckpointDraft,
+        pending: dict[str, str],
+        *,
+        optimistic: bool,
+    ) -> _PlacedValues:
+        """Decide where each channel's value goes: inside the checkpoint, or in a row of its own."""
+        placed = _PlacedValues()
+        budget = INLINE_TOTAL
+        for channel, version in draft.versions.items():
+            text = version_text(version)
+            key = self.blob_key(thread, draft.ns, channel, text)
+            known: str | bytes | None = pending.get(key)
+            if known is None and channel in draft.known and draft.known[channel][0] == text:
+                known = draft.known[channel][1]
+            if channel in draft.new_values:
+                value = draft.new_values[channel]
+                data = EMPTY if value is None else _join(value)
+            elif isinstance(known, bytes):
+                data = known
+            else:
+                row = known or self._blob_named(key)
+                if row:
+                    placed.row(channel, text, row)
+                    continue
+                data = self._unchanged_value(thread, draft, channel, text)
+            if len(data) <= min(INLINE_BYTES, budget):
+                budget -= len(data)
+                placed.keep_inline(channel, text, data)
+                continue
+            digest = self._value_digest(data)
+            stored = known if isinstance(known, str) else None
+            stored = stored or (None if optimistic else self._blob_named(key))
+            if stored is None:
+                placed.upserts.extend(self._value_upserts(thread, draft.ns, key, data, digest))
+                pending[key] = digest
+            placed.row(channel, text, stored or digest)
+        return placed
+
+    def _unchanged_value(
+        self, thread: Thread, draft: CheckpointDraft, channel: str, version: str
+    ) -> bytes:
+        """Return an unchanged channel's value that no row holds, to keep inside the checkpoint.
+
+        It is serialised from the checkpoint; a channel LangGraph left out
+        of it (a delta channel between snapshots) takes the parent's value
+        at the same version, or is empty.
+        """
+        value = draft.serialize(channel)
+        if value is not None:
+            return _join(value)
+        parent = (
+            None if draft.parent is None else self.load_checkpoint(thread, draft.ns, draft.parent)
+        )
+        entry = None if parent is None else parent.inline.get(channel)
+        return entry[1] if entry is not None and entry[0] == version else EMPTY
 
     def _blob_named(self, key: str) -> str | None:
         """Return the digest a stored channel value carries, from its row's labels alone.
@@ -680,16 +758,16 @@ class ThreadRows:
         self, thread: Thread, ns: str, key: str, data: bytes, digest: str
     ) -> list[Upsert]:
         """Seal a channel value: one row of raw bytes, or a chunked blob above one row's size."""
-        labels: dict[str, str | int] = {**self._labels(thread, ns), "digest": digest}
+        labels: dict[str, str | int] = {
+            "pos": self._pos(thread, ns) + self._repo.key_digest(BLOBS, key),
+            "digest": digest,
+        }
         if len(data) <= CHUNK_BYTES:
             return [
                 self._repo.prepare_bytes(BLOBS, key, data, expected=Guard.ABSENT, labels=labels)
             ]
         written = self._blobs.prepare(BLOBS, key, data, labels={**labels, "chunked": 1})
         return list(written.upserts)
-
-    def _labels(self, thread: Thread, ns: str) -> dict[str, str | int]:
-        return {"thread": thread.digest, "ns": self.ns_digest(thread, ns)}
 
     def writes_unit(
         self,
@@ -760,7 +838,7 @@ class ThreadRows:
             key,
             document,
             expected=Guard.ABSENT if replaced is None else replaced.revision,
-            labels={**self._labels(thread, ns), "cid": cid},
+            labels={"pos": self._pos(thread, ns) + cid},
             ledger_index=event.index,
         )
         return UnitOfWork(upserts=[upsert], appends=[event])
@@ -768,9 +846,24 @@ class ThreadRows:
     def thread_rows(self, thread: Thread) -> list[RecordMetadata]:
         """Return the metadata of every row of ``thread``, in every namespace."""
         found: list[RecordMetadata] = []
-        for namespace in (CHECKPOINTS, WRITES, BLOBS):
-            found.extend(self.rows_of(namespace, [LabelFilter("thread", thread.digest)]))
+        for namespace, label in ((CHECKPOINTS, "tpos"), (WRITES, "pos"), (BLOBS, "pos")):
+            found.extend(self.rows_of(namespace, self.of_thread(label, thread)))
         return found
+
+    @staticmethod
+    def of_thread(label: str, thread: Thread) -> list[LabelFilter]:
+        """Select the rows whose position ``label`` starts with ``thread``'s digest."""
+        prefix = f"{thread.digest}|"
+        return [
+            LabelFilter(label, prefix, FilterOp.GE),
+            LabelFilter(label, prefix + _AFTER_ANY_ID, FilterOp.LT),
+        ]
+
+    @staticmethod
+    def thread_of(row: RecordMetadata) -> str | None:
+        """Return the thread digest a checkpoint row's ``tpos`` label starts with."""
+        position = row.labels.get("tpos")
+        return position.partition("|")[0] if isinstance(position, str) else None
 
     def deletion_unit(
         self,
