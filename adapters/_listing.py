@@ -21,6 +21,7 @@ from flowvault.application import (
     RecordFilter,
     RecordMetadata,
     RecordPage,
+    StoredRecord,
     TagFilter,
 )
 from flowvault.application._record_reads import label_page
@@ -167,7 +168,7 @@ def check_indexed(item: RecordMetadata, filters: Sequence[RecordFilter]) -> None
 # -- list_by_label ----------------------------------------------------------------
 
 _BY_LABEL: Final = (
-    f"SELECT {METADATA_COLUMNS}, l.int_value, l.text_value "  # noqa: S608 - constant columns
+    f"SELECT {METADATA_COLUMNS}, l.int_value, l.text_value{{payload}} "  # noqa: S608 - constant
     "FROM record_labels l JOIN records r ON r.id = l.record_id "
     "WHERE l.namespace = {p} AND l.name = {p}"
 )
@@ -228,6 +229,8 @@ def label_query(
     segments: tuple[SegmentShape, ...],
     filters: tuple[FilterShape, ...] = (),
     tags: int = 0,
+    *,
+    payload: bool = False,
 ) -> str:
     """Return the ``list_by_label`` statement: one ordered, limited scan per segment, in a union.
 
@@ -242,7 +245,7 @@ def label_query(
     parts: list[str] = []
     for text, bounds, after_cursor in segments:
         column = "l.text_value" if text else "l.int_value"
-        part = [_BY_LABEL]
+        part = [_BY_LABEL.replace("{payload}", ", r.payload" if payload else "")]
         part += [f" AND {column} {_SYMBOLS[op]} {{p}}" for op in bounds]
         if not bounds and not after_cursor:
             part.append(f" AND {column} IS NOT NULL")
@@ -276,6 +279,7 @@ def label_statement(
     filters: Sequence[RecordFilter],
     position: LabelCursor | None,
     limit: int,
+    payload: bool = False,
 ) -> tuple[str, tuple[object, ...]] | None:
     """Return the ``list_by_label`` statement and its parameters; ``None`` when nothing can match.
 
@@ -299,7 +303,9 @@ def label_statement(
             params += [segment.after.value, segment.after.value, segment.after.key_digest]
         params.append(limit + 1)
     shapes = tuple(segment.shape for segment in segments)
-    query = label_query(placeholder, descending, shapes, filter_shapes(others), len(tags))
+    query = label_query(
+        placeholder, descending, shapes, filter_shapes(others), len(tags), payload=payload
+    )
     return query, tuple(params)
 
 
@@ -320,15 +326,51 @@ def label_page_of(
     that selected it, and its labels and tags with every filter: an altered
     index row cannot slip another record into the listing.
     """
-    found: list[RecordMetadata] = []
-    for row in rows:
-        meta = decode(row[:_WIDTH])
-        indexed = row[_WIDTH + 1] if row[_WIDTH] is None else row[_WIDTH]
-        held = meta.labels.get(label)
-        if meta.namespace != namespace or type(held) is not type(indexed) or held != indexed:
-            raise IntegrityFailure(
-                "the label index disagrees with a listed record's labels", table="record_labels"
-            )
-        check_indexed(meta, filters)
-        found.append(meta)
+    found = [_listed_by_label(row, namespace, label, filters, decode) for row in rows]
     return label_page(found, label, descending=descending, position=position, limit=limit)
+
+
+def label_records_of(
+    rows: Sequence[Sequence[Any]],
+    namespace: str,
+    label: str,
+    *,
+    descending: bool,
+    filters: Sequence[RecordFilter],
+    limit: int,
+    decode: Callable[[Sequence[Any]], RecordMetadata],
+) -> list[StoredRecord]:
+    """Turn the rows of a ``label_statement`` with payloads into the records, in order.
+
+    Each row is checked as ``label_page_of`` checks it; the metadata is
+    decoded once and the payload taken beside it.
+    """
+    records: dict[str, StoredRecord] = {}
+    for row in rows:
+        meta = _listed_by_label(row, namespace, label, filters, decode)
+        payload = row[_WIDTH + 2]
+        if not isinstance(payload, bytes):
+            raise IntegrityFailure("stored row is malformed (records)", table="records")
+        records[meta.key_digest] = StoredRecord(metadata=meta, payload=payload)
+    metas = [record.metadata for record in records.values()]
+    page = label_page(metas, label, descending=descending, position=None, limit=limit)
+    return [records[meta.key_digest] for meta in page.items]
+
+
+def _listed_by_label(
+    row: Sequence[Any],
+    namespace: str,
+    label: str,
+    filters: Sequence[RecordFilter],
+    decode: Callable[[Sequence[Any]], RecordMetadata],
+) -> RecordMetadata:
+    """Decode one row of a label listing, refusing one the label or tag index lied about."""
+    meta = decode(row[:_WIDTH])
+    indexed = row[_WIDTH + 1] if row[_WIDTH] is None else row[_WIDTH]
+    held = meta.labels.get(label)
+    if meta.namespace != namespace or type(held) is not type(indexed) or held != indexed:
+        raise IntegrityFailure(
+            "the label index disagrees with a listed record's labels", table="record_labels"
+        )
+    check_indexed(meta, filters)
+    return meta

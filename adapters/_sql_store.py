@@ -18,6 +18,7 @@ from flowvault.adapters._listing import (
     FilterShape,
     filter_shapes,
     label_page_of,
+    label_records_of,
     label_statement,
     list_params,
     page_of,
@@ -226,6 +227,42 @@ class SqlStore(ABC):
             descending=descending,
             filters=filters,
             position=position,
+            limit=limit,
+            decode=self.dialect.metadata_from_row,
+        )
+
+    def load_by_label(
+        self,
+        namespace: str,
+        label: str,
+        *,
+        descending: bool = False,
+        filters: Sequence[RecordFilter] = (),
+        limit: int = 1,
+    ) -> builtins.list[StoredRecord]:
+        """Return the first records ``list_by_label`` lists, payloads included, in one statement."""
+        limit, _ = label_listing_args(
+            namespace, label, descending=descending, filters=filters, cursor=None, limit=limit
+        )
+        statement = label_statement(
+            self.dialect.statements.PLACEHOLDER,
+            namespace,
+            label,
+            descending=descending,
+            filters=filters,
+            position=None,
+            limit=limit,
+            payload=True,
+        )
+        if statement is None:
+            self._check_usable()
+            return []
+        return label_records_of(
+            self._fetch(*statement),
+            namespace,
+            label,
+            descending=descending,
+            filters=filters,
             limit=limit,
             decode=self.dialect.metadata_from_row,
         )

@@ -1,6 +1,6 @@
 """The store's optional capabilities, looked up once when it is opened.
 
-Beyond ``SecureObjectStore`` a store may offer twelve small capabilities
+Beyond ``SecureObjectStore`` a store may offer thirteen small capabilities
 (``ports``), eight of them in two tiers:
 
 - the durable-store tier, what tells this store from an older or cut-down
@@ -10,10 +10,11 @@ Beyond ``SecureObjectStore`` a store may offer twelve small capabilities
   ``SealCounter`` and ``Compactor``, and ``Vacuumer``, an operator's extra;
 
 ``RecordLock``, which only makes contended state updates faster,
-``StoreClock``, the server's time that run leases are judged by, and two
-reads that only save round trips, ``LabelListing`` and ``BatchLoad``: for
-a store without them ``list_by_label`` and ``load_many`` here answer the
-same through ``list`` and ``load``.
+``StoreClock``, the server's time that run leases are judged by, and three
+reads that only save round trips, ``LabelListing``, ``LabelLoad`` and
+``BatchLoad``: for a store without them ``list_by_label``,
+``load_by_label`` and ``load_many`` here answer the same through ``list``
+and ``load``.
 
 Services hold one ``StoreCapabilities`` and call through it, rather than
 asking the store on every call; a store offering part of a tier keeps the
@@ -44,6 +45,7 @@ from flowvault.application.ports import (
     BatchLoad,
     Compactor,
     LabelListing,
+    LabelLoad,
     RecordLock,
     SealCounter,
     StoreClock,
@@ -137,6 +139,7 @@ class StoreCapabilities:
     record_lock: RecordLock | None = None
     clock: StoreClock | None = None
     label_listing: LabelListing | None = None
+    label_load: LabelLoad | None = None
     batch_load: BatchLoad | None = None
 
     @classmethod
@@ -154,6 +157,7 @@ class StoreCapabilities:
             record_lock=store if isinstance(store, RecordLock) else None,
             clock=store if isinstance(store, StoreClock) else None,
             label_listing=store if isinstance(store, LabelListing) else None,
+            label_load=store if isinstance(store, LabelLoad) else None,
             batch_load=store if isinstance(store, BatchLoad) else None,
         )
 
@@ -222,6 +226,37 @@ class StoreCapabilities:
         return label_page(
             candidates, label, descending=descending, position=position, limit=limit
         )
+
+    def load_by_label(
+        self,
+        store: RecordReader,
+        namespace: str,
+        label: str,
+        *,
+        descending: bool = False,
+        filters: Sequence[RecordFilter] = (),
+        limit: int = 1,
+    ) -> list[StoredRecord]:
+        """Return ``LabelLoad.load_by_label``, from the capability or by listing and loading.
+
+        Without the capability the first page of ``list_by_label`` is read,
+        then its records in one ``load_many``; a record deleted or rewritten
+        between the two reads is left out, so what is returned still holds
+        the place and the metadata it was listed with.
+        """
+        if self.label_load is not None:
+            return self.label_load.load_by_label(
+                namespace, label, descending=descending, filters=filters, limit=limit
+            )
+        page = self.list_by_label(
+            store, namespace, label, descending=descending, filters=filters, limit=limit
+        )
+        loaded = self.load_many(store, namespace, [meta.key_digest for meta in page.items])
+        return [
+            record
+            for meta in page.items
+            if (record := loaded.get(meta.key_digest)) is not None and record.metadata == meta
+        ]
 
     def load_many(
         self, store: RecordReader, namespace: str, key_digests: Sequence[str]

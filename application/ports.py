@@ -216,6 +216,38 @@ class LabelListing(Protocol):
 
 
 @runtime_checkable
+class LabelLoad(Protocol):
+    """Optional, speed: the first records of a label listing, payloads included, in one call.
+
+    A reader after the newest record by a label (a thread's newest
+    checkpoint, say) would otherwise list one item and then load it: two
+    round trips, and the record's metadata decoded twice.
+    ``StoreCapabilities.load_by_label`` falls back to exactly that.
+    """
+
+    def load_by_label(
+        self,
+        namespace: str,
+        label: str,
+        *,
+        descending: bool = False,
+        filters: Sequence[RecordFilter] = (),
+        limit: int = 1,
+    ) -> list[StoredRecord]:
+        """Return the records ``list_by_label`` lists first, in its order, each as ``load`` does.
+
+        The same records as the first page of ``list_by_label`` with the
+        same arguments and no cursor, read at one instant; ``limit`` is
+        capped at ``MAX_LIST_LIMIT``.
+
+        Raises:
+            InvalidInput: any argument ``list_by_label`` refuses.
+
+        """
+        ...
+
+
+@runtime_checkable
 class BatchLoad(Protocol):
     """Optional, speed: load many records of one namespace in one round trip.
 

@@ -213,11 +213,20 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
                 self._checks.refuse_missing(thread, self._rows.checkpoint_digest(thread, ns, cid))
                 return None
             return self._tuple(stored, self._checks.history(thread, [stored]))
-        for row in self._rows.listed(thread, ns, first_page=1):
-            for stored in self._rows.open_listed(thread, [row]):
-                history = self._checks.history(thread, [stored])
-                self._checks.refuse_newer_missing(thread, ns, stored, history)
-                return self._tuple(stored, history)
+        newest = self._rows.newest(thread, ns)
+        candidates = (
+            [newest]
+            if newest is not None
+            else (
+                stored
+                for row in self._rows.listed(thread, ns, first_page=1)
+                for stored in self._rows.open_listed(thread, [row])
+            )
+        )
+        for stored in candidates:
+            history = self._checks.history(thread, [stored])
+            self._checks.refuse_newer_missing(thread, ns, stored, history)
+            return self._tuple(stored, history)
         self._checks.refuse_any_missing(thread, ns)
         return None
 

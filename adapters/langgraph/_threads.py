@@ -11,6 +11,8 @@ from __future__ import annotations
 import base64
 import json
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -64,6 +66,7 @@ BLOB_TAG: Final = "flowvault.langgraph-blob/1"
 STREAM_PREFIX: Final = "langgraph/"
 _PAGE: Final = 200
 _REMEMBERED_DIGESTS: Final = 4096
+_REMEMBERED_HEADS: Final = 1024
 _AFTER_ANY_ID: Final = "\U0010ffff"
 """Above every checkpoint id: the upper bound of a thread's range of positions."""
 MAX_CHECKPOINT_ID: Final = 100
@@ -247,6 +250,8 @@ class ThreadRows:
         self._blobs = BlobStore(repository)
         self._digests: dict[tuple[str, str], str] = {}
         self._heads = self._capabilities.heads
+        self._written_heads: OrderedDict[str, LedgerEvent] = OrderedDict()
+        self._written_lock = threading.Lock()
 
     @property
     def repository(self) -> SealedRepository:
@@ -429,6 +434,32 @@ class ThreadRows:
                 return
             limit = _PAGE
 
+    def newest(self, thread: Thread, ns: str) -> StoredCheckpoint | None:
+        """Load and open the newest checkpoint of a namespace in one read, if the store can.
+
+        ``None`` when the namespace holds none, or when a store without
+        ``LabelLoad`` saw it rewritten between listing and loading: the
+        caller then pages through ``listed``.
+        """
+        prefix = self._pos(thread, ns)
+        found = self._capabilities.load_by_label(
+            self._store,
+            CHECKPOINTS,
+            "pos",
+            descending=True,
+            filters=[
+                LabelFilter("pos", prefix, FilterOp.GE),
+                LabelFilter("pos", prefix + _AFTER_ANY_ID, FilterOp.LT),
+            ],
+        )
+        if not found:
+            return None
+        record = found[0]
+        document = self._repo.open(
+            record, namespace=CHECKPOINTS, key_digest=record.metadata.key_digest
+        )
+        return self.open_checkpoint(thread, document)
+
     def metadata_tag(self, thread: Thread, key: str, value: str) -> str:
         """Return the tag of one text metadata value: a keyed digest of thread, key and value.
 
@@ -590,14 +621,41 @@ class ThreadRows:
             try:
                 self._store.commit(unit)
             except RevisionConflict:
+                self._forget_heads(unit)
                 return LOST
+            except BaseException:
+                self._forget_heads(unit)
+                raise
+            self._remember_heads(unit)
             return True
 
         return settle(attempt, "a LangGraph thread")
 
     def head(self, thread: Thread) -> LedgerEvent | None:
-        """Return the thread's newest event, which the next write chains onto."""
-        return self._store.ledger_head(thread.stream)
+        """Return the thread's newest event, which the next write chains onto.
+
+        The event this saver last appended to the stream stands in for a
+        read: if another writer appended since, the unit chained onto it
+        loses its compare-and-swap, which forgets it, and the rebuild reads.
+        """
+        with self._written_lock:
+            found = self._written_heads.get(thread.stream)
+        return self._store.ledger_head(thread.stream) if found is None else found
+
+    def _remember_heads(self, unit: UnitOfWork) -> None:
+        with self._written_lock:
+            for event in unit.appends:
+                known = self._written_heads.get(event.stream)
+                if known is None or known.index < event.index:
+                    self._written_heads[event.stream] = event
+                self._written_heads.move_to_end(event.stream)
+            while len(self._written_heads) > _REMEMBERED_HEADS:
+                self._written_heads.popitem(last=False)
+
+    def _forget_heads(self, unit: UnitOfWork) -> None:
+        with self._written_lock:
+            for event in unit.appends:
+                self._written_heads.pop(event.stream, None)
 
     def checkpoint_unit(
         self,

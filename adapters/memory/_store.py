@@ -169,6 +169,37 @@ class InMemorySecureObjectStore:
             candidates, label, descending=descending, position=position, limit=limit
         )
 
+    def load_by_label(
+        self,
+        namespace: str,
+        label: str,
+        *,
+        descending: bool = False,
+        filters: Sequence[RecordFilter] = (),
+        limit: int = 1,
+    ) -> builtins.list[StoredRecord]:
+        """Return the first records ``list_by_label`` lists, read under one hold of the lock."""
+        limit, _ = label_listing_args(
+            namespace, label, descending=descending, filters=filters, cursor=None, limit=limit
+        )
+        with self._lock:
+            self._check_open()
+            candidates = {
+                record.metadata.key_digest: record
+                for (space, _), record in self._records.items()
+                if space == namespace
+                and label in record.metadata.labels
+                and all(f.admits(record.metadata) for f in filters)
+            }
+        page = label_page(
+            [record.metadata for record in candidates.values()],
+            label,
+            descending=descending,
+            position=None,
+            limit=limit,
+        )
+        return [candidates[meta.key_digest] for meta in page.items]
+
     def load_many(self, namespace: str, key_digests: Sequence[str]) -> dict[str, StoredRecord]:
         """Return the stored records among ``key_digests``, read under one hold of the lock."""
         require_text(namespace, "namespace")

@@ -12,7 +12,7 @@ Select the capabilities your adapter implements by the classes you name:
 a mixin per capability offered (``StoreEpochContract``,
 ``StreamCatalogContract``, ``SealCounterContract``, ``RecordLockContract``,
 ``StoreClockContract``, ``StoreFillContract``, ``LabelListingContract``,
-``BatchLoadContract``)::
+``LabelLoadContract``, ``BatchLoadContract``)::
 
     class TestMyStore(StoreStatsContract, StoreEpochContract, StreamCatalogContract):
         def make_store(self) -> MyStore: ...
@@ -33,6 +33,7 @@ from flowvault.application.testing._fakes import (
     make_upsert,
 )
 from flowvault.application.testing._label_listing_contract import LabelListingContract
+from flowvault.application.testing._label_load_contract import LabelLoadContract
 from flowvault.application.testing._record_lock_contract import RecordLockContract
 from flowvault.application.testing._seal_counter_contract import SealCounterContract
 from flowvault.application.testing._sealed_contract import SealedRepositoryContract
@@ -49,6 +50,7 @@ __all__ = [
     "DurabilityContract",
     "FrozenClock",
     "LabelListingContract",
+    "LabelLoadContract",
     "RecordLockContract",
     "SealCounterContract",
     "SealedRepositoryContract",

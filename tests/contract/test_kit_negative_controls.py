@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -32,6 +32,7 @@ from flowvault.application import (
     LedgerPage,
     ListCursor,
     Order,
+    RecordFilter,
     RecordMetadata,
     RecordPage,
     StoredRecord,
@@ -43,6 +44,9 @@ from flowvault.application import (
 from flowvault.application._records import MAX_LIST_LIMIT
 from flowvault.application.testing import (
     make_upsert,
+)
+from flowvault.application.testing._label_listing_contract import (
+    FILTERS as LABEL_FILTERS,
 )
 from flowvault.application.testing._label_listing_contract import (
     TAG_FILTERS as LABEL_TAG_FILTERS,
@@ -356,6 +360,38 @@ TIES = [
 ]
 NAMES = [("test_names_differing_only_by_case_or_trailing_space_are_distinct", {})]
 
+
+class AscendingLabelLoad(InMemorySecureObjectStore):
+    """Loads the first records of the ascending order whichever direction is asked for."""
+
+    def load_by_label(
+        self,
+        namespace: str,
+        label: str,
+        *,
+        descending: bool = False,
+        filters: Sequence[RecordFilter] = (),
+        limit: int = 1,
+    ) -> list[StoredRecord]:
+        return super().load_by_label(namespace, label, filters=filters, limit=limit)
+
+
+class LimitsBeforeFilters(InMemorySecureObjectStore):
+    """Takes the first ``limit`` records by the label, then drops those the filters refuse."""
+
+    def load_by_label(
+        self,
+        namespace: str,
+        label: str,
+        *,
+        descending: bool = False,
+        filters: Sequence[RecordFilter] = (),
+        limit: int = 1,
+    ) -> list[StoredRecord]:
+        first = super().load_by_label(namespace, label, descending=descending, limit=limit)
+        return [record for record in first if all(f.admits(record.metadata) for f in filters)]
+
+
 CONTROLS: list[Any] = [
     *(
         pytest.param(
@@ -397,6 +433,20 @@ CONTROLS: list[Any] = [
             for d in (False, True)
         ],
         id="offset label cursor",
+    ),
+    pytest.param(
+        AscendingLabelLoad,
+        [("test_loads_the_first_records_of_the_label_order", {"descending": True, "limit": 2})],
+        id="label load ignoring the direction",
+    ),
+    pytest.param(
+        LimitsBeforeFilters,
+        [
+            ("test_filters_select_as_in_the_label_listing", {"descending": d, "filters": f})
+            for d in (False, True)
+            for f in (LABEL_FILTERS[1], LABEL_TAG_FILTERS[0])
+        ],
+        id="label load limiting before it filters",
     ),
     pytest.param(
         UncappedLedger, [("test_ledger_limit_is_capped", {})], id="read_ledger without cap"
@@ -489,6 +539,8 @@ def test_every_control_is_sound_but_for_its_defect() -> None:
         AscendingLabelTiesUnderDesc,
         FoldedLabelOrder,
         OffsetLabelCursor,
+        AscendingLabelLoad,
+        LimitsBeforeFilters,
         lambda: FoldsNames("case", "records"),
         lambda: FoldsNames("trailing spaces", "streams"),
     ):

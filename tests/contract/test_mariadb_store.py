@@ -26,6 +26,7 @@ from flowvault.application import SecureObjectStore
 from flowvault.application.testing import (
     BatchLoadContract,
     LabelListingContract,
+    LabelLoadContract,
     SealedRepositoryContract,
     StoreEpochContract,
     StoreStatsContract,
@@ -124,8 +125,10 @@ class TestMariaDBSecureObjectStore(StoreStatsContract, StreamCatalogContract, St
         _drop(self.database)
 
 
-class TestMariaDBReadsThroughTheFallback(LabelListingContract, BatchLoadContract):
-    """Without ``LabelListing`` and ``BatchLoad``, ``StoreCapabilities`` answers both alike."""
+class TestMariaDBReadsThroughTheFallback(
+    LabelListingContract, LabelLoadContract, BatchLoadContract
+):
+    """Without the three optional reads, ``StoreCapabilities`` answers each alike."""
 
     def make_store(self) -> PortOnlyReads:
         self.database = f"fvtest_{secrets.token_hex(6)}"

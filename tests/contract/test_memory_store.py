@@ -4,6 +4,7 @@ from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.application.testing import (
     BatchLoadContract,
     LabelListingContract,
+    LabelLoadContract,
     SealCounterContract,
     StoreEpochContract,
     StoreFillContract,
@@ -19,6 +20,7 @@ class TestInMemorySecureObjectStore(
     StoreEpochContract,
     StoreFillContract,
     LabelListingContract,
+    LabelLoadContract,
     BatchLoadContract,
 ):
     """The memory adapter passes the whole store contract."""

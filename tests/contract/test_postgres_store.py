@@ -7,6 +7,7 @@ from flowvault.application import SecureObjectStore
 from flowvault.application.testing import (
     BatchLoadContract,
     LabelListingContract,
+    LabelLoadContract,
     RecordLockContract,
     SealCounterContract,
     StoreClockContract,
@@ -28,6 +29,7 @@ class TestPostgresSecureObjectStore(
     StoreClockContract,
     StoreFillContract,
     LabelListingContract,
+    LabelLoadContract,
     BatchLoadContract,
 ):
     """The PostgreSQL adapter passes the whole store contract."""

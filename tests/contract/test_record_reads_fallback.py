@@ -12,17 +12,21 @@ from port_only_reads import PortOnlyReads
 
 from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
-from flowvault.application.testing import BatchLoadContract, LabelListingContract
+from flowvault.application.testing import (
+    BatchLoadContract,
+    LabelListingContract,
+    LabelLoadContract,
+)
 
 
-class TestFallbackOverMemory(LabelListingContract, BatchLoadContract):
+class TestFallbackOverMemory(LabelListingContract, LabelLoadContract, BatchLoadContract):
     """The fallback over the memory adapter's ``list`` and ``load``."""
 
     def make_store(self) -> PortOnlyReads:
         return PortOnlyReads(InMemorySecureObjectStore())
 
 
-class TestFallbackOverSQLite(LabelListingContract, BatchLoadContract):
+class TestFallbackOverSQLite(LabelListingContract, LabelLoadContract, BatchLoadContract):
     """The fallback over the SQLite adapter's ``list`` and ``load``."""
 
     def make_store(self) -> PortOnlyReads:

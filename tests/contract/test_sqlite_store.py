@@ -5,6 +5,7 @@ from flowvault.application import SecureObjectStore
 from flowvault.application.testing import (
     BatchLoadContract,
     LabelListingContract,
+    LabelLoadContract,
     SealCounterContract,
     StoreEpochContract,
     StoreFillContract,
@@ -20,6 +21,7 @@ class TestSQLiteSecureObjectStore(
     StoreEpochContract,
     StoreFillContract,
     LabelListingContract,
+    LabelLoadContract,
     BatchLoadContract,
 ):
     """The SQLite adapter passes the whole store contract."""

@@ -12,6 +12,7 @@ from flowvault.application import Order, RecordFilter, RecordPage
 from flowvault.application.testing import (
     BatchLoadContract,
     LabelListingContract,
+    LabelLoadContract,
     SealCounterContract,
     StoreEpochContract,
     StoreStatsContract,
@@ -28,6 +29,7 @@ class _Kit(
     StoreEpochContract,
     SealCounterContract,
     LabelListingContract,
+    LabelLoadContract,
     BatchLoadContract,
 ):
     """The kit bound to one store factory; not collected, its tests are called one by one."""

@@ -1,6 +1,6 @@
-"""A store offering the port alone, its two optional reads answered by ``StoreCapabilities``.
+"""A store offering the port alone, its three optional reads answered by ``StoreCapabilities``.
 
-The contract kit's label listing and batch load tests run on it, so the
+The contract kit's label listing, label load and batch load tests run on it, so the
 fallback is held to every rule an adapter offering the reads is held to.
 """
 
@@ -24,7 +24,7 @@ from flowvault.domain import InvalidInput, LedgerEvent
 
 
 class PortOnlyReads:
-    """A host's store offering the port alone; the two reads are the capabilities' fallback.
+    """A host's store offering the port alone; the three reads are the capabilities' fallback.
 
     ``load_many`` refuses more than ``MAX_LOAD_BATCH`` names, as the
     protocol does, before the fallback (which takes any number) answers.
@@ -52,6 +52,24 @@ class PortOnlyReads:
             descending=descending,
             filters=filters,
             cursor=cursor,
+            limit=limit,
+        )
+
+    def load_by_label(
+        self,
+        namespace: str,
+        label: str,
+        *,
+        descending: bool = False,
+        filters: Sequence[RecordFilter] = (),
+        limit: int = 1,
+    ) -> list[StoredRecord]:
+        return self._fallback.load_by_label(
+            _Port(self._inner),
+            namespace,
+            label,
+            descending=descending,
+            filters=filters,
             limit=limit,
         )
 
