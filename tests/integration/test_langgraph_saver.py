@@ -144,6 +144,35 @@ def test_a_hundred_coroutines_writing_one_thread_all_land_on_an_unforked_ledger(
     assert [event.index for event in events] == list(range(200))
 
 
+def test_two_savers_taking_turns_on_one_thread_each_chain_onto_the_others_events(
+    tmp_path: Path,
+) -> None:
+    """Each saver chains onto its own last event; a stale one loses the race and rebuilds.
+
+    When the other saver moved the thread on since, the write loses its
+    compare-and-swap and is built again on the event actually there.
+    """
+    path = str(tmp_path / "shared.db")
+    with (
+        FlowvaultSaver.from_conn_string(path, key=KEY) as first,
+        FlowvaultSaver.from_conn_string(path, key=KEY) as second,
+    ):
+        config = _config("shared")
+        for step in range(6):
+            saver = (first, second)[step % 2]
+            config = saver.put(
+                config, _checkpoint({"n": step}, {"n": step + 1}), {}, {"n": step + 1}
+            )
+            saver.put_writes(config, [("n", step)], task_id=f"task-{step}")
+        store = first._rows.repository.store
+        events = verified_events(store, first._rows.thread("shared").stream, first._rows.repository)
+        assert [event.index for event in events] == list(range(12))
+        found = second.get_tuple(_config("shared"))
+        assert found is not None
+        assert found.checkpoint["channel_values"] == {"n": 5}
+        assert found.pending_writes == [("task-5", "n", 5)]
+
+
 def test_deleting_a_thread_leaves_no_row_of_it(saver: FlowvaultSaver) -> None:
     """Checkpoints, task writes, values and the chunks of a large value all go."""
     big = secrets.token_bytes(3 * 1024 * 1024)
