@@ -285,7 +285,9 @@ def label_statement(
 
     Each part binds: namespace and label; its bounds; (namespace, name,
     value) per other label filter; (namespace, tag) per tag filter; the
-    cursor's value, then its value and key digest; limit + 1.
+    cursor's value, then its value and key digest; limit + 1, the one more
+    row telling a page there is a next one. With ``payload`` (a load, which
+    does not page) the limit itself, and each row carries its payload.
     """
     labels, tags = split_filters(filters)
     segments = _segments(label, descending, labels, position)
@@ -301,7 +303,7 @@ def label_statement(
             params += [namespace, tag.tag]
         if segment.after is not None:
             params += [segment.after.value, segment.after.value, segment.after.key_digest]
-        params.append(limit + 1)
+        params.append(limit if payload else limit + 1)
     shapes = tuple(segment.shape for segment in segments)
     query = label_query(
         placeholder, descending, shapes, filter_shapes(others), len(tags), payload=payload
