@@ -1,7 +1,8 @@
 """The tables as forward-only migrations, versioned in a ``schema_version`` table.
 
-Version 1 is the baseline every store is created with; version 2 adds tags.
-A later version adds a step, never edits one: a schema written at an earlier version is brought
+Version 1 is the baseline every store is created with; version 2 adds tags;
+version 3 makes the two label value indexes partial. A later version adds a
+step, never edits one: a schema written at an earlier version is brought
 forward by replaying only the steps it lacks. Steps use unqualified names
 and run with ``search_path`` set to the adapter's schema, so one database
 can hold the stores of several hosts.
@@ -133,7 +134,28 @@ written before it reads ``[]``, no tags (a constant default: adding the
 column rewrites no row). ``record_tags`` repeats each tag, for filtering only.
 """
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (BASELINE, TAGS)
+PARTIAL_LABEL_INDEXES: Final = (
+    "DROP INDEX record_labels_by_text",
+    "CREATE INDEX record_labels_by_text ON record_labels (namespace, name, text_value) "
+    "WHERE text_value IS NOT NULL",
+    "DROP INDEX record_labels_by_int",
+    "CREATE INDEX record_labels_by_int ON record_labels (namespace, name, int_value) "
+    "WHERE int_value IS NOT NULL",
+)
+"""Version 3: each label value index holds only the rows of its own type.
+
+A label row sets exactly one of ``text_value`` and ``int_value``, so the
+full indexes gave every text label a useless NULL entry in the integer
+index and every integer label one in the text index, so each new label row
+was written to both. Every
+query that reads them compares the value or says ``IS NOT NULL``, which
+implies the index's predicate, so the planner still uses them. The names
+are unqualified like every step's, resolved through ``search_path``; no
+``CONCURRENTLY``, which a transaction cannot run, so the rebuild holds a
+lock on ``record_labels`` until the migration commits.
+"""
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (BASELINE, TAGS, PARTIAL_LABEL_INDEXES)
 """Step ``n`` (0-based) takes a schema from version n to n + 1.
 
 A later schema appends its step here; the steps before it are never edited.

@@ -1,8 +1,9 @@
 """The database schema as forward-only migrations, keyed by ``PRAGMA user_version``.
 
-Version 1 is the baseline every store is created with; version 2 adds tags.
-A later version adds a step, never edits one: a store written at an earlier
-version is brought forward by replaying only the steps it lacks.
+Version 1 is the baseline every store is created with; version 2 adds tags;
+version 3 makes the two label value indexes partial. A later version adds a
+step, never edits one: a store written at an earlier version is brought
+forward by replaying only the steps it lacks.
 """
 
 from __future__ import annotations
@@ -121,7 +122,25 @@ holds the record id (the key of a ``WITHOUT ROWID`` table), so a tag filter
 is answered from the index alone.
 """
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (BASELINE, TAGS)
+PARTIAL_LABEL_INDEXES: Final = (
+    "DROP INDEX record_labels_by_text",
+    "CREATE INDEX record_labels_by_text ON record_labels (namespace, name, text_value) "
+    "WHERE text_value IS NOT NULL",
+    "DROP INDEX record_labels_by_int",
+    "CREATE INDEX record_labels_by_int ON record_labels (namespace, name, int_value) "
+    "WHERE int_value IS NOT NULL",
+)
+"""Version 3: each label value index holds only the rows of its own type.
+
+A label row sets exactly one of ``text_value`` and ``int_value``, so the
+full indexes gave every text label a useless NULL entry in the integer
+index and every integer label one in the text index, so each new label row
+was written to both.
+Every query that reads them compares the value or says ``IS NOT NULL``,
+which implies the index's condition, so they still search them.
+"""
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (BASELINE, TAGS, PARTIAL_LABEL_INDEXES)
 """Step ``n`` (0-based) takes a database from ``user_version`` n to n + 1.
 
 A later schema appends its step here; the steps before it are never edited.

@@ -1,7 +1,9 @@
 """Schema versions on PostgreSQL: older schemas migrate forward, newer ones are refused.
 
-A real version-1 schema (the baseline, before tags) migrates to version 2
-and keeps reading; the path from the current version onwards is proven on
+A real version-1 schema (the baseline, before tags) migrates to the current
+version and keeps reading; a real version-2 schema (full label indexes)
+migrates to version 3 (partial ones) with every label row and listing
+intact. The path from the current version onwards is proven on
 a synthetic next version, injected in place of the real list.
 Migrations take a transaction-level advisory lock, so hosts opening the
 same schema at once migrate it exactly once, and none keeps a lock.
@@ -13,7 +15,15 @@ import threading
 
 import pytest
 from psycopg import sql
-from schema_contents import assert_baseline_reads_back, baseline_events, fill_baseline
+from schema_contents import (
+    assert_baseline_reads_back,
+    assert_labelled_reads_back,
+    baseline_events,
+    fill_baseline,
+    label_listings,
+    label_upserts,
+    reference_label_listings,
+)
 
 from flowvault.adapters.postgres import PostgresSecureObjectStore, _schema
 from flowvault.adapters.postgres._schema import SCHEMA_VERSION
@@ -93,17 +103,17 @@ def versions(server, schema: str) -> list[int]:
 
 
 def test_fresh_schema_records_the_current_version(postgres_server, pg_schema: str) -> None:
-    """A new schema records every version up to SCHEMA_VERSION, 2 (tags), and holds its contents."""
+    """A new schema records every version up to SCHEMA_VERSION, 3, and holds its contents."""
     _baseline_store(postgres_server, pg_schema)
-    assert SCHEMA_VERSION == 2
-    assert versions(postgres_server, pg_schema) == [1, 2]
+    assert SCHEMA_VERSION == 3
+    assert versions(postgres_server, pg_schema) == [1, 2, 3]
     with PostgresSecureObjectStore.open(
         postgres_server.dsn, schema=pg_schema, create=True
     ) as store:
         assert_baseline_reads_back(store)
 
 
-# -- version 1 to 2: tags --------------------------------------------------------
+# -- version 1 onwards: tags --------------------------------------------------------
 
 _TABLE_COLUMNS = """
 SELECT table_name, string_agg(column_name, ', ' ORDER BY ordinal_position)
@@ -143,9 +153,7 @@ def _version_1_store(server, schema: str, monkeypatch: pytest.MonkeyPatch) -> in
                     )
                 )
             admin.execute(
-                sql.SQL("SELECT setval({}, %s, true)").format(
-                    sql.Literal(f"{schema}.store_epoch")
-                ),
+                sql.SQL("SELECT setval({}, %s, true)").format(sql.Literal(f"{schema}.store_epoch")),
                 (epoch,),
             )
             admin.execute(
@@ -162,7 +170,7 @@ def _version_1_store(server, schema: str, monkeypatch: pytest.MonkeyPatch) -> in
 def test_version_1_schema_migrates_to_tags_and_keeps_reading(
     postgres_server, pg_schema: str, monkeypatch
 ) -> None:
-    """A schema written before tags gains them on open: every row reads back, with no tags.
+    """A schema written before tags gains them on open, and every later step: no row has tags.
 
     Afterwards tagged writes land next to the old rows and filter by tag.
     """
@@ -171,7 +179,7 @@ def test_version_1_schema_migrates_to_tags_and_keeps_reading(
     with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
         assert_baseline_reads_back(store)
         assert store.epoch() == epoch
-    assert versions(postgres_server, pg_schema) == [1, 2]
+    assert versions(postgres_server, pg_schema) == ALL_VERSIONS
     untagged = "SELECT count(*) FROM records WHERE tags = '[]'::jsonb"
     assert _raw(postgres_server, pg_schema, untagged) == [(3,)]
     tag = "sha256:" + "7" * 64
@@ -192,6 +200,80 @@ def test_version_1_schema_migrated_matches_a_fresh_one(
     try:
         PostgresSecureObjectStore.open(postgres_server.dsn, schema=fresh, create=True).close()
         assert describe(postgres_server, pg_schema) == describe(postgres_server, fresh)
+    finally:
+        postgres_server.drop_schema(fresh)
+
+
+# -- version 2 to 3: partial label indexes ---------------------------------------
+
+_LABEL_ROWS = "SELECT * FROM record_labels ORDER BY record_id, name"
+_LABEL_INDEXES = """
+SELECT indexname, regexp_replace(indexdef, ' ON \\S+\\.', ' ON ')
+FROM pg_indexes WHERE schemaname = current_schema() AND indexname LIKE 'record_labels_by_%'
+ORDER BY indexname
+"""
+_PARTIAL = [
+    (
+        "record_labels_by_int",
+        "CREATE INDEX record_labels_by_int ON record_labels USING btree "
+        "(namespace, name, int_value) WHERE (int_value IS NOT NULL)",
+    ),
+    (
+        "record_labels_by_text",
+        "CREATE INDEX record_labels_by_text ON record_labels USING btree "
+        "(namespace, name, text_value) WHERE (text_value IS NOT NULL)",
+    ),
+]
+
+
+def _version_2_store(server, schema: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
+    """Build a version-2 schema (the first two steps alone) holding the labelled records.
+
+    Returns its label listings, read at version 2.
+    """
+    monkeypatch.setattr(_schema, "MIGRATIONS", _schema.MIGRATIONS[:2])
+    with PostgresSecureObjectStore.open(server.dsn, schema=schema, create=True) as store:
+        store.commit(UnitOfWork(upserts=label_upserts()))
+        listings = label_listings(store)
+    monkeypatch.undo()
+    return listings
+
+
+def test_version_2_schema_migrates_to_partial_label_indexes(
+    postgres_server, pg_schema: str, monkeypatch
+) -> None:
+    """A schema with full label indexes gets partial ones on open; label rows and listings stay.
+
+    Every label row is kept as it was, and every label listing (filters of
+    both types, by-label listings over text, integers and both, paged by
+    cursor) returns the records it returned at version 2, in the same order.
+    """
+    before = _version_2_store(postgres_server, pg_schema, monkeypatch)
+    assert versions(postgres_server, pg_schema) == [1, 2]
+    full = [(name, definition.split(" WHERE ")[0]) for name, definition in _PARTIAL]
+    assert _raw(postgres_server, pg_schema, _LABEL_INDEXES) == full
+    rows = _raw(postgres_server, pg_schema, _LABEL_ROWS)
+    assert before == reference_label_listings()
+    assert all(before.values()), before
+    with PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema) as store:
+        assert label_listings(store) == before
+        assert_labelled_reads_back(store)
+    assert versions(postgres_server, pg_schema) == [1, 2, 3]
+    assert _raw(postgres_server, pg_schema, _LABEL_INDEXES) == _PARTIAL
+    assert _raw(postgres_server, pg_schema, _LABEL_ROWS) == rows
+
+
+def test_version_2_schema_migrated_matches_a_fresh_one(
+    postgres_server, pg_schema: str, monkeypatch
+) -> None:
+    """Migrating a version-2 schema yields the tables, indexes and storage a new one gets."""
+    _version_2_store(postgres_server, pg_schema, monkeypatch)
+    PostgresSecureObjectStore.open(postgres_server.dsn, schema=pg_schema).close()
+    fresh = postgres_server.new_schema()
+    try:
+        PostgresSecureObjectStore.open(postgres_server.dsn, schema=fresh, create=True).close()
+        assert describe(postgres_server, pg_schema) == describe(postgres_server, fresh)
+        assert _raw(postgres_server, fresh, _LABEL_INDEXES) == _PARTIAL
     finally:
         postgres_server.drop_schema(fresh)
 

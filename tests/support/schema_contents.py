@@ -2,21 +2,27 @@
 
 Both SQL backends' migration tests write these records, events, a trim and
 seal reservations at the baseline, migrate, and read every one of them back
-through the store, so a step that loses or garbles data fails here.
+through the store, so a step that loses or garbles data fails here. The
+labelled records are for the step that rebuilds the label indexes: their
+label listings must return the same records before and after it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from flowvault.adapters.memory import InMemorySecureObjectStore
 from flowvault.application import (
     FilterOp,
     Guard,
     LabelFilter,
     LedgerTrim,
     Order,
+    RecordFilter,
     RecordMetadata,
+    RecordPage,
     UnitOfWork,
     Upsert,
 )
@@ -160,3 +166,116 @@ def assert_baseline_reads_back(store: Any) -> None:
     assert_records_read_back(store)
     assert_ledger_reads_back(store)
     assert dict(store.seal_counts()) == SEAL_COUNTS
+
+
+# -- label rows, for the migration that rebuilds the label indexes ------------------
+
+LABELLED = "labelled"
+"""The namespace of the records ``label_upserts`` writes."""
+
+
+def label_upserts() -> list[Upsert]:
+    """Return records labelled with text, with integers, and with one name holding both types.
+
+    ``mixed`` is an integer on odd records and text on even ones, so a
+    listing by it reads both label indexes; every fourth record has no
+    ``size``.
+    """
+    upserts = []
+    for n in range(12):
+        labels: dict[str, str | int] = {
+            "colour": ("red", "green", "blue")[n % 3],
+            "mixed": n if n % 2 else f"m{n:02d}",
+        }
+        if n % 4:
+            labels["size"] = n - 6
+        upserts.append(
+            _upsert(
+                LABELLED, f"item-{n}", b"labelled-%d" % n, sensitivity=Sensitivity.INTERNAL,
+                key_id="k1", revision=1, written_at=T0 + timedelta(seconds=n), labels=labels,
+            )
+        )  # fmt: skip
+    return upserts
+
+
+def assert_labelled_reads_back(store: Any) -> None:
+    """Check that every ``label_upserts`` record loads with its header, labels and payload."""
+    for upsert in label_upserts():
+        loaded = store.load(LABELLED, upsert.header.key_digest)
+        assert loaded is not None
+        assert loaded.metadata == upsert.metadata
+        assert loaded.payload == upsert.payload
+
+
+_FILTERED: dict[str, tuple[Order, list[RecordFilter]]] = {
+    "colour = red": (Order.KEY, [LabelFilter("colour", "red")]),
+    "colour <> red, newest first": (
+        Order.WRITTEN_AT_DESC,
+        [LabelFilter("colour", "red", FilterOp.NE)],
+    ),
+    "colour >= green, by time": (Order.WRITTEN_AT, [LabelFilter("colour", "green", FilterOp.GE)]),
+    "size < 0": (Order.KEY, [LabelFilter("size", 0, FilterOp.LT)]),
+    "size >= -3 and colour = blue": (
+        Order.KEY,
+        [LabelFilter("size", -3, FilterOp.GE), LabelFilter("colour", "blue")],
+    ),
+    "mixed > 4": (Order.KEY, [LabelFilter("mixed", 4, FilterOp.GT)]),
+    "mixed <= m06": (Order.KEY, [LabelFilter("mixed", "m06", FilterOp.LE)]),
+}
+"""``list`` with label filters of each type and several operators."""
+
+_BY_LABEL: dict[str, tuple[str, bool, list[RecordFilter]]] = {
+    "by colour": ("colour", False, []),
+    "by colour, descending, blue <= colour < red": (
+        "colour",
+        True,
+        [LabelFilter("colour", "blue", FilterOp.GE), LabelFilter("colour", "red", FilterOp.LT)],
+    ),
+    "by size, descending": ("size", True, []),
+    "by size > -4, colour = green": (
+        "size",
+        False,
+        [LabelFilter("size", -4, FilterOp.GT), LabelFilter("colour", "green")],
+    ),
+    "by mixed": ("mixed", False, []),
+    "by mixed, descending": ("mixed", True, []),
+}
+"""``list_by_label`` over text, integers and both, with and without bounds on the label."""
+
+
+def _all_pages(fetch: Callable[[str | None], RecordPage]) -> list[str]:
+    """Page through a listing two records at a time, following its cursors; return key digests."""
+    found: list[str] = []
+    cursor = None
+    while True:
+        page = fetch(cursor)
+        found += [meta.key_digest for meta in page.items]
+        if page.next_cursor is None:
+            return found
+        cursor = page.next_cursor
+
+
+def label_listings(store: Any) -> dict[str, list[str]]:
+    """Return every label listing of the ``label_upserts`` records, key digests in order."""
+    listings = {
+        name: _all_pages(
+            lambda cursor, order=order, filters=filters: store.list(
+                LABELLED, filters=filters, order=order, cursor=cursor, limit=2
+            )
+        )
+        for name, (order, filters) in _FILTERED.items()
+    }
+    for name, (label, descending, filters) in _BY_LABEL.items():
+        listings[name] = _all_pages(
+            lambda cursor, label=label, descending=descending, filters=filters: store.list_by_label(
+                LABELLED, label, descending=descending, filters=filters, cursor=cursor, limit=2
+            )
+        )
+    return listings
+
+
+def reference_label_listings() -> dict[str, list[str]]:
+    """Return the label listings the reference adapter gives for the ``label_upserts`` records."""
+    store = InMemorySecureObjectStore()
+    store.commit(UnitOfWork(upserts=label_upserts()))
+    return label_listings(store)
