@@ -20,7 +20,7 @@ from langgraph.checkpoint.base import Checkpoint, empty_checkpoint
 from flowvault.adapters.langgraph import FlowvaultSaver
 from flowvault.application import Delete, StoreCapabilities, UnitOfWork, verified_events
 from flowvault.composition import Settings, bootstrap
-from flowvault.domain import IntegrityFailure, RevisionConflict
+from flowvault.domain import IntegrityFailure, PayloadTooLarge, RevisionConflict
 
 KEY = secrets.token_bytes(32)
 COUNTED = ("langgraph.checkpoints", "langgraph.writes", "langgraph.blobs", "flowvault.blob-chunks")
@@ -80,6 +80,26 @@ def test_a_ten_mib_state_round_trips_and_unchanged_channels_are_stored_once(
         found = saver.get_tuple(config)
         assert found is not None
         assert found.checkpoint["channel_values"] == {"document": document, "step": step}
+
+
+def test_a_checkpoint_and_its_metadata_fit_one_record_and_one_too_large_is_refused_whole(
+    saver: FlowvaultSaver,
+) -> None:
+    """About 760 KiB of serialised checkpoint and metadata fit the 1 MiB record after base64.
+
+    More is ``PayloadTooLarge``, and nothing of the put is stored.
+    """
+    kept = saver.put(_config("sized"), _checkpoint({}, {}), {"blob": "x" * (740 * 1024)}, {})
+    found = saver.get_tuple(kept)
+    assert found is not None
+    assert len(found.metadata["blob"]) == 740 * 1024
+    before = _counts(saver)
+    with pytest.raises(PayloadTooLarge):
+        saver.put(kept, _checkpoint({}, {}), {"blob": "x" * (800 * 1024)}, {})
+    assert _counts(saver) == before
+    newest = saver.get_tuple(_config("sized"))
+    assert newest is not None
+    assert newest.config == kept
 
 
 def test_a_value_of_each_type_round_trips(saver: FlowvaultSaver) -> None:
