@@ -91,9 +91,9 @@ class ThreadDeletions:
         checkpoints = list(self._rows.rows_of(CHECKPOINTS, ThreadRows.of_thread("tpos", thread)))
         for row in checkpoints:
             position, cid = row.labels.get("pos"), row.labels.get("cid")
-            if not isinstance(position, str) or not isinstance(cid, str):
+            if not (isinstance(position, str) and isinstance(cid, str) and position.endswith(cid)):
                 continue
-            ns = position.rpartition("|")[0]
+            ns = position.removesuffix(cid)
             best = newest.get(ns)
             if best is None or str(best.labels.get("cid")) < cid:
                 newest[ns] = row

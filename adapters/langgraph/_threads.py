@@ -326,7 +326,7 @@ class ThreadRows:
             )
         ns, cid, parent = document.get("ns"), document.get("id"), document.get("parent")
         run, channels = document.get("run"), document.get("channels")
-        inline = document.get("inline")
+        inline = document.get("inline", {})
         if not (
             isinstance(ns, str)
             and isinstance(cid, str)

@@ -306,6 +306,27 @@ def test_a_channel_left_out_of_an_unchanged_checkpoint_keeps_its_parent_value(
         assert found.checkpoint["channel_values"] == {"snap": "base", "n": 1}
 
 
+def test_prune_keeps_the_newest_of_each_namespace_whatever_its_ids_hold(
+    saver: FlowvaultSaver,
+) -> None:
+    """Checkpoint ids are the host's text; a ``|`` in one does not merge two namespaces."""
+    newest: dict[str, str] = {}
+    for ns, ids in (("", ["a|1", "a|2"]), ("sub", ["a|0", "b|1"])):
+        parent = _config("ids", ns=ns)
+        for cid in ids:
+            checkpoint = _checkpoint({"v": cid}, {"v": 1})
+            checkpoint["id"] = cid
+            parent = saver.put(parent, checkpoint, {}, {"v": 1})
+            newest[ns] = cid
+    saver.prune(["ids"])
+    for ns, cid in newest.items():
+        listed = [
+            item.config["configurable"]["checkpoint_id"]
+            for item in saver.list(_config("ids", ns=ns))
+        ]
+        assert listed == [cid]
+
+
 class _ThreadRecordingStore:
     """A memory store that notes the thread of every call, to show none runs on the loop."""
 
