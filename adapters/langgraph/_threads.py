@@ -409,10 +409,7 @@ class ThreadRows:
             label, prefix = (
                 ("tpos", f"{thread.digest}|") if ns is None else ("pos", self._pos(thread, ns))
             )
-        filters = [
-            LabelFilter(label, prefix, FilterOp.GE),
-            LabelFilter(label, prefix + (before or _AFTER_ANY_ID), FilterOp.LT),
-        ]
+        filters = _starting_with(label, prefix, below=before)
         if not prefix:
             filters = [] if before is None else [LabelFilter(label, before, FilterOp.LT)]
         selected: list[RecordFilter] = [*filters, *(TagFilter(tag) for tag in tags)]
@@ -447,10 +444,7 @@ class ThreadRows:
             CHECKPOINTS,
             "pos",
             descending=True,
-            filters=[
-                LabelFilter("pos", prefix, FilterOp.GE),
-                LabelFilter("pos", prefix + _AFTER_ANY_ID, FilterOp.LT),
-            ],
+            filters=_starting_with("pos", prefix),
         )
         if not found:
             return None
@@ -911,11 +905,7 @@ class ThreadRows:
     @staticmethod
     def of_thread(label: str, thread: Thread) -> list[LabelFilter]:
         """Select the rows whose position ``label`` starts with ``thread``'s digest."""
-        prefix = f"{thread.digest}|"
-        return [
-            LabelFilter(label, prefix, FilterOp.GE),
-            LabelFilter(label, prefix + _AFTER_ANY_ID, FilterOp.LT),
-        ]
+        return _starting_with(label, f"{thread.digest}|")
 
     @staticmethod
     def thread_of(row: RecordMetadata) -> str | None:
@@ -941,6 +931,17 @@ class ThreadRows:
             else:
                 deletes.append(Delete(row.namespace, row.key_digest, row.revision))
         return UnitOfWork(deletes=deletes, appends=[event])
+
+
+def _starting_with(label: str, prefix: str, *, below: str | None = None) -> list[LabelFilter]:
+    """Select the values of ``label`` that start with ``prefix``: one range of its index.
+
+    With ``below``, only those sorting under ``prefix + below``.
+    """
+    return [
+        LabelFilter(label, prefix, FilterOp.GE),
+        LabelFilter(label, prefix + (below or _AFTER_ANY_ID), FilterOp.LT),
+    ]
 
 
 def _writes_from(document: JsonValue, key_digest: str) -> list[StoredWrite]:

@@ -8,15 +8,12 @@ listed row's own tags do not carry it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from psycopg import sql as pg_sql
 
 from flowvault.adapters.crypto import AesGcmCipher
-from flowvault.adapters.postgres import PostgresSecureObjectStore
 from flowvault.adapters.sqlite import SQLiteSecureObjectStore
 from flowvault.adapters.sqlite import _queries as sqlite_sql
 from flowvault.application import Guard, Order, SealedRepository, SecureObjectStore, TagFilter
@@ -27,45 +24,15 @@ NS = "tagged"
 RED, BLUE = "sha256:" + "1" * 64, "sha256:" + "2" * 64
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Any, Any]]:
-    """Yield a SQL store and a function running one raw statement on its tables."""
-    if request.param == "sqlite":
-        store = SQLiteSecureObjectStore.open(tmp_path / "store.db", create=True)
-
-        def raw(statement: str, params: tuple[object, ...] = ()) -> None:
-            store._writer.connection.execute(statement, params)
-
-        try:
-            yield store, raw
-        finally:
-            store.close()
-        return
-    server = request.getfixturevalue("postgres_server")
-    schema = request.getfixturevalue("pg_schema")
-    store = PostgresSecureObjectStore.open(server.dsn, schema=schema, create=True)
-    admin = server.admin()
-    admin.execute(pg_sql.SQL("SET search_path TO {}").format(pg_sql.Identifier(schema)))
-
-    def raw(statement: str, params: tuple[object, ...] = ()) -> None:
-        admin.execute(statement.replace("?", "%s"), params)
-
-    try:
-        yield store, raw
-    finally:
-        admin.close()
-        store.close()
-
-
 def _repository(store: SecureObjectStore) -> SealedRepository:
     return SealedRepository(store, AesGcmCipher(b"k" * 32), FrozenClock())
 
 
 def test_an_index_row_pointing_a_tag_at_another_record_fails_the_listing(
-    backend: tuple[Any, Any],
+    sql_backend: tuple[Any, Any],
 ) -> None:
     """A ``record_tags`` row naming a record that does not carry the tag is IntegrityFailure."""
-    store, raw = backend
+    store, raw = sql_backend
     repo = _repository(store)
     repo.write(NS, "red", {"n": 1}, expected=Guard.ABSENT, tags={RED}, labels={"n": 1})
     repo.write(NS, "blue", {"n": 2}, expected=Guard.ABSENT, tags={BLUE}, labels={"n": 2})
@@ -82,9 +49,9 @@ def test_an_index_row_pointing_a_tag_at_another_record_fails_the_listing(
         store.list_by_label(NS, "n", filters=[TagFilter(RED)])
 
 
-def test_an_edited_tags_column_no_longer_opens(backend: tuple[Any, Any]) -> None:
+def test_an_edited_tags_column_no_longer_opens(sql_backend: tuple[Any, Any]) -> None:
     """A row whose ``records.tags`` gained a tag lists under it, but refuses to open."""
-    store, raw = backend
+    store, raw = sql_backend
     repo = _repository(store)
     repo.write(NS, "a", {"n": 1}, expected=Guard.ABSENT, tags={RED})
     raw(
@@ -98,9 +65,9 @@ def test_an_edited_tags_column_no_longer_opens(backend: tuple[Any, Any]) -> None
         repo.read(NS, "a")
 
 
-def test_a_malformed_tags_column_is_integrity_failure(backend: tuple[Any, Any]) -> None:
+def test_a_malformed_tags_column_is_integrity_failure(sql_backend: tuple[Any, Any]) -> None:
     """A tags column that is not a list of keyed digests reads as a malformed row."""
-    store, raw = backend
+    store, raw = sql_backend
     repo = _repository(store)
     repo.write(NS, "a", {"n": 1}, expected=Guard.ABSENT, tags={RED})
     for bad in ('["colour=red"]', '{"a": 1}', "[7]"):
