@@ -102,7 +102,7 @@ def test_a_bundled_store_offers_every_guarantee() -> None:
     assert capabilities.lost() == {}
     assert repr(capabilities) == (
         "StoreCapabilities(epoch, catalog, heads, head_batch, stats, seals, compactor, "
-        "label_listing, batch_load)"
+        "label_listing, label_load, batch_load)"
     )
 
 
