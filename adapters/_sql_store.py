@@ -33,6 +33,7 @@ from flowvault.adapters._rows import (
     require_text,
 )
 from flowvault.application import (
+    LabelCursor,
     LedgerPage,
     ListCursor,
     Order,
@@ -208,20 +209,11 @@ class SqlStore(ABC):
         limit, position = label_listing_args(
             namespace, label, descending=descending, filters=filters, cursor=cursor, limit=limit
         )
-        statement = label_statement(
-            self.dialect.statements.PLACEHOLDER,
-            namespace,
-            label,
-            descending=descending,
-            filters=filters,
-            position=position,
-            limit=limit,
+        rows = self._label_rows(
+            namespace, label, descending=descending, filters=filters, position=position, limit=limit
         )
-        if statement is None:
-            self._check_usable()
-            return RecordPage(items=(), next_cursor=None)
         return label_page_of(
-            self._fetch(*statement),
+            rows,
             namespace,
             label,
             descending=descending,
@@ -244,8 +236,7 @@ class SqlStore(ABC):
         limit, _ = label_listing_args(
             namespace, label, descending=descending, filters=filters, cursor=None, limit=limit
         )
-        statement = label_statement(
-            self.dialect.statements.PLACEHOLDER,
+        rows = self._label_rows(
             namespace,
             label,
             descending=descending,
@@ -254,11 +245,8 @@ class SqlStore(ABC):
             limit=limit,
             payload=True,
         )
-        if statement is None:
-            self._check_usable()
-            return []
         return label_records_of(
-            self._fetch(*statement),
+            rows,
             namespace,
             label,
             descending=descending,
@@ -266,6 +254,33 @@ class SqlStore(ABC):
             limit=limit,
             decode=self.dialect.metadata_from_row,
         )
+
+    def _label_rows(
+        self,
+        namespace: str,
+        label: str,
+        *,
+        descending: bool,
+        filters: Sequence[RecordFilter],
+        position: LabelCursor | None,
+        limit: int,
+        payload: bool = False,
+    ) -> Sequence[Row]:
+        """Run a label listing's one statement; no rows when the filters rule every type out."""
+        statement = label_statement(
+            self.dialect.statements.PLACEHOLDER,
+            namespace,
+            label,
+            descending=descending,
+            filters=filters,
+            position=position,
+            limit=limit,
+            payload=payload,
+        )
+        if statement is None:
+            self._check_usable()
+            return []
+        return self._fetch(*statement)
 
     def load_many(self, namespace: str, key_digests: Sequence[str]) -> dict[str, StoredRecord]:
         """Return the stored records among ``key_digests``, in one statement."""
