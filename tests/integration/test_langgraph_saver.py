@@ -55,6 +55,15 @@ def _counts(saver: FlowvaultSaver) -> dict[str, int]:
     return {namespace: counts.get(namespace, 0) for namespace in COUNTED}
 
 
+def _sized(saver: FlowvaultSaver, size: int) -> bytes:
+    """Return bytes the saver's serializer turns into exactly ``size`` stored bytes."""
+    kind, dumped = saver.serde.dumps_typed(b"x" * size)
+    value = b"x" * (size - (len(kind.encode()) + 1 + len(dumped) - size))
+    kind, dumped = saver.serde.dumps_typed(value)
+    assert len(kind.encode()) + 1 + len(dumped) == size
+    return value
+
+
 def test_a_ten_mib_state_round_trips_and_unchanged_channels_are_stored_once(
     saver: FlowvaultSaver,
 ) -> None:
@@ -243,15 +252,7 @@ def test_small_values_live_in_their_checkpoint_and_larger_ones_in_rows_of_their_
     """
     from flowvault.adapters.langgraph._threads import INLINE_BYTES  # noqa: PLC0415
 
-    def sized(size: int) -> bytes:
-        data = b"x" * size
-        kind, dumped = saver.serde.dumps_typed(data)
-        value = b"x" * (size - (len(kind.encode()) + 1 + len(dumped) - size))
-        kind, dumped = saver.serde.dumps_typed(value)
-        assert len(kind.encode()) + 1 + len(dumped) == size
-        return value
-
-    small, large = sized(INLINE_BYTES), sized(INLINE_BYTES + 1)
+    small, large = _sized(saver, INLINE_BYTES), _sized(saver, INLINE_BYTES + 1)
     first = saver.put(
         _config("sizes"),
         _checkpoint({"small": small, "large": large, "n": 0}, {"small": 1, "large": 1, "n": 1}),
@@ -266,7 +267,7 @@ def test_small_values_live_in_their_checkpoint_and_larger_ones_in_rows_of_their_
         {"n": 2},
     )
     assert _counts(saver)["langgraph.blobs"] == 1
-    newer_large = sized(INLINE_BYTES + 2)
+    newer_large = _sized(saver, INLINE_BYTES + 2)
     saver.put(
         second,
         _checkpoint(
@@ -281,6 +282,21 @@ def test_small_values_live_in_their_checkpoint_and_larger_ones_in_rows_of_their_
     found = saver.get_tuple(_config("sizes"))
     assert found is not None
     assert found.checkpoint["channel_values"] == {"small": small, "large": newer_large, "n": 2}
+
+
+def test_one_checkpoint_keeps_at_most_64_kib_of_values_inside_it(saver: FlowvaultSaver) -> None:
+    """Sixteen values of 4 KiB fill a checkpoint's share; a seventeenth gets a row of its own."""
+    from flowvault.adapters.langgraph._threads import INLINE_BYTES, INLINE_TOTAL  # noqa: PLC0415
+
+    assert INLINE_TOTAL == 16 * INLINE_BYTES
+    value = _sized(saver, INLINE_BYTES)
+    values = {f"c{n:02d}": value for n in range(17)}
+    versions = dict.fromkeys(values, 1)
+    config = saver.put(_config("share"), _checkpoint(values, versions), {}, versions)
+    assert _counts(saver)["langgraph.blobs"] == 1
+    found = saver.get_tuple(config)
+    assert found is not None
+    assert found.checkpoint["channel_values"] == values
 
 
 def test_a_channel_left_out_of_an_unchanged_checkpoint_keeps_its_parent_value(
