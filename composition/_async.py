@@ -18,11 +18,10 @@ the outcome, and the store never holds half a unit.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import functools
 import threading
 from collections.abc import Callable, Coroutine, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
@@ -58,14 +57,13 @@ from flowvault.application import (
     WorkflowService,
 )
 from flowvault.application._state import StateProbe
+from flowvault.application._worker import SQLITE_THREADS, Worker
 from flowvault.composition._bootstrap import Runtime, bootstrap
 from flowvault.composition._settings import Settings
 from flowvault.domain import (
-    InvalidInput,
     LedgerEvent,
     ResetFingerprint,
     StateMachine,
-    StoreUnavailable,
     WorkflowState,
 )
 
@@ -73,45 +71,6 @@ S = TypeVar("S")
 P = ParamSpec("P")
 R = TypeVar("R")
 M = TypeVar("M", bound=BaseModel)
-
-SQLITE_THREADS = 4
-"""Worker threads for a SQLite or memory store: enough waiting writers to fill a group commit."""
-
-
-class Worker:
-    """The thread pool every call of one async runtime runs on, and its in-flight work."""
-
-    def __init__(self, threads: int) -> None:
-        if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
-            raise InvalidInput("threads must be a positive integer")
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="flowvault-async")
-        self._lock = threading.Lock()
-        self._closed = False
-        self.threads = threads
-
-    @property
-    def closed(self) -> bool:
-        """Whether ``shutdown`` began: no call is accepted any more."""
-        return self._closed
-
-    async def run(self, call: Callable[[], R]) -> R:
-        """Run ``call`` on a pool thread, in the caller's context, and await its outcome.
-
-        Cancelling the awaiting coroutine withdraws a call that has not
-        started; one that has runs to its end on its thread.
-        """
-        context = contextvars.copy_context()
-        with self._lock:
-            if self._closed:
-                raise StoreUnavailable("the store is closed")
-            future: Future[R] = self._pool.submit(context.run, call)
-        return await asyncio.wrap_future(future)
-
-    def shutdown(self) -> None:
-        """Refuse new calls, then wait for every accepted one to finish (blocks)."""
-        with self._lock:
-            self._closed = True
-        self._pool.shutdown(wait=True)
 
 
 class AsyncService(Generic[S]):

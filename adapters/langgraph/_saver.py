@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import contextvars
 import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 from typing import Any, Final, TypeVar, cast
@@ -49,6 +47,7 @@ from flowvault.application import (
     UnitOfWork,
     Upsert,
 )
+from flowvault.application._worker import SQLITE_THREADS, Worker
 from flowvault.domain import (
     IntegrityFailure,
     InvalidInput,
@@ -56,7 +55,7 @@ from flowvault.domain import (
     RevisionConflict,
 )
 
-DEFAULT_THREADS: Final = 4
+DEFAULT_THREADS: Final = SQLITE_THREADS
 """Worker threads of the async methods: what ``AsyncRuntime`` uses on SQLite (docs/async.md)."""
 R = TypeVar("R")
 _PAGE: Final = 200
@@ -137,7 +136,7 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         if type(threads) is not int or threads < 1:
             raise InvalidInput("threads is a whole number, 1 or more")
         self._threads = threads
-        self._pool: ThreadPoolExecutor | None = None
+        self._worker: Worker | None = None
         self._pool_lock = threading.Lock()
 
     # -- construction --------------------------------------------------------
@@ -637,11 +636,9 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         started runs to its end, so a write may still land.
         """
         with self._pool_lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(
-                    max_workers=self._threads, thread_name_prefix="flowvault-langgraph"
-                )
-            future = self._pool.submit(contextvars.copy_context().run, call)
+            if self._worker is None:
+                self._worker = Worker(self._threads)
+            future = self._worker.submit(call)
         return await asyncio.wrap_future(future)
 
     def close(self) -> None:
@@ -651,9 +648,9 @@ class FlowvaultSaver(BaseCheckpointSaver[str]):
         to close. Calling an async method again starts the workers again.
         """
         with self._pool_lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+            worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.shutdown()
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """``get_tuple`` on a worker thread."""

@@ -842,12 +842,12 @@ class ThreadRows:
         """
         key = self._writes_key(thread, ns, cid)
         checkpoint = self.checkpoint_digest(thread, ns, cid)
-        opened = None if copy_of_run is not None else self._repo.read(WRITES, key)
-        replaced = (
-            opened.metadata
-            if opened is not None
-            else self._store.peek_metadata(WRITES, self.writes_digest(thread, ns, cid))
-        )
+        if copy_of_run is None:
+            opened = self._repo.read(WRITES, key)
+            replaced = None if opened is None else opened.metadata
+        else:
+            opened = None
+            replaced = self._store.peek_metadata(WRITES, self.writes_digest(thread, ns, cid))
         stored: dict[tuple[str, int], StoredWrite] = {}
         if opened is not None:
             for write in _writes_from(opened.document, opened.metadata.key_digest):

@@ -284,6 +284,31 @@ def test_small_values_live_in_their_checkpoint_and_larger_ones_in_rows_of_their_
     assert found.checkpoint["channel_values"] == {"small": small, "large": newer_large, "n": 2}
 
 
+def test_reading_a_checkpoint_of_small_values_reads_no_value_row(
+    saver: FlowvaultSaver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Values kept inside the checkpoint's row come with it: no read of the values' namespace."""
+    config = saver.put(
+        _config("inline"), _checkpoint({"a": 1, "b": "two"}, {"a": 1, "b": 1}), {}, {"a": 1, "b": 1}
+    )
+    store = saver._rows.repository.store
+    namespaces: list[str] = []
+    for name in ("load", "load_many", "peek_metadata"):
+        real = getattr(store, name)
+
+        def counted(namespace: str, *args: Any, real: Any = real, **kwargs: Any) -> Any:
+            namespaces.append(namespace)
+            return real(namespace, *args, **kwargs)
+
+        monkeypatch.setattr(store, name, counted)
+    for read in (config, _config("inline")):
+        found = saver.get_tuple(read)
+        assert found is not None
+        assert found.checkpoint["channel_values"] == {"a": 1, "b": "two"}
+    assert namespaces
+    assert "langgraph.blobs" not in namespaces
+
+
 def test_one_checkpoint_keeps_at_most_64_kib_of_values_inside_it(saver: FlowvaultSaver) -> None:
     """Sixteen values of 4 KiB fill a checkpoint's share; a seventeenth gets a row of its own."""
     from flowvault.adapters.langgraph._threads import INLINE_BYTES, INLINE_TOTAL  # noqa: PLC0415
